@@ -1,0 +1,275 @@
+"""Charts for the HTML report: matplotlib figures rendered to small SVG strings to inline.
+
+Only the object-oriented API is used (``matplotlib.figure.Figure`` with the SVG canvas), so nothing
+touches pyplot's global state or picks a GUI backend. Text stays text (``svg.fonttype: none``),
+ids are deterministic (``svg.hashsalt``), and no user-controlled string (script name, arguments,
+paths) ever goes into a chart: labels are category names, ``rank N`` and fixed words.
+
+The functions return ``None`` when there is nothing to draw; the caller says so in words.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import matplotlib
+import matplotlib.ticker
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_svg import FigureCanvasSVG
+from matplotlib.figure import Figure
+
+#: Order of the categories in charts and tables: input-side first, then the device side.
+#: ``input`` (input wait that a trace alone cannot split) sits with the input categories.
+CHART_ORDER: tuple[str, ...] = (
+    "io", "decode", "preprocess", "input", "transfer", "compute", "communication", "other",
+)
+
+#: One colour per category (Tableau 10), shared by both charts and the HTML legend.
+CATEGORY_COLORS: dict[str, str] = {
+    "io": "#b07aa1",
+    "decode": "#e15759",
+    "preprocess": "#f28e2b",
+    "input": "#edc948",
+    "transfer": "#76b7b2",
+    "compute": "#4e79a7",
+    "communication": "#59a14f",
+    "other": "#bab0ac",
+}
+_RANK_COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+                "#ff9da7", "#9c755f", "#bab0ac")
+
+#: Most points drawn per rank; longer ledgers are averaged into this many buckets.
+MAX_POINTS = 240
+#: Ranks named in the legend; beyond this the lines stay unlabelled.
+MAX_LEGEND_RANKS = 8
+
+# Keys typed Any: matplotlib types rc keys as a Literal of every known name.
+_RC: dict[Any, Any] = {
+    "svg.fonttype": "none",
+    "font.family": "sans-serif",
+    "font.sans-serif": ["DejaVu Sans", "Helvetica", "Arial"],
+    "font.size": 9.0,
+    "axes.edgecolor": "#888888",
+    "axes.labelcolor": "#333333",
+    "xtick.color": "#555555",
+    "ytick.color": "#555555",
+    "path.simplify": True,
+}
+
+
+def ordered_categories(keys: Sequence[str] | Mapping[str, object]) -> list[str]:
+    """The categories among ``keys`` in chart order, unknown ones last (sorted)."""
+    present = list(keys)
+    known = [c for c in CHART_ORDER if c in present]
+    return known + sorted(k for k in present if k not in CHART_ORDER)
+
+
+def color_of(category: str) -> str:
+    return CATEGORY_COLORS.get(category, "#999999")
+
+
+def shares_chart(shares: Mapping[str, float], bottleneck: str = "") -> str | None:
+    """Horizontal bars, one per category, labelled with its share of step time.
+
+    Returns None when there are no shares to show (all zero or missing).
+    """
+    cats = ordered_categories(shares)
+    values = [_finite(shares.get(c)) for c in cats]
+    if not cats or sum(values) <= 0:
+        return None
+    with _chart_context("shares"):
+        fig = Figure(figsize=(4.8, 0.26 * len(cats) + 0.65), layout="constrained")
+        ax = fig.add_subplot()
+        y = np.arange(len(cats))[::-1]
+        colors = [color_of(c) for c in cats]
+        bars = ax.barh(y, values, color=colors, height=0.68)
+        for bar, cat in zip(bars, cats, strict=True):
+            if bottleneck and cat != bottleneck:
+                bar.set_alpha(0.75)
+        top = max(values)
+        for yi, value, cat in zip(y, values, cats, strict=True):
+            weight = "bold" if cat == bottleneck else "normal"
+            pct = value * 100
+            ax.text(value + top * 0.01, yi, f"{pct:.0f}%" if pct >= 10 else f"{pct:.1f}%",
+                    va="center", ha="left", fontsize=8.5, color="#222222", fontweight=weight)
+        ax.set_yticks(y, labels=cats)
+        for label in ax.get_yticklabels():
+            if label.get_text() == bottleneck:
+                label.set_fontweight("bold")
+        ax.set_xlim(0, max(top * 1.15, 0.05))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(xmax=1.0, decimals=0))
+        ax.set_xlabel("share of analysed step time")
+        _tidy(ax, "x")
+        return _to_svg(fig, "shares")
+
+
+def step_time_chart(ledger: pd.DataFrame) -> str | None:
+    """Step time over the run; warm-up steps shaded.
+
+    One rank: the step stacked by category (falls back to wall time when the ledger has no
+    per-category split). Several ranks: one line of wall time per rank. Long ledgers are averaged
+    into at most MAX_POINTS buckets per rank. Returns None for an empty ledger.
+    """
+    if ledger is None or ledger.empty or "wall_s" not in ledger or "step" not in ledger:
+        return None
+    frame = ledger.dropna(subset=["step", "wall_s"])
+    if frame.empty:
+        return None
+    frame = frame.sort_values(["rank", "step"] if "rank" in frame else ["step"])
+    ranks = sorted(frame["rank"].dropna().unique()) if "rank" in frame else [0]
+    warm = _bool_column(frame, "warmup")
+    scale, unit = _time_unit(frame.loc[~warm, "wall_s"] if (~warm).any() else frame["wall_s"])
+    cats = [c for c in ordered_categories([c for c in frame.columns if c in CHART_ORDER])
+            if _finite(frame[c].fillna(0).abs().sum()) > 0]
+    stacked = len(ranks) == 1 and bool(cats) and _split_covers_wall(frame, cats)
+
+    with _chart_context("steps"):
+        fig = Figure(figsize=(7.2, 2.9), layout="constrained")
+        ax = fig.add_subplot()
+        if stacked:
+            points = _decimate(frame, [*cats, "wall_s"])
+            ax.stackplot(points["step"], *[points[c] * scale for c in cats], labels=cats,
+                         colors=[color_of(c) for c in cats], linewidth=0)
+        else:
+            for i, rank in enumerate(ranks):
+                rows = frame[frame["rank"] == rank] if "rank" in frame else frame
+                points = _decimate(rows, ["wall_s"])
+                label = f"rank {int(rank)}" if len(ranks) <= MAX_LEGEND_RANKS else None
+                if len(ranks) == 1:
+                    label = "wall time"
+                ax.plot(points["step"], points["wall_s"] * scale, linewidth=1.1,
+                        color=_RANK_COLORS[i % len(_RANK_COLORS)], label=label)
+        _shade_warmup(ax, frame, warm)
+        if stacked or 1 < len(ranks) <= MAX_LEGEND_RANKS or warm.any():
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False,
+                      reverse=stacked)
+        _clip_outliers(ax, frame, warm, scale, stacked)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"step time ({unit})")
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        _tidy(ax, "y")
+        return _to_svg(fig, "steps")
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def _chart_context(name: str) -> Iterator[None]:
+    """rcParams for one chart, restored afterwards (the hash salt keeps ids unique per chart)."""
+    with matplotlib.rc_context({**_RC, "svg.hashsalt": f"doctor-{name}"}):
+        yield
+
+
+_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
+
+
+def _to_svg(fig: Figure, name: str) -> str:
+    """The figure as an inline ``<svg>`` element: no XML prolog, DOCTYPE or RDF metadata."""
+    FigureCanvasSVG(fig)
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None},
+                facecolor="white")
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]
+    text = _METADATA.sub("", text)
+    return text.replace("<svg ", f'<svg class="chart chart-{name}" role="img" ', 1).strip()
+
+
+def _tidy(ax: Axes, grid: Literal["x", "y"]) -> None:
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.grid(axis=grid, color="#e4e4e4", linewidth=0.6)
+    ax.set_axisbelow(True)
+
+
+def is_decimated(ledger: pd.DataFrame) -> bool:
+    """Whether step_time_chart averages this ledger into buckets (some rank has too many steps)."""
+    if ledger is None or ledger.empty or "step" not in ledger:
+        return False
+    per_rank = ledger.groupby("rank").size() if "rank" in ledger else pd.Series([len(ledger)])
+    return bool(per_rank.max() > MAX_POINTS)
+
+
+def _finite(value: object) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return number if math.isfinite(number) else 0.0
+
+
+def _bool_column(frame: pd.DataFrame, name: str) -> pd.Series:
+    if name not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame[name].fillna(False).astype(bool)
+
+
+def _time_unit(wall: pd.Series) -> tuple[float, str]:
+    median = _finite(wall.median()) if len(wall) else 0.0
+    if median >= 1.0:
+        return 1.0, "s"
+    if median >= 1e-3 or median == 0.0:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
+def _split_covers_wall(frame: pd.DataFrame, cats: list[str]) -> bool:
+    """Whether the per-category columns add up to (most of) the wall time."""
+    total = _finite(frame["wall_s"].sum())
+    split = _finite(frame[cats].fillna(0).sum(axis=1).sum())
+    return total > 0 and split >= 0.5 * total
+
+
+def _decimate(rows: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """At most MAX_POINTS rows: warm-up steps kept as they are, the rest averaged in buckets."""
+    rows = rows[["step", *columns, *(["warmup"] if "warmup" in rows else [])]]
+    warm = _bool_column(rows, "warmup")
+    head, rest = rows[warm], rows[~warm]
+    budget = max(MAX_POINTS - len(head), 16)
+    if len(rest) > budget:
+        bucket = np.arange(len(rest)) * budget // len(rest)
+        rest = rest[["step", *columns]].astype(float).groupby(bucket).mean()
+    parts = [p[["step", *columns]].astype(float) for p in (head, rest) if len(p)]
+    return pd.concat(parts, ignore_index=True).fillna(0.0)
+
+
+def _shade_warmup(ax: Axes, frame: pd.DataFrame, warm: pd.Series) -> None:
+    if not warm.any():
+        return
+    steps = frame.loc[warm, "step"].astype(float)
+    ax.axvspan(steps.min() - 0.5, steps.max() + 0.5, facecolor="none", edgecolor="#555555",
+               hatch="////", linewidth=0, alpha=0.45, label="warm-up", zorder=3)
+
+
+def _clip_outliers(ax: Axes, frame: pd.DataFrame, warm: pd.Series, scale: float,
+                   stacked: bool) -> None:
+    """Keep steady steps readable when warm-up (compilation, lazy imports) is far slower."""
+    steady = frame.loc[~warm, "wall_s"]
+    if steady.empty:
+        return
+    limit = _finite(steady.quantile(0.99)) * 1.6
+    peak = _finite(frame["wall_s"].max())
+    if limit > 0 and peak > limit * 1.5:
+        ax.set_ylim(0, limit * scale)
+        ax.text(1.0, 1.0, "slower steps clipped ", transform=ax.transAxes, va="top",
+                ha="right", fontsize=7.5, color="#555555")
+
+
+__all__ = [
+    "CATEGORY_COLORS",
+    "CHART_ORDER",
+    "color_of",
+    "is_decimated",
+    "ordered_categories",
+    "shares_chart",
+    "step_time_chart",
+]

@@ -1,0 +1,163 @@
+"""The HTML report: one self-contained file, from a cached jinja2 environment.
+
+Autoescape is on for everything, so every string that comes from the job (script name,
+arguments, paths, probe reasons) is escaped by the template. The CSS is inlined, the charts are
+inline SVG, the verdict is embedded as a JSON data block through ``|tojson``, and nothing is
+fetched from the network: the file opens offline in any browser and prints cleanly.
+
+This module prepares plain values for the template (formatting only; the analysis is done).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import pandas as pd
+from doctor.reports import charts
+from doctor.reports.text import (
+    CATEGORY_WORDS,
+    format_speedup,
+    format_value,
+    headline,
+    job_items,
+    partial_line,
+    steps_line,
+)
+from markupsafe import Markup
+
+from doctor.verdict import SCHEMA, Analysis, Finding
+
+#: Rows of a table shown in full; longer tables are cut and say how many rows were left out.
+MAX_TABLE_ROWS = 200
+
+#: Titles for the tables that analyses are known to attach; others get their name as title.
+TABLE_TITLES: dict[str, str] = {
+    "ranks": "Per rank: step time and shares",
+    "loaders": "DataLoader settings",
+    "top_functions": "Where the time goes, by function",
+    "processes": "CPU per process",
+}
+
+@dataclass(frozen=True)
+class TableView:
+    """A frame ready for the template: formatted cells and which columns are numeric."""
+
+    name: str
+    title: str
+    columns: list[str]
+    numeric: list[bool]
+    rows: list[list[str]]
+    left_out: int
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """The jinja2 environment for the report templates (cached: built once per process)."""
+    loader = jinja2.PackageLoader("doctor.reports", "templates")
+    env = jinja2.Environment(
+        loader=loader,
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+    def include_raw(name: str) -> Markup:
+        """A file of ours from the templates folder, verbatim (the stylesheet)."""
+        source, _, _ = loader.get_source(env, name)
+        return Markup(source)
+
+    env.globals["include_raw"] = include_raw
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "indent": None}
+    return env
+
+
+def render_html(analysis: Analysis) -> str:
+    """The report for ``analysis`` as one self-contained HTML document."""
+    template = environment().get_template("report.html.j2")
+    return template.render(**_context(analysis))
+
+
+def _context(analysis: Analysis) -> dict[str, Any]:
+    verdict = analysis.verdict
+    shares_svg = charts.shares_chart(verdict.shares, verdict.bottleneck)
+    steps_svg = charts.step_time_chart(analysis.ledger)
+    return {
+        "schema": SCHEMA,
+        "headline": headline(verdict),
+        "bottleneck": verdict.bottleneck,
+        "steps_line": steps_line(verdict),
+        "partial": verdict.partial,
+        "partial_line": partial_line(verdict) if verdict.partial else "",
+        "shares": _shares(verdict.shares, verdict.bottleneck),
+        "shares_svg": Markup(shares_svg) if shares_svg else None,
+        "steps_svg": Markup(steps_svg) if steps_svg else None,
+        "multi_rank": _rank_count(analysis.ledger) > 1,
+        "has_warmup": _has_warmup(analysis.ledger),
+        "decimated": charts.is_decimated(analysis.ledger),
+        "findings": [_finding(f) for f in verdict.findings],
+        "probes": [
+            {"name": name, "ok": p.ok, "reason": p.reason, "hint": p.hint}
+            for name, p in sorted(verdict.probes.items(), key=lambda kv: (kv[1].ok, kv[0]))
+        ],
+        "job": job_items(verdict.job),
+        "notes": list(verdict.notes),
+        "extra": [(str(k), format_value(str(k), v)) for k, v in verdict.extra.items()],
+        "tables": [_table(name, frame) for name, frame in analysis.tables.items()
+                   if frame is not None],
+        "source": analysis.source,
+        "verdict_data": verdict.to_dict(),
+    }
+
+
+def _shares(shares: Mapping[str, float], bottleneck: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": cat,
+            "share": format_value("share", shares.get(cat)),
+            "color": charts.color_of(cat),
+            "words": CATEGORY_WORDS.get(cat, ""),
+            "is_bottleneck": cat == bottleneck,
+        }
+        for cat in charts.ordered_categories(shares)
+    ]
+
+
+def _finding(finding: Finding) -> dict[str, Any]:
+    return {
+        "id": finding.id,
+        "category": finding.category,
+        "severity": finding.severity,
+        "title": finding.title,
+        "evidence": [(str(k), format_value(str(k), v)) for k, v in finding.evidence.items()],
+        "fixes": [{"title": f.title, "why": f.why, "code": f.code.rstrip("\n")}
+                  for f in finding.fixes],
+        "speedup": format_speedup(finding.estimated_speedup),
+    }
+
+
+def _table(name: str, frame: pd.DataFrame) -> TableView:
+    shown = frame.head(MAX_TABLE_ROWS)
+    columns = [str(c) for c in shown.columns]
+    numeric = [pd.api.types.is_numeric_dtype(shown[c]) and not pd.api.types.is_bool_dtype(shown[c])
+               for c in shown.columns]
+    rows = [[format_value(col, value) for col, value in zip(columns, row, strict=True)]
+            for row in shown.itertuples(index=False, name=None)]
+    title = TABLE_TITLES.get(name, name.replace("_", " ").capitalize())
+    return TableView(name, title, columns, numeric, rows, max(len(frame) - len(shown), 0))
+
+
+def _rank_count(ledger: pd.DataFrame) -> int:
+    if ledger is None or ledger.empty or "rank" not in ledger:
+        return 0
+    return int(ledger["rank"].nunique())
+
+
+def _has_warmup(ledger: pd.DataFrame) -> bool:
+    if ledger is None or ledger.empty or "warmup" not in ledger:
+        return False
+    return bool(ledger["warmup"].fillna(False).astype(bool).any())
