@@ -1,0 +1,236 @@
+"""From a run directory to an Analysis: ledger, rules, verdict. Reads only; writes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from doctor import rules as _rules  # noqa: F401  (registers the rules)
+from doctor.ledger import (
+    INPUT_CATEGORY,
+    RankSteps,
+    build_ledger,
+    main_process,
+    rank_steps,
+)
+from doctor.probes.host import load_host
+from doctor.rules.base import RuleInputs, run_rules
+from doctor.rundir import ProcessRecord, list_processes, read_run_record
+from doctor.verdict import BOTTLENECKS, CATEGORIES, Analysis, Finding, Fix, ProbeStatus, Verdict
+from doctor.window import WindowUnavailable, window_fractions
+
+FEW_STEPS = 20
+
+
+def analyze_run(run_dir: Path) -> Analysis:
+    record = read_run_record(run_dir)
+    procs = list_processes(run_dir)
+    mains = main_process(procs)
+    notes: list[str] = []
+
+    ranks: list[RankSteps] = [rank_steps(p) for _, p in sorted(mains.items())]
+    fractions: dict[int, dict[str, float]] = {}
+    window_status: dict[int, ProbeStatus] = {}
+    for rank, proc in sorted(mains.items()):
+        window_status[rank] = _window_status(proc)
+        if proc.trace is not None:
+            try:
+                fractions[rank] = window_fractions(proc.trace)
+            except WindowUnavailable as err:
+                window_status[rank] = ProbeStatus(False, f"trace unreadable: {err}")
+    t0_ns = int(float(record.get("t0_monotonic_s", 0.0)) * 1e9)
+    if t0_ns <= 0 and ranks and any(len(r.starts_ns) for r in ranks):
+        t0_ns = int(min(r.starts_ns[0] for r in ranks if len(r.starts_ns)))
+    ledger = build_ledger(ranks, t0_ns, fractions)
+
+    host, system = load_host(run_dir / "host.npz")
+    main_meta = mains[min(mains)].meta if mains else {}
+    meta = _job_meta(record, main_meta, mains, procs, host)
+    loaders = pd.DataFrame(main_meta.get("loaders", []))
+    meta["window_fractions"] = bool(fractions)
+    if mains and not fractions:
+        notes.append("No torch.profiler window was recorded, so compute includes any Python "
+                     "between steps (logging, checkpoints): run 25 steps or more for the split.")
+
+    inputs = RuleInputs(ledger=_analysed(ledger), host=host, system=system,
+                        gpu_steps=None, loaders=loaders, meta=meta)
+    outcome = run_rules(inputs)
+    findings = list(outcome.findings)
+
+    verdict_steps, shares, bottleneck = _summarise(ledger, notes, findings, procs)
+    probes = _probe_table(record, main_meta, window_status, run_dir, mains)
+    exit_code = record.get("exit_code")
+    partial = exit_code is None or exit_code != 0
+    if exit_code is None:
+        notes.append("doctor did not see the job end: the verdict covers what was recorded.")
+    elif record.get("signal"):
+        notes.append(f"The job was stopped by signal {record['signal']} (exit status "
+                     f"{exit_code}): the verdict covers the steps it ran.")
+    elif exit_code != 0:
+        notes.append(f"The job exited with status {exit_code}: the verdict covers the steps it "
+                     "ran.")
+    for rule_id, why in sorted(outcome.skipped.items()):
+        if why.startswith("rule failed"):
+            notes.append(f"Rule {rule_id} was skipped: {why}.")
+    verdict = Verdict(
+        bottleneck=bottleneck, shares=shares, steps=verdict_steps, findings=findings,
+        probes=probes, job=_job_dict(record, meta), partial=partial, notes=notes,
+        extra={"rules_skipped": outcome.skipped},
+    )
+    tables: dict[str, pd.DataFrame] = {}
+    if not loaders.empty:
+        tables["loaders"] = loaders
+    processes = _process_table(host, procs)
+    if not processes.empty:
+        tables["processes"] = processes
+    return Analysis(verdict=verdict, ledger=ledger, source=str(run_dir), tables=tables)
+
+
+def _analysed(ledger: pd.DataFrame) -> pd.DataFrame:
+    analysed = ledger[ledger["analyzed"]]
+    return analysed if not analysed.empty else ledger
+
+
+def _summarise(ledger: pd.DataFrame, notes: list[str], findings: list[Finding],
+               procs: list[ProcessRecord]) -> tuple[dict[str, Any], dict[str, float], str]:
+    count = len(ledger)
+    analysed = ledger[ledger["analyzed"]]
+    if count and analysed.empty:
+        analysed = ledger
+        notes.append(f"Only {count} steps were seen: too few to leave warm-up out, so every "
+                     "step counts.")
+    warm = int(ledger["warmup"].sum()) if count else 0
+    if warm:
+        notes.append(f"The first {warm} step(s) per rank are warm-up (lazy imports, "
+                     "allocator growth, compilation) and are left out of the shares.")
+    if count and "window_close" in ledger and ledger["window_close"].any():
+        notes.append("The step that closed the torch.profiler window carries doctor's own "
+                     "trace export and is left out of the shares.")
+    steps = {"count": count, "analyzed": len(analysed),
+             "median_s": float(analysed["wall_s"].median()) if len(analysed) else None}
+    total = float(analysed["wall_s"].sum()) if len(analysed) else 0.0
+    if total <= 0:
+        findings.insert(0, _no_steps_finding(procs))
+        return steps, dict.fromkeys(CATEGORIES, 0.0), "unknown"
+    shares = {c: float(analysed[c].sum()) / total for c in CATEGORIES}
+    bottleneck = max(BOTTLENECKS, key=lambda c: shares[c])
+    if len(analysed) < FEW_STEPS:
+        notes.append(f"Only {len(analysed)} steps were analysed (about {FEW_STEPS} steady "
+                     "steps make a firm verdict): run the job longer for a firmer verdict.")
+    return steps, shares, bottleneck
+
+
+def _no_steps_finding(procs: list[ProcessRecord]) -> Finding:
+    seen = "no Python process of the job recorded anything" if not procs else \
+        "the job's processes recorded no optimizer step, backward() call or DataLoader batch"
+    return Finding(
+        id="steps.none", category="other", severity="warning",
+        title="No training steps were seen, so there is nothing to split into categories",
+        evidence={"processes_recorded": len(procs)},
+        fixes=(Fix(
+            title="Mark each step with doctor.step()",
+            why=f"doctor finds steps from torch.optim, backward() and DataLoader; here {seen}.",
+            code="import doctor\n\nfor batch in batches:\n    train_step(batch)\n"
+                 "    doctor.step()",
+        ),),
+    )
+
+
+def _window_status(proc: ProcessRecord) -> ProbeStatus:
+    window = proc.meta.get("window")
+    probes = proc.meta.get("probes", {})
+    if window is None:
+        base = probes.get("torch_ops")
+        if base and not base.get("ok"):
+            return ProbeStatus(False, base.get("reason", ""), base.get("hint", ""))
+        return ProbeStatus(False, "the job ended before the profiler window opened",
+                           "run 15 steps or more, or set --window START,STEPS")
+    if window.get("state") == "failed":
+        return ProbeStatus(False, f"torch.profiler failed: {window.get('reason')}",
+                           "the verdict uses step timings only")
+    if proc.trace is None:
+        return ProbeStatus(False, "the job ended inside the profiler window",
+                           "run more steps, or move the window with --window START,STEPS")
+    return ProbeStatus(True)
+
+
+def _probe_table(record: dict[str, Any], main_meta: dict[str, Any],
+                 window_status: dict[int, ProbeStatus], run_dir: Path,
+                 mains: dict[int, ProcessRecord]) -> dict[str, ProbeStatus]:
+    probes: dict[str, ProbeStatus] = {}
+    errors = sorted((run_dir / "bootstrap-errors").glob("*.txt"))
+    if errors:
+        probes["bootstrap"] = ProbeStatus(
+            False, f"{len(errors)} process(es) could not start doctor: "
+            f"{errors[0].read_text().strip()}",
+            "is doctor installed in the Python that runs the job?")
+    in_process = main_meta.get("probes", {})
+    for name in ("steps", "dataloader"):
+        status = in_process.get(name)
+        if status is None:
+            probes[name] = ProbeStatus(False, "torch was never imported by the job" if not mains
+                                       else "no status recorded")
+        else:
+            probes[name] = ProbeStatus(bool(status.get("ok")), status.get("reason", ""),
+                                       status.get("hint", ""))
+    if mains and not main_meta.get("loaders") and probes["dataloader"].ok:
+        probes["dataloader"] = ProbeStatus(True, "no DataLoader was iterated")
+    if window_status:
+        bad = [s for s in window_status.values() if not s.ok]
+        probes["torch_ops"] = bad[0] if bad else ProbeStatus(True)
+    for name, status in record.get("probes", {}).items():
+        probes[name] = ProbeStatus(bool(status.get("ok")), status.get("reason", ""),
+                                   status.get("hint", ""))
+    return probes
+
+
+def _job_meta(record: dict[str, Any], main_meta: dict[str, Any],
+              mains: dict[int, ProcessRecord], procs: list[ProcessRecord],
+              host: pd.DataFrame) -> dict[str, Any]:
+    workers = [p for p in procs if p.role.startswith("worker")]
+    return {
+        "cores": int(record.get("cores") or main_meta.get("cores") or 1),
+        "device": "cuda" if main_meta.get("cuda") else "cpu",
+        "torch_threads": main_meta.get("torch_threads"),
+        "torch_version": main_meta.get("torch_version"),
+        "world_size": main_meta.get("world_size") or max(len(mains), 1),
+        "ranks_here": len(mains),
+        "worker_processes": len(workers),
+        "main_pids": [p.pid for p in mains.values()],
+        "worker_pids": [p.pid for p in workers],
+        "input_category": INPUT_CATEGORY,
+    }
+
+
+def _job_dict(record: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "argv": list(record.get("argv", [])),
+        "exit_code": record.get("exit_code"),
+        "ranks": meta["world_size"],
+        "device": meta["device"],
+        "host": record.get("host"),
+        "cores": meta["cores"],
+        "torch_version": meta["torch_version"],
+        "python": record.get("python"),
+        "started": record.get("started"),
+        "duration_s": record.get("duration_s"),
+    }
+
+
+def _process_table(host: pd.DataFrame, procs: list[ProcessRecord]) -> pd.DataFrame:
+    if host.empty:
+        return pd.DataFrame()
+    roles = {p.pid: f"rank {p.rank} {p.role}" for p in procs}
+    g = host.groupby("pid")
+    table = pd.DataFrame({
+        "cpu_pct_mean": g["cpu_pct"].mean(),
+        "cpu_pct_max": g["cpu_pct"].max(),
+        "rss_mb_max": g["rss_bytes"].max() / 2**20,
+        "read_mb": (g["read_bytes"].max() - g["read_bytes"].min()) / 2**20,
+        "threads_max": g["threads"].max(),
+    }).reset_index()
+    table.insert(1, "process", [roles.get(int(pid), "other") for pid in table["pid"]])
+    return table.replace({np.nan: None}).round(1)

@@ -1,0 +1,143 @@
+"""Start a Session in a process of the job (under ``doctor run``) or in the caller (watch).
+
+The torch probes start as soon as torch is imported: if it already is, now; otherwise a
+one-shot import hook runs them right after ``import torch`` finishes, so doctor never imports
+torch into a process that does not use it, nor changes the job's import order.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from doctor import session as session_mod
+from doctor.session import Session
+
+ENV_RUN_DIR = "DOCTOR_RUN_DIR"
+ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"
+
+
+def start_from_env() -> Session | None:
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    if not run_dir:
+        return None
+    start, steps = parse_window(os.environ.get(ENV_WINDOW, ""))
+    return start_session(Path(run_dir), window_start=start, window_steps=steps)
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """"START,STEPS" -> (START, STEPS); "off" -> (0, 0); anything else -> the defaults."""
+    if text.strip().lower() == "off":
+        return 0, 0
+    try:
+        start, steps = (int(x) for x in text.split(","))
+        return max(1, start), max(1, steps)
+    except ValueError:
+        return 8, 5
+
+
+def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5) -> Session:
+    session = session_mod.install(
+        Session(run_dir, window_start=window_start, window_steps=window_steps))
+    starter = TorchProbes(session, window=window_steps > 0)
+    if "torch" in sys.modules:
+        starter.start()
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", starter.start))
+    atexit.register(starter.close)
+    return session
+
+
+class TorchProbes:
+    """Starts the in-process torch probes once; records which ran and why others did not."""
+
+    def __init__(self, session: Session, *, window: bool) -> None:
+        self.session = session
+        self.window = window
+        self.probes: list[Any] = []
+
+    def start(self) -> None:
+        from doctor.probes.dataloader import DataLoaderProbe
+        from doctor.probes.steps import StepsProbe
+        from doctor.probes.torch_ops import DeepWindow
+
+        status: dict[str, dict[str, Any]] = {}
+        for probe in (StepsProbe(), DataLoaderProbe()):
+            ok = probe.check()
+            if ok.ok:
+                try:
+                    probe.start(self.session)
+                    self.probes.append(probe)
+                except Exception as err:
+                    ok = ok.__class__(False, f"failed to start: {type(err).__name__}: {err}")
+            status[probe.name] = ok.to_dict()
+        if self.window:
+            window = DeepWindow(self.session, self.session.window_start,
+                                self.session.window_steps)
+            ok = window.check()
+            if ok.ok:
+                self.session.window = window
+            status[window.name] = ok.to_dict()
+        self.session.probe_status = status
+
+    def close(self) -> None:
+        for probe in self.probes:
+            try:
+                probe.stop()
+            except Exception:  # at exit, a probe that cannot unpatch is harmless
+                pass
+        self.probes = []
+        self.session.close()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """A one-shot meta path finder that runs ``callback`` after module ``name`` is imported."""
+
+    def __init__(self, name: str, callback: Callable[[], None]) -> None:
+        self.name = name
+        self.callback = callback
+        self._busy = False
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        exec_module = loader.exec_module
+        finder = self
+
+        def exec_then_hook(module: ModuleType) -> None:
+            exec_module(module)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+            try:
+                finder.callback()
+            except Exception as err:  # the job goes on; the run directory says what failed
+                _note_failure(err)
+
+        loader.exec_module = exec_then_hook  # type: ignore[method-assign]
+        return spec
+
+
+def _note_failure(err: BaseException) -> None:
+    current = session_mod.current()
+    if current is not None:
+        try:
+            current.update_meta(probe_error=f"{type(err).__name__}: {err}")
+        except OSError:
+            pass

@@ -1,0 +1,150 @@
+"""The ``doctor`` command line: each command parses, calls one library function, and exits.
+
+Errors a user can hit are DoctorError subclasses, printed as one line (exit status 2).
+``doctor run`` otherwise exits with the job's own status.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+import doctor
+from doctor.errors import DoctorError, UsageError
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(doctor.__version__, prog_name="doctor")
+def cli() -> None:
+    """Where does my training step time go, and what do I change to get it back?"""
+
+
+@cli.command(context_settings={"ignore_unknown_options": True,
+                               "allow_interspersed_args": False})
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: ./doctor-runs/<timestamp>-<name>).")
+@click.option("--window", default=None, metavar="START,STEPS",
+              help="Profile steps START..START+STEPS with torch.profiler (default 8,5); "
+                   "'off' to skip it.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(out: Path | None, window: str | None, command: tuple[str, ...]) -> None:
+    """Profile a training job: doctor run [OPTIONS] [--] COMMAND [ARGS]...
+
+    COMMAND is what you would type: train.py ARGS, python train.py ARGS,
+    python -m pkg.train ARGS, torchrun --nproc-per-node 2 train.py. The exit status is the
+    job's own.
+    """
+    from doctor.command import resolve_command
+    from doctor.launch import run_job
+    from doctor.rundir import new_run_dir
+
+    if window is not None and window.lower() != "off" and not _valid_window(window):
+        raise UsageError(f"--window takes START,STEPS (e.g. 8,5) or off, not {window!r}")
+    job = resolve_command(command)
+    run_dir = new_run_dir(out, job.name)
+    result = run_job(job, run_dir, window=window)
+    _summarise(run_dir)
+    sys.exit(result.exit_code)
+
+
+def _valid_window(text: str) -> bool:
+    parts = text.split(",")
+    return len(parts) == 2 and all(p.strip().isdigit() and int(p) > 0 for p in parts)
+
+
+def _summarise(run_dir: Path) -> None:
+    """Analyse and report; a failure here never changes the job's exit status."""
+    from doctor.outputs import finalize_run
+    from doctor.reports.text import render_text
+
+    try:
+        analysis = finalize_run(run_dir)
+    except Exception as err:  # the job ran; say why there is no report, keep its status
+        click.echo(f"doctor: could not analyse the run in {run_dir}: "
+                   f"{type(err).__name__}: {err}", err=True)
+        return
+    click.echo("", err=True)
+    click.echo(render_text(analysis, report_path=str(run_dir / "report.html")), err=True)
+
+
+@cli.command()
+@click.argument("sources", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["html", "json", "text"]), default="html",
+              show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Write here (default: RUN_DIR/report.html for html, stdout otherwise).")
+def report(sources: tuple[Path, ...], fmt: str, output: Path | None) -> None:
+    """Report on a run directory (default: the newest under ./doctor-runs) or on
+    torch.profiler traces (*.json, *.json.gz, one per rank)."""
+    from doctor.reports.html import render_html
+    from doctor.reports.json import render_json
+    from doctor.reports.text import render_text
+
+    analysis, default_html = _load(list(sources))
+    target: Path | None
+    if fmt == "html":
+        text = render_html(analysis)
+        target = output or default_html
+    elif fmt == "json":
+        text, target = render_json(analysis), output
+    else:
+        text, target = render_text(analysis, full=True), output
+    if target is None:
+        click.echo(text, nl=not text.endswith("\n"))
+        return
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot write {target}: {err.strerror or err}") from err
+    click.echo(str(target))
+
+
+def _load(sources: list[Path]) -> tuple[doctor.verdict.Analysis, Path]:
+    from doctor.analysis import analyze_run
+    from doctor.rundir import newest_run
+
+    if not sources:
+        sources = [newest_run()]
+    missing = [s for s in sources if not s.exists()]
+    if missing:
+        raise UsageError(f"no such run directory or trace: {missing[0]}")
+    dirs = [s for s in sources if s.is_dir()]
+    traces = [s for s in sources if s.is_file()]
+    if dirs and traces:
+        raise UsageError("give either run directories or trace files, not both")
+    if traces:
+        bad = [t for t in traces if not t.name.endswith(TRACE_SUFFIXES)]
+        if bad:
+            raise UsageError(f"{bad[0]} is not a trace (*.json or *.json.gz)")
+        from doctor.trace.verdict import verdict_from_traces
+
+        analysis = verdict_from_traces(traces)
+        return analysis, Path(traces[0].name.split(".")[0] + ".report.html")
+    if len(dirs) > 1:
+        raise UsageError("merging several run directories is not supported yet: "
+                         "report on one at a time")
+    return analyze_run(dirs[0]), dirs[0] / "report.html"
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except DoctorError as err:
+        click.echo(f"doctor: {err}", err=True)
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort:
+        click.echo("doctor: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(2)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)
+
+
+if __name__ == "__main__":
+    main()

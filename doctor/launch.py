@@ -1,0 +1,149 @@
+"""``doctor run``: start the job as a child with the bootstrap on its path, sample it from
+outside, and hand back its exit status unchanged.
+
+The child inherits stdin, stdout and stderr, so the job's output is exactly what it would be
+without doctor. SIGTERM (and SIGINT when it did not come from the terminal, which already sent
+it to the whole foreground process group) is forwarded to the job. A death by signal N is
+returned as 128+N, as a shell reports it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import doctor
+from doctor.boot import ENV_RUN_DIR, ENV_WINDOW
+from doctor.command import JobCommand
+from doctor.rundir import write_run_record
+from doctor.verdict import ProbeStatus
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
+QUIET_KINETO = "6"
+SAMPLE_INTERVAL_S = 0.5  # host and GPU sampling from the parent: 2 Hz
+
+
+@dataclass
+class JobResult:
+    exit_code: int  # as a shell reports it: 128+N after a death by signal N
+    signal: int | None
+    duration_s: float
+    probes: dict[str, ProbeStatus]
+
+
+def job_environment(run_dir: Path, window: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + path if path else "")
+    env[ENV_RUN_DIR] = str(run_dir)
+    # Kineto prints profiler start/stop lines on stderr; keep the job's stderr its own.
+    env.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
+    if window is not None:
+        env[ENV_WINDOW] = window
+    return env
+
+
+def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
+            clock: Callable[[], float] = time.monotonic) -> JobResult:
+    from doctor.probes.gpu import GpuSampler
+    from doctor.probes.host import HostSampler
+
+    started = time.time()
+    t0 = clock()
+    write_run_record(run_dir, _record(command, started, t0, exit_code=None))
+    try:
+        proc = subprocess.Popen(command.argv, env=job_environment(run_dir, window))
+    except OSError as err:
+        from doctor.errors import UsageError
+
+        raise UsageError(f"cannot start {command.argv[0]}: {err.strerror or err}") from err
+
+    restore = _forward_signals(proc)
+    host = HostSampler(proc.pid, clock=clock)
+    gpu = GpuSampler(clock=clock)
+    probes = {s.name: s.check() for s in (host, gpu)}
+    samplers: list[Any] = [s for s in (host, gpu) if probes[s.name].ok]
+    try:
+        next_tick = clock()
+        while True:
+            try:
+                rc = proc.wait(timeout=max(0.0, next_tick - clock()))
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            for s in list(samplers):
+                try:
+                    s.sample()
+                except Exception:  # a probe failure never stops the job
+                    samplers.remove(s)
+            next_tick += SAMPLE_INTERVAL_S
+            if next_tick < clock():  # fell behind (suspended laptop, loaded host): skip ahead
+                next_tick = clock() + SAMPLE_INTERVAL_S
+    finally:
+        restore()
+    duration = clock() - t0
+    host.save(run_dir / "host.npz")
+    gpu.save(run_dir / "gpu.npz")
+    gpu.stop()
+    sig = -rc if rc < 0 else None
+    exit_code = 128 + sig if sig is not None else rc
+    record = _record(command, started, t0, exit_code=exit_code, signal=sig,
+                     duration_s=duration, probes={k: v.to_dict() for k, v in probes.items()})
+    write_run_record(run_dir, record)
+    return JobResult(exit_code, sig, duration, probes)
+
+
+def _record(command: JobCommand, started: float, t0: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "argv": command.argv, "name": command.name, "cwd": os.getcwd(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "t0_monotonic_s": t0, "host": socket.gethostname(), "cores": _cores(),
+        "doctor_version": doctor.__version__, "python": sys.version.split()[0], **extra,
+    }
+
+
+def _forward_signals(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and _terminal_sent_it():
+            return  # the job got it from the terminal already
+        try:
+            proc.send_signal(signum)
+        except OSError:
+            pass
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[signum] = signal.signal(signum, forward)
+        except (ValueError, OSError):  # not the main thread, or not allowed
+            pass
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    return restore
+
+
+def _terminal_sent_it() -> bool:
+    """True when we are in the terminal's foreground group (so Ctrl-C reached the job too)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

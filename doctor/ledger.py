@@ -1,0 +1,214 @@
+"""The step ledger: one row per (rank, step), seconds per category, adding up to the step's wall.
+
+Step boundaries come from the strongest evidence the process left: ``doctor.step()`` calls,
+else optimizer steps (of the optimizer that steps most), else ``backward()`` calls, else the
+DataLoader's cadence (a step from one batch request to the next). Inside each step:
+
+- input: the main process's DataLoader wait. Until the input split is measured it is kept in
+  ``preprocess`` (the analysis says so in a finding);
+- the rest of the step is split between transfer, compute, communication and other by the
+  proportions measured in the torch.profiler window (see doctor.window); without a window, the
+  rest is compute and a note says so.
+
+Warm-up steps (the first steps, lazy imports, compilation) and the step that closed the profiler
+window (which carries doctor's own export cost) are kept in the ledger but not analysed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from doctor.intervals import overlap_per_span
+from doctor.ringbuffer import RingFormatError, read_ring
+from doctor.rundir import ProcessRecord
+from doctor.session import (
+    EVENT_WINDOW_START,
+    EVENT_WINDOW_STOP_BEGIN,
+    EVENT_WINDOW_STOP_END,
+    STEP_KIND_NAMES,
+    STEP_MANUAL,
+)
+from doctor.verdict import CATEGORIES, LEDGER_COLUMNS
+
+NS = 1e-9
+INPUT_CATEGORY = "preprocess"  # where DataLoader wait goes until the input split is measured
+EVIDENCE_COLUMNS = ("wait_s", "backward_s", "optimizer_s", "fetch_s")
+MIN_WARMUP_STEPS = 3
+MAX_WARMUP_STEPS = 10
+
+
+@dataclass
+class RankSteps:
+    """The raw material of one rank's ledger."""
+
+    rank: int
+    kind: str
+    starts_ns: np.ndarray
+    ends_ns: np.ndarray
+    intervals: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    window_ns: tuple[int, int, int] | None = None  # start, stop begin, stop end
+    dropped: int = 0  # records overwritten in a full ring
+
+
+def read_intervals(proc: ProcessRecord, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(t0_ns, t1_ns, key) of an interval ring, sorted by start; empty when absent."""
+    path = proc.ring_path(name)
+    empty = np.zeros(0, dtype=np.int64)
+    if not path.is_file():
+        return empty, empty, empty
+    try:
+        rec, _written = read_ring(path)
+    except (RingFormatError, OSError):
+        return empty, empty, empty
+    order = np.argsort(rec["t0_ns"], kind="stable")
+    return rec["t0_ns"][order], rec["t1_ns"][order], rec["key"][order]
+
+
+def step_boundaries(proc: ProcessRecord) -> tuple[str, np.ndarray, np.ndarray]:
+    """(kind, step starts, step ends) in ns from the strongest evidence available."""
+    empty = np.zeros(0, dtype=np.int64)
+    steps_path = proc.ring_path("steps")
+    if steps_path.is_file():
+        try:
+            rec, _ = read_ring(steps_path)
+            manual = np.sort(rec["t_ns"][rec["kind"] == STEP_MANUAL])
+            if len(manual) >= 2:
+                return STEP_KIND_NAMES[STEP_MANUAL], manual[:-1], manual[1:]
+        except (RingFormatError, OSError):
+            pass
+    _t0, t1, key = read_intervals(proc, "optimizer")
+    if len(t1) >= 2:
+        keys, counts = np.unique(key, return_counts=True)
+        top = keys[counts == counts.max()]
+        # several optimizers stepping equally often (a GAN): the one that steps last closes it
+        chosen = top[0] if len(top) == 1 else key[np.argmax(t1 * np.isin(key, top))]
+        ends = np.sort(t1[key == chosen])
+        return "optimizer", ends[:-1], ends[1:]
+    _t0, t1, _ = read_intervals(proc, "backward")
+    if len(t1) >= 2:
+        ends = np.sort(t1)
+        return "backward", ends[:-1], ends[1:]
+    t0, _t1, _ = read_intervals(proc, "loader_wait")
+    if len(t0) >= 2:
+        starts = np.sort(t0)
+        return "dataloader", starts[:-1], starts[1:]
+    return "none", empty, empty
+
+
+def window_span(proc: ProcessRecord) -> tuple[int, int, int] | None:
+    path = proc.ring_path("events")
+    if not path.is_file():
+        return None
+    try:
+        rec, _ = read_ring(path)
+    except (RingFormatError, OSError):
+        return None
+    found = {}
+    for event in (EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END):
+        hits = rec["t_ns"][rec["event"] == event]
+        if len(hits):
+            found[event] = int(hits[0])
+    if len(found) < 3:
+        return None
+    return found[EVENT_WINDOW_START], found[EVENT_WINDOW_STOP_BEGIN], found[EVENT_WINDOW_STOP_END]
+
+
+def rank_steps(proc: ProcessRecord) -> RankSteps:
+    kind, starts, ends = step_boundaries(proc)
+    steps = RankSteps(proc.rank, kind, starts, ends, window_ns=window_span(proc))
+    for name in ("loader_wait", "backward", "optimizer", "fetch"):
+        t0, t1, _ = read_intervals(proc, name)
+        steps.intervals[name] = (t0, t1)
+    return steps
+
+
+def main_process(procs: list[ProcessRecord]) -> dict[int, ProcessRecord]:
+    """Per rank, the process that trained: the one with the strongest, most numerous steps."""
+    strength = {"manual": 4, "optimizer": 3, "backward": 2, "dataloader": 1, "none": 0}
+    best: dict[int, tuple[tuple[int, int], ProcessRecord]] = {}
+    for proc in procs:
+        if proc.role.startswith("worker"):
+            continue
+        kind, _s, ends = step_boundaries(proc)
+        score = (strength[kind], len(ends))
+        if proc.rank not in best or score > best[proc.rank][0]:
+            best[proc.rank] = (score, proc)
+    return {rank: proc for rank, (score, proc) in best.items() if score[0] > 0}
+
+
+def build_ledger(ranks: list[RankSteps], t0_ns: int,
+                 fractions: Mapping[int, Mapping[str, float]] | None = None) -> pd.DataFrame:
+    """The ledger over all ranks. ``fractions[rank]`` splits non-input time by category."""
+    frames = [_rank_ledger(r, t0_ns, (fractions or {}).get(r.rank)) for r in ranks]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return empty_ledger()
+    return pd.concat(frames, ignore_index=True)
+
+
+def empty_ledger() -> pd.DataFrame:
+    cols: dict[str, pd.Series] = {}
+    for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS):
+        dtype = "bool" if c in ("warmup", "analyzed") else "int64" if c in ("rank", "step") \
+            else "float64"
+        cols[c] = pd.Series(dtype=dtype)
+    return pd.DataFrame(cols)
+
+
+def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
+                 ) -> pd.DataFrame:
+    n = len(r.ends_ns)
+    if n == 0:
+        return empty_ledger()
+    s = r.starts_ns.astype(np.float64)
+    e = r.ends_ns.astype(np.float64)
+    wall = (e - s) * NS
+
+    def overlap(name: str) -> np.ndarray:
+        t0, t1 = r.intervals.get(name, (np.zeros(0), np.zeros(0)))
+        return overlap_per_span(t0, t1, s, e) * NS
+
+    wait = np.minimum(overlap("loader_wait"), wall)
+    rest = wall - wait
+    data: dict[str, np.ndarray] = {c: np.zeros(n) for c in CATEGORIES}
+    data[INPUT_CATEGORY] += wait
+    split = dict(fractions) if fractions else {"compute": 1.0}
+    for category, frac in split.items():
+        data[category] = data[category] + rest * frac
+    out = pd.DataFrame({
+        "rank": np.full(n, r.rank, dtype=np.int64),
+        "step": np.arange(1, n + 1, dtype=np.int64),
+        "start_s": (s - t0_ns) * NS,
+        "wall_s": wall,
+        **data,
+        "wait_s": wait,
+        "backward_s": overlap("backward"),
+        "optimizer_s": overlap("optimizer"),
+        "fetch_s": overlap("fetch"),
+    })
+    warm = warmup_steps(wall)
+    out["warmup"] = np.arange(n) < warm
+    closing = np.zeros(n, dtype=bool)
+    if r.window_ns is not None:
+        _start, stop_begin, stop_end = r.window_ns
+        closing = (e > stop_begin) & (s < stop_end)
+    out["window_close"] = closing
+    out["analyzed"] = ~out["warmup"] & ~closing
+    return out
+
+
+def warmup_steps(wall: np.ndarray) -> int:
+    """How many leading steps are warm-up: a few always, more while they stay slow."""
+    n = len(wall)
+    if n <= MIN_WARMUP_STEPS:
+        return 0 if n < 2 else 1
+    base = min(MIN_WARMUP_STEPS, n // 4)
+    steady = float(np.median(wall[base:]))
+    k = base
+    while k < min(MAX_WARMUP_STEPS, n // 2) and wall[k] > 2.0 * steady:
+        k += 1
+    return k

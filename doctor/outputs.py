@@ -1,0 +1,29 @@
+"""Finish a run directory: compress traces, analyse, write verdict.json and report.html."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from doctor.analysis import analyze_run
+from doctor.reports.html import render_html
+from doctor.reports.json import render_json
+from doctor.rundir import disk_usage_bytes, gzip_traces
+from doctor.verdict import Analysis
+
+DISK_WARN_BYTES = 100 * 2**20
+
+
+def finalize_run(run_dir: Path) -> Analysis:
+    gzip_traces(run_dir)
+    analysis = analyze_run(run_dir)
+    used = disk_usage_bytes(run_dir)
+    if used > DISK_WARN_BYTES:
+        analysis.verdict.notes.append(
+            f"This run directory holds {used / 2**20:.0f} MB of probe data (over 100 MB).")
+    write_outputs(analysis, run_dir)
+    return analysis
+
+
+def write_outputs(analysis: Analysis, run_dir: Path) -> None:
+    (run_dir / "verdict.json").write_text(render_json(analysis))
+    (run_dir / "report.html").write_text(render_html(analysis), encoding="utf-8")

@@ -1,0 +1,84 @@
+"""Host contention: more runnable threads than cores.
+
+On small machines this alone can cost several times: torch's intra-op threads in each process,
+DataLoader workers and other load on the machine all compete for the same cores, and OpenMP
+threads spin while they wait for each other. Evidence comes from the parent's samples of the
+machine's runnable-thread count (/proc/stat procs_running) and of the job's own CPU use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from doctor.rules.base import RuleInputs, RuleSkipped, rule
+from doctor.verdict import Finding, Fix
+
+OVERSUBSCRIBED = 1.5  # runnable threads per core, sustained, that we call contention
+
+
+@rule("host.contention", needs=("system",))
+def host_contention(inputs: RuleInputs) -> list[Finding]:
+    system = inputs.system
+    assert system is not None
+    cores = int(inputs.meta.get("cores") or system["cores"].max())
+    runnable = system["runnable"].to_numpy(dtype=float) - 1.0  # less the sampler reading it
+    runnable = runnable[np.isfinite(runnable)]
+    if len(runnable) < 4:
+        raise RuleSkipped("fewer than 4 machine samples")
+    per_core = float(np.median(runnable)) / cores
+    if per_core < OVERSUBSCRIBED:
+        return []
+    busy = float(np.nanmedian(system["busy_cores"]))
+    job_cores = _job_cores(inputs)
+    other_cores = max(0.0, busy - job_cores) if job_cores is not None else None
+    threads = inputs.meta.get("torch_threads")
+    procs = max(1, int(inputs.meta.get("ranks_here") or 1))
+    workers = int(inputs.meta.get("worker_processes") or 0)
+    evidence: dict[str, Any] = {
+        "cores": cores, "runnable_threads_median": float(np.median(runnable)),
+        "runnable_per_core": per_core, "busy_cores_median": busy,
+        "job_cores_used": job_cores, "other_load_cores": other_cores,
+        "torch_threads_per_process": threads, "training_processes": procs,
+        "dataloader_workers": workers,
+    }
+    fixes: list[Fix] = []
+    speedup = None
+    want = max(1, cores // (procs + workers)) if workers else max(1, cores // procs)
+    if threads and threads * procs + workers > cores:
+        fixes.append(Fix(
+            title=f"{procs} process(es) x {threads} torch threads + {workers} workers on "
+                  f"{cores} cores: use {want} thread(s) per process",
+            why="Threads beyond the cores wait for each other; fewer threads run faster.",
+            code=f"import torch\ntorch.set_num_threads({want})  # or: OMP_NUM_THREADS={want}",
+        ))
+    if other_cores is not None and other_cores >= 0.5:
+        if job_cores:
+            speedup = min(cores, max(job_cores, 1.0) + other_cores) / job_cores
+        fixes.append(Fix(
+            title=f"Other processes keep {other_cores:.1f} of {cores} cores busy",
+            why="The job shares the machine: stop the other load, or give the job its own "
+                "cores.",
+            code="import os\nos.sched_setaffinity(0, range(os.cpu_count()))  "
+                 "# and move other work elsewhere",
+        ))
+    if not fixes:
+        fixes.append(Fix(
+            title=f"Keep runnable threads at or below {cores}",
+            why="The machine had more runnable threads than cores for most of the run.",
+            code=f"import torch\ntorch.set_num_threads({want})",
+        ))
+    return [Finding(
+        id="host.contention", category="compute", severity="warning",
+        title=f"{per_core:.1f} runnable threads per core: the job competes for the CPU",
+        evidence=evidence, fixes=tuple(fixes), estimated_speedup=speedup,
+    )]
+
+
+def _job_cores(inputs: RuleInputs) -> float | None:
+    host = inputs.host
+    if host is None or host.empty:
+        return None
+    per_tick = host.groupby("t_s")["cpu_pct"].sum(min_count=1).dropna()
+    return float(per_tick.median() / 100.0) if len(per_tick) else None

@@ -1,0 +1,54 @@
+"""Time outside the measured parts of a step: logging, checkpoints, evaluation, Python."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from doctor.rules.base import RuleInputs, rule
+from doctor.verdict import Finding, Fix
+
+OTHER_SHARE = 0.2
+SPIKE = 3.0  # a step this many times the median is a spike (checkpoint, evaluation)
+
+
+@rule("steps.other", needs=("ledger",))
+def other_time(inputs: RuleInputs) -> list[Finding]:
+    ledger = inputs.ledger
+    assert ledger is not None
+    wall = ledger["wall_s"].to_numpy(dtype=float)
+    total = float(wall.sum())
+    if total <= 0:
+        return []
+    share = float(ledger["other"].sum()) / total
+    median = float(np.median(wall))
+    spikes = wall > SPIKE * median
+    spike_share = float((wall[spikes] - median).sum()) / total
+    findings = []
+    if share >= OTHER_SHARE:
+        findings.append(Finding(
+            id="steps.other", category="other", severity="warning",
+            title=f"{share:.0%} of step time is outside forward, backward, optimizer and input",
+            evidence={"other_share": share, "median_step_s": median},
+            fixes=(Fix(
+                title="Look for per-step work that is not training",
+                why="Logging that syncs (loss.item() every step), metrics on the host, "
+                    "checkpoints and evaluation inside the loop all land here.",
+                code="if step % 100 == 0:\n    print(loss.item())  # not every step",
+            ),),
+            estimated_speedup=1.0 / max(1e-9, 1.0 - share),
+        ))
+    if spike_share >= 0.1:
+        findings.append(Finding(
+            id="steps.spikes", category="other", severity="warning",
+            title=f"{int(spikes.sum())} slow steps (over {SPIKE:.0f}x the median) cost "
+                  f"{spike_share:.0%} of the time",
+            evidence={"spike_steps": int(spikes.sum()), "spike_share": spike_share,
+                      "median_step_s": median, "slowest_step_s": float(wall.max())},
+            fixes=(Fix(
+                title="Make periodic work rarer or asynchronous",
+                why="Checkpoints and evaluation every few steps stall training.",
+                code="if step % 1000 == 0:\n    torch.save(model.state_dict(), path)",
+            ),),
+            estimated_speedup=1.0 / max(1e-9, 1.0 - spike_share),
+        ))
+    return findings

@@ -1,0 +1,241 @@
+"""The per-process Session: owns the in-process probes and writes to the run directory.
+
+One Session per Python process of the job (started by the bootstrap under ``doctor run``, or by
+``doctor.watch``). It creates its process directory lazily, on the first thing it records, so
+processes that never train (the torchrun launcher, helper subprocesses) leave nothing behind.
+
+Directory: ``RUN_DIR/rank-<RANK>/<role>-<pid>/`` with ``meta.json`` and ring files.
+Hot-path methods (``mark_step``, ``record_*``) write fixed-size records and never allocate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from doctor.ringbuffer import RingWriter
+
+# Step kinds, from the weakest evidence of a step boundary to the strongest.
+STEP_DATALOADER = 0
+STEP_BACKWARD = 1
+STEP_OPTIMIZER = 2
+STEP_MANUAL = 3
+STEP_KIND_NAMES = {STEP_DATALOADER: "dataloader", STEP_BACKWARD: "backward",
+                   STEP_OPTIMIZER: "optimizer", STEP_MANUAL: "manual"}
+
+# Events in the events ring.
+EVENT_WINDOW_START = 1
+EVENT_WINDOW_STOP_BEGIN = 2
+EVENT_WINDOW_STOP_END = 3
+
+RING_CAPACITY = 1 << 17  # records per ring: about 3 MB a ring, whatever the run's length
+
+Clock = Callable[[], int]
+
+_current: Session | None = None
+_lock = threading.Lock()
+
+
+def current() -> Session | None:
+    return _current
+
+
+def install(session: Session) -> Session:
+    """Make ``session`` this process's Session (the first one wins)."""
+    global _current
+    with _lock:
+        if _current is None:
+            _current = session
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+        return _current
+
+
+def uninstall(session: Session) -> None:
+    global _current
+    with _lock:
+        if _current is session:
+            _current = None
+
+
+def _after_fork_in_child() -> None:
+    if _current is not None:
+        _current.forked()
+
+
+class Session:
+    """In-process recorder for one process of the job."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        rank: int | None = None,
+        role: str = "main",
+        clock: Clock = time.perf_counter_ns,
+        window_start: int = 8,
+        window_steps: int = 5,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self.role = role
+        self.clock = clock
+        self.window_start = window_start
+        self.window_steps = window_steps
+        self.pid = os.getpid()
+        self._dir: Path | None = None
+        self._rings: dict[str, RingWriter] = {}
+        self._meta: dict[str, Any] = {}
+        self._loaders: dict[tuple[Any, ...], int] = {}
+        # Counting steps for the deep window: only the strongest kind seen so far counts.
+        self._window_kind = -1
+        self._window_key = 0
+        self._window_count = 0
+        self.window: Any = None  # probes.torch_ops.DeepWindow, set by the bootstrap
+        self._opt_t0 = 0
+        self.closed = False
+        self.probe_status: dict[str, dict[str, Any]] = {}
+
+    # ----- lazily created storage -------------------------------------------------------
+    @property
+    def directory(self) -> Path:
+        if self._dir is None:
+            d = self.run_dir / f"rank-{self.rank}" / f"{self.role}-{self.pid}"
+            d.mkdir(parents=True, exist_ok=True)
+            self._dir = d
+            self._meta = {
+                "pid": self.pid, "ppid": os.getppid(), "rank": self.rank, "role": self.role,
+                "argv": list(sys.argv), "local_rank": _env_int("LOCAL_RANK"),
+                "world_size": _env_int("WORLD_SIZE"), "host": os.uname().nodename,
+                "started_ns": self.clock(), "cores": _cores(), "probes": self.probe_status,
+            }
+            self._meta.update(_torch_facts())
+            self.write_meta()
+        return self._dir
+
+    def ring(self, name: str, fmt: str, names: tuple[str, ...]) -> RingWriter:
+        ring = self._rings.get(name)
+        if ring is None:
+            ring = RingWriter(self.directory / f"{name}.ring", fmt, names, RING_CAPACITY)
+            self._rings[name] = ring
+        return ring
+
+    def update_meta(self, **values: Any) -> None:
+        _ = self.directory
+        self._meta.update(values)
+        self.write_meta()
+
+    def write_meta(self) -> None:
+        if self._dir is None:
+            return
+        tmp = self._dir / "meta.json.tmp"
+        tmp.write_text(json.dumps(self._meta, default=str))
+        tmp.replace(self._dir / "meta.json")
+
+    # ----- hot path ----------------------------------------------------------------------
+    def mark_step(self, kind: int, key: int = 0) -> None:
+        """A step boundary seen now (end of a step)."""
+        if self.closed:
+            return
+        self.ring("steps", "<qii", ("t_ns", "kind", "key")).write(self.clock(), kind, key)
+        self._window_tick(kind, key)
+
+    def record_optimizer_start(self) -> None:
+        self._opt_t0 = self.clock()
+
+    def record_optimizer_end(self, key: int) -> None:
+        if self.closed:
+            return
+        t1 = self.clock()
+        self.ring("optimizer", "<qqi", ("t0_ns", "t1_ns", "key")).write(self._opt_t0, t1, key)
+        self.ring("steps", "<qii", ("t_ns", "kind", "key")).write(t1, STEP_OPTIMIZER, key)
+        self._window_tick(STEP_OPTIMIZER, key)
+
+    def record_interval(self, name: str, t0: int, t1: int, key: int = 0) -> None:
+        """An interval such as one DataLoader wait or one backward call."""
+        if self.closed:
+            return
+        self.ring(name, "<qqi", ("t0_ns", "t1_ns", "key")).write(t0, t1, key)
+
+    def record_event(self, event: int, value: int = 0) -> None:
+        self.ring("events", "<qii", ("t_ns", "event", "value")).write(self.clock(), event, value)
+
+    def _window_tick(self, kind: int, key: int) -> None:
+        if kind > self._window_kind:
+            # A stronger kind of step boundary appeared: count those from now on.
+            self._window_kind, self._window_key, self._window_count = kind, key, 0
+        elif kind < self._window_kind or key != self._window_key:
+            return
+        self._window_count += 1
+        if self.window is not None:
+            self.window.on_step(self._window_count)
+
+    # ----- settings seen ------------------------------------------------------------------
+    def record_loader(self, settings: dict[str, Any]) -> int:
+        """Remember a DataLoader's settings; returns a small id for its wait records."""
+        key = tuple(sorted(settings.items()))
+        loader_id = self._loaders.get(key)
+        if loader_id is None:
+            loader_id = len(self._loaders)
+            self._loaders[key] = loader_id
+            loaders = self._meta.get("loaders", [])
+            self.update_meta(loaders=[*loaders, {"id": loader_id, **settings}])
+        return loader_id
+
+    # ----- lifecycle ----------------------------------------------------------------------
+    def forked(self) -> None:
+        """In a forked child: forget the parent's files, record into our own."""
+        self.pid = os.getpid()
+        self._dir = None
+        self._rings = {}
+        self._meta = {}
+        self._loaders = {}
+        self.window = None
+        self._window_kind, self._window_count = -1, 0
+        self.role = "child"
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        if self.window is not None:
+            self.window.close()
+        self.closed = True
+        if self._dir is not None:
+            self._meta["ended_ns"] = self.clock()
+            self._meta["rings"] = {k: r.written for k, r in self._rings.items()}
+            self._meta["probes"] = self.probe_status
+            self.write_meta()
+        for ring in self._rings.values():
+            ring.close()
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _torch_facts() -> dict[str, Any]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    try:
+        return {"torch_version": str(torch.__version__),
+                "torch_threads": int(torch.get_num_threads()),
+                "cuda": bool(torch.cuda.is_available())}
+    except Exception:  # facts for the report; a half-imported torch gives none
+        return {}

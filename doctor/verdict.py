@@ -1,0 +1,196 @@
+"""The verdict: categories, findings, fixes and the ``verdict.json`` contract (doctor.verdict/1).
+
+These are the shared data types between the rules (which produce findings) and the reports
+(which only format them). Nothing in here measures or analyses anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SCHEMA = "doctor.verdict/1"
+
+#: The six bottleneck categories, in the order reports show them.
+BOTTLENECKS: tuple[str, ...] = (
+    "io", "decode", "preprocess", "transfer", "compute", "communication",
+)
+#: Every column of the step ledger that holds time: the six categories plus ``other``.
+CATEGORIES: tuple[str, ...] = (*BOTTLENECKS, "other")
+SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One change the user can make: what, why it fits this job, and the code."""
+
+    title: str
+    why: str
+    code: str = ""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a rule found, with the numbers that fired it and the fixes that fit."""
+
+    id: str
+    category: str
+    severity: str
+    title: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    fixes: tuple[Fix, ...] = ()
+    estimated_speedup: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} is not one of {SEVERITIES}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["evidence"] = {k: _plain(v) for k, v in self.evidence.items()}
+        out["fixes"] = [asdict(f) for f in self.fixes]
+        if self.estimated_speedup is not None:
+            out["estimated_speedup"] = round(float(self.estimated_speedup), 2)
+        return out
+
+
+@dataclass(frozen=True)
+class ProbeStatus:
+    """Whether a probe ran; when it did not, why, and what the user can do about it."""
+
+    ok: bool
+    reason: str = ""
+    hint: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ok": self.ok}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.hint:
+            out["hint"] = self.hint
+        return out
+
+
+@dataclass
+class Verdict:
+    bottleneck: str
+    shares: dict[str, float]
+    steps: dict[str, Any]
+    findings: list[Finding]
+    probes: dict[str, ProbeStatus]
+    job: dict[str, Any]
+    partial: bool = False
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema": SCHEMA,
+            "bottleneck": self.bottleneck,
+            "shares": {k: round(float(v), 4) for k, v in self.shares.items()},
+            "steps": {k: _plain(v) for k, v in self.steps.items()},
+            "findings": [f.to_dict() for f in self.findings],
+            "probes": {k: p.to_dict() for k, p in self.probes.items()},
+            "job": {k: _plain(v) for k, v in self.job.items()},
+            "partial": self.partial,
+            "notes": list(self.notes),
+        }
+        out.update({k: _plain(v) for k, v in self.extra.items()})
+        return out
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        check_verdict(data)
+        known = {"schema", "bottleneck", "shares", "steps", "findings", "probes", "job",
+                 "partial", "notes"}
+        return cls(
+            bottleneck=data["bottleneck"],
+            shares=dict(data["shares"]),
+            steps=dict(data["steps"]),
+            findings=[
+                Finding(
+                    id=f["id"], category=f["category"], severity=f["severity"],
+                    title=f["title"], evidence=dict(f.get("evidence", {})),
+                    fixes=tuple(Fix(**fx) for fx in f.get("fixes", [])),
+                    estimated_speedup=f.get("estimated_speedup"),
+                )
+                for f in data["findings"]
+            ],
+            probes={k: ProbeStatus(**v) for k, v in data["probes"].items()},
+            job=dict(data["job"]),
+            partial=bool(data.get("partial", False)),
+            notes=list(data.get("notes", [])),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+
+class VerdictSchemaError(ValueError):
+    """A verdict.json that does not follow doctor.verdict/1."""
+
+
+def check_verdict(data: Mapping[str, Any]) -> None:
+    """Raise VerdictSchemaError unless ``data`` follows the doctor.verdict/1 contract."""
+    if data.get("schema") != SCHEMA:
+        raise VerdictSchemaError(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
+    for key in ("bottleneck", "shares", "steps", "findings", "probes", "job"):
+        if key not in data:
+            raise VerdictSchemaError(f"missing key {key!r}")
+    allowed = {*BOTTLENECKS, "input", "unknown"}
+    if data["bottleneck"] not in allowed:
+        raise VerdictSchemaError(
+            f"bottleneck {data['bottleneck']!r} is not one of {sorted(allowed)}")
+    shares = data["shares"]
+    missing = [c for c in CATEGORIES if c not in shares]
+    if missing:
+        raise VerdictSchemaError(f"shares lack {missing}")
+    total = sum(float(v) for v in shares.values())
+    if shares and total > 0 and not math.isclose(total, 1.0, abs_tol=0.02):
+        raise VerdictSchemaError(f"shares sum to {total:.3f}, not 1")
+    for f in data["findings"]:
+        if f.get("severity") not in SEVERITIES:
+            raise VerdictSchemaError(f"finding {f.get('id')!r} has severity {f.get('severity')!r}")
+
+
+def _plain(value: Any) -> Any:
+    """Turn numpy scalars and NaN into JSON-friendly values (NaN becomes null)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return None
+        return round(value, 6)
+    return value
+
+
+#: Columns of the step ledger (doctor.ledger builds it; reports read it).
+LEDGER_COLUMNS: tuple[str, ...] = (
+    "rank", "step", "start_s", "wall_s", *CATEGORIES, "warmup", "analyzed",
+)
+
+
+@dataclass
+class Analysis:
+    """What the reports format: the verdict, the ledger behind it, and where it came from.
+
+    ``ledger`` has LEDGER_COLUMNS (seconds; ``start_s`` from the run's start; ``warmup`` and
+    ``analyzed`` are booleans) and may be empty. ``source`` is the run directory or the traces.
+    """
+
+    verdict: Verdict
+    ledger: pd.DataFrame
+    source: str
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)

@@ -1,0 +1,114 @@
+"""DataLoader probe: the main process's wait per batch, the loader's settings, and the time
+each fetch (``__getitem__`` calls plus collate) takes, in the main process for num_workers=0
+and in each worker otherwise. Runs inside the job; patches torch.utils.data in place."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from doctor.session import STEP_DATALOADER, Session
+from doctor.verdict import ProbeStatus
+
+
+def loader_settings(loader: Any) -> dict[str, Any]:
+    """The settings of a torch DataLoader that the rules reason about."""
+    dataset = getattr(loader, "dataset", None)
+    try:
+        size: int | None = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        size = None
+    collate = getattr(loader, "collate_fn", None)
+    return {
+        "num_workers": int(getattr(loader, "num_workers", 0)),
+        "batch_size": getattr(loader, "batch_size", None),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "dataset": type(dataset).__name__,
+        "dataset_len": size,
+        "collate_fn": getattr(collate, "__qualname__", type(collate).__name__),
+    }
+
+
+class DataLoaderProbe:
+    name = "dataloader"
+
+    def __init__(self) -> None:
+        self._patched: list[tuple[Any, str, Any]] = []
+
+    def check(self) -> ProbeStatus:
+        try:
+            from torch.utils.data.dataloader import _BaseDataLoaderIter  # noqa: F401
+        except ImportError as err:
+            return ProbeStatus(False, f"torch.utils.data internals changed ({err})",
+                               "call doctor.step() per step; input wait is then not measured")
+        return ProbeStatus(True)
+
+    def _patch(self, owner: Any, name: str, new: Any) -> None:
+        self._patched.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, new)
+
+    def start(self, session: Session) -> None:
+        from torch.utils.data import dataloader as dl
+        from torch.utils.data._utils import fetch, worker
+
+        clock = session.clock
+        base = dl._BaseDataLoaderIter
+        orig_init, orig_next = base.__init__, base.__next__
+
+        @functools.wraps(orig_init)
+        def __init__(self: Any, loader: Any) -> None:
+            orig_init(self, loader)
+            try:
+                self._doctor_loader = session.record_loader(loader_settings(loader))
+            except Exception:  # settings are evidence, never a reason to fail the job
+                self._doctor_loader = -1
+
+        @functools.wraps(orig_next)
+        def __next__(self: Any) -> Any:
+            t0 = clock()
+            batch = orig_next(self)  # StopIteration passes through unrecorded
+            session.record_interval("loader_wait", t0, clock(), self._doctor_loader)
+            session._window_tick(STEP_DATALOADER, 0)
+            return batch
+
+        self._patch(base, "__init__", __init__)
+        self._patch(base, "__next__", __next__)
+
+        for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
+            self._patch(cls, "fetch", _timed_fetch(cls.fetch, session))
+
+        orig_loop = worker._worker_loop
+        worker_id_at = list(inspect.signature(orig_loop).parameters).index("worker_id")
+
+        @functools.wraps(orig_loop)
+        def _worker_loop(*args: Any, **kwargs: Any) -> Any:
+            worker_id = kwargs.get("worker_id", args[worker_id_at] if len(args) > worker_id_at
+                                   else -1)
+            session.role = f"worker{worker_id}"
+            return orig_loop(*args, **kwargs)
+
+        # DataLoader resolves the target when it creates a worker; spawn children find this
+        # wrapper by name once their own bootstrap has patched the module.
+        self._patched.append((worker, "_worker_loop", orig_loop))
+        worker._worker_loop = _worker_loop
+
+    def stop(self) -> None:
+        for owner, name, orig in reversed(self._patched):
+            setattr(owner, name, orig)
+        self._patched = []
+
+
+def _timed_fetch(orig: Any, session: Session) -> Any:
+    clock = session.clock
+
+    @functools.wraps(orig)
+    def fetch(self: Any, possibly_batched_index: Any) -> Any:
+        t0 = clock()
+        out = orig(self, possibly_batched_index)
+        session.record_interval("fetch", t0, clock())
+        return out
+
+    return fetch

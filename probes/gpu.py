@@ -1,0 +1,119 @@
+"""GPU probe: utilisation, memory, PCIe throughput, clocks, power and throttling through NVML
+(``import pynvml``, provided by the maintained ``nvidia-ml-py``), sampled by the ``doctor run``
+parent at 1-5 Hz (NVML's counters refresh every 1/6 s to 1 s). Never spawns nvidia-smi.
+Every NVML call goes through one wrapper that degrades to NaN, so one unsupported counter does
+not cost the others.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from doctor.verdict import ProbeStatus
+
+GPU_COLUMNS = ("t_s", "gpu", "util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes",
+               "pcie_tx_kbps", "pcie_rx_kbps", "sm_clock_mhz", "power_w", "throttle_reasons")
+MAX_ROWS = 200_000
+
+NO_GPU_HINT = ("GPU metrics need an NVIDIA GPU with its driver; CPU jobs are analysed "
+               "without them. In a container, run it with the GPU exposed (--gpus all).")
+
+
+class GpuSampler:
+    name = "gpu"
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic,
+                 nvml: Any = None) -> None:
+        self.clock = clock
+        self.t0 = clock()
+        self._nvml = nvml
+        self._handles: list[Any] = []
+        self._status: ProbeStatus | None = None
+        self._cols: dict[str, array] = {c: array("d") for c in GPU_COLUMNS}
+
+    def check(self) -> ProbeStatus:
+        if self._status is not None:
+            return self._status
+        try:
+            nvml = self._nvml
+            if nvml is None:
+                import pynvml
+
+                nvml = pynvml
+            nvml.nvmlInit()
+            count = nvml.nvmlDeviceGetCount()
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._nvml = nvml
+            self._status = (ProbeStatus(True) if count else
+                            ProbeStatus(False, "NVML found no GPU", NO_GPU_HINT))
+        except ImportError:
+            self._status = ProbeStatus(False, "pynvml is not installed",
+                                       "pip install nvidia-ml-py")
+        except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            reason = str(err) or type(err).__name__
+            if "NVML Shared Library Not Found" in reason or "LibraryNotFound" in type(err).__name__:
+                reason = "NVML library not found (no NVIDIA driver on this machine)"
+            self._status = ProbeStatus(False, reason, NO_GPU_HINT)
+        return self._status
+
+    def _query(self, func: str, *args: Any) -> Any:
+        try:
+            return getattr(self._nvml, func)(*args)
+        except Exception:  # this counter is unsupported here: NaN, the others still count
+            return None
+
+    def sample(self) -> None:
+        if not self.check().ok:
+            return
+        t = self.clock() - self.t0
+        nv = self._nvml
+        for i, h in enumerate(self._handles):
+            util = self._query("nvmlDeviceGetUtilizationRates", h)
+            mem = self._query("nvmlDeviceGetMemoryInfo", h)
+            tx = self._query("nvmlDeviceGetPcieThroughput", h,
+                             getattr(nv, "NVML_PCIE_UTIL_TX_BYTES", 0))
+            rx = self._query("nvmlDeviceGetPcieThroughput", h,
+                             getattr(nv, "NVML_PCIE_UTIL_RX_BYTES", 1))
+            clock = self._query("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))
+            power = self._query("nvmlDeviceGetPowerUsage", h)
+            throttle = self._query("nvmlDeviceGetCurrentClocksEventReasons", h)
+            row = (t, i, _attr(util, "gpu"), _attr(util, "memory"), _attr(mem, "used"),
+                   _attr(mem, "total"), _num(tx), _num(rx), _num(clock),
+                   _num(power) / 1000.0, _num(throttle))
+            for c, v in zip(GPU_COLUMNS, row, strict=True):
+                self._cols[c].append(float(v))
+        if len(self._cols["t_s"]) > MAX_ROWS:
+            self._cols = {c: array("d", v[::2]) for c, v in self._cols.items()}
+
+    def save(self, path: Path) -> None:
+        if self._cols["t_s"]:
+            arrays: dict[str, Any] = {c: np.frombuffer(v, dtype=np.float64)
+                                      for c, v in self._cols.items()}
+            np.savez_compressed(path, **arrays)
+
+    def stop(self) -> None:
+        if self._status is not None and self._status.ok:
+            self._query("nvmlShutdown")
+
+
+def load_gpu(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in GPU_COLUMNS})
+    with np.load(path) as z:
+        return pd.DataFrame({c: z[c] for c in GPU_COLUMNS})
+
+
+def _attr(obj: Any, name: str) -> float:
+    value = getattr(obj, name, None)
+    return float(value) if value is not None else float("nan")
+
+
+def _num(value: Any) -> float:
+    return float(value) if value is not None else float("nan")

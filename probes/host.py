@@ -1,0 +1,156 @@
+"""Host probe: CPU, memory and reads of the job's process tree, sampled by the ``doctor run``
+parent (never inside the job) through psutil, plus machine-wide load (cores, runnable threads,
+iowait). The process tree is rescanned rarely (``children(recursive=True)`` costs ~1 ms and
+grows with the host's process count); each tick reads a few counters per known process.
+Samples are kept in flat arrays and saved as ``host.npz``; frames are built at report time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import psutil
+
+from doctor.verdict import ProbeStatus
+
+PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads")
+SYSTEM_COLUMNS = ("t_s", "cores", "runnable", "busy_cores", "iowait_cores")
+MAX_ROWS = 200_000  # per table; past it, every other row is dropped (bounded whatever the run)
+
+
+class HostSampler:
+    name = "host"
+
+    def __init__(self, root_pid: int, *, clock: Callable[[], float] = time.monotonic,
+                 rescan_s: float = 2.0, proc_stat: Path = Path("/proc/stat")) -> None:
+        self.root_pid = root_pid
+        self.clock = clock
+        self.rescan_s = rescan_s
+        self.proc_stat = proc_stat
+        self.t0 = clock()
+        self._procs: dict[int, psutil.Process] = {}
+        self._last_scan = -1e18
+        self._proc_cols: dict[str, array] = {c: array("d") for c in PROC_COLUMNS}
+        self._sys_cols: dict[str, array] = {c: array("d") for c in SYSTEM_COLUMNS}
+        self._last_cpu: psutil._common.scputimes | None = None  # type: ignore[name-defined]
+        self._cores = _cores()
+
+    def check(self) -> ProbeStatus:
+        try:
+            psutil.Process(self.root_pid).cpu_times()
+        except (psutil.Error, OSError) as err:
+            return ProbeStatus(False, f"cannot read the job's process ({err})",
+                               "run doctor as the same user as the job")
+        return ProbeStatus(True)
+
+    def _scan(self) -> None:
+        try:
+            root = psutil.Process(self.root_pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        known = {p.pid: p for p in tree}
+        # keep the Process objects we already have (psutil caches per-object state)
+        self._procs = {pid: self._procs.get(pid, p) for pid, p in known.items()}
+
+    def sample(self) -> None:
+        now = self.clock()
+        if now - self._last_scan >= self.rescan_s:
+            self._scan()
+            self._last_scan = now
+        t = now - self.t0
+        cols = self._proc_cols
+        for pid, proc in list(self._procs.items()):
+            try:
+                with proc.oneshot():
+                    cpu = proc.cpu_times()
+                    mem = proc.memory_info()
+                    threads = proc.num_threads()
+                    ppid = proc.ppid()
+                try:
+                    read = float(proc.io_counters().read_bytes)
+                except (psutil.AccessDenied, AttributeError):
+                    read = float("nan")
+            except psutil.Error:
+                self._procs.pop(pid, None)
+                continue
+            for c, v in zip(PROC_COLUMNS, (t, pid, ppid, cpu.user + cpu.system, mem.rss, read,
+                                           threads), strict=True):
+                cols[c].append(float(v))
+        self._sample_system(t)
+        if len(cols["t_s"]) > MAX_ROWS:
+            self._proc_cols = _halve(cols)
+        if len(self._sys_cols["t_s"]) > MAX_ROWS:
+            self._sys_cols = _halve(self._sys_cols)
+
+    def _sample_system(self, t: float) -> None:
+        cpu = psutil.cpu_times()
+        runnable = _procs_running(self.proc_stat)
+        if self._last_cpu is not None:
+            total = sum(cpu) - sum(self._last_cpu)
+            idle = (cpu.idle - self._last_cpu.idle) + (getattr(cpu, "iowait", 0.0)
+                                                        - getattr(self._last_cpu, "iowait", 0.0))
+            iowait = getattr(cpu, "iowait", 0.0) - getattr(self._last_cpu, "iowait", 0.0)
+            if total > 0:
+                busy = (total - idle) / total * self._cores
+                io = iowait / total * self._cores
+                for c, v in zip(SYSTEM_COLUMNS, (t, self._cores, runnable, busy, io),
+                                strict=True):
+                    self._sys_cols[c].append(float(v))
+        self._last_cpu = cpu
+
+    def save(self, path: Path) -> None:
+        arrays: dict[str, Any] = {
+            **{f"proc_{c}": np.frombuffer(v, dtype=np.float64)
+               for c, v in self._proc_cols.items()},
+            **{f"system_{c}": np.frombuffer(v, dtype=np.float64)
+               for c, v in self._sys_cols.items()},
+        }
+        np.savez_compressed(path, **arrays)
+
+
+def load_host(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-process samples with cpu_pct, system samples); empty frames when absent."""
+    empty_p = pd.DataFrame({c: pd.Series(dtype="float64") for c in (*PROC_COLUMNS, "cpu_pct")})
+    empty_s = pd.DataFrame({c: pd.Series(dtype="float64") for c in SYSTEM_COLUMNS})
+    if not path.exists():
+        return empty_p, empty_s
+    with np.load(path) as z:
+        procs = pd.DataFrame({c: z[f"proc_{c}"] for c in PROC_COLUMNS})
+        system = pd.DataFrame({c: z[f"system_{c}"] for c in SYSTEM_COLUMNS})
+    procs["pid"] = procs["pid"].astype("int64")
+    procs["ppid"] = procs["ppid"].astype("int64")
+    procs = procs.sort_values(["pid", "t_s"]).reset_index(drop=True)
+    dt = procs.groupby("pid")["t_s"].diff()
+    dcpu = procs.groupby("pid")["cpu_s"].diff()
+    procs["cpu_pct"] = (dcpu / dt * 100.0).where(dt > 0)
+    return procs, system
+
+
+def _procs_running(path: Path) -> float:
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _halve(cols: dict[str, array]) -> dict[str, array]:
+    return {c: array("d", v[::2]) for c, v in cols.items()}
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

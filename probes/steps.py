@@ -1,0 +1,73 @@
+"""Steps probe: step boundaries from torch.optim global hooks, ``backward()`` calls and
+``doctor.step()``. Runs inside the job; writes intervals through the Session."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from doctor.session import STEP_BACKWARD, Session
+from doctor.verdict import ProbeStatus
+
+
+class StepsProbe:
+    name = "steps"
+
+    def __init__(self) -> None:
+        self._handles: list[Any] = []
+        self._orig_backward: Any = None
+        self._keys: dict[int, int] = {}
+
+    def check(self) -> ProbeStatus:
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: F401
+        except ImportError as err:
+            return ProbeStatus(False, f"torch.optim has no global step hooks ({err})",
+                               "upgrade to torch >= 2.0, or call doctor.step() once per step")
+        return ProbeStatus(True)
+
+    def start(self, session: Session) -> None:
+        import torch
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        keys = self._keys
+
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            session.record_optimizer_start()
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            key = keys.get(id(opt))
+            if key is None:
+                key = keys[id(opt)] = len(keys)
+            session.record_optimizer_end(key)
+
+        self._handles = [register_optimizer_step_pre_hook(pre),
+                         register_optimizer_step_post_hook(post)]
+
+        orig = torch.autograd.backward
+        self._orig_backward = orig
+        clock = session.clock
+
+        @functools.wraps(orig)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                session.record_interval("backward", t0, clock())
+                session._window_tick(STEP_BACKWARD, 0)
+
+        torch.autograd.backward = backward  # Tensor.backward looks it up at call time
+
+    def stop(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._orig_backward is not None:
+            import torch
+
+            torch.autograd.backward = self._orig_backward
+            self._orig_backward = None
