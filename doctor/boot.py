@@ -30,7 +30,9 @@ def start_from_env() -> Session | None:
     if not run_dir:
         return None
     start, steps = parse_window(os.environ.get(ENV_WINDOW, ""))
-    return start_session(Path(run_dir), window_start=start, window_steps=steps)
+    probes = start_session(Path(run_dir), window_start=start, window_steps=steps)
+    atexit.register(probes.close)
+    return probes.session
 
 
 def parse_window(text: str) -> tuple[int, int]:
@@ -44,7 +46,9 @@ def parse_window(text: str) -> tuple[int, int]:
         return 8, 5
 
 
-def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5) -> Session:
+def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5
+                  ) -> TorchProbes:
+    """Install a Session for this process; its torch probes start with (or after) torch."""
     session = session_mod.install(
         Session(run_dir, window_start=window_start, window_steps=window_steps))
     starter = TorchProbes(session, window=window_steps > 0)
@@ -52,8 +56,7 @@ def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5
         starter.start()
     else:
         sys.meta_path.insert(0, _AfterImport("torch", starter.start))
-    atexit.register(starter.close)
-    return session
+    return starter
 
 
 class TorchProbes:
@@ -96,6 +99,7 @@ class TorchProbes:
                 pass
         self.probes = []
         self.session.close()
+        session_mod.uninstall(self.session)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -59,7 +59,8 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
 
     started = time.time()
     t0 = clock()
-    write_run_record(run_dir, _record(command, started, t0, exit_code=None))
+    write_run_record(run_dir, run_record(command.argv, command.name, started, t0,
+                                         exit_code=None))
     try:
         proc = subprocess.Popen(command.argv, env=job_environment(run_dir, window))
     except OSError as err:
@@ -96,15 +97,18 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     gpu.stop()
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
-    record = _record(command, started, t0, exit_code=exit_code, signal=sig,
-                     duration_s=duration, probes={k: v.to_dict() for k, v in probes.items()})
+    record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,
+                        signal=sig, duration_s=duration,
+                        probes={k: v.to_dict() for k, v in probes.items()})
     write_run_record(run_dir, record)
     return JobResult(exit_code, sig, duration, probes)
 
 
-def _record(command: JobCommand, started: float, t0: float, **extra: Any) -> dict[str, Any]:
+def run_record(argv: list[str], name: str, started: float, t0: float,
+               **extra: Any) -> dict[str, Any]:
+    """The run.json record: the job, the machine, and (at the end) its exit and probes."""
     return {
-        "argv": command.argv, "name": command.name, "cwd": os.getcwd(),
+        "argv": argv, "name": name, "cwd": os.getcwd(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "t0_monotonic_s": t0, "host": socket.gethostname(), "cores": _cores(),
         "doctor_version": doctor.__version__, "python": sys.version.split()[0], **extra,

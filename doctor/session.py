@@ -40,6 +40,7 @@ Clock = Callable[[], int]
 
 _current: Session | None = None
 _lock = threading.Lock()
+_fork_hook = False
 
 
 def current() -> Session | None:
@@ -48,11 +49,13 @@ def current() -> Session | None:
 
 def install(session: Session) -> Session:
     """Make ``session`` this process's Session (the first one wins)."""
-    global _current
+    global _current, _fork_hook
     with _lock:
         if _current is None:
             _current = session
-            os.register_at_fork(after_in_child=_after_fork_in_child)
+            if not _fork_hook:
+                os.register_at_fork(after_in_child=_after_fork_in_child)
+                _fork_hook = True
         return _current
 
 
