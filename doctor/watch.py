@@ -34,7 +34,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 HOST_INTERVAL_S = 1.0
 
 
-class watch:  # noqa: N801 - used as a decorator, named like one
+class watch:  # lower case: used as a decorator, named like one
     def __init__(self, func: Callable[..., Any] | None = None, *,
                  out: str | os.PathLike[str] | None = None, window: str = "8,5",
                  report: bool = True) -> None:
