@@ -39,7 +39,7 @@ class HostSampler:
         self._last_scan = -1e18
         self._proc_cols: dict[str, array] = {c: array("d") for c in PROC_COLUMNS}
         self._sys_cols: dict[str, array] = {c: array("d") for c in SYSTEM_COLUMNS}
-        self._last_cpu: psutil._common.scputimes | None = None  # type: ignore[name-defined]
+        self._last_cpu: np.ndarray | None = None
         self._cores = _cores()
 
     def check(self) -> ProbeStatus:
@@ -91,13 +91,12 @@ class HostSampler:
             self._sys_cols = _halve(self._sys_cols)
 
     def _sample_system(self, t: float) -> None:
-        cpu = psutil.cpu_times()
-        runnable = _procs_running(self.proc_stat)
-        if self._last_cpu is not None:
-            total = sum(cpu) - sum(self._last_cpu)
-            idle = (cpu.idle - self._last_cpu.idle) + (getattr(cpu, "iowait", 0.0)
-                                                        - getattr(self._last_cpu, "iowait", 0.0))
-            iowait = getattr(cpu, "iowait", 0.0) - getattr(self._last_cpu, "iowait", 0.0)
+        cpu, runnable = read_proc_stat(self.proc_stat)
+        if cpu is not None and self._last_cpu is not None:
+            delta = cpu - self._last_cpu
+            total = float(delta.sum())
+            idle, iowait = float(delta[3]), float(delta[4]) if len(delta) > 4 else 0.0
+            idle += iowait
             if total > 0:
                 busy = (total - idle) / total * self._cores
                 io = iowait / total * self._cores
@@ -134,15 +133,22 @@ def load_host(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return procs, system
 
 
-def _procs_running(path: Path) -> float:
+def read_proc_stat(path: Path) -> tuple[np.ndarray | None, float]:
+    """(jiffies of the "cpu" line: user nice system idle iowait ..., runnable threads)."""
+    cpu: np.ndarray | None = None
+    runnable = float("nan")
     try:
         with open(path, "rb") as f:
             for line in f:
-                if line.startswith(b"procs_running"):
-                    return float(line.split()[1])
-    except OSError:
+                if line.startswith(b"cpu "):
+                    cpu = np.array([float(x) for x in line.split()[1:]])
+                elif line.startswith(b"procs_running"):
+                    runnable = float(line.split()[1])
+    except (OSError, ValueError):
         pass
-    return float("nan")
+    if cpu is not None and len(cpu) < 4:
+        cpu = None
+    return cpu, runnable
 
 
 def _halve(cols: dict[str, array]) -> dict[str, array]:

@@ -8,12 +8,12 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from markupsafe import escape
+
 from doctor.reports import charts
 from doctor.reports.html import environment, render_html
 from doctor.reports.json import render_json
 from doctor.reports.text import render_text
-from markupsafe import escape
-
 from doctor.verdict import (
     CATEGORIES,
     LEDGER_COLUMNS,

@@ -3,7 +3,9 @@
 Until the io/decode/preprocess split is measured, DataLoader wait sits in ``preprocess`` and the
 finding says so. The speedup estimate models loading spread over ``k`` workers running beside
 the training loop, limited by the cores that loading and training share:
-step ~ max(rest of step, wait / k, (wait + rest) / cores).
+step ~ max(rest of step, load / k, (load + rest) / cores), where ``load`` is the time one batch
+takes to build: the wait itself with num_workers=0, and about ``workers x step`` when ``workers``
+processes together deliver one batch per step.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ def suggested_workers(cores: int) -> int:
     return max(1, min(8, cores if cores <= 2 else cores - 1))
 
 
-def estimate_with_workers(wall: float, wait: float, cores: int, workers: int) -> float:
-    """Step time once loading overlaps training in ``workers`` processes on ``cores`` cores."""
-    rest = max(wall - wait, 0.0)
-    return max(rest, wait / max(workers, 1), (wait + rest) / max(cores, 1), 1e-9)
+def estimate_with_workers(load: float, rest: float, cores: int, workers: int) -> float:
+    """Step time once building a batch (``load`` s) overlaps the rest of the step (``rest`` s)
+    in ``workers`` processes on ``cores`` cores."""
+    return max(rest, load / max(workers, 1), (load + rest) / max(cores, 1), 1e-9)
 
 
 def main_loader(loaders: pd.DataFrame | None) -> dict[str, Any]:
@@ -66,7 +68,7 @@ def input_wait(inputs: RuleInputs) -> list[Finding]:
     speedup = None
     if workers == 0:
         k = suggested_workers(cores)
-        est = estimate_with_workers(median_wall, median_wait, cores, k)
+        est = estimate_with_workers(median_wait, median_wall - median_wait, cores, k)
         speedup = median_wall / est
         fixes.append(Fix(
             title=f"num_workers=0 on a {cores}-core machine: set num_workers={k}",
@@ -83,7 +85,8 @@ def input_wait(inputs: RuleInputs) -> list[Finding]:
         evidence["worker_busy_cores"] = busy
         if free is not None and free >= 1.0 and workers < 8:
             k = min(8, workers + int(free))
-            est = estimate_with_workers(median_wall, median_wait * workers / k, cores, k)
+            est = estimate_with_workers(median_wall * workers, median_wall - median_wait, cores,
+                                        k)
             speedup = median_wall / est
             fixes.append(Fix(
                 title=f"num_workers={workers} with {free:.1f} idle cores: set num_workers={k}",

@@ -1,0 +1,53 @@
+"""Shared fixtures: a fake clock, a runner for the doctor CLI, and a guard against samplers
+left running by a test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_JOBS = ROOT / "sample_jobs"
+
+
+class FakeClock:
+    """A monotonic clock in ns that only moves when a test ticks it."""
+
+    def __init__(self, start_ns: int = 1_000_000_000) -> None:
+        self.now = start_ns
+
+    def __call__(self) -> int:
+        return self.now
+
+    def tick(self, seconds: float) -> int:
+        self.now += int(seconds * 1e9)
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(autouse=True)
+def no_sampler_left_running() -> Iterator[None]:
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    left = [t for t in threading.enumerate()
+            if t.ident not in before and t.name.startswith("doctor") and t.is_alive()]
+    assert not left, f"test left doctor threads running: {[t.name for t in left]}"
+
+
+def doctor_cmd(*args: str, cwd: Path | None = None, timeout: float = 180,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the doctor CLI as a user would, capturing its output."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "doctor.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, env=full_env)

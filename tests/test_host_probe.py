@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from doctor.probes.host import HostSampler, load_host
+
+
+class TickClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_samples_this_process_and_the_machine(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    clock = TickClock()
+    sampler = HostSampler(os.getpid(), clock=clock, proc_stat=stat)
+    assert sampler.check().ok
+    for i in range(4):
+        # per tick: 60 jiffies user, 20 idle, 20 iowait on a machine of `cores` cores
+        stat.write_text(f"cpu  {60 * i} 0 0 {20 * i} {20 * i} 0 0 0\n"
+                        "procs_running 7\nprocs_blocked 0\n")
+        clock.now += 0.5
+        sampler.sample()
+    sampler.save(tmp_path / "host.npz")
+    procs, system = load_host(tmp_path / "host.npz")
+    assert set(procs["pid"]) == {os.getpid()}
+    assert list(procs["t_s"]) == [0.5, 1.0, 1.5, 2.0]
+    assert procs["cpu_pct"].iloc[1:].notna().all()
+    assert (system["runnable"] == 7).all()
+    assert len(system) == 3  # the first tick only primes the CPU counters
+    cores = system["cores"].iloc[0]
+    assert system["busy_cores"].tolist() == pytest.approx([0.6 * cores] * 3)
+    assert system["iowait_cores"].tolist() == pytest.approx([0.2 * cores] * 3)
+
+
+def test_a_process_that_is_gone_is_reported(tmp_path: Path) -> None:
+    status = HostSampler(2**22 + 12345).check()
+    assert not status.ok
+    assert "cannot read" in status.reason
+
+
+def test_missing_samples_load_as_empty_frames(tmp_path: Path) -> None:
+    procs, system = load_host(tmp_path / "none.npz")
+    assert procs.empty and system.empty
+    assert "cpu_pct" in procs.columns and "runnable" in system.columns
+
+
+def test_rows_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import doctor.probes.host as host
+
+    monkeypatch.setattr(host, "MAX_ROWS", 10)
+    clock = TickClock()
+    sampler = HostSampler(os.getpid(), clock=clock)
+    for _ in range(50):
+        clock.now += 1
+        sampler.sample()
+    sampler.save(tmp_path / "host.npz")
+    procs, system = load_host(tmp_path / "host.npz")
+    assert len(procs) <= 11 and len(system) <= 11

@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from doctor.ledger import build_ledger, main_process, rank_steps, warmup_steps
+from doctor.rundir import list_processes
+from doctor.session import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END
+from tests.loops import FakeClock, record_loop
+
+
+def ledger_of(run_dir: Path, fractions: dict | None = None):  # type: ignore[no-untyped-def]
+    mains = main_process(list_processes(run_dir))
+    ranks = [rank_steps(p) for p in mains.values()]
+    return ranks, build_ledger(ranks, 0, fractions)
+
+
+def test_input_wait_goes_to_preprocess_and_the_rest_to_compute(tmp_path: Path) -> None:
+    record_loop(tmp_path, 40, wait_s=0.08, compute_s=0.02)
+    ranks, ledger = ledger_of(tmp_path)
+    assert ranks[0].kind == "optimizer"
+    steady = ledger[ledger["analyzed"]]
+    total = steady["wall_s"].sum()
+    assert steady["preprocess"].sum() / total == pytest.approx(0.8, abs=0.01)
+    assert steady["compute"].sum() / total == pytest.approx(0.2, abs=0.01)
+    categories = ["io", "decode", "preprocess", "transfer", "compute", "communication", "other"]
+    assert np.allclose(steady[categories].sum(axis=1), steady["wall_s"])
+
+
+def test_window_fractions_split_the_non_input_time(tmp_path: Path) -> None:
+    record_loop(tmp_path, 30, wait_s=0.05, compute_s=0.05)
+    _, ledger = ledger_of(tmp_path, {0: {"compute": 0.6, "other": 0.4}})
+    steady = ledger[ledger["analyzed"]]
+    total = steady["wall_s"].sum()
+    assert steady["compute"].sum() / total == pytest.approx(0.3, abs=0.01)
+    assert steady["other"].sum() / total == pytest.approx(0.2, abs=0.01)
+
+
+def test_manual_steps_win_over_optimizer_steps(tmp_path: Path) -> None:
+    record_loop(tmp_path, 20, optimizers=2, manual=True)
+    ranks, ledger = ledger_of(tmp_path)
+    assert ranks[0].kind == "manual"
+    assert len(ledger) == 19
+
+
+def test_two_optimizers_stepping_each_iteration_make_one_step(tmp_path: Path) -> None:
+    record_loop(tmp_path, 20, optimizers=2)
+    ranks, ledger = ledger_of(tmp_path)
+    assert ranks[0].kind == "optimizer"
+    assert len(ledger) == 19
+
+
+def test_backward_marks_steps_when_weights_are_updated_by_hand(tmp_path: Path) -> None:
+    record_loop(tmp_path, 20, use_optimizer=False)
+    ranks, ledger = ledger_of(tmp_path)
+    assert ranks[0].kind == "backward"
+    assert len(ledger) == 19
+
+
+def test_dataloader_cadence_when_nothing_else(tmp_path: Path) -> None:
+    clock = FakeClock()
+    from doctor.session import Session
+
+    s = Session(tmp_path, clock=clock, window_start=10**9)
+    for _ in range(12):
+        t0 = clock()
+        clock.tick(0.03)
+        s.record_interval("loader_wait", t0, clock(), 0)
+        clock.tick(0.01)
+    s.close()
+    ranks, ledger = ledger_of(tmp_path)
+    assert ranks[0].kind == "dataloader"
+    assert ledger["preprocess"].sum() / ledger["wall_s"].sum() == pytest.approx(0.75, abs=0.01)
+
+
+def test_slow_first_steps_are_warmup(tmp_path: Path) -> None:
+    record_loop(tmp_path, 40, compute_s=0.01, slow_first=6)
+    _, ledger = ledger_of(tmp_path)
+    assert ledger["warmup"].sum() >= 5
+    assert not ledger[ledger["analyzed"]]["wall_s"].gt(0.05).any()
+
+
+def test_warmup_is_a_few_steps_when_all_are_alike() -> None:
+    assert warmup_steps(np.full(100, 0.1)) == 3
+    assert warmup_steps(np.full(2, 0.1)) == 1
+    assert warmup_steps(np.zeros(0)) == 0
+
+
+def test_the_step_that_closed_the_profiler_window_is_not_analysed(tmp_path: Path) -> None:
+    clock = FakeClock()
+    from doctor.session import Session
+
+    s = Session(tmp_path, clock=clock, window_start=10**9)
+    for i in range(30):
+        if i == 12:
+            s.record_event(EVENT_WINDOW_START)
+        if i == 17:
+            s.record_event(EVENT_WINDOW_STOP_BEGIN)
+            clock.tick(0.5)  # the export
+            s.record_event(EVENT_WINDOW_STOP_END)
+        clock.tick(0.02)
+        s.record_optimizer_start()
+        s.record_optimizer_end(0)
+    s.close()
+    _, ledger = ledger_of(tmp_path)
+    closing = ledger[ledger["window_close"]]
+    assert len(closing) == 1
+    assert closing["wall_s"].iloc[0] > 0.5
+    assert not closing["analyzed"].iloc[0]
+
+
+def test_ranks_are_kept_apart(tmp_path: Path) -> None:
+    record_loop(tmp_path, 20, wait_s=0.01, rank=0)
+    record_loop(tmp_path, 20, wait_s=0.05, rank=1)
+    _, ledger = ledger_of(tmp_path)
+    assert sorted(ledger["rank"].unique()) == [0, 1]
+    per_rank = ledger.groupby("rank")["preprocess"].median()
+    assert per_rank[1] > 4 * per_rank[0]

@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from doctor.rules.base import RuleInputs, RuleSkipped, registered_rules, rule, run_rules
+from doctor.rules.compute import compute_bound
+from doctor.rules.host import host_contention
+from doctor.rules.input import estimate_with_workers, input_wait, suggested_workers
+from doctor.rules.other import other_time
+from doctor.verdict import CATEGORIES
+
+
+def ledger(n: int = 30, wait: float = 0.0, compute: float = 0.01, other: float = 0.0,
+           spikes: int = 0) -> pd.DataFrame:
+    rows = []
+    for i in range(n):
+        extra = 1.0 if i < spikes else 0.0
+        row = dict.fromkeys(CATEGORIES, 0.0)
+        row.update(preprocess=wait, compute=compute, other=other + extra)
+        wall = wait + compute + other + extra
+        rows.append({"rank": 0, "step": i + 1, "start_s": float(i), "wall_s": wall, **row,
+                     "wait_s": wait, "backward_s": compute / 2, "optimizer_s": compute / 10,
+                     "fetch_s": wait, "warmup": False, "analyzed": True})
+    return pd.DataFrame(rows)
+
+
+def loaders(**settings: object) -> pd.DataFrame:
+    base = {"num_workers": 0, "batch_size": 32, "persistent_workers": False,
+            "prefetch_factor": None, "pin_memory": False}
+    base.update(settings)
+    return pd.DataFrame([base])
+
+
+def test_input_wait_with_no_workers_suggests_workers_that_fit_the_cores() -> None:
+    inputs = RuleInputs(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(),
+                        meta={"cores": 16})
+    [finding] = input_wait(inputs)
+    assert finding.severity == "critical"
+    assert finding.category == "preprocess"
+    assert "num_workers=0 on a 16-core machine: set num_workers=8" in finding.fixes[0].title
+    assert "num_workers=8" in finding.fixes[0].code
+    # 0.1 s steps; 0.09 s of loading over 8 workers on 16 cores -> bounded by the 0.01 s rest
+    assert finding.estimated_speedup == pytest.approx(0.1 / max(0.01, 0.09 / 8, 0.1 / 16))
+
+
+def test_input_wait_speedup_is_bounded_by_few_cores() -> None:
+    inputs = RuleInputs(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(),
+                        meta={"cores": 2})
+    [finding] = input_wait(inputs)
+    assert finding.estimated_speedup == pytest.approx(2.0)
+
+
+def test_small_input_wait_is_not_a_finding() -> None:
+    inputs = RuleInputs(ledger=ledger(wait=0.001, compute=0.1), loaders=loaders(),
+                        meta={"cores": 4})
+    assert input_wait(inputs) == []
+
+
+def test_workers_saturating_the_cores_need_cheaper_samples() -> None:
+    host = pd.DataFrame({"t_s": [1.0, 1.0, 2.0, 2.0], "pid": [11, 12, 11, 12],
+                         "cpu_pct": [100.0, 100.0, 100.0, 100.0]})
+    inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01), host=host,
+                        loaders=loaders(num_workers=2, persistent_workers=True),
+                        meta={"cores": 2, "worker_pids": [11, 12]})
+    [finding] = input_wait(inputs)
+    assert "make each sample cheaper" in finding.fixes[0].title
+    assert finding.estimated_speedup is None
+
+
+def test_workers_with_idle_cores_get_more_workers() -> None:
+    host = pd.DataFrame({"t_s": [1.0, 1.0], "pid": [11, 12], "cpu_pct": [95.0, 95.0]})
+    inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01), host=host,
+                        loaders=loaders(num_workers=2),
+                        meta={"cores": 8, "worker_pids": [11, 12]})
+    [finding] = input_wait(inputs)
+    assert "set num_workers=8" in finding.fixes[0].title
+    assert any("persistent_workers" in f.title for f in finding.fixes)
+    # two workers deliver a batch per 0.06 s step: 0.12 s a batch; 8 workers on 8 cores
+    assert finding.estimated_speedup == pytest.approx(0.06 / max(0.01, 0.12 / 8, 0.13 / 8))
+
+
+def test_worker_estimate_model() -> None:
+    assert suggested_workers(1) == 1
+    assert suggested_workers(2) == 2
+    assert suggested_workers(64) == 8
+    assert estimate_with_workers(0.0, 1.0, 4, 4) == pytest.approx(1.0)
+    # 8 workers share 0.8 s of loading, but 2 cores bound it to (0.8 + 0.2) / 2
+    assert estimate_with_workers(0.8, 0.2, 2, 8) == pytest.approx(0.5)
+
+
+def system(runnable: float, cores: int = 2, busy: float = 2.0, n: int = 20) -> pd.DataFrame:
+    return pd.DataFrame({"t_s": [float(i) for i in range(n)], "cores": [cores] * n,
+                         "runnable": [runnable + 1] * n, "busy_cores": [busy] * n,
+                         "iowait_cores": [0.0] * n})
+
+
+def test_host_contention_from_too_many_threads() -> None:
+    inputs = RuleInputs(system=system(runnable=8), meta={"cores": 2, "torch_threads": 8,
+                                                         "ranks_here": 1})
+    [finding] = host_contention(inputs)
+    assert finding.id == "host.contention"
+    assert "torch.set_num_threads(2)" in finding.fixes[0].code
+
+
+def test_host_contention_from_other_load_estimates_the_gain() -> None:
+    host = pd.DataFrame({"t_s": [1.0, 2.0, 3.0], "pid": [5, 5, 5], "cpu_pct": [70.0] * 3})
+    inputs = RuleInputs(system=system(runnable=5, busy=2.0), host=host,
+                        meta={"cores": 2, "torch_threads": 2, "ranks_here": 1})
+    [finding] = host_contention(inputs)
+    assert any("Other processes" in f.title for f in finding.fixes)
+    assert finding.estimated_speedup == pytest.approx(2 / 0.7)
+
+
+def test_no_contention_when_runnable_fits_the_cores() -> None:
+    assert host_contention(RuleInputs(system=system(runnable=2), meta={"cores": 2})) == []
+
+
+def test_compute_bound_names_the_device_fixes() -> None:
+    [finding] = compute_bound(RuleInputs(ledger=ledger(compute=0.1),
+                                         meta={"device": "cpu", "cores": 4, "torch_threads": 2}))
+    assert finding.id == "compute.bound"
+    assert any("torch.set_num_threads(4)" in f.code for f in finding.fixes)
+
+
+def test_spiky_steps_are_named() -> None:
+    findings = other_time(RuleInputs(ledger=ledger(n=40, compute=0.1, spikes=4)))
+    assert [f.id for f in findings] == ["steps.spikes"]
+    [spikes] = findings
+    assert spikes.evidence["spike_steps"] == 4
+    # 4 s of the 8 s run are spikes above the median step; no second finding for that time
+    assert spikes.estimated_speedup == pytest.approx(8.0 / (8.0 - 4 * (1.1 - 0.1)), rel=0.01)
+
+
+def test_rules_are_skipped_with_a_reason_when_inputs_are_missing() -> None:
+    outcome = run_rules(RuleInputs())
+    assert outcome.findings == []
+    assert outcome.skipped["input.wait"] == "needs ledger"
+    assert outcome.skipped["host.contention"] == "needs system"
+
+
+def test_a_broken_rule_is_recorded_not_raised() -> None:
+    @rule("test.broken", needs=())
+    def broken(inputs: RuleInputs) -> list:  # type: ignore[type-arg]
+        raise ZeroDivisionError("boom")
+
+    @rule("test.skips", needs=())
+    def skips(inputs: RuleInputs) -> list:  # type: ignore[type-arg]
+        raise RuleSkipped("not enough samples")
+
+    rules = [r for r in registered_rules() if r.id.startswith("test.")]
+    outcome = run_rules(RuleInputs(), rules)
+    assert outcome.skipped["test.broken"].startswith("rule failed: ZeroDivisionError")
+    assert outcome.skipped["test.skips"] == "not enough samples"
+
+
+def test_every_fix_is_valid_python() -> None:
+    inputs = [
+        RuleInputs(ledger=ledger(wait=0.09), loaders=loaders(), meta={"cores": 4}),
+        RuleInputs(ledger=ledger(compute=0.1, other=0.1, spikes=5),
+                   meta={"device": "cpu", "cores": 4, "torch_threads": 1}),
+        RuleInputs(system=system(runnable=9), meta={"cores": 2, "torch_threads": 8}),
+    ]
+    codes = [fix.code for i in inputs for f in run_rules(i).findings for fix in f.fixes]
+    assert codes
+    for code in codes:
+        compile(code, "<fix>", "exec")
+
+
+def test_other_time_spread_over_every_step() -> None:
+    [finding] = other_time(RuleInputs(ledger=ledger(compute=0.06, other=0.04)))
+    assert finding.id == "steps.other"
+    assert finding.estimated_speedup == pytest.approx(1 / 0.6)
