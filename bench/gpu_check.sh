@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# GPU check: run each GPU sample job bare-bottlenecked and --fixed under `doctor run`, and keep
+# the run directories and their verdicts. Meant for a machine with a CUDA GPU:
+#
+#   OUT=/tmp/gpu-check bash bench/gpu_check.sh            # all three jobs, ~3-4 minutes
+#   OUT=/tmp/gpu-check bash bench/gpu_check.sh launch_bound
+#
+# Writes $OUT/<job>[-fixed]/ (run directories), $OUT/<job>[-fixed].verdict.json, the jobs' own
+# timing lines in $OUT/<job>[-fixed].log, and prints one summary line per run at the end.
+set -u
+OUT="${OUT:-./gpu-check-out}"
+SECONDS_PER_JOB="${SECONDS_PER_JOB:-20}"
+PYTHON="${PYTHON:-python}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$HERE"
+mkdir -p "$OUT"
+
+if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_check: torch sees no CUDA device here; nothing to check" >&2
+    exit 2
+fi
+DOCTOR=(doctor)
+command -v doctor >/dev/null 2>&1 || DOCTOR=("$PYTHON" -m doctor.cli)
+
+jobs=("$@")
+[ ${#jobs[@]} -eq 0 ] && jobs=(pageable_copy fragmenting launch_bound)
+
+for job in "${jobs[@]}"; do
+    for variant in "" "--fixed"; do
+        name="$job${variant:+-fixed}"
+        rm -rf "${OUT:?}/$name"
+        echo "== $name" >&2
+        "${DOCTOR[@]}" run --out "$OUT/$name" -- \
+            "$PYTHON" "sample_jobs/gpu_$job.py" --seconds "$SECONDS_PER_JOB" $variant \
+            >"$OUT/$name.log" 2>&1
+        echo "   exit $?" >&2
+        if [ -f "$OUT/$name/verdict.json" ]; then
+            cp "$OUT/$name/verdict.json" "$OUT/$name.verdict.json"
+        else
+            echo "   no verdict.json (see $OUT/$name.log)" >&2
+        fi
+    done
+done
+
+"$PYTHON" - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+for path in sorted(out.glob("*.verdict.json")):
+    v = json.loads(path.read_text())
+    shares = ", ".join(f"{k} {x:.0%}" for k, x in v["shares"].items() if x >= 0.01)
+    found = ", ".join(f"{f['id']} x{f.get('estimated_speedup') or 0:.2f}" for f in v["findings"])
+    print(f"{path.name.removesuffix('.verdict.json'):24s} {v['bottleneck']:13s} [{shares}] {found}")
+PY

@@ -1,0 +1,459 @@
+"""GPU-side rules: copies, host syncs, launch overhead, Tensor Cores, communication, fragmentation.
+
+They read ``inputs.gpu_steps`` (one row per profiled step, doctor.trace.steps.STEP_COLUMNS) and
+``inputs.memory`` (CUDA allocator snapshots). Figures in evidence are per-step means (seconds) or
+fractions of the mean step (``*_share``). ``estimated_speedup`` is the mean step time over the
+step time with the finding's share removed (or overlapped), as DESIGN.md defines it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from doctor.rules.base import RuleInputs, RuleSkipped, rule
+from doctor.verdict import Finding, Fix
+
+__all__ = ["GPU_RULE_IDS"]
+
+GPU_RULE_IDS: tuple[str, ...] = (
+    "gpu.pageable_copy", "gpu.transfer_exposed", "gpu.host_sync", "gpu.launch_bound",
+    "gpu.no_tensor_cores", "comm.exposed", "memory.fragmentation",
+)
+
+MIB = 1 << 20
+
+
+def _steps(inputs: RuleInputs, device: str | None = "cuda") -> pd.DataFrame:
+    frame = inputs.gpu_steps
+    if frame is None or frame.empty:
+        raise RuleSkipped("no profiled steps")
+    if "analyzed" in frame:
+        frame = frame[frame["analyzed"].astype(bool)]
+    if device is not None and "device" in frame:
+        frame = frame[frame["device"] == device]
+    if frame.empty or float(frame["dur_s"].sum()) <= 0:
+        raise RuleSkipped(f"no {device} steps with time in them" if device else "no steps")
+    return frame
+
+
+def _mean(frame: pd.DataFrame, col: str) -> float:
+    if col not in frame:
+        return 0.0
+    value = float(frame[col].astype("float64").mean())
+    return 0.0 if math.isnan(value) else value
+
+
+def _speedup(step_s: float, removed_s: float) -> float:
+    removed_s = min(max(removed_s, 0.0), step_s * 0.95)
+    return step_s / (step_s - removed_s) if step_s > 0 else 1.0
+
+
+def _severity(share: float, critical: float = 0.2, warning: float = 0.05) -> str:
+    return "critical" if share >= critical else "warning" if share >= warning else "info"
+
+
+def _loader_setting(meta: Mapping[str, Any], key: str) -> Any:
+    loader = meta.get("loader")
+    if isinstance(loader, Mapping):
+        return loader.get(key)
+    return None
+
+
+@rule("gpu.pageable_copy", needs=("gpu_steps",))
+def pageable_copy(inputs: RuleInputs) -> list[Finding]:
+    f = _steps(inputs)
+    pageable = _mean(f, "htod_pageable_count")
+    if pageable <= 0:
+        return []
+    step = _mean(f, "dur_s")
+    exposed = _mean(f, "transfer_exposed_s")
+    htod = _mean(f, "htod_s")
+    share = exposed / step
+    pin = _loader_setting(inputs.meta, "pin_memory")
+    why_pin = (
+        "the DataLoader already has pin_memory=True, so these copies come from tensors made "
+        "outside it: pin them with tensor.pin_memory() or keep them on the GPU"
+        if pin is True else
+        "pageable host memory is staged through a bounce buffer and blocks the host; pinned "
+        "batches copy by DMA and can overlap compute"
+    )
+    return [Finding(
+        id="gpu.pageable_copy", category="transfer", severity=_severity(share, 0.15, 0.03),
+        title=f"{pageable:.0f} host-to-device copies per step come from pageable memory",
+        evidence={
+            "htod_pageable_per_step": pageable,
+            "htod_pinned_per_step": _mean(f, "htod_pinned_count"),
+            "htod_s_per_step": htod,
+            "htod_mb_per_step": _mean(f, "htod_bytes") / MIB,
+            "transfer_exposed_s_per_step": exposed,
+            "transfer_exposed_share": share,
+            "step_s": step,
+        },
+        fixes=(
+            Fix(
+                title="Pin the DataLoader's batches",
+                why=why_pin,
+                code=(
+                    "loader = torch.utils.data.DataLoader(\n"
+                    "    dataset, batch_size=batch_size, num_workers=num_workers,\n"
+                    "    pin_memory=True,\n"
+                    ")"
+                ),
+            ),
+            Fix(
+                title="Copy without blocking the host",
+                why="with pinned memory, non_blocking=True lets the copy overlap the previous "
+                    "step's kernels instead of stalling the stream",
+                code=(
+                    "for inputs, targets in loader:\n"
+                    "    inputs = inputs.to(device, non_blocking=True)\n"
+                    "    targets = targets.to(device, non_blocking=True)"
+                ),
+            ),
+        ),
+        estimated_speedup=_speedup(step, exposed),
+    )]
+
+
+@rule("gpu.transfer_exposed", needs=("gpu_steps",))
+def transfer_exposed(inputs: RuleInputs) -> list[Finding]:
+    f = _steps(inputs)
+    step = _mean(f, "dur_s")
+    total = _mean(f, "transfer_s")
+    exposed = _mean(f, "transfer_exposed_s")
+    if _mean(f, "htod_pageable_count") > 0 or total / step < 0.05 or exposed / step < 0.01:
+        return []  # pageable copies have their own finding; small copies cost nothing
+    return [Finding(
+        id="gpu.transfer_exposed", category="transfer",
+        severity=_severity(exposed / step, 0.15, 0.05),
+        title=(
+            f"Host-device copies take {total / step:.0%} of the step, {exposed / step:.0%} "
+            "with no kernel running beside them"
+        ),
+        evidence={
+            "transfer_s_per_step": total,
+            "transfer_share": total / step,
+            "transfer_exposed_share": exposed / step,
+            "overlapped_fraction": 1.0 - exposed / total if total > 0 else 0.0,
+            "htod_mb_per_step": _mean(f, "htod_bytes") / MIB,
+            "htod_pinned_per_step": _mean(f, "htod_pinned_count"),
+            "step_s": step,
+        },
+        fixes=(
+            Fix(
+                title="Copy the next batch while this one computes",
+                why="a copy on its own stream, issued a step ahead, overlaps the kernels "
+                    "instead of running between them",
+                code=(
+                    "copy_stream = torch.cuda.Stream()\n"
+                    "def prefetch(batch):\n"
+                    "    with torch.cuda.stream(copy_stream):\n"
+                    "        return [t.to(device, non_blocking=True) for t in batch]\n"
+                    "batches = iter(loader)\n"
+                    "nxt = prefetch(next(batches))\n"
+                    "for batch in batches:\n"
+                    "    torch.cuda.current_stream().wait_stream(copy_stream)\n"
+                    "    current, nxt = nxt, prefetch(batch)\n"
+                    "    train_step(current)"
+                ),
+            ),
+            Fix(
+                title="Keep results on the GPU",
+                why="device-to-host copies (.cpu(), .numpy(), .tolist()) inside the step wait "
+                    "for the GPU and cost a copy; gather metrics on the device",
+                code="correct += (logits.argmax(dim=1) == targets).sum()  # read once per epoch",
+            ),
+        ),
+        estimated_speedup=_speedup(step, exposed),
+    )]
+
+
+@rule("gpu.host_sync", needs=("gpu_steps",))
+def host_sync(inputs: RuleInputs) -> list[Finding]:
+    f = _steps(inputs)
+    count = _mean(f, "sync_count")
+    bubble = _mean(f, "sync_bubble_s")
+    step = _mean(f, "dur_s")
+    share = bubble / step
+    if count <= 0 or share < 0.01:
+        return []
+    sources = [s for s in f["sync_source"].astype(str) if s] if "sync_source" in f else []
+    source = max(set(sources), key=sources.count) if sources else ""
+    where = f" (most of them: {source})" if source else ""
+    return [Finding(
+        id="gpu.host_sync", category="compute", severity=_severity(share, 0.15, 0.03),
+        title=f"{count:.0f} host syncs per step drain the GPU queue{where}",
+        evidence={
+            "syncs_per_step": count,
+            "sync_s_per_step": _mean(f, "sync_s"),
+            "gpu_idle_after_sync_s_per_step": bubble,
+            "gpu_idle_after_sync_share": share,
+            "source": source,
+            "step_s": step,
+        },
+        fixes=(
+            Fix(
+                title="Find the syncs",
+                why="torch reports every synchronising call (.item(), .cpu(), printing a "
+                    "tensor, boolean masks, blocking copies) with its Python line",
+                code='torch.cuda.set_sync_debug_mode("warn")',
+            ),
+            Fix(
+                title="Read scalars every N steps, not every step",
+                why="loss.item() waits for the whole step to finish; keep the running value "
+                    "on the GPU and read it rarely",
+                code=(
+                    "running_loss += loss.detach()\n"
+                    "if step % 100 == 0:\n"
+                    "    print(f\"loss {running_loss.item() / 100:.4f}\")\n"
+                    "    running_loss.zero_()"
+                ),
+            ),
+        ),
+        estimated_speedup=_speedup(step, bubble),
+    )]
+
+
+@rule("gpu.launch_bound", needs=("gpu_steps",))
+def launch_bound(inputs: RuleInputs) -> list[Finding]:
+    f = _steps(inputs)
+    step = _mean(f, "dur_s")
+    idle_host = _mean(f, "gpu_idle_host_s")
+    share = idle_host / step
+    kernels = _mean(f, "kernel_count")
+    median_us = _mean(f, "kernel_median_us")
+    if share < 0.2 or kernels < 50:
+        return []
+    return [Finding(
+        id="gpu.launch_bound", category="compute", severity=_severity(share, 0.4, 0.2),
+        title=(
+            f"The GPU idles {share:.0%} of the step while the host launches work "
+            f"({kernels:.0f} kernels per step, median {median_us:.0f} us)"
+        ),
+        evidence={
+            "gpu_busy_share": _mean(f, "gpu_busy_s") / step,
+            "gpu_idle_host_share": share,
+            "kernels_per_step": kernels,
+            "kernel_median_us": median_us,
+            "launches_per_step": _mean(f, "launch_count"),
+            "step_s": step,
+        },
+        fixes=(
+            Fix(
+                title="Fewer, larger kernels: a larger batch",
+                why="each launch costs the host microseconds whatever the kernel's size; a "
+                    "larger batch does more work per launch (scale the learning rate with it)",
+                code="loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size)",
+            ),
+            Fix(
+                title="Compile the model (fusion, and CUDA graphs with reduce-overhead)",
+                why="torch.compile fuses elementwise kernels; mode='reduce-overhead' replays "
+                    "the step as a CUDA graph, one launch instead of thousands",
+                code='model = torch.compile(model, mode="reduce-overhead")',
+            ),
+            Fix(
+                title="Fused optimizer",
+                why="the foreach/fused implementations update all parameters in a few kernels",
+                code="optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)",
+            ),
+        ),
+        estimated_speedup=_speedup(step, idle_host),
+    )]
+
+
+@rule("gpu.no_tensor_cores", needs=("gpu_steps",))
+def no_tensor_cores(inputs: RuleInputs) -> list[Finding]:
+    f = _steps(inputs)
+    gemm = _mean(f, "gemm_s")
+    tc = _mean(f, "gemm_tensor_core_s")
+    busy = _mean(f, "gpu_busy_s")
+    step = _mean(f, "dur_s")
+    cc = float(f["gpu_cc"].iloc[0]) if "gpu_cc" in f else float("nan")
+    name = str(f["gpu_name"].iloc[0]) if "gpu_name" in f else ""
+    if busy <= 0 or gemm / busy < 0.2 or tc > 0.1 * gemm:
+        return []
+    if not math.isnan(cc) and cc < 7.0:
+        return []  # no Tensor Cores on this GPU
+    if "amd" in name.lower() or "radeon" in name.lower() or "instinct" in name.lower():
+        return []  # ROCm kernel names do not say whether matrix cores ran
+    tf32 = math.isnan(cc) or cc >= 8.0
+    # Tensor Cores run fp32-shaped GEMMs 2x-8x faster: count on halving GEMM time.
+    gained = 0.5 * min(gemm, _mean(f, "kernel_s") or gemm)
+    fixes = [
+        Fix(
+            title="Mixed precision (bf16 autocast)" if tf32 else "Mixed precision (fp16 autocast)",
+            why=(
+                "matrix multiplies and convolutions in bf16 run on Tensor Cores"
+                if tf32 else
+                f"this GPU (compute capability {cc:.1f}) has fp16 Tensor Cores but no TF32; "
+                "fp16 needs a GradScaler"
+            ),
+            code=(
+                "with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16):\n"
+                "    loss = loss_fn(model(inputs), targets)\n"
+                "loss.backward()"
+                if tf32 else
+                "scaler = torch.amp.GradScaler(\"cuda\")\n"
+                "with torch.autocast(device_type=\"cuda\", dtype=torch.float16):\n"
+                "    loss = loss_fn(model(inputs), targets)\n"
+                "scaler.scale(loss).backward()\n"
+                "scaler.step(optimizer)\n"
+                "scaler.update()"
+            ),
+        ),
+    ]
+    if tf32:
+        fixes.append(Fix(
+            title="Allow TF32 for fp32 matmuls and convolutions",
+            why="on Ampere and later, TF32 keeps fp32 storage and runs on Tensor Cores; "
+                "one line, no other code change",
+            code=(
+                "torch.backends.cuda.matmul.allow_tf32 = True\n"
+                "torch.backends.cudnn.allow_tf32 = True"
+            ),
+        ))
+    return [Finding(
+        id="gpu.no_tensor_cores", category="compute", severity=_severity(gemm / step, 0.4, 0.15),
+        title=f"GEMM/convolution kernels take {gemm / busy:.0%} of GPU time without Tensor Cores",
+        evidence={
+            "gemm_s_per_step": gemm,
+            "gemm_share_of_gpu_busy": gemm / busy,
+            "tensor_core_share_of_gemm": tc / gemm if gemm else 0.0,
+            "compute_capability": cc,
+            "gpu": name,
+            "step_s": step,
+        },
+        fixes=tuple(fixes),
+        estimated_speedup=_speedup(step, gained),
+    )]
+
+
+@rule("comm.exposed", needs=("gpu_steps",))
+def exposed_communication(inputs: RuleInputs) -> list[Finding]:
+    f = _steps(inputs, device=None)
+    step = _mean(f, "dur_s")
+    comm = _mean(f, "comm_s")
+    exposed = _mean(f, "comm_exposed_s")
+    share = exposed / step
+    if share < 0.05:
+        return []
+    world = inputs.meta.get("world_size")
+    overlapped = 1.0 - exposed / comm if comm > 0 else 0.0
+    on_gpu = bool((f["device"] == "cuda").any()) if "device" in f else True
+    ddp_devices = " device_ids=[local_rank]," if on_gpu else ""
+    return [Finding(
+        id="comm.exposed", category="communication", severity=_severity(share, 0.2, 0.05),
+        title=(
+            f"Collectives take {share:.0%} of the step with no compute beside them "
+            f"({overlapped:.0%} of communication is overlapped)"
+        ),
+        evidence={
+            "comm_s_per_step": comm,
+            "comm_exposed_s_per_step": exposed,
+            "comm_exposed_share": share,
+            "comm_overlapped_fraction": overlapped,
+            "world_size": world if isinstance(world, int) else None,
+            "step_s": step,
+        },
+        fixes=(
+            Fix(
+                title="Tune DDP's gradient buckets",
+                why="all-reduce starts when a bucket fills; smaller buckets start earlier in "
+                    "backward and overlap more, larger ones cost fewer launches (default 25 MB)",
+                code=(
+                    "model = torch.nn.parallel.DistributedDataParallel(\n"
+                    f"    model,{ddp_devices}\n"
+                    "    bucket_cap_mb=50, gradient_as_bucket_view=True, static_graph=True,\n"
+                    ")"
+                ),
+            ),
+            Fix(
+                title="Accumulate gradients locally with no_sync()",
+                why="with gradient accumulation, only the last micro-batch needs an all-reduce",
+                code=(
+                    "import contextlib\n"
+                    "for i, (inputs, targets) in enumerate(loader):\n"
+                    "    last = (i + 1) % accumulation_steps == 0\n"
+                    "    ctx = contextlib.nullcontext() if last else model.no_sync()\n"
+                    "    with ctx:\n"
+                    "        loss_fn(model(inputs), targets).backward()\n"
+                    "    if last:\n"
+                    "        optimizer.step()\n"
+                    "        optimizer.zero_grad()"
+                ),
+            ),
+            Fix(
+                title="Compress gradients before the all-reduce",
+                why="halving the bytes on the wire halves bandwidth-bound collectives",
+                code=(
+                    "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+                    "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"
+                ),
+            ),
+        ),
+        estimated_speedup=_speedup(step, exposed),
+    )]
+
+
+@rule("memory.fragmentation", needs=("memory",))
+def fragmentation(inputs: RuleInputs) -> list[Finding]:
+    m = inputs.memory
+    assert m is not None  # guaranteed by needs
+    cols = ("allocated_bytes", "reserved_bytes", "inactive_split_bytes")
+    missing = [c for c in cols if c not in m]
+    if missing:
+        raise RuleSkipped(f"memory snapshots lack {', '.join(missing)}")
+    reserved = np.nan_to_num(m["reserved_bytes"].to_numpy(dtype="float64"))
+    allocated = np.nan_to_num(m["allocated_bytes"].to_numpy(dtype="float64"))
+    split = float(np.nan_to_num(m["inactive_split_bytes"].to_numpy(dtype="float64")).max())
+    retries = int(np.nan_to_num(m["alloc_retries"].to_numpy(dtype="float64")).max()) if (
+        "alloc_retries" in m) else 0
+    ooms = int(np.nan_to_num(m["num_ooms"].to_numpy(dtype="float64")).max()) if (
+        "num_ooms" in m) else 0
+    peak = int(np.argmax(reserved))
+    peak_reserved = float(reserved[peak])
+    slack = float((reserved - allocated).max())
+    frag_share = split / peak_reserved if peak_reserved > 0 else 0.0
+    if not (retries > 0 or ooms > 0 or (split >= 256 * MIB and frag_share >= 0.1)):
+        return []
+    severity = "critical" if ooms > 0 else "warning" if retries > 0 or frag_share >= 0.2 else "info"
+    return [Finding(
+        id="memory.fragmentation", category="compute", severity=severity,
+        title=(
+            f"The CUDA caching allocator holds {split / MIB:.0f} MiB in split blocks it cannot "
+            f"reuse ({frag_share:.0%} of reserved)"
+            + (f"; {retries} allocation retries" if retries else "")
+            + (f"; {ooms} out-of-memory errors" if ooms else "")
+        ),
+        evidence={
+            "peak_reserved_bytes": int(peak_reserved),
+            "allocated_at_peak_bytes": int(allocated[peak]),
+            "inactive_split_bytes": int(split),
+            "reserved_minus_allocated_bytes": int(slack),
+            "would_free_bytes": int(split),
+            "fragmented_share_of_reserved": frag_share,
+            "alloc_retries": retries,
+            "num_ooms": ooms,
+        },
+        fixes=(
+            Fix(
+                title="Expandable segments",
+                why=(
+                    f"segments that grow in place leave no split blocks: about {split / MIB:.0f} "
+                    "MiB back, and no cache flushes on retries; set it before CUDA starts "
+                    "(or in the shell: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
+                ),
+                code=(
+                    "import os\n"
+                    "os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\"\n"
+                    "import torch  # after setting it: the allocator reads it once"
+                ),
+            ),
+        ),
+        estimated_speedup=None,
+    )]

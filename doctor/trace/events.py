@@ -1,0 +1,307 @@
+"""Sort the events of one trace into compact per-kind arrays: the timeline the step analysis reads.
+
+One pass over :func:`doctor.trace.reader.iter_events`; each event the analysis needs is reduced
+to a few numbers in ``array.array`` buffers (8 bytes a value, not a dict of Python objects), so a
+trace of millions of events costs tens of bytes per event. Names recognised across releases:
+
+- host ops: category ``cpu_op`` (torch >= 1.9) or ``Operator`` (1.8); annotations
+  ``user_annotation``; steps ``ProfilerStep#N``; DataLoader ``enumerate(DataLoader)#...__next__``;
+- GPU: ``kernel``/``Kernel``, ``gpu_memcpy``/``Memcpy``, ``gpu_memset``/``Memset``, on CUDA and
+  ROCm (HIP) alike; ``gpu_user_annotation`` is a GPU-side copy of host annotations and is ignored;
+- runtime: ``cuda_runtime``/``Runtime``/``cuda_driver`` with ``cuda*``, ``cu*`` or ``hip*`` names;
+- collectives: NCCL/RCCL kernels, and host ops named ``nccl:*``, ``gloo:*``, ``c10d::*``,
+  ``record_param_comms``.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from doctor.trace.reader import TraceMeta, TraceStream
+
+__all__ = ["Timeline", "build_timeline", "load_timeline"]
+
+# memcpy kinds and host memory kinds (codes kept in int arrays)
+HTOD, DTOH, DTOD, OTHER_COPY = 0, 1, 2, 3
+MEM_UNKNOWN, PAGEABLE, PINNED = 0, 1, 2
+# runtime call kinds
+RT_OTHER, RT_LAUNCH, RT_SYNC, RT_COPY = 0, 1, 2, 3
+# kernel kinds
+K_OTHER, K_COMM, K_GEMM, K_GEMM_TC = 0, 1, 2, 3
+
+_COMM_KERNEL = re.compile(r"(?:^|[\s_:])(?:nccl|rccl)", re.IGNORECASE)
+_COMM_OP = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:", "c10d:")
+_GEMM = re.compile(
+    r"gemm|conv|cudnn|cublas|cutlass|xmma|wgrad|dgrad|fprop|winograd|matmul|mma", re.IGNORECASE
+)
+_TENSOR_CORE = re.compile(
+    r"884|1688|16816|hmma|xmma|wmma|gmma|tensorop|tf32|bf16|f16|fp16|half|_tc_|tensor_core",
+    re.IGNORECASE,
+)
+_SYNC_CALLS = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
+    "cuCtxSynchronize", "cuEventSynchronize", "hipStreamSynchronize", "hipDeviceSynchronize",
+    "hipEventSynchronize",
+    # synchronous copies block the host until the copy is done
+    "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol",
+    "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2", "hipMemcpy", "hipMemcpyWithStream", "hipMemcpy2D",
+})
+_HOST_CATS = frozenset({"cpu_op", "operator"})
+_GPU_ANNOTATION = "gpu_user_annotation"
+
+
+def _f64(buf: array[float]) -> npt.NDArray[np.float64]:
+    return np.frombuffer(buf, dtype=np.float64).copy() if len(buf) else np.empty(0, np.float64)
+
+
+def _i64(buf: array[int]) -> npt.NDArray[np.int64]:
+    return np.frombuffer(buf, dtype=np.int64).copy() if len(buf) else np.empty(0, np.int64)
+
+
+@dataclass
+class _Columns:
+    """Growable typed columns for one kind of event: start, end, and integer attributes."""
+
+    ints: tuple[str, ...] = ()
+    start: array[float] = field(default_factory=lambda: array("d"))
+    end: array[float] = field(default_factory=lambda: array("d"))
+    extra: dict[str, array[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.extra = {name: array("q") for name in self.ints}
+
+    def add(self, start: float, end: float, *values: int) -> None:
+        self.start.append(start)
+        self.end.append(end)
+        for name, v in zip(self.ints, values, strict=True):
+            self.extra[name].append(v)
+
+    def freeze(self, origin: float) -> EventArrays:
+        s = _f64(self.start) - origin
+        e = _f64(self.end) - origin
+        order = np.argsort(s, kind="stable")
+        return EventArrays(s[order], e[order], {k: _i64(v)[order] for k, v in self.extra.items()})
+
+
+@dataclass(frozen=True)
+class EventArrays:
+    """Events of one kind sorted by start (microseconds from the trace origin)."""
+
+    start: npt.NDArray[np.float64]
+    end: npt.NDArray[np.float64]
+    attrs: dict[str, npt.NDArray[np.int64]]
+
+    def __len__(self) -> int:
+        return int(self.start.size)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What the step analysis needs from one trace; times in microseconds from ``origin_us``."""
+
+    meta: TraceMeta
+    origin_us: float
+    names: list[str]
+    steps: list[tuple[int, float, float]]  # (step number, start, end) from ProfilerStep#N
+    optimizer_steps: EventArrays
+    host_ops: EventArrays  # attrs: tid, name, comm (1 for collectives)
+    python: EventArrays  # python_function events (with_stack): tid, name
+    dataloader: EventArrays
+    comm_ops: EventArrays
+    kernels: EventArrays  # attrs: kind, name
+    memcpy: EventArrays  # attrs: kind, mem, bytes
+    memset: EventArrays
+    runtime: EventArrays  # attrs: kind, tid, name
+    first_us: float
+    last_us: float
+
+    @property
+    def has_gpu(self) -> bool:
+        return len(self.kernels) + len(self.memcpy) + len(self.memset) > 0
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _kernel_kind(name: str) -> int:
+    if _COMM_KERNEL.search(name):
+        return K_COMM
+    if _GEMM.search(name):
+        return K_GEMM_TC if _TENSOR_CORE.search(name) else K_GEMM
+    return K_OTHER
+
+
+def _copy_kind(name: str, args: dict[str, Any]) -> tuple[int, int]:
+    low = name.lower()
+    text = f"{low} {str(args.get('kind', '')).lower()}"
+    if "htod" in text or "host -> device" in low:
+        kind = HTOD
+    elif "dtoh" in text:
+        kind = DTOH
+    elif "dtod" in text:
+        kind = DTOD
+    else:
+        kind = OTHER_COPY
+    mem = PAGEABLE if "pageable" in low else PINNED if "pinned" in low else MEM_UNKNOWN
+    return kind, mem
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._name_ids: dict[str, int] = {}
+        self._tids: dict[Any, int] = {}
+        self.steps: dict[int, tuple[float, float]] = {}
+        self.optimizer = _Columns()
+        self.host = _Columns(("tid", "name", "comm"))
+        self.python = _Columns(("tid", "name"))
+        self.dataloader = _Columns()
+        self.comm = _Columns()
+        self.kernels = _Columns(("kind", "name"))
+        self.memcpy = _Columns(("kind", "mem", "bytes"))
+        self.memset = _Columns()
+        self.runtime = _Columns(("kind", "tid", "name"))
+        self.first = float("inf")
+        self.last = float("-inf")
+        self._kernel_kinds: dict[str, int] = {}
+
+    def name_id(self, name: str) -> int:
+        nid = self._name_ids.get(name)
+        if nid is None:
+            nid = self._name_ids[name] = len(self.names)
+            self.names.append(name)
+        return nid
+
+    def tid_id(self, tid: Any) -> int:
+        key = str(tid)
+        tid_id = self._tids.get(key)
+        if tid_id is None:
+            tid_id = self._tids[key] = len(self._tids)
+        return tid_id
+
+    def add(self, ev: dict[str, Any]) -> None:
+        if ev.get("ph") != "X":
+            return
+        ts = _number(ev.get("ts"))
+        dur = _number(ev.get("dur"))
+        if ts is None or dur is None or dur < 0:
+            return
+        end = ts + dur
+        name = ev.get("name")
+        name = name if isinstance(name, str) else ""
+        cat = ev.get("cat")
+        cat = cat.lower() if isinstance(cat, str) else ""
+        if cat == "trace":
+            return  # the profiler's own span
+        if ts < self.first:
+            self.first = ts
+        if end > self.last:
+            self.last = end
+        args = ev.get("args")
+        args = args if isinstance(args, dict) else {}
+        if cat == "kernel":
+            kind = self._kernel_kinds.get(name)
+            if kind is None:
+                kind = self._kernel_kinds[name] = _kernel_kind(name)
+            self.kernels.add(ts, end, kind, self.name_id(name))
+        elif cat in ("gpu_memcpy", "memcpy"):
+            kind, mem = _copy_kind(name, args)
+            nbytes = _number(args.get("bytes"))
+            self.memcpy.add(ts, end, kind, mem, int(nbytes) if nbytes is not None else -1)
+        elif cat in ("gpu_memset", "memset"):
+            self.memset.add(ts, end)
+        elif cat in ("cuda_runtime", "runtime", "cuda_driver"):
+            if name in _SYNC_CALLS:
+                kind = RT_SYNC
+            elif "launch" in name.lower():
+                kind = RT_LAUNCH
+            elif "memcpy" in name.lower():
+                kind = RT_COPY
+            else:
+                kind = RT_OTHER
+            self.runtime.add(ts, end, kind, self.tid_id(ev.get("tid")), self.name_id(name))
+        elif cat == _GPU_ANNOTATION or cat.startswith("gpu_"):
+            return
+        elif cat == "python_function":
+            self.python.add(ts, end, self.tid_id(ev.get("tid")), self.name_id(name))
+        else:
+            self._host(name, cat, ts, end, ev)
+
+    def _host(self, name: str, cat: str, ts: float, end: float, ev: dict[str, Any]) -> None:
+        if name.startswith("ProfilerStep#"):
+            try:
+                number = int(name[len("ProfilerStep#"):])
+            except ValueError:
+                return
+            if number not in self.steps or ts < self.steps[number][0]:
+                self.steps[number] = (ts, end)
+            return
+        if "DataLoader" in name and "__next__" in name:
+            self.dataloader.add(ts, end)
+            return
+        if name.startswith("Optimizer.step#"):
+            self.optimizer.add(ts, end)
+        comm = name.lower().startswith(_COMM_OP)
+        if comm:
+            self.comm.add(ts, end)
+        if cat in _HOST_CATS:
+            self.host.add(ts, end, self.tid_id(ev.get("tid")), self.name_id(name), int(comm))
+
+
+def build_timeline(events: Iterable[dict[str, Any]], meta: TraceMeta | None = None) -> Timeline:
+    """Reduce an iterable of trace events to a :class:`Timeline`."""
+    col = _Collector()
+    for ev in events:
+        if isinstance(ev, dict):
+            col.add(ev)
+    return _freeze(col, meta or TraceMeta(path="<events>"))
+
+
+def load_timeline(path: str | Path) -> Timeline:
+    """Stream the trace at ``path`` into a :class:`Timeline` (raises TraceError if unreadable)."""
+    stream = TraceStream(path)
+    col = _Collector()
+    for ev in stream:
+        col.add(ev)
+    return _freeze(col, stream.meta)
+
+
+def _freeze(col: _Collector, meta: TraceMeta) -> Timeline:
+    empty = col.first == float("inf")
+    origin = 0.0 if empty else col.first
+    steps = sorted((n, s - origin, e - origin) for n, (s, e) in col.steps.items())
+    return Timeline(
+        meta=meta,
+        origin_us=origin,
+        names=col.names,
+        steps=steps,
+        optimizer_steps=col.optimizer.freeze(origin),
+        host_ops=col.host.freeze(origin),
+        python=col.python.freeze(origin),
+        dataloader=col.dataloader.freeze(origin),
+        comm_ops=col.comm.freeze(origin),
+        kernels=col.kernels.freeze(origin),
+        memcpy=col.memcpy.freeze(origin),
+        memset=col.memset.freeze(origin),
+        runtime=col.runtime.freeze(origin),
+        first_us=0.0,
+        last_us=0.0 if empty else col.last - origin,
+    )

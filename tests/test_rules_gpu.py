@@ -1,0 +1,198 @@
+"""GPU rules on hand-made step and memory frames; every fix's code is valid Python."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from doctor.rules import gpu
+from doctor.rules.base import RuleInputs, registered_rules, run_rules
+from doctor.trace.steps import STEP_COLUMNS, empty_step_frame
+from doctor.verdict import Finding
+
+GIB = 1 << 30
+
+
+def steps(n: int = 4, **values: Any) -> pd.DataFrame:
+    """A step frame of ``n`` identical 100 ms GPU steps with a busy, healthy GPU by default."""
+    row: dict[str, Any] = {c: 0 for c in STEP_COLUMNS}
+    row.update({
+        "boundary": "profiler_step", "device": "cuda", "dur_s": 0.1, "gpu_busy_s": 0.095,
+        "kernel_s": 0.095, "kernel_count": 400, "kernel_median_us": 120.0, "launch_count": 400,
+        "gpu_cc": 8.0, "gpu_name": "NVIDIA A100", "sync_source": "", "gpu_idle_s": 0.005,
+        "excl_compute_s": 0.095, "excl_other_s": 0.005,
+    })
+    row.update(values)
+    frame = pd.DataFrame([dict(row, step=i) for i in range(n)]).astype(STEP_COLUMNS)
+    return frame
+
+
+def run(frame: pd.DataFrame | None = None, memory: pd.DataFrame | None = None,
+        **meta: Any) -> list[Finding]:
+    wanted = set(gpu.GPU_RULE_IDS)
+    rules = [r for r in registered_rules() if r.id in wanted]
+    return run_rules(RuleInputs(gpu_steps=frame, memory=memory, meta=meta), rules).findings
+
+
+def ids(findings: list[Finding]) -> set[str]:
+    return {f.id for f in findings}
+
+
+def test_a_healthy_gpu_step_has_no_findings() -> None:
+    assert run(steps()) == []
+
+
+def test_registered_ids_match() -> None:
+    assert set(gpu.GPU_RULE_IDS) <= {r.id for r in registered_rules()}
+
+
+def test_pageable_copies() -> None:
+    (f,) = run(steps(htod_pageable_count=12, htod_s=0.01, transfer_s=0.01,
+                     transfer_exposed_s=0.01, htod_bytes=12 << 20))
+    assert f.id == "gpu.pageable_copy"
+    assert f.category == "transfer"
+    assert f.evidence["htod_pageable_per_step"] == 12
+    assert f.evidence["transfer_exposed_share"] == pytest.approx(0.1)
+    assert f.estimated_speedup == pytest.approx(0.1 / 0.09)
+    assert any("pin_memory=True" in fx.code for fx in f.fixes)
+    assert any("non_blocking=True" in fx.code for fx in f.fixes)
+
+
+def test_pageable_copy_fix_knows_the_loader_already_pins() -> None:
+    (f,) = run(steps(htod_pageable_count=2, transfer_exposed_s=0.001),
+               loader={"pin_memory": True})
+    assert "already has pin_memory=True" in f.fixes[0].why
+
+
+def test_exposed_pinned_transfers() -> None:
+    (f,) = run(steps(htod_pinned_count=20, transfer_s=0.011, transfer_exposed_s=0.004))
+    assert f.id == "gpu.transfer_exposed"
+    assert f.evidence["overlapped_fraction"] == pytest.approx(1 - 4 / 11)
+
+
+def test_host_sync_with_its_source() -> None:
+    (f,) = run(steps(sync_count=3, sync_s=0.02, sync_bubble_s=0.01,
+                     sync_source="cudaStreamSynchronize in aten::item (train.py(42): step)"))
+    assert f.id == "gpu.host_sync"
+    assert "aten::item" in f.title and "train.py(42)" in f.title
+    assert f.estimated_speedup == pytest.approx(0.1 / 0.09)
+
+
+def test_syncs_that_cost_nothing_are_not_reported() -> None:
+    assert run(steps(sync_count=3, sync_s=0.02, sync_bubble_s=0.0001)) == []
+
+
+def test_launch_bound() -> None:
+    (f,) = run(steps(gpu_busy_s=0.03, kernel_s=0.03, gpu_idle_s=0.07, gpu_idle_host_s=0.06,
+                     kernel_count=3000, kernel_median_us=4.0))
+    assert f.id == "gpu.launch_bound"
+    assert f.severity == "critical"
+    assert f.evidence["kernel_median_us"] == 4.0
+    assert f.estimated_speedup == pytest.approx(0.1 / 0.04)
+    codes = " ".join(fx.code for fx in f.fixes)
+    assert "torch.compile" in codes and "reduce-overhead" in codes and "batch_size" in codes
+
+
+@pytest.mark.parametrize(("cc", "tf32"), [(8.0, True), (7.0, False), (float("nan"), True)])
+def test_fp32_gemms_without_tensor_cores(cc: float, tf32: bool) -> None:
+    (f,) = run(steps(gemm_s=0.06, gemm_tensor_core_s=0.0, gpu_cc=cc))
+    assert f.id == "gpu.no_tensor_cores"
+    codes = "\n".join(fx.code for fx in f.fixes)
+    assert "torch.autocast" in codes
+    assert ("torch.backends.cuda.matmul.allow_tf32 = True" in codes) is tf32
+    assert ("GradScaler" in codes) is (not tf32)
+    assert f.estimated_speedup == pytest.approx(0.1 / 0.07)
+
+
+@pytest.mark.parametrize("values", [
+    {"gemm_s": 0.06, "gemm_tensor_core_s": 0.05},  # Tensor Cores already used
+    {"gemm_s": 0.06, "gpu_cc": 6.1},  # Pascal: none to use
+    {"gemm_s": 0.01},  # GEMMs are a small part
+    {"gemm_s": 0.06, "gpu_name": "AMD Instinct MI250X"},  # ROCm names do not tell
+])
+def test_tensor_core_rule_stays_quiet(values: dict[str, Any]) -> None:
+    assert run(steps(**values)) == []
+
+
+def test_exposed_communication_gpu_and_cpu() -> None:
+    (f,) = run(steps(comm_s=0.04, comm_exposed_s=0.03), world_size=16)
+    assert f.id == "comm.exposed"
+    assert f.category == "communication"
+    assert f.severity == "critical"
+    assert f.evidence["world_size"] == 16
+    assert f.evidence["comm_overlapped_fraction"] == pytest.approx(0.25)
+    assert f.estimated_speedup == pytest.approx(0.1 / 0.07)
+    codes = "\n".join(fx.code for fx in f.fixes)
+    assert "bucket_cap_mb" in codes and "no_sync" in codes and "compress_hook" in codes
+    cpu = steps(device="cpu", gpu_busy_s=0.0, comm_s=0.05, comm_exposed_s=0.05)
+    assert ids(run(cpu)) == {"comm.exposed"}
+
+
+def test_only_analysed_steps_count() -> None:
+    frame = steps(comm_s=0.05, comm_exposed_s=0.05)
+    frame["analyzed"] = False
+    assert run(frame) == []
+
+
+def memory(**values: Any) -> pd.DataFrame:
+    base = {"t_s": [0.0, 1.0, 2.0], "allocated_bytes": [4 * GIB, 6 * GIB, 5 * GIB],
+            "reserved_bytes": [5 * GIB, 10 * GIB, 10 * GIB],
+            "inactive_split_bytes": [0, 3 * GIB, 2 * GIB],
+            "alloc_retries": [0, 0, 0], "num_ooms": [0, 0, 0]}
+    base.update(values)
+    return pd.DataFrame(base)
+
+
+def test_fragmentation_with_the_bytes_it_would_free() -> None:
+    (f,) = run(memory=memory(alloc_retries=[0, 2, 5]))
+    assert f.id == "memory.fragmentation"
+    assert f.severity == "warning"
+    assert f.evidence["would_free_bytes"] == 3 * GIB
+    assert f.evidence["alloc_retries"] == 5
+    assert f.evidence["peak_reserved_bytes"] == 10 * GIB
+    assert "expandable_segments:True" in f.fixes[0].code
+    assert "3072 MiB" in f.fixes[0].why
+
+
+def test_fragmentation_out_of_memory_is_critical() -> None:
+    (f,) = run(memory=memory(inactive_split_bytes=[0, 0, 0], num_ooms=[0, 0, 1]))
+    assert f.severity == "critical"
+
+
+def test_no_fragmentation_no_finding_and_missing_columns_skip() -> None:
+    assert run(memory=memory(inactive_split_bytes=[0, 1 << 20, 0])) == []
+    outcome = run_rules(RuleInputs(memory=pd.DataFrame({"t_s": [0.0]})),
+                        [r for r in registered_rules() if r.id == "memory.fragmentation"])
+    assert "lack" in outcome.skipped["memory.fragmentation"]
+
+
+def test_missing_or_empty_inputs_are_skipped_not_raised() -> None:
+    rules = [r for r in registered_rules() if r.id in set(gpu.GPU_RULE_IDS)]
+    outcome = run_rules(RuleInputs(gpu_steps=empty_step_frame()), rules)
+    assert outcome.findings == []
+    assert set(outcome.skipped) == set(gpu.GPU_RULE_IDS)
+    assert not any("rule failed" in why for why in outcome.skipped.values())
+
+
+def everything() -> list[Finding]:
+    frame = steps(htod_pageable_count=4, transfer_s=0.02, transfer_exposed_s=0.01,
+                  sync_count=2, sync_bubble_s=0.01, gpu_idle_host_s=0.05, kernel_count=2000,
+                  gemm_s=0.05, comm_s=0.03, comm_exposed_s=0.03)
+    found = run(frame, memory(alloc_retries=[0, 0, 1]), world_size=4)
+    found += run(steps(htod_pinned_count=5, transfer_s=0.02, transfer_exposed_s=0.01))
+    found += run(steps(gemm_s=0.06, gpu_cc=7.0))
+    return found
+
+
+def test_every_rule_fires_somewhere_and_every_fix_compiles() -> None:
+    found = everything()
+    assert ids(found) == set(gpu.GPU_RULE_IDS)
+    for finding in found:
+        assert finding.fixes, finding.id
+        assert finding.title and finding.evidence
+        finding.to_dict()  # JSON-friendly
+        for fix in finding.fixes:
+            assert fix.title and fix.why
+            compile(fix.code, f"<{finding.id}: {fix.title}>", "exec")
