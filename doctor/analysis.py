@@ -20,7 +20,7 @@ from doctor.probes.host import load_host
 from doctor.rules.base import RuleInputs, run_rules
 from doctor.rundir import ProcessRecord, list_processes, read_run_record
 from doctor.verdict import BOTTLENECKS, CATEGORIES, Analysis, Finding, Fix, ProbeStatus, Verdict
-from doctor.window import WindowUnavailable, window_fractions
+from doctor.window import WindowUnavailable, window_fractions, window_frame
 
 FEW_STEPS = 20
 
@@ -34,13 +34,17 @@ def analyze_run(run_dir: Path) -> Analysis:
     ranks: list[RankSteps] = [rank_steps(p) for _, p in sorted(mains.items())]
     fractions: dict[int, dict[str, float]] = {}
     window_status: dict[int, ProbeStatus] = {}
+    frames: list[pd.DataFrame] = []
     for rank, proc in sorted(mains.items()):
         window_status[rank] = _window_status(proc)
         if proc.trace is not None:
             try:
-                fractions[rank] = window_fractions(proc.trace)
+                frame = window_frame(proc.trace, rank)
+                fractions[rank] = window_fractions(frame)
+                frames.append(frame)
             except WindowUnavailable as err:
                 window_status[rank] = ProbeStatus(False, f"trace unreadable: {err}")
+    gpu_steps = pd.concat(frames, ignore_index=True) if frames else None
     t0_ns = int(float(record.get("t0_monotonic_s", 0.0)) * 1e9)
     if t0_ns <= 0 and ranks and any(len(r.starts_ns) for r in ranks):
         t0_ns = int(min(r.starts_ns[0] for r in ranks if len(r.starts_ns)))
@@ -55,8 +59,10 @@ def analyze_run(run_dir: Path) -> Analysis:
         notes.append("No torch.profiler window was recorded, so compute includes any Python "
                      "between steps (logging, checkpoints): run 25 steps or more for the split.")
 
+    if not loaders.empty:
+        meta["loader"] = {str(k): v for k, v in loaders.iloc[0].to_dict().items()}
     inputs = RuleInputs(ledger=_analysed(ledger), host=host, system=system,
-                        gpu_steps=None, loaders=loaders, meta=meta)
+                        gpu_steps=gpu_steps, loaders=loaders, meta=meta)
     outcome = run_rules(inputs)
     findings = list(outcome.findings)
 

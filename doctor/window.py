@@ -1,9 +1,9 @@
-"""What the torch.profiler window says about the non-input part of a step.
+"""What the torch.profiler window says about the steps it recorded.
 
-The deep window records a few steady steps in full. Per profiled step, the trace analysis
-(doctor.trace) splits the step into input, transfer, compute, communication and other; here the
-non-input part is turned into fractions (median over the window's steps) that the ledger applies
-to every step of that rank.
+The deep window records a few steady steps in full. The trace analysis (doctor.trace) turns
+each profiled step into a row of GPU and host figures (the rules' ``gpu_steps``) and splits it
+into input, transfer, compute, communication and other; here the non-input part becomes
+fractions (median over the window's steps) that the ledger applies to every step of that rank.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 SPLIT_CATEGORIES = ("transfer", "compute", "communication", "other")
 
@@ -19,18 +20,24 @@ class WindowUnavailable(Exception):
     """The window's trace could not be read or has no usable step."""
 
 
-def window_fractions(trace: Path) -> dict[str, float]:
-    """Fractions of a step's non-input time per category, summing to 1."""
+def window_frame(trace: Path, rank: int) -> pd.DataFrame:
+    """One row per profiled step (doctor.trace.steps.STEP_COLUMNS)."""
     try:
-        from doctor.trace.shares import category_seconds
         from doctor.trace.steps import trace_step_frame
 
-        frame = trace_step_frame(trace)
-        seconds = category_seconds(frame)
+        frame = trace_step_frame(trace, rank=rank)
     except Exception as err:  # a damaged trace costs the split, not the verdict
         raise WindowUnavailable(f"{type(err).__name__}: {err}") from err
-    if seconds.empty:
+    if frame.empty:
         raise WindowUnavailable("the trace has no profiled step")
+    return frame
+
+
+def window_fractions(frame: pd.DataFrame) -> dict[str, float]:
+    """Fractions of a step's non-input time per category, summing to 1."""
+    from doctor.trace.shares import category_seconds
+
+    seconds = category_seconds(frame)
     rest = seconds[list(SPLIT_CATEGORIES)]
     totals = rest.sum(axis=1)
     usable = totals > 0

@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--cached", action="store_true", help="remove the bottleneck")
     args = ap.parse_args()
+    torch.set_num_threads(1)  # the model is tiny: one thread is plenty, and steadier
     torch.manual_seed(0)
     n = args.batch * args.steps
     data = SlowDataset(n, args.work, args.cached)

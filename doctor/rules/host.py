@@ -60,8 +60,8 @@ def host_contention(inputs: RuleInputs) -> list[Finding]:
             title=f"Other processes keep {other_cores:.1f} of {cores} cores busy",
             why="The job shares the machine: stop the other load, or give the job its own "
                 "cores.",
-            code="import os\nos.sched_setaffinity(0, range(os.cpu_count()))  "
-                 "# and move other work elsewhere",
+            code="# find them: top -o %CPU (or: ps -eo pid,pcpu,comm --sort=-pcpu | head)\n"
+                 "# then stop them, move them to other cores (taskset), or renice them",
         ))
     if not fixes:
         fixes.append(Fix(

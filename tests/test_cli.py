@@ -1,0 +1,189 @@
+"""The CLI as a user meets it: pass-through of output and exit status, signals, and one-line
+errors. The jobs here are plain Python (no torch), so each run takes about a second."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import doctor_cmd
+
+
+def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_output_and_exit_status_are_the_jobs_own(tmp_path: Path) -> None:
+    job = script(tmp_path, """
+        import sys
+        print("to stdout", sys.argv[1:])
+        print("to stderr", file=sys.stderr)
+        sys.exit(3)
+    """)
+    bare = subprocess.run([sys.executable, str(job), "--lr", "0.1"], capture_output=True,
+                          text=True)
+    run = doctor_cmd("run", "--out", str(tmp_path / "run"), str(job), "--lr", "0.1")
+    assert run.returncode == bare.returncode == 3
+    assert run.stdout == bare.stdout
+    assert run.stderr.startswith(bare.stderr)
+    verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert verdict["partial"] is True
+    assert verdict["job"]["exit_code"] == 3
+
+
+def test_success_is_zero_and_not_partial(tmp_path: Path) -> None:
+    job = script(tmp_path, "print('ok')\n")
+    run = doctor_cmd("run", "--out", str(tmp_path / "run"), "python", str(job))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "ok\n"
+    verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert verdict["partial"] is False
+    assert verdict["bottleneck"] == "unknown"  # no steps in a job without a training loop
+    assert "Report:" in run.stderr and "report.html" in run.stderr
+
+
+def test_python_dash_m(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("print('from module')\n")
+    run = doctor_cmd("run", "--out", str(tmp_path / "run"), "python", "-m", "pkg.train",
+                     cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "from module\n"
+
+
+def test_death_by_signal_is_128_plus_n_and_still_reported(tmp_path: Path) -> None:
+    job = script(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    run = doctor_cmd("run", "--out", str(tmp_path / "run"), str(job))
+    assert run.returncode == 128 + signal.SIGKILL
+    verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert verdict["partial"] is True
+    assert any("signal 9" in n for n in verdict["notes"])
+    assert (tmp_path / "run" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_reach_the_job(tmp_path: Path, sig: int) -> None:
+    job = script(tmp_path, """
+        import sys, time
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-m", "doctor.cli", "run", "--out",
+                             str(tmp_path / "run"), str(job)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # no terminal: doctor must forward it
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    assert proc.returncode == 128 + sig
+    verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert verdict["partial"] is True
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "missing.py"], "no such script: missing.py"),
+    (["run", "python", "missing.py"], "no such script: missing.py"),
+    (["run", "ls", "-l"], "is not a Python command"),
+    (["run", "no-such-command-xyz"], "command not found"),
+    (["run"], "no command given"),
+    (["run", "--window", "soon", "x.py"], "--window takes START,STEPS"),
+    (["report", "no-such-dir"], "no such run directory or trace"),
+    (["report", "README.md"], "is not a trace"),
+])
+def test_user_errors_are_one_line_and_exit_2(tmp_path: Path, args: list[str],
+                                              message: str) -> None:
+    (tmp_path / "README.md").write_text("hi")
+    run = doctor_cmd(*args, cwd=tmp_path)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("doctor: ")
+    assert message in lines[0]
+
+
+def test_unwritable_out_is_refused(tmp_path: Path) -> None:
+    job = script(tmp_path, "print('never runs')\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    run = doctor_cmd("run", "--out", str(blocker / "run"), str(job))
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.startswith("doctor: cannot write the run directory")
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_report_without_runs_says_what_to_do(tmp_path: Path) -> None:
+    run = doctor_cmd("report", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "run `doctor run train.py` first" in run.stderr
+
+
+def test_report_formats_on_the_newest_run(tmp_path: Path) -> None:
+    job = script(tmp_path, "print('x')\n")
+    for _ in range(2):
+        assert doctor_cmd("run", str(job), cwd=tmp_path).returncode == 0
+        time.sleep(0.01)  # distinct mtimes for "newest", not a timing assertion
+    runs = sorted((tmp_path / "doctor-runs").iterdir())
+    assert len(runs) == 2
+    as_json = doctor_cmd("report", "--format", "json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["schema"] == "doctor.verdict/1"
+    as_text = doctor_cmd("report", "--format", "text", cwd=tmp_path)
+    assert "No verdict" in as_text.stdout
+    out = tmp_path / "r.html"
+    as_html = doctor_cmd("report", str(runs[0]), "-o", str(out), cwd=tmp_path)
+    assert as_html.returncode == 0 and out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_help_documents_both_commands() -> None:
+    top = doctor_cmd("--help")
+    assert top.returncode == 0 and "run" in top.stdout and "report" in top.stdout
+    run = doctor_cmd("run", "--help")
+    assert "torchrun" in run.stdout and "--out" in run.stdout
+    assert doctor_cmd("--version").stdout.strip().endswith(__import__("doctor").__version__)
+
+
+def test_a_job_that_shadows_sitecustomize_still_runs_it(tmp_path: Path) -> None:
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import os\nos.environ['MINE'] = '1'\n")
+    job = script(tmp_path, "import os\nprint(os.environ.get('MINE'))\n")
+    run = doctor_cmd("run", "--out", str(tmp_path / "run"), str(job),
+                     env={"PYTHONPATH": str(tmp_path / "site")})
+    assert run.stdout == "1\n"
+
+
+def test_the_bootstrap_never_imports_torch_itself(tmp_path: Path) -> None:
+    job = script(tmp_path, "import sys\nprint('torch' in sys.modules)\n")
+    run = doctor_cmd("run", "--out", str(tmp_path / "run"), str(job))
+    assert run.stdout == "False\n"
+
+
+def test_a_broken_doctor_in_the_job_does_not_stop_it(tmp_path: Path) -> None:
+    # the job's Python finds a 'doctor' that fails to import: the job runs, the report says why
+    (tmp_path / "site" / "doctor").mkdir(parents=True)
+    (tmp_path / "site" / "doctor" / "__init__.py").write_text("raise ImportError('broken')\n")
+    job = script(tmp_path, "print('ran')\n")
+    env = dict(os.environ)
+    from doctor.launch import job_environment
+
+    child_env = job_environment(tmp_path / "run", None)
+    child_env["PYTHONPATH"] = child_env["PYTHONPATH"].split(os.pathsep)[0] + os.pathsep + \
+        str(tmp_path / "site")
+    (tmp_path / "run").mkdir()
+    out = subprocess.run([sys.executable, str(job)], env={**env, **child_env},
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "ran\n"
+    errors = list((tmp_path / "run" / "bootstrap-errors").glob("*.txt"))
+    assert errors and "broken" in errors[0].read_text()

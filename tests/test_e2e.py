@@ -1,0 +1,166 @@
+"""Real sample jobs under ``doctor run`` and ``doctor.watch``: the verdict's category and shares
+on exaggerated bottlenecks. Proportions only, never times."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SAMPLE_JOBS, doctor_cmd
+
+pytestmark = pytest.mark.e2e
+
+
+def run_job(tmp_path: Path, *args: str, name: str = "run") -> dict[str, Any]:
+    out = tmp_path / name
+    result = doctor_cmd("run", "--out", str(out), "--", *args)
+    assert result.returncode == 0, result.stderr
+    assert (out / "report.html").is_file()
+    return dict(json.loads((out / "verdict.json").read_text()))
+
+
+def finding_ids(verdict: dict[str, Any]) -> list[str]:
+    return [f["id"] for f in verdict["findings"]]
+
+
+def test_compute_bound_job(tmp_path: Path) -> None:
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "compute_bound.py"),
+                      "--steps", "40")
+    assert verdict["bottleneck"] == "compute"
+    assert verdict["shares"]["compute"] > 0.6
+    assert verdict["shares"]["preprocess"] < 0.15
+    assert verdict["probes"]["torch_ops"]["ok"] is True
+    assert verdict["probes"]["steps"]["ok"] is True
+    assert verdict["probes"]["gpu"]["ok"] is False and verdict["probes"]["gpu"]["reason"]
+    assert verdict["steps"]["count"] == 39
+    assert "compute.bound" in finding_ids(verdict)
+    assert list((tmp_path / "run").glob("rank-0/main-*/trace.json.gz"))
+
+
+def test_input_bound_job(tmp_path: Path) -> None:
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "input_bound.py"),
+                      "--steps", "30")
+    assert verdict["bottleneck"] == "preprocess"
+    assert verdict["shares"]["preprocess"] > 0.6
+    top = verdict["findings"][0]
+    assert top["id"] == "input.split_pending"
+    assert top["evidence"]["num_workers"] == 0
+    assert "num_workers=" in top["fixes"][0]["code"]
+    assert top["estimated_speedup"] > 1.3
+
+
+def test_removing_the_input_bottleneck_removes_the_verdict(tmp_path: Path) -> None:
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "input_bound.py"),
+                      "--steps", "30", "--cached")
+    assert verdict["bottleneck"] == "compute"
+    assert verdict["shares"]["preprocess"] < 0.3
+
+
+def test_dataloader_workers_have_sessions_of_their_own(tmp_path: Path) -> None:
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "input_bound.py"),
+                      "--steps", "30", "--workers", "2", "--work", "300")
+    workers = sorted(p.name.split("-")[0] for p in (tmp_path / "run" / "rank-0").iterdir()
+                     if p.name.startswith("worker"))
+    assert workers == ["worker0", "worker1"]
+    assert list((tmp_path / "run" / "rank-0").glob("worker0-*/fetch.ring"))
+    assert verdict["bottleneck"] == "preprocess"  # 2 workers on 2 cores cannot keep up
+
+
+def test_watch_decorator_and_context_manager(tmp_path: Path) -> None:
+    job = tmp_path / "train.py"
+    job.write_text(textwrap.dedent(f"""
+        import sys
+        import torch
+        from torch import nn
+        import doctor
+
+        def loop(n):
+            model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(n):
+                loss = model(torch.randn(128, 256)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            return n
+
+        @doctor.watch(out={str(tmp_path / 'deco')!r})
+        def train():
+            return loop(30)
+
+        assert train() == 30
+
+        @doctor.watch(out={str(tmp_path / 'fails')!r})
+        def fails():
+            loop(25)
+            raise ValueError("the job's own error")
+
+        try:
+            fails()
+        except ValueError as err:
+            assert str(err) == "the job's own error"
+        else:
+            sys.exit("exception swallowed")
+
+        with doctor.watch(out={str(tmp_path / 'ctx')!r}):
+            loop(30)
+        print("done")
+    """))
+    out = subprocess.run([sys.executable, str(job)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "done\n"
+    for name in ("deco", "ctx"):
+        verdict = json.loads((tmp_path / name / "verdict.json").read_text())
+        assert verdict["bottleneck"] == "compute", name
+        assert verdict["shares"]["compute"] > 0.5
+        assert verdict["partial"] is False
+    failed = json.loads((tmp_path / "fails" / "verdict.json").read_text())
+    assert failed["partial"] is True
+    assert failed["steps"]["count"] == 24
+
+
+def test_a_crash_mid_run_leaves_a_partial_report(tmp_path: Path) -> None:
+    job = tmp_path / "crash.py"
+    job.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        model = nn.Linear(64, 64)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(1000):
+            loss = model(torch.randn(32, 64)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == 29:
+                raise RuntimeError("CUDA out of memory (pretend)")
+    """))
+    result = doctor_cmd("run", "--out", str(tmp_path / "run"), str(job))
+    assert result.returncode == 1
+    assert "RuntimeError: CUDA out of memory (pretend)" in result.stderr
+    verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert verdict["partial"] is True
+    assert verdict["steps"]["count"] == 29
+    assert (tmp_path / "run" / "report.html").is_file()
+
+
+def test_host_contention_is_found(tmp_path: Path) -> None:
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 120: pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
+    try:
+        verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "compute_bound.py"),
+                          "--steps", "60", "--threads", "4")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    [finding] = [f for f in verdict["findings"] if f["id"] == "host.contention"]
+    assert finding["evidence"]["runnable_per_core"] >= 1.5
+    assert finding["evidence"]["torch_threads_per_process"] == 4
+    assert any("set_num_threads" in f["code"] for f in finding["fixes"])
