@@ -17,6 +17,8 @@ from typing import Any
 
 import jinja2
 import pandas as pd
+from markupsafe import Markup
+
 from doctor.reports import charts
 from doctor.reports.text import (
     CATEGORY_WORDS,
@@ -27,8 +29,6 @@ from doctor.reports.text import (
     partial_line,
     steps_line,
 )
-from markupsafe import Markup
-
 from doctor.verdict import SCHEMA, Analysis, Finding
 
 #: Rows of a table shown in full; longer tables are cut and say how many rows were left out.
