@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from doctor import rules as _rules  # noqa: F401  (registers the rules)
+from doctor.distributed import rank_table
 from doctor.ledger import (
     INPUT_CATEGORY,
     RankSteps,
@@ -25,9 +27,12 @@ from doctor.window import WindowUnavailable, window_fractions, window_frame
 FEW_STEPS = 20
 
 
-def analyze_run(run_dir: Path) -> Analysis:
-    record = read_run_record(run_dir)
-    procs = list_processes(run_dir)
+def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
+    """Analyse one run directory, or several (one per node of a multi-node job) as one job."""
+    dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+    records = [read_run_record(d) for d in dirs]
+    record = _merged_record(records)
+    procs = [p for d in dirs for p in list_processes(d)]
     mains = main_process(procs)
     notes: list[str] = []
 
@@ -45,12 +50,9 @@ def analyze_run(run_dir: Path) -> Analysis:
             except WindowUnavailable as err:
                 window_status[rank] = ProbeStatus(False, f"trace unreadable: {err}")
     gpu_steps = pd.concat(frames, ignore_index=True) if frames else None
-    t0_ns = int(float(record.get("t0_monotonic_s", 0.0)) * 1e9)
-    if t0_ns <= 0 and ranks and any(len(r.starts_ns) for r in ranks):
-        t0_ns = int(min(r.starts_ns[0] for r in ranks if len(r.starts_ns)))
-    ledger = build_ledger(ranks, t0_ns, fractions)
+    ledger = build_ledger(ranks, _rank_t0(dirs, records, mains), fractions)
 
-    host, system = load_host(run_dir / "host.npz")
+    host, system = _load_host(dirs)
     main_meta = mains[min(mains)].meta if mains else {}
     meta = _job_meta(record, main_meta, mains, procs, host)
     loaders = pd.DataFrame(main_meta.get("loaders", []))
@@ -67,7 +69,7 @@ def analyze_run(run_dir: Path) -> Analysis:
     findings = list(outcome.findings)
 
     verdict_steps, shares, bottleneck = _summarise(ledger, notes, findings, procs)
-    probes = _probe_table(record, main_meta, window_status, run_dir, mains)
+    probes = _probe_table(record, main_meta, window_status, dirs, mains)
     exit_code = record.get("exit_code")
     partial = exit_code is None or exit_code != 0
     if exit_code is None:
@@ -87,12 +89,54 @@ def analyze_run(run_dir: Path) -> Analysis:
         extra={"rules_skipped": outcome.skipped},
     )
     tables: dict[str, pd.DataFrame] = {}
+    ranks_table = rank_table(ledger)
+    if not ranks_table.empty:
+        tables["ranks"] = ranks_table
+    crashed = {p.rank: p.meta["crashed"] for p in procs if p.meta.get("crashed")
+               and not p.role.startswith("worker")}
+    for rank, why in sorted(crashed.items()):
+        notes.append(f"Rank {rank} failed: {why}")
     if not loaders.empty:
         tables["loaders"] = loaders
     processes = _process_table(host, procs)
     if not processes.empty:
         tables["processes"] = processes
-    return Analysis(verdict=verdict, ledger=ledger, source=str(run_dir), tables=tables)
+    source = ", ".join(str(d) for d in dirs)
+    return Analysis(verdict=verdict, ledger=ledger, source=source, tables=tables)
+
+
+def _merged_record(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One node's record stands for the job; the exit status is the first failure's."""
+    record = dict(records[0])
+    codes = [r.get("exit_code") for r in records]
+    failed = [r for r, c in zip(records, codes, strict=True) if c is None or c != 0]
+    if failed:
+        record["exit_code"] = failed[0].get("exit_code")
+        record["signal"] = failed[0].get("signal")
+    if len(records) > 1:
+        record["nodes"] = [r.get("host") for r in records]
+    return record
+
+
+def _rank_t0(dirs: list[Path], records: list[dict[str, Any]],
+             mains: dict[int, ProcessRecord]) -> dict[int, int]:
+    """Each rank's time origin: the start of the ``doctor run`` on its own node (clocks of
+    different machines are not comparable)."""
+    t0_of_dir = {d.resolve(): int(float(r.get("t0_monotonic_s", 0.0)) * 1e9)
+                 for d, r in zip(dirs, records, strict=True)}
+    out = {}
+    for rank, proc in mains.items():
+        node_dir = proc.path.parent.parent.resolve()
+        out[rank] = t0_of_dir.get(node_dir, 0)
+    return out
+
+
+def _load_host(dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    loaded = [load_host(d / "host.npz") for d in dirs]
+    if len(loaded) == 1:
+        return loaded[0]
+    return (pd.concat([h for h, _ in loaded], ignore_index=True),
+            pd.concat([s for _, s in loaded], ignore_index=True))
 
 
 def _analysed(ledger: pd.DataFrame) -> pd.DataFrame:
@@ -164,10 +208,10 @@ def _window_status(proc: ProcessRecord) -> ProbeStatus:
 
 
 def _probe_table(record: dict[str, Any], main_meta: dict[str, Any],
-                 window_status: dict[int, ProbeStatus], run_dir: Path,
+                 window_status: dict[int, ProbeStatus], dirs: list[Path],
                  mains: dict[int, ProcessRecord]) -> dict[str, ProbeStatus]:
     probes: dict[str, ProbeStatus] = {}
-    errors = sorted((run_dir / "bootstrap-errors").glob("*.txt"))
+    errors = sorted(p for d in dirs for p in (d / "bootstrap-errors").glob("*.txt"))
     if errors:
         probes["bootstrap"] = ProbeStatus(
             False, f"{len(errors)} process(es) could not start doctor: "

@@ -32,7 +32,24 @@ def start_from_env() -> Session | None:
     start, steps = parse_window(os.environ.get(ENV_WINDOW, ""))
     probes = start_session(Path(run_dir), window_start=start, window_steps=steps)
     atexit.register(probes.close)
+    _note_uncaught_exceptions(probes.session)
     return probes.session
+
+
+def _note_uncaught_exceptions(session: Session) -> None:
+    """Record in the process's meta an exception that ends it (which rank failed, and why),
+    then hand it to the hook that was there before: the job prints what it always printed."""
+    previous = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        try:
+            if session._dir is not None:
+                session.update_meta(crashed=f"{exc_type.__name__}: {exc}"[:500])
+        except Exception:  # the job's own traceback matters more than our note
+            pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
 
 
 def parse_window(text: str) -> tuple[int, int]:

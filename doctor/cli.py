@@ -124,10 +124,7 @@ def _load(sources: list[Path]) -> tuple[doctor.verdict.Analysis, Path]:
 
         analysis = verdict_from_traces(traces)
         return analysis, Path(traces[0].name.split(".")[0] + ".report.html")
-    if len(dirs) > 1:
-        raise UsageError("merging several run directories is not supported yet: "
-                         "report on one at a time")
-    return analyze_run(dirs[0]), dirs[0] / "report.html"
+    return analyze_run(dirs), dirs[0] / "report.html"
 
 
 def main() -> None:

@@ -140,10 +140,13 @@ def main_process(procs: list[ProcessRecord]) -> dict[int, ProcessRecord]:
     return {rank: proc for rank, (score, proc) in best.items() if score[0] > 0}
 
 
-def build_ledger(ranks: list[RankSteps], t0_ns: int,
+def build_ledger(ranks: list[RankSteps], t0_ns: int | Mapping[int, int],
                  fractions: Mapping[int, Mapping[str, float]] | None = None) -> pd.DataFrame:
-    """The ledger over all ranks. ``fractions[rank]`` splits non-input time by category."""
-    frames = [_rank_ledger(r, t0_ns, (fractions or {}).get(r.rank)) for r in ranks]
+    """The ledger over all ranks. ``t0_ns`` is the time origin (or one per rank);
+    ``fractions[rank]`` splits non-input time by category."""
+    origin = (lambda rank: t0_ns.get(rank, 0)) if isinstance(t0_ns, Mapping) else \
+        (lambda rank: t0_ns)
+    frames = [_rank_ledger(r, origin(r.rank), (fractions or {}).get(r.rank)) for r in ranks]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return empty_ledger()

@@ -147,6 +147,7 @@ def test_a_crash_mid_run_leaves_a_partial_report(tmp_path: Path) -> None:
     verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
     assert verdict["partial"] is True
     assert verdict["steps"]["count"] == 29
+    assert "Rank 0 failed: RuntimeError: CUDA out of memory (pretend)" in verdict["notes"]
     assert (tmp_path / "run" / "report.html").is_file()
 
 
