@@ -11,8 +11,8 @@ import pandas as pd
 
 from doctor import rules as _rules  # noqa: F401  (registers the rules)
 from doctor.distributed import rank_table
+from doctor.input_split import STAGES, StageSplit, rank_split
 from doctor.ledger import (
-    INPUT_CATEGORY,
     RankSteps,
     build_ledger,
     main_process,
@@ -50,7 +50,9 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
             except WindowUnavailable as err:
                 window_status[rank] = ProbeStatus(False, f"trace unreadable: {err}")
     gpu_steps = pd.concat(frames, ignore_index=True) if frames else None
-    ledger = build_ledger(ranks, _rank_t0(dirs, records, mains), fractions)
+    splits = {rank: rank_split(proc, procs) for rank, proc in mains.items()}
+    input_split = {rank: f for rank, s in splits.items() if (f := s.fractions) is not None}
+    ledger = build_ledger(ranks, _rank_t0(dirs, records, mains), fractions, input_split)
 
     host, system = _load_host(dirs)
     main_meta = mains[min(mains)].meta if mains else {}
@@ -63,6 +65,7 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
 
     if not loaders.empty:
         meta["loader"] = {str(k): v for k, v in loaders.iloc[0].to_dict().items()}
+    meta["input_split"] = _split_evidence(splits)
     inputs = RuleInputs(ledger=_analysed(ledger), host=host, system=system,
                         gpu_steps=gpu_steps, loaders=loaders, meta=meta)
     outcome = run_rules(inputs)
@@ -89,7 +92,10 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
         extra={"rules_skipped": outcome.skipped},
     )
     tables: dict[str, pd.DataFrame] = {}
-    ranks_table = rank_table(ledger)
+    top = _top_functions(splits)
+    if not top.empty:
+        tables["top_functions"] = top
+    ranks_table = rank_table(ledger, gpu_steps)
     if not ranks_table.empty:
         tables["ranks"] = ranks_table
     crashed = {p.rank: p.meta["crashed"] for p in procs if p.meta.get("crashed")
@@ -166,7 +172,12 @@ def _summarise(ledger: pd.DataFrame, notes: list[str], findings: list[Finding],
         findings.insert(0, _no_steps_finding(procs))
         return steps, dict.fromkeys(CATEGORIES, 0.0), "unknown"
     shares = {c: float(analysed[c].sum()) / total for c in CATEGORIES}
-    bottleneck = max(BOTTLENECKS, key=lambda c: shares[c])
+    candidates = list(BOTTLENECKS)
+    unsplit = float(analysed["input"].sum()) / total if "input" in analysed else 0.0
+    if unsplit > 0:
+        shares["input"] = unsplit
+        candidates.append("input")
+    bottleneck = max(candidates, key=lambda c: shares[c])
     if len(analysed) < FEW_STEPS:
         notes.append(f"Only {len(analysed)} steps were analysed (about {FEW_STEPS} steady "
                      "steps make a firm verdict): run the job longer for a firmer verdict.")
@@ -250,8 +261,8 @@ def _job_meta(record: dict[str, Any], main_meta: dict[str, Any],
         "ranks_here": len(mains),
         "worker_processes": len(workers),
         "main_pids": [p.pid for p in mains.values()],
+        "rank_pids": {rank: p.pid for rank, p in mains.items()},  # distributed.straggler
         "worker_pids": [p.pid for p in workers],
-        "input_category": INPUT_CATEGORY,
     }
 
 
@@ -284,3 +295,37 @@ def _process_table(host: pd.DataFrame, procs: list[ProcessRecord]) -> pd.DataFra
     }).reset_index()
     table.insert(1, "process", [roles.get(int(pid), "other") for pid in table["pid"]])
     return table.replace({np.nan: None}).round(1)
+
+
+def _split_evidence(splits: dict[int, StageSplit]) -> dict[str, Any]:
+    """What the input split rests on, for the rules' evidence."""
+    total = {s: sum(sp.seconds[s] for sp in splits.values()) for s in STAGES}
+    loading = sum(total.values())
+    top: dict[str, list[str]] = {}
+    for stage in STAGES:
+        ranked = sorted(((fn, v) for sp in splits.values() for (st, fn), v in sp.top.items()
+                         if st == stage), key=lambda kv: -kv[1])
+        top[stage] = [fn for fn, _ in ranked[:3]]
+    return {
+        "measured": loading > 0,
+        "processes_sampled": sum(sp.processes for sp in splits.values()),
+        "recorders": sorted({r for sp in splits.values() for r in sp.recorders}),
+        "blocked_share": (sum(sp.blocked_s for sp in splits.values()) / loading
+                          if loading > 0 else None),
+        "stage_shares": {s: v / loading for s, v in total.items()} if loading > 0 else {},
+        "top": top,
+    }
+
+
+def _top_functions(splits: dict[int, StageSplit], limit: int = 12) -> pd.DataFrame:
+    seconds: dict[tuple[str, str], float] = {}
+    for sp in splits.values():
+        for key, value in sp.top.items():
+            seconds[key] = seconds.get(key, 0.0) + value
+    total = sum(seconds.values())
+    if total <= 0:
+        return pd.DataFrame()
+    rows = sorted(seconds.items(), key=lambda kv: -kv[1])[:limit]
+    return pd.DataFrame({"category": [k[0] for k, _ in rows],
+                         "function": [k[1] for k, _ in rows],
+                         "share_of_loading": [round(v / total, 3) for _, v in rows]})

@@ -23,6 +23,7 @@ from doctor.session import Session
 
 ENV_RUN_DIR = "DOCTOR_RUN_DIR"
 ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"
+ENV_PARENT_PID = "DOCTOR_PARENT_PID"  # the doctor run process, whose py-spy may trace us
 
 
 def start_from_env() -> Session | None:
@@ -30,6 +31,7 @@ def start_from_env() -> Session | None:
     if not run_dir:
         return None
     start, steps = parse_window(os.environ.get(ENV_WINDOW, ""))
+    allow_parent_tracer()
     probes = start_session(Path(run_dir), window_start=start, window_steps=steps)
     atexit.register(probes.close)
     _note_uncaught_exceptions(probes.session)
@@ -50,6 +52,15 @@ def _note_uncaught_exceptions(session: Session) -> None:
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+def allow_parent_tracer() -> None:
+    """Name the doctor parent as our tracer, for py-spy under Yama ptrace_scope=1."""
+    parent = os.environ.get(ENV_PARENT_PID, "")
+    if parent.isdigit():
+        from doctor.probes.stacks import allow_tracer
+
+        allow_tracer(int(parent))
 
 
 def parse_window(text: str) -> tuple[int, int]:

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 import doctor
-from doctor.boot import ENV_RUN_DIR, ENV_WINDOW
+from doctor.boot import ENV_PARENT_PID, ENV_RUN_DIR, ENV_WINDOW
 from doctor.command import JobCommand
 from doctor.rundir import write_run_record
 from doctor.verdict import ProbeStatus
@@ -45,6 +45,7 @@ def job_environment(run_dir: Path, window: str | None) -> dict[str, str]:
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + path if path else "")
     env[ENV_RUN_DIR] = str(run_dir)
+    env[ENV_PARENT_PID] = str(os.getpid())
     # Kineto prints profiler start/stop lines on stderr; keep the job's stderr its own.
     env.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
     if window is not None:
@@ -56,6 +57,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
             clock: Callable[[], float] = time.monotonic) -> JobResult:
     from doctor.probes.gpu import GpuSampler
     from doctor.probes.host import HostSampler
+    from doctor.probes.stacks import PySpyRecorder
 
     started = time.time()
     t0 = clock()
@@ -71,8 +73,10 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     restore = _forward_signals(proc)
     host = HostSampler(proc.pid, clock=clock)
     gpu = GpuSampler(clock=clock)
+    stacks = PySpyRecorder(run_dir)
     probes = {s.name: s.check() for s in (host, gpu)}
     samplers: list[Any] = [s for s in (host, gpu) if probes[s.name].ok]
+    samplers.append(stacks)
     try:
         next_tick = clock()
         while True:
@@ -95,6 +99,8 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     host.save(run_dir / "host.npz")
     gpu.save(run_dir / "gpu.npz")
     gpu.stop()
+    stacks.stop()
+    probes["stacks"] = stacks.check()
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
     record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,

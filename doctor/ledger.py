@@ -4,8 +4,9 @@ Step boundaries come from the strongest evidence the process left: ``doctor.step
 else optimizer steps (of the optimizer that steps most), else ``backward()`` calls, else the
 DataLoader's cadence (a step from one batch request to the next). Inside each step:
 
-- input: the main process's DataLoader wait. Until the input split is measured it is kept in
-  ``preprocess`` (the analysis says so in a finding);
+- input: the main process's DataLoader wait, split into io, decode and preprocess by where the
+  loading work went (doctor.input_split); when that could not be measured (no stack samples),
+  it stays whole in an extra ``input`` column;
 - the rest of the step is split between transfer, compute, communication and other by the
   proportions measured in the torch.profiler window (see doctor.window); without a window, the
   rest is compute and a note says so.
@@ -35,8 +36,7 @@ from doctor.session import (
 from doctor.verdict import CATEGORIES, LEDGER_COLUMNS
 
 NS = 1e-9
-INPUT_CATEGORY = "preprocess"  # where DataLoader wait goes until the input split is measured
-EVIDENCE_COLUMNS = ("wait_s", "backward_s", "optimizer_s", "fetch_s")
+EVIDENCE_COLUMNS = ("input", "wait_s", "backward_s", "optimizer_s", "fetch_s")
 MIN_WARMUP_STEPS = 3
 MAX_WARMUP_STEPS = 10
 
@@ -141,12 +141,15 @@ def main_process(procs: list[ProcessRecord]) -> dict[int, ProcessRecord]:
 
 
 def build_ledger(ranks: list[RankSteps], t0_ns: int | Mapping[int, int],
-                 fractions: Mapping[int, Mapping[str, float]] | None = None) -> pd.DataFrame:
+                 fractions: Mapping[int, Mapping[str, float]] | None = None,
+                 input_split: Mapping[int, Mapping[str, float]] | None = None) -> pd.DataFrame:
     """The ledger over all ranks. ``t0_ns`` is the time origin (or one per rank);
-    ``fractions[rank]`` splits non-input time by category."""
+    ``fractions[rank]`` splits non-input time by category, ``input_split[rank]`` the input
+    wait into io, decode and preprocess."""
     origin = (lambda rank: t0_ns.get(rank, 0)) if isinstance(t0_ns, Mapping) else \
         (lambda rank: t0_ns)
-    frames = [_rank_ledger(r, origin(r.rank), (fractions or {}).get(r.rank)) for r in ranks]
+    frames = [_rank_ledger(r, origin(r.rank), (fractions or {}).get(r.rank),
+                           (input_split or {}).get(r.rank)) for r in ranks]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return empty_ledger()
@@ -162,8 +165,8 @@ def empty_ledger() -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
-def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
-                 ) -> pd.DataFrame:
+def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None,
+                 input_split: Mapping[str, float] | None) -> pd.DataFrame:
     n = len(r.ends_ns)
     if n == 0:
         return empty_ledger()
@@ -178,7 +181,12 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
     wait = np.minimum(overlap("loader_wait"), wall)
     rest = wall - wait
     data: dict[str, np.ndarray] = {c: np.zeros(n) for c in CATEGORIES}
-    data[INPUT_CATEGORY] += wait
+    unsplit = np.zeros(n)
+    if input_split:
+        for stage, frac in input_split.items():
+            data[stage] = data[stage] + wait * frac
+    else:
+        unsplit = wait
     split = dict(fractions) if fractions else {"compute": 1.0}
     for category, frac in split.items():
         data[category] = data[category] + rest * frac
@@ -188,6 +196,7 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
         "start_s": (s - t0_ns) * NS,
         "wall_s": wall,
         **data,
+        "input": unsplit,
         "wait_s": wait,
         "backward_s": overlap("backward"),
         "optimizer_s": overlap("optimizer"),

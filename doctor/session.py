@@ -201,6 +201,9 @@ class Session:
         self.window = None
         self._window_kind, self._window_count = -1, 0
         self.role = "child"
+        from doctor.boot import allow_parent_tracer  # prctl is per process: name it again
+
+        allow_parent_tracer()
 
     def close(self) -> None:
         if self.closed:

@@ -97,10 +97,12 @@ class _WatchRun:
         from doctor.boot import parse_window, start_session
         from doctor.launch import QUIET_KINETO, run_record
         from doctor.probes.host import HostSampler
+        from doctor.probes.stacks import request_in_process_stacks
         from doctor.rundir import new_run_dir, write_run_record
 
         run_dir = new_run_dir(out, name)
         os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
+        request_in_process_stacks(run_dir, "doctor.watch samples its own process")
         started, t0 = time.time(), time.monotonic()
         write_run_record(run_dir, run_record(list(sys.argv), name, started, t0,
                                              exit_code=None, mode="watch"))
@@ -131,7 +133,8 @@ class _WatchRun:
         try:
             self.sampler.save(self.run_dir / "host.npz")
             probes = {"host": self.sampler.check().to_dict(),
-                      "gpu": GpuSampler().check().to_dict()}
+                      "gpu": GpuSampler().check().to_dict(),
+                      "stacks": {"ok": True, "reason": "in-process sampler (doctor.watch)"}}
             exit_code = 130 if interrupted else 1 if failed else 0
             write_run_record(self.run_dir, run_record(
                 list(sys.argv), self.run_dir.name, self.started, self.t0,

@@ -101,14 +101,32 @@ class DataLoaderProbe:
         self._patched = []
 
 
+SAMPLE_FROM_FETCH = 3  # in-process stack sampling in a worker starts at its third batch
+
+
 def _timed_fetch(orig: Any, session: Session) -> Any:
     clock = session.clock
+    fetches = [0]
 
     @functools.wraps(orig)
     def fetch(self: Any, possibly_batched_index: Any) -> Any:
         t0 = clock()
         out = orig(self, possibly_batched_index)
         session.record_interval("fetch", t0, clock())
+        fetches[0] += 1
+        if fetches[0] == SAMPLE_FROM_FETCH and session.role.startswith("worker"):
+            _maybe_sample_worker(session)
         return out
 
     return fetch
+
+
+def _maybe_sample_worker(session: Session) -> None:
+    """Without py-spy, a worker samples its own stacks for a few seconds (probes.stacks)."""
+    from doctor.probes.stacks import fallback_requested, start_fallback_sampler
+
+    try:
+        if fallback_requested(session.run_dir):
+            start_fallback_sampler(session.directory)
+    except Exception:  # stacks are evidence, never a reason to fail the job
+        pass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from doctor.probes.stacks import fallback_requested, start_fallback_sampler
 from doctor.session import (
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
@@ -66,6 +67,8 @@ class DeepWindow:
             self._prof = profile(activities=activities, record_shapes=False,
                                  profile_memory=False, with_stack=False)
             self.session.record_event(EVENT_WINDOW_START, count)
+            if fallback_requested(self.session.run_dir):
+                start_fallback_sampler(self.session.directory)
             self._prof.start()
             self.state = ACTIVE
             self._opened_at = count

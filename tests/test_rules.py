@@ -6,7 +6,13 @@ import pytest
 from doctor.rules.base import RuleInputs, RuleSkipped, registered_rules, rule, run_rules
 from doctor.rules.compute import compute_bound
 from doctor.rules.host import host_contention
-from doctor.rules.input import estimate_with_workers, input_wait, suggested_workers
+from doctor.rules.input import (
+    estimate_with_workers,
+    input_loader,
+    input_stage,
+    input_unsplit,
+    suggested_workers,
+)
 from doctor.rules.other import other_time
 from doctor.verdict import CATEGORIES
 
@@ -35,9 +41,9 @@ def loaders(**settings: object) -> pd.DataFrame:
 def test_input_wait_with_no_workers_suggests_workers_that_fit_the_cores() -> None:
     inputs = RuleInputs(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(),
                         meta={"cores": 16})
-    [finding] = input_wait(inputs)
+    [finding] = input_loader(inputs)
     assert finding.severity == "critical"
-    assert finding.category == "preprocess"
+    assert finding.category == "input"  # not split: no stack samples in these inputs
     assert "num_workers=0 on a 16-core machine: set num_workers=8" in finding.fixes[0].title
     assert "num_workers=8" in finding.fixes[0].code
     # 0.1 s steps; 0.09 s of loading over 8 workers on 16 cores -> bounded by the 0.01 s rest
@@ -47,14 +53,14 @@ def test_input_wait_with_no_workers_suggests_workers_that_fit_the_cores() -> Non
 def test_input_wait_speedup_is_bounded_by_few_cores() -> None:
     inputs = RuleInputs(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(),
                         meta={"cores": 2})
-    [finding] = input_wait(inputs)
+    [finding] = input_loader(inputs)
     assert finding.estimated_speedup == pytest.approx(2.0)
 
 
 def test_small_input_wait_is_not_a_finding() -> None:
     inputs = RuleInputs(ledger=ledger(wait=0.001, compute=0.1), loaders=loaders(),
                         meta={"cores": 4})
-    assert input_wait(inputs) == []
+    assert input_loader(inputs) == []
 
 
 def test_workers_saturating_the_cores_need_cheaper_samples() -> None:
@@ -63,8 +69,8 @@ def test_workers_saturating_the_cores_need_cheaper_samples() -> None:
     inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01), host=host,
                         loaders=loaders(num_workers=2, persistent_workers=True),
                         meta={"cores": 2, "worker_pids": [11, 12]})
-    [finding] = input_wait(inputs)
-    assert "make each sample cheaper" in finding.fixes[0].title
+    [finding] = input_loader(inputs)
+    assert "more workers cannot help" in finding.fixes[0].title
     assert finding.estimated_speedup is None
 
 
@@ -73,7 +79,7 @@ def test_workers_with_idle_cores_get_more_workers() -> None:
     inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01), host=host,
                         loaders=loaders(num_workers=2),
                         meta={"cores": 8, "worker_pids": [11, 12]})
-    [finding] = input_wait(inputs)
+    [finding] = input_loader(inputs)
     assert "set num_workers=8" in finding.fixes[0].title
     assert any("persistent_workers" in f.title for f in finding.fixes)
     # two workers deliver a batch per 0.06 s step: 0.12 s a batch; 8 workers on 8 cores
@@ -135,7 +141,7 @@ def test_spiky_steps_are_named() -> None:
 def test_rules_are_skipped_with_a_reason_when_inputs_are_missing() -> None:
     outcome = run_rules(RuleInputs())
     assert outcome.findings == []
-    assert outcome.skipped["input.wait"] == "needs ledger"
+    assert outcome.skipped["input.loader"] == "needs ledger"
     assert outcome.skipped["host.contention"] == "needs system"
 
 
@@ -171,3 +177,40 @@ def test_other_time_spread_over_every_step() -> None:
     [finding] = other_time(RuleInputs(ledger=ledger(compute=0.06, other=0.04)))
     assert finding.id == "steps.other"
     assert finding.estimated_speedup == pytest.approx(1 / 0.6)
+
+
+def split_meta(**shares: float) -> dict:  # type: ignore[type-arg]
+    return {"cores": 2, "input_split": {
+        "measured": True, "stage_shares": shares, "blocked_share": shares.get("io", 0.0),
+        "top": {"io": ["blocked (not running: reads, waits)"], "decode": ["ImageFile.load"],
+                "preprocess": ["collate_tokens (train.py:12)"]}}}
+
+
+def test_each_costly_stage_gets_its_finding_and_estimate() -> None:
+    inputs = RuleInputs(ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(),
+                        meta=split_meta(io=0.75, decode=0.05, preprocess=0.2))
+    findings = {f.id: f for f in input_stage(inputs)}
+    assert sorted(findings) == ["input.io", "input.preprocess"]
+    io = findings["input.io"]
+    assert io.category == "io"
+    assert io.evidence["share_of_step"] == pytest.approx(0.6)
+    # num_workers=0: removing io removes its 0.06 s from the 0.1 s step
+    assert io.estimated_speedup == pytest.approx(0.1 / 0.04)
+    assert any("shards" in f.title for f in io.fixes)
+    assert findings["input.preprocess"].estimated_speedup == pytest.approx(0.1 / 0.084)
+
+
+def test_the_loader_finding_takes_the_dominant_stage() -> None:
+    inputs = RuleInputs(ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(),
+                        meta=split_meta(io=0.1, decode=0.8, preprocess=0.1))
+    [finding] = input_loader(inputs)
+    assert finding.category == "decode"
+    assert input_unsplit(inputs) == []
+
+
+def test_unsplit_input_says_why() -> None:
+    inputs = RuleInputs(ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(),
+                        meta={"cores": 2, "stacks_reason": "the job ended before the window"})
+    [finding] = input_unsplit(inputs)
+    assert finding.category == "input"
+    assert finding.evidence["reason"] == "the job ended before the window"

@@ -1,11 +1,14 @@
-"""Input rules: how long the training loop waits for batches, and the loader settings to change.
+"""Input rules: how long the loop waits for batches, which stage of loading costs it (io, decode,
+preprocess), and the loader settings or stage changes that fit this job.
 
-Until the io/decode/preprocess split is measured, DataLoader wait sits in ``preprocess`` and the
-finding says so. The speedup estimate models loading spread over ``k`` workers running beside
-the training loop, limited by the cores that loading and training share:
-step ~ max(rest of step, load / k, (load + rest) / cores), where ``load`` is the time one batch
-takes to build: the wait itself with num_workers=0, and about ``workers x step`` when ``workers``
-processes together deliver one batch per step.
+Speedup model. Loading of one batch takes ``load`` seconds of work and overlaps the rest of the
+step (``rest``) in ``k`` worker processes on ``cores`` cores:
+
+    step ~ max(rest, load / k, (load + rest) / cores)
+
+``load`` is the wait itself with num_workers=0, and about ``workers x step`` when ``workers``
+processes together deliver one batch per step. Making a stage cheaper removes its fraction of
+``load``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from doctor.rules.base import RuleInputs, RuleSkipped, rule
 from doctor.verdict import Finding, Fix
 
 MIN_SHARE = 0.10
+STAGES = ("io", "decode", "preprocess")
 
 
 def suggested_workers(cores: int) -> int:
@@ -42,84 +46,228 @@ def _severity(share: float) -> str:
     return "critical" if share >= 0.5 else "warning" if share >= 0.2 else "info"
 
 
-@rule("input.wait", needs=("ledger",))
-def input_wait(inputs: RuleInputs) -> list[Finding]:
-    ledger = inputs.ledger
-    assert ledger is not None
-    wall = float(ledger["wall_s"].sum())
-    wait = float(ledger["wait_s"].sum())
-    if wall <= 0:
-        raise RuleSkipped("no step time")
-    share = wait / wall
-    if share < MIN_SHARE:
+class _Input:
+    """The numbers every input rule starts from."""
+
+    def __init__(self, inputs: RuleInputs) -> None:
+        ledger = inputs.ledger
+        assert ledger is not None
+        self.wall = float(ledger["wall_s"].sum())
+        if self.wall <= 0:
+            raise RuleSkipped("no step time")
+        self.share = float(ledger["wait_s"].sum()) / self.wall
+        self.step = float(ledger["wall_s"].median())
+        self.wait = float(ledger["wait_s"].median())
+        self.rest = max(self.step - self.wait, 0.0)
+        self.cores = int(inputs.meta.get("cores") or 1)
+        self.loader = main_loader(inputs.loaders)
+        self.workers = int(self.loader.get("num_workers") or 0)
+        split = inputs.meta.get("input_split") or {}
+        self.measured = bool(split.get("measured"))
+        self.stage_shares: dict[str, float] = dict(split.get("stage_shares") or {})
+        self.top: dict[str, list[str]] = dict(split.get("top") or {})
+        self.blocked = split.get("blocked_share")
+        self.load = self.wait if self.workers == 0 else self.step * self.workers
+
+    def step_after(self, load: float, workers: int) -> float:
+        return estimate_with_workers(load, self.rest, self.cores, workers)
+
+    def dominant(self) -> str:
+        if not self.measured or not self.stage_shares:
+            return "input"
+        return max(self.stage_shares, key=lambda s: self.stage_shares[s])
+
+
+@rule("input.loader", needs=("ledger",))
+def input_loader(inputs: RuleInputs) -> list[Finding]:
+    """The loop waits for batches: settings of the DataLoader that would hide the wait."""
+    x = _Input(inputs)
+    if x.share < MIN_SHARE:
         return []
-    cores = int(inputs.meta.get("cores") or 1)
-    loader = main_loader(inputs.loaders)
-    workers = int(loader.get("num_workers") or 0)
-    median_wall = float(ledger["wall_s"].median())
-    median_wait = float(ledger["wait_s"].median())
     evidence: dict[str, Any] = {
-        "input_wait_share": share, "median_wait_s": median_wait, "median_step_s": median_wall,
-        "cores": cores, "num_workers": workers, "batch_size": loader.get("batch_size"),
-        "persistent_workers": loader.get("persistent_workers"),
-        "prefetch_factor": loader.get("prefetch_factor"),
+        "input_wait_share": x.share, "median_wait_s": x.wait, "median_step_s": x.step,
+        "cores": x.cores, "num_workers": x.workers, "batch_size": x.loader.get("batch_size"),
+        "persistent_workers": x.loader.get("persistent_workers"),
+        "prefetch_factor": x.loader.get("prefetch_factor"),
     }
     fixes: list[Fix] = []
     speedup = None
-    if workers == 0:
-        k = suggested_workers(cores)
-        est = estimate_with_workers(median_wait, median_wall - median_wait, cores, k)
-        speedup = median_wall / est
+    busy = _busy_cores(inputs, "worker_pids")
+    evidence["worker_busy_cores"] = busy
+    if x.workers == 0:
+        k = suggested_workers(x.cores)
+        speedup = x.step / x.step_after(x.load, k)
         fixes.append(Fix(
-            title=f"num_workers=0 on a {cores}-core machine: set num_workers={k}",
-            why=(f"Batches are built in the training process, which waits {median_wait:.3g} s "
-                 f"of each {median_wall:.3g} s step. Workers build the next batches while the "
-                 f"model trains; {cores} cores bound the gain to about {speedup:.1f}x."),
-            code=(f"loader = DataLoader(dataset, batch_size={loader.get('batch_size')}, "
+            title=f"num_workers=0 on a {x.cores}-core machine: set num_workers={k}",
+            why=(f"Batches are built in the training process, which waits {x.wait:.3g} s of "
+                 f"each {x.step:.3g} s step. Workers build the next batches while the model "
+                 f"trains; {x.cores} cores bound the gain to about {speedup:.1f}x."),
+            code=(f"loader = DataLoader(dataset, batch_size={x.loader.get('batch_size')}, "
                   f"num_workers={k},\n                    persistent_workers=True, "
                   "prefetch_factor=4)"),
         ))
+    elif busy is not None and x.cores - busy >= 1.0 and x.workers < 16:
+        k = min(16, x.workers + int(x.cores - busy))
+        speedup = x.step / x.step_after(x.load, k)
+        fixes.append(Fix(
+            title=f"num_workers={x.workers} with {x.cores - busy:.1f} idle cores: "
+                  f"set num_workers={k}",
+            why="The workers cannot keep up and cores are idle: more workers load more "
+                "batches at once.",
+            code=f"loader = DataLoader(dataset, num_workers={k}, persistent_workers=True)",
+        ))
     else:
-        busy = _worker_busy_cores(inputs)
-        free = cores - busy if busy is not None else None
-        evidence["worker_busy_cores"] = busy
-        if free is not None and free >= 1.0 and workers < 8:
-            k = min(8, workers + int(free))
-            est = estimate_with_workers(median_wall * workers, median_wall - median_wait, cores,
-                                        k)
-            speedup = median_wall / est
-            fixes.append(Fix(
-                title=f"num_workers={workers} with {free:.1f} idle cores: set num_workers={k}",
-                why="The workers cannot keep up, and cores are idle: more workers load more "
-                    "batches at once.",
-                code=f"loader = DataLoader(dataset, num_workers={k}, persistent_workers=True)",
-            ))
-        else:
-            fixes.append(Fix(
-                title="Loading keeps every core busy: make each sample cheaper",
-                why="More workers cannot help when the cores are saturated; cache work that "
-                    "repeats every epoch, or move augmentation to the GPU.",
-                code="# build the expensive part once and cache it\n"
-                     "cache = [dataset[i] for i in range(len(dataset))]",
-            ))
-        if not loader.get("persistent_workers"):
-            fixes.append(Fix(
-                title="persistent_workers=False: keep workers between epochs",
-                why="Each epoch otherwise starts its workers again, a stall at every epoch.",
-                code=f"DataLoader(dataset, num_workers={workers}, persistent_workers=True)",
-            ))
-    evidence["split"] = "not measured yet: all input wait counts as preprocess"
+        fixes.append(Fix(
+            title=f"{x.workers} workers keep the cores busy: more workers cannot help",
+            why="The cores are saturated, so the loading itself must get cheaper: see the "
+                "finding for the stage that costs the most.",
+            code="",
+        ))
+    if x.workers > 0 and not x.loader.get("persistent_workers"):
+        fixes.append(Fix(
+            title="persistent_workers=False: keep workers between epochs",
+            why="Each epoch otherwise starts its workers again, a stall at every epoch.",
+            code=f"DataLoader(dataset, num_workers={x.workers}, persistent_workers=True)",
+        ))
+    category = x.dominant()
     return [Finding(
-        id="input.split_pending", category="preprocess", severity=_severity(share),
-        title=f"The training loop waits for input {share:.0%} of the time",
+        id="input.loader", category=category, severity=_severity(x.share),
+        title=f"The training loop waits for input {x.share:.0%} of the time",
         evidence=evidence, fixes=tuple(fixes), estimated_speedup=speedup,
     )]
 
 
-def _worker_busy_cores(inputs: RuleInputs) -> float | None:
+@rule("input.unsplit", needs=("ledger",))
+def input_unsplit(inputs: RuleInputs) -> list[Finding]:
+    """Input wait that could not be split: say so, and why."""
+    x = _Input(inputs)
+    if x.share < MIN_SHARE or x.measured:
+        return []
+    why = inputs.meta.get("stacks_reason") or "no stack samples of the loading code were taken"
+    return [Finding(
+        id="input.unsplit", category="input", severity="warning",
+        title=f"Input wait ({x.share:.0%} of the step) could not be split into io, decode and "
+              "preprocess",
+        evidence={"input_wait_share": x.share, "reason": why},
+        fixes=(Fix(
+            title="Run long enough for the profiling window",
+            why="The split comes from stack samples taken during the window that opens after "
+                "warm-up (step 8 by default): run 20 steps or more, or move it with "
+                "--window START,STEPS.",
+            code="",
+        ),),
+    )]
+
+
+_STAGE_WORDS = {"io": "reading data from storage", "decode": "decoding samples",
+                "preprocess": "transforms, augmentation and collation"}
+
+
+@rule("input.stage", needs=("ledger",))
+def input_stage(inputs: RuleInputs) -> list[Finding]:
+    """One finding per loading stage that costs a real share of the step."""
+    x = _Input(inputs)
+    if not x.measured or x.share < MIN_SHARE:
+        return []
+    findings = []
+    for stage in STAGES:
+        frac = x.stage_shares.get(stage, 0.0)
+        share = x.share * frac
+        if share < MIN_SHARE:
+            continue
+        workers = max(x.workers, 1)
+        new_step = x.step_after(x.load * (1.0 - frac), workers) if x.workers else \
+            max(x.step - x.wait * frac, 1e-9)
+        evidence: dict[str, Any] = {
+            "share_of_step": share, "share_of_loading": frac, "median_step_s": x.step,
+            "top_functions": x.top.get(stage, []), "num_workers": x.workers,
+            "cores": x.cores,
+        }
+        if stage == "io":
+            evidence["blocked_share_of_loading"] = x.blocked
+            evidence["read_mb_per_s"] = _read_rate(inputs)
+        findings.append(Finding(
+            id=f"input.{stage}", category=stage, severity=_severity(share),
+            title=f"{share:.0%} of the step goes to {_STAGE_WORDS[stage]}",
+            evidence=evidence, fixes=_stage_fixes(stage, x, inputs),
+            estimated_speedup=x.step / new_step,
+        ))
+    return findings
+
+
+def _stage_fixes(stage: str, x: _Input, inputs: RuleInputs) -> tuple[Fix, ...]:
+    if stage == "io":
+        more = min(32, max(2 * x.cores, x.workers * 2, 4))
+        return (
+            Fix(title="Keep the data close: cache it on local disk or in memory",
+                why="Reads that miss the page cache wait on storage; a local copy (or "
+                    "/dev/shm for small datasets) turns waits into memory copies.",
+                code="import shutil\nshutil.copytree(remote_dir, '/dev/shm/dataset', "
+                     "dirs_exist_ok=True)"),
+            Fix(title=f"Read with more concurrency: num_workers={more}",
+                why="Workers blocked in reads use little CPU: more of them than cores keeps "
+                    "more reads in flight (remote and network storage especially).",
+                code=f"DataLoader(dataset, num_workers={more}, prefetch_factor=4, "
+                     "persistent_workers=True)"),
+            Fix(title="Store samples in large sequential shards",
+                why="One file per sample means one open and one random read each; tar shards "
+                    "(WebDataset-style) are read sequentially.",
+                code="import webdataset as wds\n"
+                     "dataset = wds.WebDataset('shards/train-{000000..000099}.tar')"),
+        )
+    if stage == "decode":
+        return (
+            Fix(title="Decode once and cache the decoded arrays",
+                why="The same files are decoded again every epoch.",
+                code="import numpy as np\n"
+                     "arrays = np.lib.format.open_memmap('decoded.npy', mode='w+', "
+                     "dtype=np.uint8, shape=(n, h, w, 3))"),
+            Fix(title="Use a faster decoder",
+                why="pillow-simd, or torchvision.io.decode_jpeg on the GPU, or NVIDIA DALI, "
+                    "decode several times faster than stock Pillow.",
+                code="from torchvision.io import decode_jpeg, read_file\n"
+                     "image = decode_jpeg(read_file(path), device='cuda')"),
+            Fix(title="Store smaller images",
+                why="Decoding cost grows with pixels: resize offline to the training size.",
+                code="image.resize((256, 256)).save(out_path, quality=90)"),
+        )
+    collate = any("collate" in fn for fn in x.top.get("preprocess", []))
+    fixes = []
+    if collate or "collate" not in str(x.loader.get("collate_fn", "default_collate")):
+        fixes.append(Fix(
+            title=f"Vectorise the collate_fn ({x.loader.get('collate_fn')})",
+            why="Per-element Python in collation runs once per sample per step.",
+            code="def collate(batch):\n    return torch.nn.utils.rnn.pad_sequence(\n"
+                 "        [torch.as_tensor(x) for x in batch], batch_first=True)",
+        ))
+    fixes += [
+        Fix(title="Augment whole batches on the GPU (or vectorised on the CPU)",
+            why="Per-sample transforms in __getitem__ run in Python, one sample at a time.",
+            code="batch = batch.to(device, non_blocking=True)\n"
+                 "batch = torch.flip(batch, dims=[3]) if torch.rand(()) < 0.5 else batch"),
+        Fix(title="Cache what does not change between epochs",
+            why="Deterministic preprocessing (resizing, tokenising) can be done once.",
+            code="cache = {}\ndef get(i):\n    if i not in cache:\n"
+                 "        cache[i] = expensive_transform(raw[i])\n    return cache[i]"),
+    ]
+    return tuple(fixes)
+
+
+def _busy_cores(inputs: RuleInputs, key: str) -> float | None:
     host = inputs.host
-    pids = inputs.meta.get("worker_pids") or []
+    pids = inputs.meta.get(key) or []
     if host is None or host.empty or not pids:
         return None
     per_pid = host[host["pid"].isin(pids)].groupby("pid")["cpu_pct"].mean()
     return float(per_pid.sum() / 100.0) if len(per_pid) else None
+
+
+def _read_rate(inputs: RuleInputs) -> float | None:
+    """MB/s read from storage by the job's processes, from the host probe."""
+    host = inputs.host
+    if host is None or host.empty or "read_bytes" not in host:
+        return None
+    g = host.groupby("pid")
+    read = (g["read_bytes"].max() - g["read_bytes"].min()).sum()
+    span = float(host["t_s"].max() - host["t_s"].min())
+    return float(read) / span / 1e6 if span > 0 else None

@@ -1,0 +1,211 @@
+"""Split input-loading time into io, decode and preprocess, from stack samples.
+
+Where loading runs (the main process for num_workers=0, the DataLoader workers otherwise), the
+stacks probe keeps *active* samples only. Inside the loading code (below DataLoader ``__next__``
+in the main process, below the fetcher in a worker), each active sample is classified by the
+innermost frame that matches a rule of ``data/input_frames.json``; unknown frames count as
+preprocess. Time blocked (reading storage, waiting on a socket) leaves no active sample: it is
+the loading time that the dataloader probe measured beyond the active samples, and it is io:
+
+    per process:  share of the span spent loading  = f_load   (fetch or wait intervals)
+                  share of samples active in stage c = a_c    (c in io, decode, preprocess)
+                  io += max(0, f_load - sum(a_c))
+
+The fractions of loading time per stage then split the main process's wait of every step.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from doctor.intervals import overlap_per_span
+from doctor.probes.stacks import StackSamples, read_stacks
+from doctor.rundir import ProcessRecord
+
+STAGES = ("io", "decode", "preprocess")
+RULES_PATH = Path(__file__).parent / "data" / "input_frames.json"
+ENV_EXTRA_RULES = "DOCTOR_FRAME_RULES"
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+_SITE = re.compile(r".*/(site|dist)-packages/|.*/lib/python\d+(\.\d+)?/")
+_OWN = re.compile(r"(^|/)(doctor|probes)/(session|ringbuffer|dataloader|stacks)\.py$")
+_MAIN_SCOPE = re.compile(r"(^|/)torch/utils/data/dataloader\.py$")
+_WORKER_SCOPE = re.compile(r"(^|/)torch/utils/data/_utils/fetch\.py$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str  # shortened: the part after site-packages/ for libraries
+    line: int
+    path: str  # as recorded, to read the source line
+
+    @classmethod
+    def parse(cls, text: str) -> Frame:
+        m = _FRAME.match(text)
+        if not m:
+            return cls(text, "", 0, "")
+        path = m["file"]
+        return cls(m["func"], _SITE.sub("", path), int(m["line"]), path)
+
+
+@dataclass(frozen=True)
+class FrameRule:
+    category: str
+    file: re.Pattern[str] | None = None
+    function: re.Pattern[str] | None = None
+    call: re.Pattern[str] | None = None
+
+    def matches(self, frame: Frame) -> bool:
+        if self.file is not None and not self.file.search(frame.file):
+            return False
+        if self.function is not None and not self.function.search(frame.function):
+            return False
+        if self.call is not None:
+            source = linecache.getline(frame.path, frame.line) if frame.path else ""
+            if not self.call.search(source):
+                return False
+        return any(p is not None for p in (self.file, self.function, self.call))
+
+
+def load_rules(paths: Iterable[Path] | None = None) -> list[FrameRule]:
+    """Rules from the extra file named by DOCTOR_FRAME_RULES (first), then the built-in table."""
+    if paths is None:
+        extra = os.environ.get(ENV_EXTRA_RULES)
+        paths = [Path(extra), RULES_PATH] if extra else [RULES_PATH]
+    rules: list[FrameRule] = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for raw in data["rules"]:
+            if raw["category"] not in STAGES:
+                raise ValueError(f"{path}: unknown category {raw['category']!r}")
+            rules.append(FrameRule(
+                raw["category"],
+                *(re.compile(raw[k]) if k in raw else None for k in ("file", "function", "call")),
+            ))
+    return rules
+
+
+@lru_cache(maxsize=1)
+def default_rules() -> tuple[FrameRule, ...]:
+    return tuple(load_rules())
+
+
+def classify(stack: tuple[str, ...], scope: re.Pattern[str],
+             rules: Iterable[FrameRule] | None = None) -> tuple[str, str] | None:
+    """(stage, deciding function) for a sample inside the loading scope, None outside it.
+
+    ``stack`` is outermost first. Samples whose innermost frames are doctor's own bookkeeping
+    are ("doctor", ...): they are not the job's loading work.
+    """
+    frames = [Frame.parse(f) for f in stack]
+    root = max((i for i, f in enumerate(frames) if scope.search(f.file)), default=-1)
+    if root < 0:
+        return None
+    inner = frames[root + 1:]
+    if inner and _OWN.search(inner[-1].file):
+        return "doctor", inner[-1].function
+    rules = default_rules() if rules is None else tuple(rules)
+    for frame in reversed(inner):
+        if _OWN.search(frame.file) or _is_torch_data(frame):
+            continue
+        for rule in rules:
+            if rule.matches(frame):
+                return rule.category, _label(frame)
+    user = next((f for f in reversed(inner) if not _is_torch_data(f) and not _OWN.search(f.file)),
+                None)
+    return "preprocess", _label(user) if user else "collate/fetch"
+
+
+def _is_torch_data(frame: Frame) -> bool:
+    return frame.file.startswith("torch/utils/data/") and "collate" not in frame.file
+
+
+def _label(frame: Frame) -> str:
+    return f"{frame.function} ({frame.file}:{frame.line})"
+
+
+@dataclass
+class StageSplit:
+    """Seconds of loading work per stage over the sampled spans, and where they went."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    top: defaultdict[tuple[str, str], float] = field(
+        default_factory=lambda: defaultdict(float))  # (stage, function) -> seconds
+    processes: int = 0
+    recorders: set[str] = field(default_factory=set)
+    blocked_s: float = 0.0
+
+    @property
+    def fractions(self) -> dict[str, float] | None:
+        total = sum(self.seconds.values())
+        if total <= 0:
+            return None
+        return {s: v / total for s, v in self.seconds.items()}
+
+    def add(self, samples: StackSamples, loading_s: float, scope: re.Pattern[str],
+            rules: Iterable[FrameRule] | None = None) -> None:
+        start, end = samples.span_ns
+        span_s = max((end - start) * 1e-9, 1e-9)
+        taken = samples.taken or max(1, round(samples.rate_hz * span_s))
+        per_sample = span_s / taken
+        active = dict.fromkeys(STAGES, 0.0)
+        for stack, count in samples.stacks.items():
+            hit = classify(stack, scope, rules)
+            if hit is None or hit[0] == "doctor":
+                continue
+            stage, function = hit
+            active[stage] += count * per_sample
+            self.top[(stage, function)] += count * per_sample
+        loading_s = min(loading_s, span_s)
+        blocked = max(0.0, loading_s - sum(active.values()))
+        for stage in STAGES:
+            self.seconds[stage] += active[stage]
+        self.seconds["io"] += blocked
+        if blocked > 0:
+            self.top[("io", "blocked (not running: reads, waits)")] += blocked
+        self.blocked_s += blocked
+        self.processes += 1
+        self.recorders.add(samples.recorder)
+
+
+def loading_seconds(proc: ProcessRecord, ring: str, span_ns: tuple[int, int]) -> float:
+    from doctor.ledger import read_intervals
+
+    t0, t1, _ = read_intervals(proc, ring)
+    if len(t0) == 0:
+        return 0.0
+    got = overlap_per_span(t0, t1, np.array([float(span_ns[0])]), np.array([float(span_ns[1])]))
+    return float(got[0]) * 1e-9
+
+
+def rank_split(main: ProcessRecord, procs: list[ProcessRecord],
+               rules: Iterable[FrameRule] | None = None) -> StageSplit:
+    """Where rank ``main``'s loading work went: in the main process or in its workers."""
+    loaders: list[dict[str, Any]] = main.meta.get("loaders", [])
+    workers = int(loaders[0].get("num_workers", 0)) if loaders else 0
+    split = StageSplit()
+    if workers == 0:
+        samples = read_stacks(main.path)
+        if samples is not None:
+            split.add(samples, loading_seconds(main, "fetch", samples.span_ns), _MAIN_SCOPE,
+                      rules)
+        return split
+    mine = [p for p in procs if p.rank == main.rank and p.role.startswith("worker")
+            and p.meta.get("ppid") == main.pid]
+    for worker in mine:
+        samples = read_stacks(worker.path)
+        if samples is not None:
+            split.add(samples, loading_seconds(worker, "fetch", samples.span_ns),
+                      _WORKER_SCOPE, rules)
+    return split
