@@ -1,0 +1,338 @@
+"""What ``doctor run`` costs a job: the sample jobs bare and under doctor, alternating.
+
+    python bench/overhead.py                      # both jobs, 5 pairs each, default window
+    python bench/overhead.py --jobs compute_bound --pairs 7 --steps 900
+    python bench/overhead.py --window off         # the always-on part alone
+
+For each job, runs ``python sample_jobs/JOB.py --steps N`` bare and under
+``doctor run --out TMP [--window W] -- python sample_jobs/JOB.py --steps N``, alternating
+(bare, doctor, bare, doctor, ...) after one discarded bare warm-up run (page cache, torch import).
+Both are timed by the job's own clock: its last JSON line gives ``median_step_s`` (median over
+the steps after the first 20 %, so the deep window near the start is outside it) and ``loop_s``
+(the whole training loop, which includes the one-off deep window).
+
+Figures per job, each the median over pairs with (min..max):
+
+* median step, doctor / bare: the always-on cost. Budget at most 1.01x.
+* loop time, doctor / bare: always-on cost plus the deep window, once. No budget of its own; the
+  window's share of a run of ten minutes is derived below.
+* From the doctor run's own ledger (``doctor.analysis.analyze_run``), against the median analysed
+  step of the same run:
+  - window steps: the ledger rows that end after the window's start event and before its stop
+    event (the events ring, ``doctor.ledger.window_span``); the ledger numbers steps from
+    one step boundary to the next, so these are the steps under an active torch.profiler. The
+    median of them / median step: budget at most 1.25x. Their max is shown too: the first
+    profiled steps carry the profiler's own start-up.
+  - the closing step (``window_close``): the step that stops the profiler and exports the trace on
+    the training thread. Budget about 5x one step.
+  - window excess: the seconds the window steps and the closing step took beyond the median step,
+    as a share of a ten-minute run (DESIGN.md: amortised over ten minutes or more, at most 1 %).
+* disk: the run directory's size after ``doctor run`` finished (report included).
+
+The machine has 2 cores and other work on it shows up in every figure: the load average is
+printed at the start and the end; with other load running, read min..max before the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ROOT / "sample_jobs"
+
+# Steps for a training loop of roughly 10-15 s on this machine (2 cores, CPU torch).
+DEFAULT_STEPS = {"compute_bound": 700, "input_bound": 400}
+
+BUDGET_MEDIAN = 1.01
+BUDGET_WINDOW_STEP = 1.25
+BUDGET_CLOSING = 5.0
+BUDGET_AMORTISED = 0.01
+AMORTISE_OVER_S = 600.0
+
+
+def doctor_command() -> list[str]:
+    script = Path(sys.executable).with_name("doctor")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "doctor.cli"]
+
+
+def job_result(stdout: str) -> dict:
+    """The job's own JSON line: the last stdout line that is a JSON object with its timings."""
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "median_step_s" in obj:
+            return obj
+    raise RuntimeError("no timing line in the job's stdout")
+
+
+def run(cmd: list[str]) -> dict:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{tail}")
+    return job_result(proc.stdout)
+
+
+def disk_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+@dataclass
+class WindowFigures:
+    median_step_s: float = float("nan")  # median analysed step in doctor's ledger
+    active: list[float] = field(default_factory=list)  # wall_s of steps under the profiler
+    closing_s: float = float("nan")
+    note: str = ""
+
+    def excess_s(self) -> float:
+        if not self.active or self.closing_s != self.closing_s:
+            return float("nan")
+        return sum(self.active) + self.closing_s - (len(self.active) + 1) * self.median_step_s
+
+
+def window_figures(run_dir: Path) -> WindowFigures:
+    """Window steps and the closing step, from the run directory's ledger and events ring."""
+    from doctor.analysis import analyze_run
+    from doctor.ledger import main_process, rank_steps
+    from doctor.rundir import list_processes
+
+    out = WindowFigures()
+    ledger = analyze_run(run_dir).ledger
+    ledger = ledger[ledger["rank"] == ledger["rank"].min()].reset_index(drop=True)
+    analysed = ledger.loc[ledger["analyzed"], "wall_s"]
+    if analysed.empty:
+        out.note = "no analysed step"
+        return out
+    out.median_step_s = float(analysed.median())
+    closing = ledger.loc[ledger["window_close"], "wall_s"]
+    if closing.empty:
+        out.note = "no window closed"
+        return out
+    out.closing_s = float(closing.max())
+    mains = main_process(list_processes(run_dir))
+    steps = rank_steps(mains[min(mains)])
+    if steps.window_ns is None or len(steps.starts_ns) != len(ledger):
+        out.note = "window events unreadable"
+        return out
+    start, stop_begin, _stop_end = steps.window_ns
+    # The start event follows the step boundary that opens the window, inside the same hook, so
+    # the first profiled step is the one that ends after the start event.
+    mask = (steps.ends_ns > start) & (steps.ends_ns <= stop_begin)
+    out.active = [float(w) for w in ledger.loc[mask, "wall_s"]]
+    return out
+
+
+@dataclass
+class Pair:
+    bare: dict
+    doctor: dict
+    window: WindowFigures
+    disk: int
+    load: float  # 1-minute load average when the pair started
+
+
+def job_command(job: str, steps: int, extra: list[str]) -> list[str]:
+    return [sys.executable, str(JOBS / f"{job}.py"), "--steps", str(steps), *extra]
+
+
+def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: str) -> Pair:
+    load = os.getloadavg()[0]
+    bare = run(job_cmd)
+    tmp = Path(tempfile.mkdtemp(prefix="doctor-overhead-"))
+    run_dir = tmp / "run"
+    try:
+        cmd = [*doctor_command(), "run", "--out", str(run_dir)]
+        if window is not None:
+            cmd += ["--window", window]
+        doc = run([*cmd, "--", *job_cmd])
+        disk = disk_bytes(run_dir)
+        try:
+            figures = window_figures(run_dir)
+        except Exception as err:  # the timing pair is still worth printing
+            figures = WindowFigures(note=f"ledger unreadable: {type(err).__name__}: {err}")
+        if keep is not None:
+            shutil.copytree(run_dir, keep / name, dirs_exist_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Pair(bare, doc, figures, disk, load)
+
+
+def spread(values: list[float], fmt: str = "{:.3f}") -> str:
+    vals = [v for v in values if v == v]
+    if not vals:
+        return "n/a"
+    return (f"{fmt.format(statistics.median(vals))} "
+            f"({fmt.format(min(vals))}..{fmt.format(max(vals))})")
+
+
+def verdict(value: float, budget: float) -> str:
+    if value != value:
+        return "n/a"
+    return "PASS" if value <= budget else "OVER"
+
+
+def med(values: list[float]) -> float:
+    vals = [v for v in values if v == v]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def report(title: str, pairs: list[Pair], window_on: bool) -> None:
+    step_r = [p.doctor["median_step_s"] / p.bare["median_step_s"] for p in pairs]
+    loop_r = [p.doctor["loop_s"] / p.bare["loop_s"] for p in pairs]
+    print(f"\n== {title}: {len(pairs)} pairs, bare then doctor ==")
+    print(f"{'pair':>4} {'bare step ms':>12} {'doc step ms':>11} {'ratio':>6} "
+          f"{'bare loop s':>11} {'doc loop s':>10} {'ratio':>6} "
+          f"{'win med':>7} {'win max':>7} {'close':>6} {'disk KB':>8} {'load':>5}")
+    for i, p in enumerate(pairs, 1):
+        w = p.window
+        wmed = np.median(w.active) / w.median_step_s if w.active else float("nan")
+        wmax = max(w.active) / w.median_step_s if w.active else float("nan")
+        close = w.closing_s / w.median_step_s
+        print(f"{i:>4} {p.bare['median_step_s'] * 1e3:>12.2f} "
+              f"{p.doctor['median_step_s'] * 1e3:>11.2f} {step_r[i - 1]:>6.3f} "
+              f"{p.bare['loop_s']:>11.2f} {p.doctor['loop_s']:>10.2f} {loop_r[i - 1]:>6.3f} "
+              f"{wmed:>7.2f} {wmax:>7.2f} {close:>6.2f} {p.disk / 1024:>8.0f} {p.load:>5.2f}"
+              + (f"  [{w.note}]" if w.note else ""))
+    m = med(step_r)
+    print(f"  median step  doctor/bare  {spread(step_r)}   "
+          f"budget <= {BUDGET_MEDIAN:.2f}x  {verdict(m, BUDGET_MEDIAN)}")
+    print(f"  loop time    doctor/bare  {spread(loop_r)}   (includes the one-off window)")
+    if not window_on:
+        print("  window off: no window figures")
+    else:
+        wins = [float(np.median(p.window.active)) / p.window.median_step_s
+                for p in pairs if p.window.active]
+        wmaxs = [max(p.window.active) / p.window.median_step_s
+                 for p in pairs if p.window.active]
+        closes = [p.window.closing_s / p.window.median_step_s for p in pairs]
+        excess = [p.window.excess_s() for p in pairs]
+        n_active = sorted({len(p.window.active) for p in pairs})
+        print(f"  window steps ({'/'.join(map(str, n_active))} a run) median/step "
+              f"{spread(wins, '{:.2f}')}   budget <= {BUDGET_WINDOW_STEP:.2f}x  "
+              f"{verdict(med(wins), BUDGET_WINDOW_STEP)}")
+        print(f"  window steps max/step            {spread(wmaxs, '{:.2f}')}   "
+              f"(first profiled steps: profiler start-up)")
+        print(f"  closing step / step              {spread(closes, '{:.2f}')}   "
+              f"budget <= ~{BUDGET_CLOSING:.0f}x  {verdict(med(closes), BUDGET_CLOSING)}")
+        share = [e / AMORTISE_OVER_S for e in excess]
+        print(f"  window excess s                  {spread(excess, '{:.3f}')}   "
+              f"= {med(share) * 100:.3f} % of a {AMORTISE_OVER_S / 60:.0f}-min run, "
+              f"budget <= {BUDGET_AMORTISED * 100:.0f} %  "
+              f"{verdict(med(share), BUDGET_AMORTISED)}")
+    disks = [p.disk / 1024 for p in pairs]
+    print(f"  run directory disk KB            {spread(disks, '{:.0f}')}")
+
+
+def micro_benchmark(n: int = 200_000) -> None:
+    """Per-call cost of the Session's hot path (no window attached), fake run dir."""
+    from doctor.session import STEP_OPTIMIZER, Session
+
+    with tempfile.TemporaryDirectory(prefix="doctor-micro-") as tmp:
+        s = Session(Path(tmp), rank=0)
+        clock = time.perf_counter_ns
+        s.record_interval("loader_wait", 0, 1)  # create the rings outside the timing
+        s.record_optimizer_start()
+        s.record_optimizer_end(0)
+        s.mark_step(STEP_OPTIMIZER)
+        cases = {
+            "record_interval": lambda: s.record_interval("loader_wait", 1, 2, 0),
+            "record_optimizer_start+end": lambda: (s.record_optimizer_start(),
+                                                   s.record_optimizer_end(0)),
+            "_window_tick": lambda: s._window_tick(STEP_OPTIMIZER, 0),
+            "mark_step": lambda: s.mark_step(STEP_OPTIMIZER, 0),
+            "perf_counter_ns (reference)": clock,
+            "empty lambda (loop floor)": lambda: None,
+        }
+        print(f"\n== Session hot path, {n} calls each, ns per call (best of 3) ==")
+        for name, fn in cases.items():
+            best = float("inf")
+            for _ in range(3):
+                t0 = clock()
+                for _ in range(n):
+                    fn()
+                best = min(best, (clock() - t0) / n)
+            print(f"  {name:<30} {best:>7.0f}")
+        s.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--jobs", default=",".join(DEFAULT_STEPS),
+                    help="comma-separated sample jobs (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="override the steps of every job (default: per job, ~10-15 s loop)")
+    ap.add_argument("--window", default=None,
+                    help="passed to doctor run --window (START,STEPS or off; default: doctor's)")
+    ap.add_argument("--job-args", default="",
+                    help="extra arguments for every job, e.g. '--threads 1' (one string)")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy each doctor run directory under this folder")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="skip the discarded bare run before each job's pairs")
+    ap.add_argument("--no-micro", action="store_true",
+                    help="skip the Session hot-path micro-benchmark")
+    args = ap.parse_args()
+    if args.pairs < 1:
+        ap.error("--pairs must be at least 1")
+    jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
+    for job in jobs:
+        if not (JOBS / f"{job}.py").is_file():
+            ap.error(f"no sample job {job!r} in {JOBS}")
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    window_on = args.window is None or args.window.strip().lower() != "off"
+
+    load0 = os.getloadavg()
+    print(f"doctor overhead: {len(jobs)} job(s) x {args.pairs} pairs, window "
+          f"{args.window or 'default'}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    print(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} "
+          "(figures are noisy when anything else runs on this machine)")
+    t_all = time.perf_counter()
+    for job in jobs:
+        steps = args.steps or DEFAULT_STEPS.get(job, 500)
+        job_cmd = job_command(job, steps, shlex.split(args.job_args))
+        if not args.no_warmup:
+            run(job_cmd)
+        pairs = []
+        for i in range(args.pairs):
+            pairs.append(run_pair(job_cmd, args.window, args.keep, f"{job}-{i + 1}"))
+            print(f"  {job}: pair {i + 1}/{args.pairs} done", file=sys.stderr, flush=True)
+        report(" ".join([job, *job_cmd[2:]]), pairs, window_on)
+    if not args.no_micro:
+        micro_benchmark()
+    load1 = os.getloadavg()
+    print(f"\nload average at end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}; "
+          f"{time.perf_counter() - t_all:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()
