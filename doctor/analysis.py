@@ -11,7 +11,7 @@ import pandas as pd
 
 from doctor import rules as _rules  # noqa: F401  (registers the rules)
 from doctor.distributed import rank_table
-from doctor.input_split import STAGES, StageSplit, rank_split
+from doctor.input_split import STAGES, StageSplit, outside_loader_shares, rank_split
 from doctor.ledger import (
     RankSteps,
     build_ledger,
@@ -19,6 +19,7 @@ from doctor.ledger import (
     rank_steps,
 )
 from doctor.probes.host import load_host
+from doctor.probes.stacks import read_stacks
 from doctor.rules.base import RuleInputs, run_rules
 from doctor.rundir import ProcessRecord, list_processes, read_run_record
 from doctor.verdict import BOTTLENECKS, CATEGORIES, Analysis, Finding, Fix, ProbeStatus, Verdict
@@ -52,7 +53,9 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     gpu_steps = pd.concat(frames, ignore_index=True) if frames else None
     splits = {rank: rank_split(proc, procs) for rank, proc in mains.items()}
     input_split = {rank: f for rank, s in splits.items() if (f := s.fractions) is not None}
-    ledger = build_ledger(ranks, _rank_t0(dirs, records, mains), fractions, input_split)
+    outside = _outside_loader(mains, splits)
+    ledger = build_ledger(ranks, _rank_t0(dirs, records, mains), fractions, input_split,
+                          outside)
 
     host, system = _load_host(dirs)
     main_meta = mains[min(mains)].meta if mains else {}
@@ -66,6 +69,8 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     if not loaders.empty:
         meta["loader"] = {str(k): v for k, v in loaders.iloc[0].to_dict().items()}
     meta["input_split"] = _split_evidence(splits)
+    meta["outside_loader"] = _outside_evidence(outside, splits)
+    meta["stacks_reason"] = _stacks_reason(record, mains)
     inputs = RuleInputs(ledger=_analysed(ledger), host=host, system=system,
                         gpu_steps=gpu_steps, loaders=loaders, meta=meta)
     outcome = run_rules(inputs)
@@ -329,3 +334,46 @@ def _top_functions(splits: dict[int, StageSplit], limit: int = 12) -> pd.DataFra
     return pd.DataFrame({"category": [k[0] for k, _ in rows],
                          "function": [k[1] for k, _ in rows],
                          "share_of_loading": [round(v / total, 3) for _, v in rows]})
+
+
+OUTSIDE_MIN = 0.02  # below this share of the step, input outside a DataLoader is noise
+OUTSIDE_LABEL = " [outside DataLoader]"
+
+
+def _outside_loader(mains: dict[int, ProcessRecord], splits: dict[int, StageSplit]
+                    ) -> dict[int, dict[str, float]]:
+    """Per rank, the share of each step spent building input outside a DataLoader."""
+    out = {}
+    for rank, proc in mains.items():
+        samples = read_stacks(proc.path)
+        if samples is None:
+            continue
+        shares, top = outside_loader_shares(samples)
+        if sum(shares.values()) < OUTSIDE_MIN:
+            continue
+        out[rank] = shares
+        span_s = max((samples.span_ns[1] - samples.span_ns[0]) * 1e-9, 0.0)
+        for (stage, function), share in top.items():
+            splits[rank].top[(stage, function + OUTSIDE_LABEL)] += share * span_s
+    return out
+
+
+def _outside_evidence(outside: dict[int, dict[str, float]], splits: dict[int, StageSplit]
+                      ) -> dict[str, Any]:
+    if not outside:
+        return {}
+    n = len(outside)
+    shares = {s: sum(o.get(s, 0.0) for o in outside.values()) / n for s in STAGES}
+    functions = sorted(((fn.removesuffix(OUTSIDE_LABEL), v) for sp in splits.values()
+                        for (_st, fn), v in sp.top.items() if fn.endswith(OUTSIDE_LABEL)),
+                       key=lambda kv: -kv[1])
+    return {"stage_shares_of_step": shares, "top": [fn for fn, _ in functions[:3]]}
+
+
+def _stacks_reason(record: dict[str, Any], mains: dict[int, ProcessRecord]) -> str:
+    status = record.get("probes", {}).get("stacks", {})
+    if status and not status.get("ok"):
+        return str(status.get("reason", "the stacks probe did not run"))
+    if not any(read_stacks(p.path) for p in mains.values()):
+        return "no stack samples were taken: the job ended before the profiling window"
+    return ""

@@ -12,6 +12,12 @@ the loading time that the dataloader probe measured beyond the active samples, a
                   io += max(0, f_load - sum(a_c))
 
 The fractions of loading time per stage then split the main process's wait of every step.
+
+Input built outside a DataLoader (nanoGPT-style ``get_batch()``) is found in the main process's
+samples below a function named like a batch builder (``batch_functions`` in the table), outside
+the model's forward, backward and optimizer; its share of the sampled time moves that much of
+each step from compute and other to the stage. Only running samples are seen there, so a read
+that blocks outside a DataLoader is under-counted (there is no wait interval to compare with).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ _SITE = re.compile(r".*/(site|dist)-packages/|.*/lib/python\d+(\.\d+)?/")
 _OWN = re.compile(r"(^|/)(doctor|probes)/(session|ringbuffer|dataloader|stacks)\.py$")
 _MAIN_SCOPE = re.compile(r"(^|/)torch/utils/data/dataloader\.py$")
 _WORKER_SCOPE = re.compile(r"(^|/)torch/utils/data/_utils/fetch\.py$")
+_COMPUTE = re.compile(r"(^|/)torch/(nn/modules|nn/parallel|autograd|optim|_tensor\.py)")
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,31 @@ def load_rules(paths: Iterable[Path] | None = None) -> list[FrameRule]:
 @lru_cache(maxsize=1)
 def default_rules() -> tuple[FrameRule, ...]:
     return tuple(load_rules())
+
+
+@lru_cache(maxsize=1)
+def batch_functions() -> re.Pattern[str]:
+    return re.compile(json.loads(RULES_PATH.read_text())["batch_functions"])
+
+
+def classify_outside_loader(stack: tuple[str, ...], rules: Iterable[FrameRule] | None = None
+                            ) -> tuple[str, str] | None:
+    """(stage, function) for a main-process sample inside a batch-building function that runs
+    outside a DataLoader and outside forward/backward/optimizer; None otherwise."""
+    frames = [Frame.parse(f) for f in stack]
+    if any(_MAIN_SCOPE.search(f.file) or _COMPUTE.search(f.file) or _OWN.search(f.file)
+           for f in frames):
+        return None
+    pattern = batch_functions()
+    root = next((i for i, f in enumerate(frames) if pattern.search(f.function)), None)
+    if root is None:
+        return None
+    rules = default_rules() if rules is None else tuple(rules)
+    for frame in reversed(frames[root:]):
+        for rule in rules:
+            if rule.matches(frame):
+                return rule.category, _label(frame)
+    return "preprocess", _label(frames[-1])
 
 
 def classify(stack: tuple[str, ...], scope: re.Pattern[str],
@@ -177,6 +209,21 @@ class StageSplit:
         self.blocked_s += blocked
         self.processes += 1
         self.recorders.add(samples.recorder)
+
+
+def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | None = None
+                          ) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """Fractions of the main process's time spent building input outside a DataLoader, per
+    stage, and per (stage, function)."""
+    taken = samples.taken or max(1, samples.active)
+    shares = dict.fromkeys(STAGES, 0.0)
+    top: dict[tuple[str, str], float] = defaultdict(float)
+    for stack, count in samples.stacks.items():
+        hit = classify_outside_loader(stack, rules)
+        if hit is not None:
+            shares[hit[0]] += count / taken
+            top[hit] += count / taken
+    return shares, dict(top)
 
 
 def loading_seconds(proc: ProcessRecord, ring: str, span_ns: tuple[int, int]) -> float:

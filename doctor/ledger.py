@@ -142,14 +142,17 @@ def main_process(procs: list[ProcessRecord]) -> dict[int, ProcessRecord]:
 
 def build_ledger(ranks: list[RankSteps], t0_ns: int | Mapping[int, int],
                  fractions: Mapping[int, Mapping[str, float]] | None = None,
-                 input_split: Mapping[int, Mapping[str, float]] | None = None) -> pd.DataFrame:
+                 input_split: Mapping[int, Mapping[str, float]] | None = None,
+                 outside: Mapping[int, Mapping[str, float]] | None = None) -> pd.DataFrame:
     """The ledger over all ranks. ``t0_ns`` is the time origin (or one per rank);
     ``fractions[rank]`` splits non-input time by category, ``input_split[rank]`` the input
-    wait into io, decode and preprocess."""
+    wait into io, decode and preprocess, and ``outside[rank]`` gives the fraction of each step
+    spent building input outside a DataLoader, per stage."""
     origin = (lambda rank: t0_ns.get(rank, 0)) if isinstance(t0_ns, Mapping) else \
         (lambda rank: t0_ns)
     frames = [_rank_ledger(r, origin(r.rank), (fractions or {}).get(r.rank),
-                           (input_split or {}).get(r.rank)) for r in ranks]
+                           (input_split or {}).get(r.rank), (outside or {}).get(r.rank))
+              for r in ranks]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return empty_ledger()
@@ -166,7 +169,8 @@ def empty_ledger() -> pd.DataFrame:
 
 
 def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None,
-                 input_split: Mapping[str, float] | None) -> pd.DataFrame:
+                 input_split: Mapping[str, float] | None,
+                 outside: Mapping[str, float] | None) -> pd.DataFrame:
     n = len(r.ends_ns)
     if n == 0:
         return empty_ledger()
@@ -187,6 +191,10 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
             data[stage] = data[stage] + wait * frac
     else:
         unsplit = wait
+    for stage, frac in (outside or {}).items():
+        moved = np.minimum(rest, wall * frac)
+        data[stage] = data[stage] + moved
+        rest = rest - moved
     split = dict(fractions) if fractions else {"compute": 1.0}
     for category, frac in split.items():
         data[category] = data[category] + rest * frac

@@ -19,6 +19,7 @@ has beyond the active samples.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,7 @@ SPAN_S = 4.0  # how long each process is sampled: ~200 samples, a few % of sampl
 STACKS_TXT = "stacks.txt"
 STACKS_JSON = "stacks.json"
 MODE_FILE = "stacks-mode.json"  # in RUN_DIR: which recorder the processes should use
+ENV_STACKS = "DOCTOR_STACKS"  # "in-process" skips py-spy (e.g. where ptrace is audited)
 PR_SET_PTRACER = 0x59616D61
 PTRACE_HINT = ("py-spy needs ptrace: run the container with --cap-add SYS_PTRACE, or set "
                "kernel.yama.ptrace_scope=0; doctor fell back to an in-process sampler")
@@ -199,12 +201,15 @@ class PySpyRecorder:
         self.rate_hz = rate_hz
         self.span_s = span_s
         self.clock = clock
-        self.py_spy = py_spy if py_spy is not None else shutil.which("py-spy")
+        if py_spy is None:
+            py_spy = "" if os.environ.get(ENV_STACKS) == "in-process" else shutil.which("py-spy")
+        self.py_spy = py_spy
         self._started: set[Path] = set()
         self._running: list[tuple[subprocess.Popen[bytes], Path, int]] = []
+        missing = (f"{ENV_STACKS}=in-process" if os.environ.get(ENV_STACKS) == "in-process"
+                   else "py-spy is not installed")
         self.status = ProbeStatus(True) if self.py_spy else ProbeStatus(
-            False, "py-spy is not installed", "pip install py-spy; doctor fell back to an "
-            "in-process sampler")
+            False, missing, "pip install py-spy; doctor fell back to an in-process sampler")
         self.fallback_reason = "" if self.py_spy else self.status.reason
         if not self.py_spy:
             self._request_fallback(self.status.reason)
@@ -214,8 +219,6 @@ class PySpyRecorder:
 
     def _check_ptrace(self) -> None:
         assert self.py_spy is not None
-        import os
-
         why = ptrace_refusal(self.py_spy, os.getpid())
         if why is not None:
             self._request_fallback(f"ptrace refused ({why})")

@@ -271,3 +271,40 @@ def _read_rate(inputs: RuleInputs) -> float | None:
     read = (g["read_bytes"].max() - g["read_bytes"].min()).sum()
     span = float(host["t_s"].max() - host["t_s"].min())
     return float(read) / span / 1e6 if span > 0 else None
+
+
+@rule("input.outside_loader", needs=("ledger",))
+def input_outside_loader(inputs: RuleInputs) -> list[Finding]:
+    """Batches built in the training loop itself (no DataLoader): nothing overlaps them."""
+    outside = inputs.meta.get("outside_loader") or {}
+    shares: dict[str, float] = dict(outside.get("stage_shares_of_step") or {})
+    share = sum(shares.values())
+    if share < MIN_SHARE:
+        return []
+    stage = max(shares, key=lambda s: shares[s])
+    top = list(outside.get("top") or [])
+    return [Finding(
+        id="input.outside_loader", category=stage, severity=_severity(share),
+        title=f"{share:.0%} of the step builds batches in the training loop, outside a "
+              "DataLoader",
+        evidence={"share_of_step": share, **{f"{s}_share": v for s, v in shares.items()},
+                  "top_functions": top},
+        fixes=(
+            Fix(title="Build batches in DataLoader workers so they overlap training",
+                why=f"{top[0] if top else 'The batch builder'} runs on the training thread: "
+                    "nothing else happens meanwhile.",
+                code="class Batches(torch.utils.data.IterableDataset):\n"
+                     "    def __iter__(self):\n        while True:\n"
+                     "            yield get_batch('train')\n\n"
+                     "loader = DataLoader(Batches(), batch_size=None, num_workers=2, "
+                     "pin_memory=True)"),
+            Fix(title="Or prefetch the next batch in a background thread",
+                why="Slicing memory-mapped arrays and numpy work release the GIL for much of "
+                    "their time.",
+                code="from concurrent.futures import ThreadPoolExecutor\n"
+                     "pool = ThreadPoolExecutor(1)\nnext_batch = pool.submit(get_batch, 'train')\n"
+                     "for step in range(steps):\n    x, y = next_batch.result()\n"
+                     "    next_batch = pool.submit(get_batch, 'train')"),
+        ),
+        estimated_speedup=1.0 / max(1.0 - share, 0.05),
+    )]
