@@ -11,22 +11,47 @@ from doctor.session import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WI
 from tests.loops import FakeClock, record_loop
 
 
-def ledger_of(run_dir: Path, fractions: dict | None = None):  # type: ignore[no-untyped-def]
+def ledger_of(run_dir: Path, fractions: dict | None = None,  # type: ignore[no-untyped-def]
+              **kwargs):
     mains = main_process(list_processes(run_dir))
     ranks = [rank_steps(p) for p in mains.values()]
-    return ranks, build_ledger(ranks, 0, fractions)
+    return ranks, build_ledger(ranks, 0, fractions, **kwargs)
 
 
-def test_input_wait_goes_to_preprocess_and_the_rest_to_compute(tmp_path: Path) -> None:
+CATEGORIES = ["io", "decode", "preprocess", "transfer", "compute", "communication", "other"]
+
+
+def test_unsplit_input_wait_stays_whole_and_the_rest_is_compute(tmp_path: Path) -> None:
     record_loop(tmp_path, 40, wait_s=0.08, compute_s=0.02)
     ranks, ledger = ledger_of(tmp_path)
     assert ranks[0].kind == "optimizer"
     steady = ledger[ledger["analyzed"]]
     total = steady["wall_s"].sum()
-    assert steady["preprocess"].sum() / total == pytest.approx(0.8, abs=0.01)
+    assert steady["input"].sum() / total == pytest.approx(0.8, abs=0.01)
+    assert steady["preprocess"].sum() == 0
     assert steady["compute"].sum() / total == pytest.approx(0.2, abs=0.01)
-    categories = ["io", "decode", "preprocess", "transfer", "compute", "communication", "other"]
-    assert np.allclose(steady[categories].sum(axis=1), steady["wall_s"])
+    assert np.allclose(steady[[*CATEGORIES, "input"]].sum(axis=1), steady["wall_s"])
+
+
+def test_input_wait_is_split_by_the_measured_stages(tmp_path: Path) -> None:
+    record_loop(tmp_path, 40, wait_s=0.08, compute_s=0.02)
+    _, ledger = ledger_of(tmp_path, input_split={0: {"io": 0.25, "decode": 0.75}})
+    steady = ledger[ledger["analyzed"]]
+    total = steady["wall_s"].sum()
+    assert steady["io"].sum() / total == pytest.approx(0.2, abs=0.01)
+    assert steady["decode"].sum() / total == pytest.approx(0.6, abs=0.01)
+    assert steady["input"].sum() == 0
+    assert np.allclose(steady[CATEGORIES].sum(axis=1), steady["wall_s"])
+
+
+def test_input_built_outside_a_loader_comes_out_of_the_rest(tmp_path: Path) -> None:
+    record_loop(tmp_path, 40, wait_s=0.0, compute_s=0.1)
+    _, ledger = ledger_of(tmp_path, outside={0: {"preprocess": 0.3, "io": 0.1}})
+    steady = ledger[ledger["analyzed"]]
+    total = steady["wall_s"].sum()
+    assert steady["preprocess"].sum() / total == pytest.approx(0.3, abs=0.01)
+    assert steady["io"].sum() / total == pytest.approx(0.1, abs=0.01)
+    assert steady["compute"].sum() / total == pytest.approx(0.6, abs=0.01)
 
 
 def test_window_fractions_split_the_non_input_time(tmp_path: Path) -> None:
@@ -72,7 +97,7 @@ def test_dataloader_cadence_when_nothing_else(tmp_path: Path) -> None:
     s.close()
     ranks, ledger = ledger_of(tmp_path)
     assert ranks[0].kind == "dataloader"
-    assert ledger["preprocess"].sum() / ledger["wall_s"].sum() == pytest.approx(0.75, abs=0.01)
+    assert ledger["input"].sum() / ledger["wall_s"].sum() == pytest.approx(0.75, abs=0.01)
 
 
 def test_slow_first_steps_are_warmup(tmp_path: Path) -> None:
@@ -116,5 +141,5 @@ def test_ranks_are_kept_apart(tmp_path: Path) -> None:
     record_loop(tmp_path, 20, wait_s=0.05, rank=1)
     _, ledger = ledger_of(tmp_path)
     assert sorted(ledger["rank"].unique()) == [0, 1]
-    per_rank = ledger.groupby("rank")["preprocess"].median()
+    per_rank = ledger.groupby("rank")["input"].median()
     assert per_rank[1] > 4 * per_rank[0]
