@@ -168,3 +168,41 @@ def test_host_contention_is_found(tmp_path: Path) -> None:
     assert finding["evidence"]["runnable_per_core"] >= 1.5
     assert finding["evidence"]["torch_threads_per_process"] == 4
     assert any("set_num_threads" in f["code"] for f in finding["fixes"])
+
+
+@pytest.mark.parametrize("job, expected", [
+    ("io_bound.py", "io"),
+    ("decode_bound.py", "decode"),
+    ("collate_bound.py", "preprocess"),
+])
+def test_input_stage_is_named(tmp_path: Path, job: str, expected: str) -> None:
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / job), "--steps", "40")
+    assert verdict["bottleneck"] == expected
+    assert verdict["shares"][expected] > 0.5
+    found = {f["id"]: f for f in verdict["findings"]}
+    assert found[f"input.{expected}"]["estimated_speedup"] > 1.5
+    assert found["input.loader"]["category"] == expected
+
+
+def test_workers_fall_back_to_sampling_themselves(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = doctor_cmd("run", "--out", str(out), "--", sys.executable,
+                        str(SAMPLE_JOBS / "decode_bound.py"), "--steps", "40", "--workers", "2",
+                        env={"DOCTOR_STACKS": "in-process"})
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads((out / "verdict.json").read_text())
+    recorders = {json.loads(p.read_text())["recorder"]
+                 for p in out.glob("rank-0/worker*/stacks.json")}
+    assert recorders == {"in-process"}
+    assert verdict["probes"]["stacks"]["reason"] == \
+        "in-process sampler (DOCTOR_STACKS=in-process)"
+    assert verdict["bottleneck"] == "decode"
+
+
+def test_batches_built_without_a_dataloader_are_input(tmp_path: Path) -> None:
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "get_batch_bound.py"),
+                      "--steps", "60")
+    found = {f["id"]: f for f in verdict["findings"]}
+    outside = found["input.outside_loader"]
+    assert outside["evidence"]["share_of_step"] > 0.15
+    assert verdict["shares"]["preprocess"] + verdict["shares"]["io"] > 0.15
