@@ -1,12 +1,13 @@
 """Fixed-size ring buffers of small records in memory-mapped files.
 
-The training thread writes a record with two ``struct.pack_into`` calls (well under a
-microsecond) and never allocates; the file has a fixed size, so disk use is bounded whatever
-the run's length; and since the pages belong to the file, what was written survives the process
-being killed, so the parent can still analyse a crashed or killed job.
+The training thread writes a record with one ``struct.pack_into`` call and never allocates; the
+file has a fixed size, so disk use is bounded whatever the run's length; and since the pages
+belong to the file, what was written survives the process being killed, so the parent can still
+analyse a crashed or killed job.
 
-Layout: a 256-byte header (magic, version, capacity, records written, struct format, field
-names), then ``capacity`` records.
+Layout: a 256-byte header (magic, version, capacity, struct format, field names), then
+``capacity`` records, each led by its sequence number (1, 2, ...; 0 marks a slot never written),
+so a reader finds the newest records without a shared counter.
 """
 
 from __future__ import annotations
@@ -20,18 +21,21 @@ import numpy as np
 
 MAGIC = b"DRB1"
 HEADER_SIZE = 256
-_HEAD = struct.Struct("<4sIQQ32s192s")  # magic, version, capacity, written, format, names
-_COUNT = struct.Struct("<Q")
-_COUNT_OFFSET = 16
+_HEAD = struct.Struct("<4sIQQ32s192s")  # magic, version, capacity, (unused), format, names
+VERSION = 2
 
 
 class RingWriter:
     """Append-only writer; the oldest records are overwritten once ``capacity`` is reached."""
 
     def __init__(self, path: Path, fmt: str, names: tuple[str, ...], capacity: int) -> None:
+        if not fmt.startswith("<"):
+            raise ValueError(f"ring formats are little-endian ('<...'), not {fmt!r}")
+        fmt = "<q" + fmt[1:]  # the sequence number leads every record
+        names = ("seq", *names)
         self._record = struct.Struct(fmt)
         if len(names) != len(self._record.unpack(bytes(self._record.size))):
-            raise ValueError(f"{len(names)} names for format {fmt!r}")
+            raise ValueError(f"{len(names) - 1} names for format {fmt!r}")
         self.path = path
         self.capacity = capacity
         self._written = 0
@@ -42,14 +46,16 @@ class RingWriter:
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        _HEAD.pack_into(self._map, 0, MAGIC, 1, capacity, 0, fmt.encode(),
+        _HEAD.pack_into(self._map, 0, MAGIC, VERSION, capacity, 0, fmt.encode(),
                         ",".join(names).encode())
+        self._pack = self._record.pack_into
+        self._size = self._record.size
 
     def write(self, *values: int | float) -> None:
-        i = self._written % self.capacity
-        self._record.pack_into(self._map, HEADER_SIZE + i * self._record.size, *values)
-        self._written += 1
-        _COUNT.pack_into(self._map, _COUNT_OFFSET, self._written)
+        seq = self._written + 1
+        self._pack(self._map, HEADER_SIZE + (self._written % self.capacity) * self._size,
+                   seq, *values)
+        self._written = seq
 
     @property
     def written(self) -> int:
@@ -72,22 +78,19 @@ def read_ring(path: Path) -> tuple[np.ndarray, int]:
     data = path.read_bytes()
     if len(data) < HEADER_SIZE:
         raise RingFormatError(f"{path}: too short for a ring header")
-    magic, _version, capacity, written, fmt_raw, names_raw = _HEAD.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise RingFormatError(f"{path}: not a doctor ring buffer")
+    magic, version, capacity, _unused, fmt_raw, names_raw = _HEAD.unpack_from(data, 0)
+    if magic != MAGIC or version != VERSION:
+        raise RingFormatError(f"{path}: not a doctor ring buffer (version {VERSION})")
     fmt = fmt_raw.rstrip(b"\0").decode()
     names = names_raw.rstrip(b"\0").decode().split(",")
     dtype = _dtype(fmt, names)
     if len(data) < HEADER_SIZE + capacity * dtype.itemsize:
         raise RingFormatError(f"{path}: truncated")
     body = np.frombuffer(data, dtype=dtype, count=capacity, offset=HEADER_SIZE)
-    n = min(written, capacity)
-    if written <= capacity:
-        records = body[:n].copy()
-    else:
-        start = written % capacity
-        records = np.concatenate([body[start:], body[:start]])
-    return records, int(written)
+    used = body[body["seq"] > 0]
+    records = used[np.argsort(used["seq"], kind="stable")]
+    written = int(records["seq"][-1]) if len(records) else 0
+    return records[[n for n in names if n != "seq"]].copy(), written
 
 
 _CODES = {"q": "i8", "Q": "u8", "i": "i4", "I": "u4", "d": "f8", "f": "f4", "h": "i2", "b": "i1"}

@@ -34,6 +34,7 @@ EVENT_WINDOW_START = 1
 EVENT_WINDOW_STOP_BEGIN = 2
 EVENT_WINDOW_STOP_END = 3
 
+INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
 RING_CAPACITY = 1 << 17  # records per ring: about 3 MB a ring, whatever the run's length
 
 Clock = Callable[[], int]
@@ -155,15 +156,16 @@ class Session:
         if self.closed:
             return
         t1 = self.clock()
-        self.ring("optimizer", "<qqi", ("t0_ns", "t1_ns", "key")).write(self._opt_t0, t1, key)
-        self.ring("steps", "<qii", ("t_ns", "kind", "key")).write(t1, STEP_OPTIMIZER, key)
+        ring = self._rings.get("optimizer") or self.ring("optimizer", *INTERVAL_RECORD)
+        ring.write(self._opt_t0, t1, key)
         self._window_tick(STEP_OPTIMIZER, key)
 
     def record_interval(self, name: str, t0: int, t1: int, key: int = 0) -> None:
         """An interval such as one DataLoader wait or one backward call."""
         if self.closed:
             return
-        self.ring(name, "<qqi", ("t0_ns", "t1_ns", "key")).write(t0, t1, key)
+        ring = self._rings.get(name) or self.ring(name, *INTERVAL_RECORD)
+        ring.write(t0, t1, key)
 
     def record_event(self, event: int, value: int = 0) -> None:
         self.ring("events", "<qii", ("t_ns", "event", "value")).write(self.clock(), event, value)
