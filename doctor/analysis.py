@@ -167,9 +167,11 @@ def _summarise(ledger: pd.DataFrame, notes: list[str], findings: list[Finding],
     if warm:
         notes.append(f"The first {warm} step(s) per rank are warm-up (lazy imports, "
                      "allocator growth, compilation) and are left out of the shares.")
-    if count and "window_close" in ledger and ledger["window_close"].any():
-        notes.append("The step that closed the torch.profiler window carries doctor's own "
-                     "trace export and is left out of the shares.")
+    if count and "in_window" in ledger and ledger["in_window"].any():
+        inside = int(ledger["in_window"].sum())
+        notes.append(f"The {inside} steps of the torch.profiler window carry doctor's own "
+                     "profiling cost (the trace export most of all) and are left out of the "
+                     "shares.")
     steps = {"count": count, "analyzed": len(analysed),
              "median_s": float(analysed["wall_s"].median()) if len(analysed) else None}
     total = float(analysed["wall_s"].sum()) if len(analysed) else 0.0

@@ -11,8 +11,9 @@ DataLoader's cadence (a step from one batch request to the next). Inside each st
   proportions measured in the torch.profiler window (see doctor.window); without a window, the
   rest is compute and a note says so.
 
-Warm-up steps (the first steps, lazy imports, compilation) and the step that closed the profiler
-window (which carries doctor's own export cost) are kept in the ledger but not analysed.
+Warm-up steps (the first steps, lazy imports, compilation) and the steps of the profiler window
+(which carry doctor's own profiling cost, its export most of all) are kept in the ledger but not
+analysed.
 """
 
 from __future__ import annotations
@@ -161,9 +162,9 @@ def build_ledger(ranks: list[RankSteps], t0_ns: int | Mapping[int, int],
 
 def empty_ledger() -> pd.DataFrame:
     cols: dict[str, pd.Series] = {}
-    for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS):
-        dtype = "bool" if c in ("warmup", "analyzed") else "int64" if c in ("rank", "step") \
-            else "float64"
+    flags = ("warmup", "analyzed", "window_close", "in_window")
+    for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, "window_close", "in_window"):
+        dtype = "bool" if c in flags else "int64" if c in ("rank", "step") else "float64"
         cols[c] = pd.Series(dtype=dtype)
     return pd.DataFrame(cols)
 
@@ -213,11 +214,14 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
     warm = warmup_steps(wall)
     out["warmup"] = np.arange(n) < warm
     closing = np.zeros(n, dtype=bool)
+    inside = np.zeros(n, dtype=bool)
     if r.window_ns is not None:
-        _start, stop_begin, stop_end = r.window_ns
+        start, stop_begin, stop_end = r.window_ns
         closing = (e > stop_begin) & (s < stop_end)
+        inside = (e > start) & (s < stop_end)
     out["window_close"] = closing
-    out["analyzed"] = ~out["warmup"] & ~closing
+    out["in_window"] = inside
+    out["analyzed"] = ~out["warmup"] & ~inside
     return out
 
 

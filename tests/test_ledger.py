@@ -134,6 +134,9 @@ def test_the_step_that_closed_the_profiler_window_is_not_analysed(tmp_path: Path
     assert len(closing) == 1
     assert closing["wall_s"].iloc[0] > 0.5
     assert not closing["analyzed"].iloc[0]
+    inside = ledger[ledger["in_window"]]
+    assert list(inside["step"]) == [12, 13, 14, 15, 16, 17]  # opening step to closing step
+    assert not inside["analyzed"].any()
 
 
 def test_ranks_are_kept_apart(tmp_path: Path) -> None:
