@@ -19,6 +19,7 @@ from doctor.ledger import (
     rank_steps,
 )
 from doctor.probes.host import load_host
+from doctor.probes.memory import load_memory
 from doctor.probes.stacks import read_stacks
 from doctor.rules.base import RuleInputs, run_rules
 from doctor.rundir import ProcessRecord, list_processes, read_run_record
@@ -71,8 +72,9 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     meta["input_split"] = _split_evidence(splits)
     meta["outside_loader"] = _outside_evidence(outside, splits)
     meta["stacks_reason"] = _stacks_reason(record, mains)
+    memory = load_memory([p.path for p in mains.values()])
     inputs = RuleInputs(ledger=_analysed(ledger), host=host, system=system,
-                        gpu_steps=gpu_steps, loaders=loaders, meta=meta)
+                        gpu_steps=gpu_steps, memory=memory, loaders=loaders, meta=meta)
     outcome = run_rules(inputs)
     findings = list(outcome.findings)
 
@@ -236,7 +238,7 @@ def _probe_table(record: dict[str, Any], main_meta: dict[str, Any],
             f"{errors[0].read_text().strip()}",
             "is doctor installed in the Python that runs the job?")
     in_process = main_meta.get("probes", {})
-    for name in ("steps", "dataloader"):
+    for name in ("steps", "dataloader", "memory"):
         status = in_process.get(name)
         if status is None:
             probes[name] = ProbeStatus(False, "torch was never imported by the job" if not mains

@@ -97,6 +97,7 @@ class TorchProbes:
 
     def start(self) -> None:
         from doctor.probes.dataloader import DataLoaderProbe
+        from doctor.probes.memory import MemoryProbe
         from doctor.probes.steps import StepsProbe
         from doctor.probes.torch_ops import DeepWindow
 
@@ -110,6 +111,11 @@ class TorchProbes:
                 except Exception as err:
                     ok = ok.__class__(False, f"failed to start: {type(err).__name__}: {err}")
             status[probe.name] = ok.to_dict()
+        memory = MemoryProbe()
+        status[memory.name] = memory.check().to_dict()
+        if status[memory.name]["ok"]:
+            memory.start(lambda: self.session.directory)
+            self.session.memory = memory
         if self.window:
             window = DeepWindow(self.session, self.session.window_start,
                                 self.session.window_steps)

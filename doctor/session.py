@@ -101,6 +101,7 @@ class Session:
         self._window_key = 0
         self._window_count = 0
         self.window: Any = None  # probes.torch_ops.DeepWindow, set by the bootstrap
+        self.memory: Any = None  # probes.memory.MemoryProbe on CUDA jobs
         self._opt_t0 = 0
         self.closed = False
         self.probe_status: dict[str, dict[str, Any]] = {}
@@ -201,6 +202,7 @@ class Session:
         self._meta = {}
         self._loaders = {}
         self.window = None
+        self.memory = None
         self._window_kind, self._window_count = -1, 0
         self.role = "child"
         from doctor.boot import allow_parent_tracer  # prctl is per process: name it again
@@ -212,6 +214,8 @@ class Session:
             return
         if self.window is not None:
             self.window.close()
+        if self.memory is not None and self._dir is not None:
+            self.memory.snapshot("exit")
         self.closed = True
         if self._dir is not None:
             self._meta["ended_ns"] = self.clock()

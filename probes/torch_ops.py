@@ -70,6 +70,8 @@ class DeepWindow:
             if fallback_requested(self.session.run_dir):
                 start_fallback_sampler(self.session.directory)
             self._prof.start()
+            if self.session.memory is not None:
+                self.session.memory.snapshot("window_start")
             self.state = ACTIVE
             self._opened_at = count
             self.session.update_meta(window={"state": ACTIVE, "start_step": count,
@@ -84,6 +86,8 @@ class DeepWindow:
             self._prof.stop()
             self._prof.export_chrome_trace(str(self.session.directory / TRACE_NAME))
             self.session.record_event(EVENT_WINDOW_STOP_END, 0)
+            if self.session.memory is not None:
+                self.session.memory.snapshot("window_end")
             self.state = DONE
             self.session.update_meta(window={**self.session._meta.get("window", {}),
                                              "state": DONE})

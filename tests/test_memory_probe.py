@@ -1,0 +1,84 @@
+"""The memory probe on a fake torch.cuda (no GPU here) and its path into the fragmentation rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from doctor.probes.memory import MemoryProbe, load_memory
+from doctor.rules.base import RuleInputs
+from doctor.rules.gpu import fragmentation
+
+MIB = 1 << 20
+
+
+class FakeCuda:
+    def __init__(self) -> None:
+        self.stats = {"allocated_bytes.all.current": 2000 * MIB,
+                      "reserved_bytes.all.current": 6000 * MIB,
+                      "inactive_split_bytes.all.current": 1500 * MIB,
+                      "num_alloc_retries": 3, "num_ooms": 0,
+                      "reserved_bytes.all.peak": 6500 * MIB}
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def current_device(self) -> int:
+        return 0
+
+    def memory_stats(self, device: int) -> dict[str, int]:
+        return dict(self.stats)
+
+
+def fake_torch(cuda: Any = None) -> Any:
+    observers: list[Any] = []
+    return SimpleNamespace(
+        cuda=cuda or FakeCuda(), version=SimpleNamespace(cuda="12.4"),
+        _C=SimpleNamespace(_cuda_attach_out_of_memory_observer=observers.append),
+        observers=observers)
+
+
+def test_snapshots_feed_the_fragmentation_rule(tmp_path: Path) -> None:
+    torch = fake_torch()
+    probe = MemoryProbe(torch)
+    assert probe.check().ok
+    probe.start(lambda: tmp_path)
+    probe.snapshot("window_start")
+    torch.cuda.stats["num_ooms"] = 1
+    torch.observers[0](0, 512 * MIB, 0, 0)  # the allocator reports an OOM
+    probe.snapshot("exit")
+    frame = load_memory([tmp_path])
+    assert list(frame["tag"]) == ["window_start", "oom", "exit"]
+    [finding] = fragmentation(RuleInputs(memory=frame))
+    assert finding.id == "memory.fragmentation"
+    assert finding.severity == "critical"  # an OOM happened
+    assert finding.evidence["would_free_bytes"] == 1500 * MIB
+    assert "expandable_segments:True" in finding.fixes[0].code
+
+
+def test_cpu_only_torch_says_why() -> None:
+    class NoCuda(FakeCuda):
+        def is_available(self) -> bool:
+            return False
+
+    torch = fake_torch(NoCuda())
+    torch.version.cuda = None
+    status = MemoryProbe(torch).check()
+    assert not status.ok
+    assert "CPU-only torch build" in status.reason
+
+
+def test_real_torch_here_reports_unavailable_or_works() -> None:
+    status = MemoryProbe().check()
+    assert status.ok or "GPU" in status.reason
+
+
+def test_cut_lines_and_missing_files_are_tolerated(tmp_path: Path) -> None:
+    (tmp_path / "memory.jsonl").write_text('{"t_ns": 5, "tag": "exit", "reserved_bytes": 1}\n{"t_n')
+    frame = load_memory([tmp_path, tmp_path / "missing"])
+    assert len(frame) == 1
+    assert load_memory([]).empty
