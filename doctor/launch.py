@@ -24,6 +24,7 @@ from typing import Any
 import doctor
 from doctor.boot import ENV_PARENT_PID, ENV_RUN_DIR, ENV_WINDOW
 from doctor.command import JobCommand
+from doctor.machine import usable_cores
 from doctor.rundir import write_run_record
 from doctor.verdict import ProbeStatus
 
@@ -116,7 +117,7 @@ def run_record(argv: list[str], name: str, started: float, t0: float,
     return {
         "argv": argv, "name": name, "cwd": os.getcwd(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "t0_monotonic_s": t0, "host": socket.gethostname(), "cores": _cores(),
+        "t0_monotonic_s": t0, "host": socket.gethostname(), "cores": usable_cores(),
         "doctor_version": doctor.__version__, "python": sys.version.split()[0], **extra,
     }
 
@@ -151,9 +152,3 @@ def _terminal_sent_it() -> bool:
     except (OSError, ValueError, AttributeError):
         return False
 
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1

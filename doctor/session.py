@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from doctor.machine import usable_cores
 from doctor.ringbuffer import RingWriter
 
 # Step kinds, from the weakest evidence of a step boundary to the strongest.
@@ -117,7 +118,7 @@ class Session:
                 "pid": self.pid, "ppid": os.getppid(), "rank": self.rank, "role": self.role,
                 "argv": list(sys.argv), "local_rank": _env_int("LOCAL_RANK"),
                 "world_size": _env_int("WORLD_SIZE"), "host": os.uname().nodename,
-                "started_ns": self.clock(), "cores": _cores(), "probes": self.probe_status,
+                "started_ns": self.clock(), "cores": usable_cores(), "probes": self.probe_status,
             }
             self._meta.update(_torch_facts())
             self.write_meta()
@@ -233,12 +234,6 @@ def _env_int(name: str) -> int | None:
     except ValueError:
         return None
 
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _torch_facts() -> dict[str, Any]:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
+from doctor.machine import usable_cores
 from doctor.verdict import ProbeStatus
 
 PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads")
@@ -40,7 +41,7 @@ class HostSampler:
         self._proc_cols: dict[str, array] = {c: array("d") for c in PROC_COLUMNS}
         self._sys_cols: dict[str, array] = {c: array("d") for c in SYSTEM_COLUMNS}
         self._last_cpu: np.ndarray | None = None
-        self._cores = _cores()
+        self._cores = usable_cores()
 
     def check(self) -> ProbeStatus:
         try:
@@ -98,8 +99,10 @@ class HostSampler:
             idle, iowait = float(delta[3]), float(delta[4]) if len(delta) > 4 else 0.0
             idle += iowait
             if total > 0:
-                busy = (total - idle) / total * self._cores
-                io = iowait / total * self._cores
+                # /proc/stat counts every CPU of the machine, whatever our affinity
+                cpus = os.cpu_count() or self._cores
+                busy = (total - idle) / total * cpus
+                io = iowait / total * cpus
                 for c, v in zip(SYSTEM_COLUMNS, (t, self._cores, runnable, busy, io),
                                 strict=True):
                     self._sys_cols[c].append(float(v))
@@ -154,9 +157,3 @@ def read_proc_stat(path: Path) -> tuple[np.ndarray | None, float]:
 def _halve(cols: dict[str, array]) -> dict[str, array]:
     return {c: array("d", v[::2]) for c, v in cols.items()}
 
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1

@@ -18,9 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from doctor.trace import events as ev
-from doctor.trace.events import EventArrays, Timeline, build_timeline, load_timeline
-from doctor.trace.intervals import (
+from doctor.intervals import (
     Spans,
     clip,
     count_starts,
@@ -30,6 +28,8 @@ from doctor.trace.intervals import (
     union,
     union_of,
 )
+from doctor.trace import events as ev
+from doctor.trace.events import EventArrays, Timeline, build_timeline, load_timeline
 from doctor.trace.shares import EXCLUSIVE_COLUMNS, StepSpans, partition
 from doctor.trace.syncs import sync_sources
 
