@@ -2,4 +2,4 @@
 
 from __future__ import annotations
 
-from doctor.rules import compute, gpu, host, input, other  # noqa: F401  (registration)
+from doctor.rules import compute, distributed, gpu, host, input, other  # noqa: F401  (registration)
