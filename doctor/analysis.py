@@ -105,10 +105,7 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     ranks_table = rank_table(ledger, gpu_steps)
     if not ranks_table.empty:
         tables["ranks"] = ranks_table
-    crashed = {p.rank: p.meta["crashed"] for p in procs if p.meta.get("crashed")
-               and not p.role.startswith("worker")}
-    for rank, why in sorted(crashed.items()):
-        notes.append(f"Rank {rank} failed: {why}")
+    notes.extend(_crash_notes(procs))
     if not loaders.empty:
         tables["loaders"] = loaders
     processes = _process_table(host, procs)
@@ -381,3 +378,15 @@ def _stacks_reason(record: dict[str, Any], mains: dict[int, ProcessRecord]) -> s
     if not any(read_stacks(p.path) for p in mains.values()):
         return "no stack samples were taken: the job ended before the profiling window"
     return ""
+
+
+def _crash_notes(procs: list[ProcessRecord]) -> list[str]:
+    """Which ranks died of an exception, the first one first: the others usually died of it
+    (a peer's connection closed), so they are marked as following it."""
+    crashed = sorted((p.meta.get("crashed_ns", 0), p.rank, p.meta["crashed"]) for p in procs
+                     if p.meta.get("crashed") and not p.role.startswith("worker"))
+    notes = []
+    for i, (_t, rank, why) in enumerate(crashed):
+        after = f" (after rank {crashed[0][1]} failed)" if i and len(crashed) > 1 else ""
+        notes.append(f"Rank {rank} failed{after}: {why}")
+    return notes

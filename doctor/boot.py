@@ -46,7 +46,8 @@ def _note_uncaught_exceptions(session: Session) -> None:
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         try:
             if session._dir is not None:
-                session.update_meta(crashed=f"{exc_type.__name__}: {exc}"[:500])
+                session.update_meta(crashed=f"{exc_type.__name__}: {exc}"[:500],
+                                    crashed_ns=session.clock())
         except Exception:  # the job's own traceback matters more than our note
             pass
         previous(exc_type, exc, tb)
