@@ -320,6 +320,9 @@ def _split_evidence(splits: dict[int, StageSplit]) -> dict[str, Any]:
                           if loading > 0 else None),
         "stage_shares": {s: v / loading for s, v in total.items()} if loading > 0 else {},
         "top": top,
+        "collate_share_of_fetch": (sum(sp.collate_s for sp in splits.values())
+                                   / max(sum(sp.fetch_s for sp in splits.values()), 1e-12)
+                                   if any(sp.fetch_s for sp in splits.values()) else None),
     }
 
 

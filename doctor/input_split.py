@@ -177,6 +177,8 @@ class StageSplit:
     processes: int = 0
     recorders: set[str] = field(default_factory=set)
     blocked_s: float = 0.0
+    fetch_s: float = 0.0  # over the whole run, in the loading processes
+    collate_s: float = 0.0
 
     @property
     def fractions(self) -> dict[str, float] | None:
@@ -242,17 +244,28 @@ def rank_split(main: ProcessRecord, procs: list[ProcessRecord],
     loaders: list[dict[str, Any]] = main.meta.get("loaders", [])
     workers = int(loaders[0].get("num_workers", 0)) if loaders else 0
     split = StageSplit()
+    loading = [main] if workers == 0 else [
+        p for p in procs if p.rank == main.rank and p.role.startswith("worker")
+        and p.meta.get("ppid") == main.pid]
+    for proc in loading:
+        split.fetch_s += _total_seconds(proc, "fetch")
+        split.collate_s += _total_seconds(proc, "collate")
     if workers == 0:
         samples = read_stacks(main.path)
         if samples is not None:
             split.add(samples, loading_seconds(main, "fetch", samples.span_ns), _MAIN_SCOPE,
                       rules)
         return split
-    mine = [p for p in procs if p.rank == main.rank and p.role.startswith("worker")
-            and p.meta.get("ppid") == main.pid]
-    for worker in mine:
+    for worker in loading:
         samples = read_stacks(worker.path)
         if samples is not None:
             split.add(samples, loading_seconds(worker, "fetch", samples.span_ns),
                       _WORKER_SCOPE, rules)
     return split
+
+
+def _total_seconds(proc: ProcessRecord, ring: str) -> float:
+    from doctor.ledger import read_intervals
+
+    t0, t1, _ = read_intervals(proc, ring)
+    return float((t1 - t0).sum()) * 1e-9

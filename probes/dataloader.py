@@ -1,6 +1,7 @@
 """DataLoader probe: the main process's wait per batch, the loader's settings, and the time
-each fetch (``__getitem__`` calls plus collate) takes, in the main process for num_workers=0
-and in each worker otherwise. Runs inside the job; patches torch.utils.data in place."""
+each fetch (``__getitem__`` calls plus collate) and each collate takes, in the main process for
+num_workers=0 and in each worker otherwise. Runs inside the job; patches torch.utils.data in
+place."""
 
 from __future__ import annotations
 
@@ -79,6 +80,15 @@ class DataLoaderProbe:
 
         for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
             self._patch(cls, "fetch", _timed_fetch(cls.fetch, session))
+        orig_fetcher_init = fetch._BaseDatasetFetcher.__init__
+
+        @functools.wraps(orig_fetcher_init)
+        def fetcher_init(self: Any, dataset: Any, auto_collation: Any, collate_fn: Any,
+                         drop_last: Any) -> None:
+            orig_fetcher_init(self, dataset, auto_collation, _timed_collate(collate_fn, session),
+                              drop_last)
+
+        self._patch(fetch._BaseDatasetFetcher, "__init__", fetcher_init)
 
         orig_loop = worker._worker_loop
         worker_id_at = list(inspect.signature(orig_loop).parameters).index("worker_id")
@@ -99,6 +109,23 @@ class DataLoaderProbe:
         for owner, name, orig in reversed(self._patched):
             setattr(owner, name, orig)
         self._patched = []
+
+
+def _timed_collate(collate_fn: Any, session: Session) -> Any:
+    """Time each call of the loader's collate_fn (in the process that builds the batch)."""
+    if collate_fn is None or getattr(collate_fn, "_doctor_timed", False):
+        return collate_fn
+    clock = session.clock
+
+    def collate(batch: Any) -> Any:
+        t0 = clock()
+        out = collate_fn(batch)
+        session.record_interval("collate", t0, clock())
+        return out
+
+    collate._doctor_timed = True  # type: ignore[attr-defined]
+    collate.__qualname__ = getattr(collate_fn, "__qualname__", "collate_fn")
+    return collate
 
 
 SAMPLE_FROM_FETCH = 3  # in-process stack sampling in a worker starts at its third batch

@@ -21,6 +21,7 @@ from doctor.rules.base import RuleInputs, RuleSkipped, rule
 from doctor.verdict import Finding, Fix
 
 MIN_SHARE = 0.10
+COLLATE_SHARE = 0.25  # of loading time, above which the collate_fn gets its own fix
 STAGES = ("io", "decode", "preprocess")
 
 
@@ -67,6 +68,7 @@ class _Input:
         self.stage_shares: dict[str, float] = dict(split.get("stage_shares") or {})
         self.top: dict[str, list[str]] = dict(split.get("top") or {})
         self.blocked = split.get("blocked_share")
+        self.collate_share = split.get("collate_share_of_fetch")
         self.load = self.wait if self.workers == 0 else self.step * self.workers
 
     def step_after(self, load: float, workers: int) -> float:
@@ -186,6 +188,8 @@ def input_stage(inputs: RuleInputs) -> list[Finding]:
         if stage == "io":
             evidence["blocked_share_of_loading"] = x.blocked
             evidence["read_mb_per_s"] = _read_rate(inputs)
+        if stage == "preprocess":
+            evidence["collate_share_of_loading"] = x.collate_share
         findings.append(Finding(
             id=f"input.{stage}", category=stage, severity=_severity(share),
             title=f"{share:.0%} of the step goes to {_STAGE_WORDS[stage]}",
@@ -231,11 +235,11 @@ def _stage_fixes(stage: str, x: _Input, inputs: RuleInputs) -> tuple[Fix, ...]:
                 why="Decoding cost grows with pixels: resize offline to the training size.",
                 code="image.resize((256, 256)).save(out_path, quality=90)"),
         )
-    collate = any("collate" in fn for fn in x.top.get("preprocess", []))
     fixes = []
-    if collate or "collate" not in str(x.loader.get("collate_fn", "default_collate")):
+    if (x.collate_share or 0.0) >= COLLATE_SHARE:
         fixes.append(Fix(
-            title=f"Vectorise the collate_fn ({x.loader.get('collate_fn')})",
+            title=f"collate_fn {x.loader.get('collate_fn')} takes {x.collate_share:.0%} of "
+                  "loading: vectorise it",
             why="Per-element Python in collation runs once per sample per step.",
             code="def collate(batch):\n    return torch.nn.utils.rnn.pad_sequence(\n"
                  "        [torch.as_tensor(x) for x in batch], batch_first=True)",
