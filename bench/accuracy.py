@@ -4,7 +4,9 @@ Each sample job has one known bottleneck and a switch that removes it. For every
 ``--workers`` setting, the job runs (a) under ``doctor run`` (its ``verdict.json`` is read), (b)
 bare and (c) bare with its switch. The true share of the bottleneck is
 ``1 - median step with switch / median step without``, and the measured speedup is the bare
-median step over the switched one, both from the job's own clock (its last stdout line).
+median step over the switched one, both from the job's own clock (its last stdout line; with
+``--repeat N``, the median of N alternated runs). The load average is printed at the start and the
+end: other work on the machine moves the bare timings.
 
 The table gives, per run: the verdict, doctor's shares of io / decode / preprocess / compute, the
 estimated speedup of the top finding in the expected category (``exp``; or of the top finding,
@@ -150,13 +152,19 @@ def pick_estimate(verdict: dict[str, Any], expected: str) -> tuple[float | None,
     return None, "", ""
 
 
-def measure(name: str, workers: int | None, steps: int | None, timeout: float) -> Row:
+def measure(name: str, workers: int | None, steps: int | None, timeout: float,
+            repeat: int) -> Row:
     job = JOBS[name]
     row = Row(job=name, workers=workers, expected=job.expected)
     cmd = job_command(name, workers, steps)
+    switched = job_command(name, workers, steps, job.switch)
     try:
-        row.bare_step_s = run_bare(cmd, timeout)
-        row.switched_step_s = run_bare(job_command(name, workers, steps, job.switch), timeout)
+        bare, with_switch = [], []
+        for _ in range(repeat):  # alternate, so that a change of load hits both sides
+            bare.append(run_bare(cmd, timeout))
+            with_switch.append(run_bare(switched, timeout))
+        row.bare_step_s = statistics.median(bare)
+        row.switched_step_s = statistics.median(with_switch)
         verdict, row.doctor_step_s = run_doctor(cmd, timeout)
     except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
         row.error = str(exc)
@@ -206,6 +214,8 @@ def main() -> None:
                     help="DataLoader num_workers settings (default: 0 2)")
     ap.add_argument("--steps", type=int, default=None,
                     help="--steps for every job (default: each job's own)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="bare runs with and without the switch, alternated; medians are taken")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
     ap.add_argument("--json", type=Path, help="also write the rows to this file")
     args = ap.parse_args()
@@ -217,7 +227,7 @@ def main() -> None:
     for name in args.jobs:
         settings: list[int | None] = (list(args.workers) if JOBS[name].has_workers else [None])
         for workers in settings:
-            row = measure(name, workers, args.steps, args.timeout)
+            row = measure(name, workers, args.steps, args.timeout, max(1, args.repeat))
             loads.append(os.getloadavg()[0])
             rows.append(row)
             note = f"error: {row.error}" if row.error else (

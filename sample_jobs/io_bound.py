@@ -1,7 +1,7 @@
 """A CPU job whose step time goes to storage reads (io): each sample is a file of a few MB, and
 ``__getitem__`` drops the file's pages from the page cache (``posix_fadvise(DONTNEED)``) before
 reading it with ``np.fromfile``, so every read goes to the disk. Little CPU work follows the read
-(a strided subsample), and the model is tiny.
+(a strided subsample), and the model is a small MLP (``--hidden``).
 
 Switch: ``--cached`` reads every file once before training and keeps the samples in memory,
 removing the bottleneck, so the io share can be measured by ablation. ``--workers N`` sets
@@ -72,7 +72,9 @@ def train(args: argparse.Namespace, root: str) -> None:
     paths = write_files(root, args.files, args.file_mb)
     data = FileDataset(paths, args.batch * args.steps, args.cached)
     loader = DataLoader(data, batch_size=args.batch, shuffle=False, num_workers=args.workers)
-    model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 10))
+    model = nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(),
+                          nn.Linear(args.hidden, args.hidden), nn.ReLU(),
+                          nn.Linear(args.hidden, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     timer = StepTimer()
     for x, y in loader:
@@ -91,12 +93,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--files", type=int, default=32, help="distinct sample files, read in turn")
     ap.add_argument("--file-mb", type=float, default=4.0, help="size of each sample file")
+    ap.add_argument("--hidden", type=int, default=768,
+                    help="MLP width: the compute part of the step (about 10 %% of it)")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--cached", action="store_true",
                     help="keep the samples in memory: removes the bottleneck")
     ap.add_argument("--data", help="directory for the sample files (default: a temporary one)")
     args = ap.parse_args()
-    torch.set_num_threads(1)  # the model is tiny: one thread is plenty, and steadier
+    torch.set_num_threads(1)  # a small model: one thread is plenty, and steadier
     torch.manual_seed(0)
     if args.data:
         os.makedirs(args.data, exist_ok=True)
