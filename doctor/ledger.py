@@ -192,13 +192,18 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
             data[stage] = data[stage] + wait * frac
     else:
         unsplit = wait
-    for stage, frac in (outside or {}).items():
-        moved = np.minimum(rest, wall * frac)
-        data[stage] = data[stage] + moved
-        rest = rest - moved
     split = dict(fractions) if fractions else {"compute": 1.0}
     for category, frac in split.items():
         data[category] = data[category] + rest * frac
+    for stage, frac in (outside or {}).items():
+        # Batches built in the loop are Python outside torch ops: the window counted them as
+        # other (or, without a window, as compute); take them from there.
+        want = wall * frac
+        for source in ("other", "compute"):
+            moved = np.minimum(data[source], want)
+            data[source] = data[source] - moved
+            data[stage] = data[stage] + moved
+            want = want - moved
     out = pd.DataFrame({
         "rank": np.full(n, r.rank, dtype=np.int64),
         "step": np.arange(1, n + 1, dtype=np.int64),

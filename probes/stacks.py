@@ -37,6 +37,7 @@ from doctor.verdict import ProbeStatus
 
 RATE_HZ = 50
 SPAN_S = 4.0  # how long each process is sampled: ~200 samples, a few % of sampling error
+FLUSH_S = 0.5  # the in-process sampler writes what it has this often
 STACKS_TXT = "stacks.txt"
 STACKS_JSON = "stacks.json"
 MODE_FILE = "stacks-mode.json"  # in RUN_DIR: which recorder the processes should use
@@ -91,7 +92,13 @@ def format_raw(stacks: Counter[tuple[str, ...]]) -> str:
 
 
 def write_meta(proc_dir: Path, **meta: Any) -> None:
-    (proc_dir / STACKS_JSON).write_text(json.dumps(meta))
+    _write_atomic(proc_dir / STACKS_JSON, json.dumps(meta))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 # ---- in the job: name the tracer, and the fallback sampler ---------------------------------
@@ -149,6 +156,7 @@ class InProcessSampler:
         stat = f"/proc/self/task/{self.native_id}/stat"
         deadline = time.monotonic() + self.span_s
         next_at = time.monotonic()
+        flush_every = max(1, int(self.rate_hz * FLUSH_S))
         while next_at < deadline:
             frame = sys._current_frames().get(self.thread_id)
             if frame is None:
@@ -157,10 +165,17 @@ class InProcessSampler:
             if _running(stat):
                 stacks[_stack(frame)] += 1
             del frame
+            if taken % flush_every == 0:
+                # a DataLoader worker may be ended at any time (os._exit, no atexit): keep
+                # what is sampled so far on disk
+                self._flush(stacks, start, taken)
             next_at += period
             time.sleep(max(0.0, next_at - time.monotonic()))
+        self._flush(stacks, start, taken)
+
+    def _flush(self, stacks: Counter[tuple[str, ...]], start: int, taken: int) -> None:
         try:
-            (self.proc_dir / STACKS_TXT).write_text(format_raw(stacks))
+            _write_atomic(self.proc_dir / STACKS_TXT, format_raw(stacks))
             write_meta(self.proc_dir, recorder="in-process", rate_hz=self.rate_hz,
                        start_ns=start, end_ns=self.clock(), taken=taken)
         except OSError:

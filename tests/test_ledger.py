@@ -44,14 +44,17 @@ def test_input_wait_is_split_by_the_measured_stages(tmp_path: Path) -> None:
     assert np.allclose(steady[CATEGORIES].sum(axis=1), steady["wall_s"])
 
 
-def test_input_built_outside_a_loader_comes_out_of_the_rest(tmp_path: Path) -> None:
+def test_input_built_outside_a_loader_comes_out_of_other_first(tmp_path: Path) -> None:
     record_loop(tmp_path, 40, wait_s=0.0, compute_s=0.1)
-    _, ledger = ledger_of(tmp_path, outside={0: {"preprocess": 0.3, "io": 0.1}})
+    # the window saw 50 % other: the batch building (40 %) is part of it
+    _, ledger = ledger_of(tmp_path, {0: {"compute": 0.5, "other": 0.5}},
+                          outside={0: {"preprocess": 0.3, "io": 0.1}})
     steady = ledger[ledger["analyzed"]]
     total = steady["wall_s"].sum()
     assert steady["preprocess"].sum() / total == pytest.approx(0.3, abs=0.01)
     assert steady["io"].sum() / total == pytest.approx(0.1, abs=0.01)
-    assert steady["compute"].sum() / total == pytest.approx(0.6, abs=0.01)
+    assert steady["other"].sum() / total == pytest.approx(0.1, abs=0.01)
+    assert steady["compute"].sum() / total == pytest.approx(0.5, abs=0.01)
 
 
 def test_window_fractions_split_the_non_input_time(tmp_path: Path) -> None:
