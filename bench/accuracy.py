@@ -52,6 +52,7 @@ JOBS: dict[str, Job] = {
     "preprocess_bound": Job("preprocess", "--no-augment"),
     "collate_bound": Job("preprocess", "--fast-collate"),
     "input_bound": Job("preprocess", "--cached"),
+    "get_batch_bound": Job("preprocess", "--prebatched", has_workers=False),
     "compute_bound": Job("compute", "--small-model", has_workers=False),
 }
 

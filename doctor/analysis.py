@@ -70,6 +70,7 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     if not loaders.empty:
         meta["loader"] = {str(k): v for k, v in loaders.iloc[0].to_dict().items()}
     meta["input_split"] = _split_evidence(splits)
+    meta["main_cpu_cores"] = _cores_used(host, meta["main_pids"])
     meta["outside_loader"] = _outside_evidence(outside, splits)
     meta["stacks_reason"] = _stacks_reason(record, mains)
     memory = load_memory([p.path for p in mains.values()])
@@ -393,3 +394,16 @@ def _crash_notes(procs: list[ProcessRecord]) -> list[str]:
         after = f" (after rank {crashed[0][1]} failed)" if i and len(crashed) > 1 else ""
         notes.append(f"Rank {rank} failed{after}: {why}")
     return notes
+
+
+def _cores_used(host: pd.DataFrame, pids: list[int]) -> float | None:
+    """Mean cores the training processes kept busy (CPU seconds over wall seconds), per process."""
+    if host.empty or not pids:
+        return None
+    rows = host[host["pid"].isin(pids)]
+    per_pid = []
+    for _pid, g in rows.groupby("pid"):
+        span = float(g["t_s"].max() - g["t_s"].min())
+        if span > 0:
+            per_pid.append(float(g["cpu_s"].max() - g["cpu_s"].min()) / span)
+    return sum(per_pid) / len(per_pid) if per_pid else None

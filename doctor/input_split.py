@@ -187,11 +187,14 @@ class StageSplit:
             return None
         return {s: v / total for s, v in self.seconds.items()}
 
-    def add(self, samples: StackSamples, loading_s: float, scope: re.Pattern[str],
+    def add(self, samples: StackSamples, loading: tuple[float, float], scope: re.Pattern[str],
             rules: Iterable[FrameRule] | None = None) -> None:
-        start, end = samples.span_ns
-        span_s = max((end - start) * 1e-9, 1e-9)
-        taken = samples.taken or max(1, round(samples.rate_hz * span_s))
+        """Add one process's samples. ``loading`` is (seconds spent loading, seconds) over the
+        part of the sampled span that the process was alive and loading for: the samples are
+        spread evenly over it, so their fractions and the loading fraction compare directly."""
+        loading_s, span_s = loading
+        span_s = max(span_s, 1e-9)
+        taken = samples.taken or max(1, samples.active)
         per_sample = span_s / taken
         active = dict.fromkeys(STAGES, 0.0)
         for stack, count in samples.stacks.items():
@@ -228,14 +231,21 @@ def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | No
     return shares, dict(top)
 
 
-def loading_seconds(proc: ProcessRecord, ring: str, span_ns: tuple[int, int]) -> float:
+def loading_seconds(proc: ProcessRecord, ring: str, span_ns: tuple[int, int]
+                    ) -> tuple[float, float]:
+    """(seconds in ``ring``'s intervals, seconds) over the sampled span, cut at the last
+    interval's end: a sampler can outlive the loading it samples (the job ends, a worker is
+    shut down), and its samples then cover only the time up to there."""
     from doctor.ledger import read_intervals
 
     t0, t1, _ = read_intervals(proc, ring)
     if len(t0) == 0:
-        return 0.0
-    got = overlap_per_span(t0, t1, np.array([float(span_ns[0])]), np.array([float(span_ns[1])]))
-    return float(got[0]) * 1e-9
+        return 0.0, (span_ns[1] - span_ns[0]) * 1e-9
+    start, end = float(span_ns[0]), min(float(span_ns[1]), float(t1.max()))
+    if end <= start:
+        return 0.0, 0.0
+    got = overlap_per_span(t0, t1, np.array([start]), np.array([end]))
+    return float(got[0]) * 1e-9, (end - start) * 1e-9
 
 
 def rank_split(main: ProcessRecord, procs: list[ProcessRecord],

@@ -4,9 +4,12 @@ Two recorders write the same thing, ``stacks.txt`` (py-spy's raw format: ``frame
 outermost frame first, each frame ``function (file:line)``) plus ``stacks.json`` (recorder,
 rate, the sampled span on the shared monotonic clock, and the number of samples taken):
 
-- py-spy, one ``py-spy record --pid P --nonblocking`` per process (the main process and each
-  DataLoader worker), started by the ``doctor run`` parent when a rank's profiler window opens.
-  Never ``--subprocesses`` (it keeps rescanning the tree: 8-36 % of step time here).
+- py-spy, one ``py-spy record --pid P`` per process (the main process and each DataLoader
+  worker), started by the ``doctor run`` parent when a rank's profiler window opens. Never
+  ``--subprocesses`` (it keeps rescanning the tree: 8-36 % of step time here). Not
+  ``--nonblocking`` either: reading a running interpreter's stack without pausing it loses tight
+  Python loops (a get_batch() loop that took 77 % of the time showed as 55 %); pausing it for
+  each of the 50 samples a second, during the 4 s of the window only, is the price of the truth.
 - an in-process sampler thread, when py-spy is missing or ptrace is refused (a container without
   SYS_PTRACE, Yama): the main process samples from its window's start, each worker from its
   third batch.
@@ -258,8 +261,7 @@ class PySpyRecorder:
     def _spawn(self, proc_dir: Path, pid: int) -> None:
         assert self.py_spy is not None
         cmd = [self.py_spy, "record", "--pid", str(pid), "--rate", str(int(self.rate_hz)),
-               "--duration", str(max(1, round(self.span_s))), "--nonblocking",
-               "--full-filenames",
+               "--duration", str(max(1, round(self.span_s))), "--full-filenames",
                "--format", "raw", "--output", str(proc_dir / STACKS_TXT)]
         try:
             # py-spy prints its summary ("Samples: N") on stdout, its errors on stderr

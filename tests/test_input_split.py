@@ -106,7 +106,7 @@ def test_blocked_loading_time_is_io() -> None:
     # loading fills the whole 4 s span, but only 40 of 200 samples were running (decoding)
     split = StageSplit()
     decode = (*WORKER, "ImageFile.load (PIL/ImageFile.py:300)")
-    split.add(samples({decode: 40}, taken=200), loading_s=4.0, scope=_WORKER_SCOPE)
+    split.add(samples({decode: 40}, taken=200), loading=(4.0, 4.0), scope=_WORKER_SCOPE)
     assert split.fractions == pytest.approx({"io": 0.8, "decode": 0.2, "preprocess": 0.0})
     assert split.blocked_s == pytest.approx(3.2)
 
@@ -116,7 +116,7 @@ def test_running_loading_is_split_by_frames() -> None:
     decode = (*WORKER, "ImageFile.load (PIL/ImageFile.py:300)")
     aug = (*WORKER, "MyDataset.__getitem__ (/x/train.py:30)")
     idle_wait = ("_worker_loop (torch/utils/data/_utils/worker.py:300)", "Queue.get (q.py:1)")
-    split.add(samples({decode: 60, aug: 90, idle_wait: 50}, taken=200), loading_s=3.0,
+    split.add(samples({decode: 60, aug: 90, idle_wait: 50}, taken=200), loading=(3.0, 4.0),
               scope=_WORKER_SCOPE)
     assert split.fractions == pytest.approx({"io": 0.0, "decode": 0.4, "preprocess": 0.6})
 
@@ -190,3 +190,15 @@ def test_missing_py_spy_falls_back_at_once(tmp_path: Path) -> None:
     recorder = PySpyRecorder(tmp_path, py_spy="")
     assert fallback_requested(tmp_path)
     assert "py-spy is not installed" in recorder.check().reason
+
+
+def test_a_sampler_that_outlives_the_loading_is_cut_at_its_end(tmp_path: Path) -> None:
+    # a 4 s span, but the job's last batch ended 2 s in: the samples cover those 2 s
+    clock = record_loop(tmp_path, 20, wait_s=0.08, compute_s=0.02).clock
+    [main] = list_processes(tmp_path)
+    from doctor.input_split import loading_seconds
+
+    end = clock()
+    loading, span = loading_seconds(main, "loader_wait", (end - int(2e9), end + int(2e9)))
+    assert span == pytest.approx(1.98, abs=0.001)  # the last wait ended 0.02 s before the end
+    assert loading / span == pytest.approx(0.8, abs=0.05)

@@ -70,9 +70,15 @@ class _Input:
         self.blocked = split.get("blocked_share")
         self.collate_share = split.get("collate_share_of_fetch")
         self.load = self.wait if self.workers == 0 else self.step * self.workers
+        # With workers, the rest of the step shares the cores with them: its wall time is
+        # inflated. Without the loading it would take about its own CPU time.
+        main_cores = inputs.meta.get("main_cpu_cores")
+        self.rest_alone = self.rest
+        if self.workers and main_cores:
+            self.rest_alone = min(self.rest, max(main_cores * self.step, 1e-9))
 
     def step_after(self, load: float, workers: int) -> float:
-        return estimate_with_workers(load, self.rest, self.cores, workers)
+        return estimate_with_workers(load, self.rest_alone, self.cores, workers)
 
     def dominant(self) -> str:
         if not self.measured or not self.stage_shares:
