@@ -194,7 +194,11 @@ class StageSplit:
         spread evenly over it, so their fractions and the loading fraction compare directly."""
         loading_s, span_s = loading
         span_s = max(span_s, 1e-9)
-        taken = samples.taken or max(1, samples.active)
+        # py-spy counts the samples it tried after the process ended too: over the cut span,
+        # no more than rate x span samples can have been taken
+        possible = max(1, round(samples.rate_hz * span_s))
+        taken = min(samples.taken, possible) if samples.taken else possible
+        taken = max(taken, 1)
         per_sample = span_s / taken
         active = dict.fromkeys(STAGES, 0.0)
         for stack, count in samples.stacks.items():

@@ -202,3 +202,12 @@ def test_a_sampler_that_outlives_the_loading_is_cut_at_its_end(tmp_path: Path) -
     loading, span = loading_seconds(main, "loader_wait", (end - int(2e9), end + int(2e9)))
     assert span == pytest.approx(1.98, abs=0.001)  # the last wait ended 0.02 s before the end
     assert loading / span == pytest.approx(0.8, abs=0.05)
+
+
+def test_samples_counted_after_the_process_ended_do_not_dilute_the_rest() -> None:
+    # py-spy reports 200 samples over 4 s, but the process lived 2 s: 100 could be taken, and
+    # all 100 were active decoding while the loader was busy the whole time
+    split = StageSplit()
+    decode = (*WORKER, "ImageFile.load (PIL/ImageFile.py:300)")
+    split.add(samples({decode: 100}, taken=200), loading=(2.0, 2.0), scope=_WORKER_SCOPE)
+    assert split.fractions == pytest.approx({"io": 0.0, "decode": 1.0, "preprocess": 0.0})
