@@ -70,7 +70,11 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     if not loaders.empty:
         meta["loader"] = {str(k): v for k, v in loaders.iloc[0].to_dict().items()}
     meta["input_split"] = _split_evidence(splits)
-    meta["main_cpu_cores"] = _cores_used(host, meta["main_pids"])
+    steady = _analysed(ledger)
+    span = ((float(steady["start_s"].min()), float((steady["start_s"] + steady["wall_s"]).max()))
+            if not steady.empty else None)
+    meta["main_cpu_cores"] = _cores_used(host, meta["main_pids"], span)
+    meta["worker_cpu_cores"] = _cores_used(host, meta["worker_pids"], span, total=True)
     meta["outside_loader"] = _outside_evidence(outside, splits)
     meta["stacks_reason"] = _stacks_reason(record, mains)
     memory = load_memory([p.path for p in mains.values()])
@@ -396,14 +400,20 @@ def _crash_notes(procs: list[ProcessRecord]) -> list[str]:
     return notes
 
 
-def _cores_used(host: pd.DataFrame, pids: list[int]) -> float | None:
-    """Mean cores the training processes kept busy (CPU seconds over wall seconds), per process."""
+def _cores_used(host: pd.DataFrame, pids: list[int], span: tuple[float, float] | None,
+                total: bool = False) -> float | None:
+    """Cores the processes kept busy (CPU seconds over wall seconds) during the analysed steps
+    (``span``, seconds from the run's start): the mean per process, or their sum."""
     if host.empty or not pids:
         return None
     rows = host[host["pid"].isin(pids)]
+    if span is not None:
+        rows = rows[(rows["t_s"] >= span[0]) & (rows["t_s"] <= span[1])]
     per_pid = []
     for _pid, g in rows.groupby("pid"):
-        span = float(g["t_s"].max() - g["t_s"].min())
-        if span > 0:
-            per_pid.append(float(g["cpu_s"].max() - g["cpu_s"].min()) / span)
-    return sum(per_pid) / len(per_pid) if per_pid else None
+        wall = float(g["t_s"].max() - g["t_s"].min())
+        if wall > 0:
+            per_pid.append(float(g["cpu_s"].max() - g["cpu_s"].min()) / wall)
+    if not per_pid:
+        return None
+    return sum(per_pid) if total else sum(per_pid) / len(per_pid)

@@ -70,6 +70,13 @@ class _Input:
         self.blocked = split.get("blocked_share")
         self.collate_share = split.get("collate_share_of_fetch")
         self.load = self.wait if self.workers == 0 else self.step * self.workers
+        worker_cores = inputs.meta.get("worker_cpu_cores")
+        if self.workers and worker_cores:
+            # one batch per step: the workers' CPU seconds per step are the loading's CPU work;
+            # the time they spent blocked in reads comes on top
+            blocked = float(self.blocked or 0.0)
+            cpu = worker_cores * self.step
+            self.load = min(self.load, cpu / max(1.0 - blocked, 0.05))
         # With workers, the rest of the step shares the cores with them: its wall time is
         # inflated. Without the loading it would take about its own CPU time.
         main_cores = inputs.meta.get("main_cpu_cores")
@@ -184,8 +191,8 @@ def input_stage(inputs: RuleInputs) -> list[Finding]:
         if share < MIN_SHARE:
             continue
         workers = max(x.workers, 1)
-        new_step = x.step_after(x.load * (1.0 - frac), workers) if x.workers else \
-            max(x.step - x.wait * frac, 1e-9)
+        new_step = min(x.step, x.step_after(x.load * (1.0 - frac), workers)) if x.workers \
+            else max(x.step - x.wait * frac, 1e-9)  # removing work never slows a step
         evidence: dict[str, Any] = {
             "share_of_step": share, "share_of_loading": frac, "median_step_s": x.step,
             "top_functions": x.top.get(stage, []), "num_workers": x.workers,
