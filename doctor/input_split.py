@@ -235,17 +235,23 @@ def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | No
     return shares, dict(top)
 
 
-def loading_seconds(proc: ProcessRecord, ring: str, span_ns: tuple[int, int]
-                    ) -> tuple[float, float]:
-    """(seconds in ``ring``'s intervals, seconds) over the sampled span, cut at the last
-    interval's end: a sampler can outlive the loading it samples (the job ends, a worker is
-    shut down), and its samples then cover only the time up to there."""
+def loading_seconds(proc: ProcessRecord, ring: str, span_ns: tuple[int, int],
+                    sampled_s: float | None = None) -> tuple[float, float]:
+    """(seconds in ``ring``'s intervals, seconds) over the part of the span the samples cover.
+
+    The span is cut at the last interval's end: a sampler can outlive the loading it samples
+    (the job ends, a worker is shut down). And when fewer samples came than the span allows
+    (``sampled_s`` = samples / rate: py-spy takes a moment to attach), they are taken to cover
+    the end of the span, not its start.
+    """
     from doctor.ledger import read_intervals
 
     t0, t1, _ = read_intervals(proc, ring)
     if len(t0) == 0:
         return 0.0, (span_ns[1] - span_ns[0]) * 1e-9
     start, end = float(span_ns[0]), min(float(span_ns[1]), float(t1.max()))
+    if sampled_s is not None:
+        start = max(start, end - sampled_s * 1e9)
     if end <= start:
         return 0.0, 0.0
     got = overlap_per_span(t0, t1, np.array([start]), np.array([end]))
@@ -267,14 +273,14 @@ def rank_split(main: ProcessRecord, procs: list[ProcessRecord],
     if workers == 0:
         samples = read_stacks(main.path)
         if samples is not None:
-            split.add(samples, loading_seconds(main, "fetch", samples.span_ns), _MAIN_SCOPE,
-                      rules)
+            split.add(samples, loading_seconds(main, "fetch", samples.span_ns,
+                                               _sampled_seconds(samples)), _MAIN_SCOPE, rules)
         return split
     for worker in loading:
         samples = read_stacks(worker.path)
         if samples is not None:
-            split.add(samples, loading_seconds(worker, "fetch", samples.span_ns),
-                      _WORKER_SCOPE, rules)
+            split.add(samples, loading_seconds(worker, "fetch", samples.span_ns,
+                                               _sampled_seconds(samples)), _WORKER_SCOPE, rules)
     return split
 
 
@@ -283,3 +289,7 @@ def _total_seconds(proc: ProcessRecord, ring: str) -> float:
 
     t0, t1, _ = read_intervals(proc, ring)
     return float((t1 - t0).sum()) * 1e-9
+
+
+def _sampled_seconds(samples: StackSamples) -> float | None:
+    return samples.taken / samples.rate_hz if samples.taken and samples.rate_hz > 0 else None

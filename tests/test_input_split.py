@@ -211,3 +211,22 @@ def test_samples_counted_after_the_process_ended_do_not_dilute_the_rest() -> Non
     decode = (*WORKER, "ImageFile.load (PIL/ImageFile.py:300)")
     split.add(samples({decode: 100}, taken=200), loading=(2.0, 2.0), scope=_WORKER_SCOPE)
     assert split.fractions == pytest.approx({"io": 0.0, "decode": 1.0, "preprocess": 0.0})
+
+
+def test_samples_that_came_late_cover_the_end_of_the_span(tmp_path: Path) -> None:
+    # waits fill the first half of a 4 s span and nothing the second; only 2 s of samples
+    # came (py-spy attached late): they cover the last 2 s, where nothing was loading
+    from doctor.input_split import loading_seconds
+    from doctor.session import Session
+    from tests.loops import FakeClock
+
+    clock = FakeClock()
+    s = Session(tmp_path, clock=clock, window_start=10**9)
+    start = clock()
+    s.record_interval("fetch", start, start + int(2e9))
+    s.record_interval("fetch", start + int(3.9e9), start + int(4e9))
+    s.close()
+    [proc] = list_processes(tmp_path)
+    loading, span = loading_seconds(proc, "fetch", (start, start + int(4e9)), sampled_s=2.0)
+    assert span == pytest.approx(2.0)
+    assert loading == pytest.approx(0.1)
