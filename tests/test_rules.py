@@ -64,26 +64,23 @@ def test_small_input_wait_is_not_a_finding() -> None:
 
 
 def test_workers_saturating_the_cores_need_cheaper_samples() -> None:
-    host = pd.DataFrame({"t_s": [1.0, 1.0, 2.0, 2.0], "pid": [11, 12, 11, 12],
-                         "cpu_pct": [100.0, 100.0, 100.0, 100.0]})
-    inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01), host=host,
+    inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01),
                         loaders=loaders(num_workers=2, persistent_workers=True),
-                        meta={"cores": 2, "worker_pids": [11, 12]})
+                        meta={"cores": 2, "worker_cpu_cores": 2.0})
     [finding] = input_loader(inputs)
     assert "more workers cannot help" in finding.fixes[0].title
     assert finding.estimated_speedup is None
 
 
 def test_workers_with_idle_cores_get_more_workers() -> None:
-    host = pd.DataFrame({"t_s": [1.0, 1.0], "pid": [11, 12], "cpu_pct": [95.0, 95.0]})
-    inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01), host=host,
+    inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01),
                         loaders=loaders(num_workers=2),
-                        meta={"cores": 8, "worker_pids": [11, 12]})
+                        meta={"cores": 8, "worker_cpu_cores": 1.9})
     [finding] = input_loader(inputs)
     assert "set num_workers=8" in finding.fixes[0].title
     assert any("persistent_workers" in f.title for f in finding.fixes)
-    # two workers deliver a batch per 0.06 s step: 0.12 s a batch; 8 workers on 8 cores
-    assert finding.estimated_speedup == pytest.approx(0.06 / max(0.01, 0.12 / 8, 0.13 / 8))
+    # the workers spend 1.9 cores x 0.06 s = 0.114 CPU s on each batch; 8 workers on 8 cores
+    assert finding.estimated_speedup == pytest.approx(0.06 / max(0.01, 0.114 / 8, 0.124 / 8))
 
 
 def test_worker_estimate_model() -> None:

@@ -107,7 +107,7 @@ def input_loader(inputs: RuleInputs) -> list[Finding]:
     }
     fixes: list[Fix] = []
     speedup = None
-    busy = _busy_cores(inputs, "worker_pids")
+    busy = inputs.meta.get("worker_cpu_cores")  # summed over workers, during analysed steps
     evidence["worker_busy_cores"] = busy
     if x.workers == 0:
         k = suggested_workers(x.cores)
@@ -268,15 +268,6 @@ def _stage_fixes(stage: str, x: _Input, inputs: RuleInputs) -> tuple[Fix, ...]:
                  "        cache[i] = expensive_transform(raw[i])\n    return cache[i]"),
     ]
     return tuple(fixes)
-
-
-def _busy_cores(inputs: RuleInputs, key: str) -> float | None:
-    host = inputs.host
-    pids = inputs.meta.get(key) or []
-    if host is None or host.empty or not pids:
-        return None
-    per_pid = host[host["pid"].isin(pids)].groupby("pid")["cpu_pct"].mean()
-    return float(per_pid.sum() / 100.0) if len(per_pid) else None
 
 
 def _read_rate(inputs: RuleInputs) -> float | None:
