@@ -93,16 +93,6 @@ def run(cmd: list[str]) -> dict:
     return job_result(proc.stdout)
 
 
-def disk_bytes(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(root, f)).st_blocks * 512
-            except OSError:
-                pass
-    return total
-
 
 @dataclass
 class WindowFigures:
@@ -172,7 +162,9 @@ def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: st
         if window is not None:
             cmd += ["--window", window]
         doc = run([*cmd, "--", *job_cmd])
-        disk = disk_bytes(run_dir)
+        from doctor.rundir import disk_usage_bytes
+
+        disk = disk_usage_bytes(run_dir)
         try:
             figures = window_figures(run_dir)
         except Exception as err:  # the timing pair is still worth printing

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import StepTimer
+from _loop import fit, in_data_dir
 
 VOCAB = 1000
 PAD = 0
@@ -105,15 +104,8 @@ def train(args: argparse.Namespace, root: str) -> None:
     loader = DataLoader(data, batch_size=args.batch, shuffle=False, num_workers=args.workers,
                         collate_fn=fast_collate if args.fast_collate else slow_collate)
     model = BagModel(args.hidden)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    timer = StepTimer()
-    for ids, mask, y in loader:
-        loss = nn.functional.cross_entropy(model(ids, mask), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        timer.step()
-    timer.report(job="collate_bound", fast_collate=args.fast_collate, workers=args.workers)
+    fit(loader, model).report(job="collate_bound", fast_collate=args.fast_collate,
+                              workers=args.workers)
 
 
 def main() -> None:
@@ -132,12 +124,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)  # a small model: one thread is plenty, and steadier
     torch.manual_seed(0)
-    if args.data:
-        os.makedirs(args.data, exist_ok=True)
-        train(args, args.data)
-    else:
-        with tempfile.TemporaryDirectory(prefix="doctor-collate-") as root:
-            train(args, root)
+    in_data_dir(args.data, "doctor-collate-", lambda root: train(args, root))
 
 
 if __name__ == "__main__":

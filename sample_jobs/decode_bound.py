@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -22,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import StepTimer
+from _loop import fit, in_data_dir
 
 OUT = 32  # side of the image the model sees
 
@@ -74,15 +73,7 @@ def train(args: argparse.Namespace, root: str) -> None:
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * OUT * OUT, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    timer = StepTimer()
-    for x, y in loader:
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        timer.step()
-    timer.report(job="decode_bound", predecoded=args.predecoded, workers=args.workers)
+    fit(loader, model).report(job="decode_bound", predecoded=args.predecoded, workers=args.workers)
 
 
 def main() -> None:
@@ -102,12 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)  # a small model: one thread is plenty, and steadier
     torch.manual_seed(0)
-    if args.data:
-        os.makedirs(args.data, exist_ok=True)
-        train(args, args.data)
-    else:
-        with tempfile.TemporaryDirectory(prefix="doctor-decode-") as root:
-            train(args, root)
+    in_data_dir(args.data, "doctor-decode-", lambda root: train(args, root))
 
 
 if __name__ == "__main__":

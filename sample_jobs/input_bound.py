@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import StepTimer
+from _loop import fit
 
 FEATURES = 64
 
@@ -62,15 +62,7 @@ def main() -> None:
     data = SlowDataset(n, args.work, args.cached)
     loader = DataLoader(data, batch_size=args.batch, shuffle=False, num_workers=args.workers)
     model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    timer = StepTimer()
-    for x, y in loader:
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        timer.step()
-    timer.report(job="input_bound", cached=args.cached, workers=args.workers)
+    fit(loader, model).report(job="input_bound", cached=args.cached, workers=args.workers)
 
 
 if __name__ == "__main__":
