@@ -73,6 +73,15 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     steady = _analysed(ledger)
     span = ((float(steady["start_s"].min()), float((steady["start_s"] + steady["wall_s"]).max()))
             if not steady.empty else None)
+    contention = _loading_contention(host, system, ledger, mains, procs, span)
+    if contention:
+        ledger = build_ledger(ranks, _rank_t0(dirs, records, mains), fractions, input_split,
+                              outside, contention)
+        rank, frac = max(contention.items(), key=lambda kv: kv[1])
+        notes.append(f"With DataLoader workers on {meta.get('cores')} cores, the training "
+                     f"process of rank {rank} waited for a core the workers held for "
+                     f"{frac:.0%} of its step time outside the input wait; that time counts as "
+                     "input, split by stage like the wait.")
     meta["main_cpu_cores"] = _cores_used(host, meta["main_pids"], span)
     meta["worker_cpu_cores"] = _cores_used(host, meta["worker_pids"], span, total=True)
     meta["outside_loader"] = _outside_evidence(outside, splits)
@@ -321,8 +330,6 @@ def _split_evidence(splits: dict[int, StageSplit]) -> dict[str, Any]:
         "measured": loading > 0,
         "processes_sampled": sum(sp.processes for sp in splits.values()),
         "recorders": sorted({r for sp in splits.values() for r in sp.recorders}),
-        "blocked_share": (sum(sp.blocked_s for sp in splits.values()) / loading
-                          if loading > 0 else None),
         "stage_shares": {s: v / loading for s, v in total.items()} if loading > 0 else {},
         "top": top,
         "collate_share_of_fetch": (sum(sp.collate_s for sp in splits.values())
@@ -361,9 +368,9 @@ def _outside_loader(mains: dict[int, ProcessRecord], splits: dict[int, StageSpli
         if sum(shares.values()) < OUTSIDE_MIN:
             continue
         out[rank] = shares
-        span_s = max((samples.span_ns[1] - samples.span_ns[0]) * 1e-9, 0.0)
+        sampled_s = samples.count / max(samples.rate_hz, 1e-9)
         for (stage, function), share in top.items():
-            splits[rank].top[(stage, function + OUTSIDE_LABEL)] += share * span_s
+            splits[rank].top[(stage, function + OUTSIDE_LABEL)] += share * sampled_s
     return out
 
 
@@ -398,6 +405,43 @@ def _crash_notes(procs: list[ProcessRecord]) -> list[str]:
         after = f" (after rank {crashed[0][1]} failed)" if i and len(crashed) > 1 else ""
         notes.append(f"Rank {rank} failed{after}: {why}")
     return notes
+
+
+MIN_CONTENTION = 0.02  # of the step's time outside the wait, below which it is noise
+
+
+def _loading_contention(host: pd.DataFrame, system: pd.DataFrame, ledger: pd.DataFrame,
+                        mains: dict[int, ProcessRecord], procs: list[ProcessRecord],
+                        span: tuple[float, float] | None) -> dict[int, float]:
+    """Per rank with DataLoader workers: the fraction of its steps' time outside the input wait
+    that the training process spent runnable but without a core (the kernel's run-queue delay),
+    times the workers' part of the CPU load competing with it."""
+    if span is None or host.empty or host["run_delay_s"].isna().all():
+        return {}
+    rows = host[(host["t_s"] >= span[0]) & (host["t_s"] <= span[1])]
+    machine = system[(system["t_s"] >= span[0]) & (system["t_s"] <= span[1])]
+    out: dict[int, float] = {}
+    for rank, main in mains.items():
+        workers = [p.pid for p in procs if p.rank == rank and p.role.startswith("worker")
+                   and p.meta.get("ppid") == main.pid]
+        mine = rows[rows["pid"] == main.pid].dropna(subset=["run_delay_s"])
+        steps = ledger[(ledger["rank"] == rank) & ledger["analyzed"]]
+        if not workers or len(mine) < 2 or steps.empty:
+            continue
+        wall = float(mine["t_s"].max() - mine["t_s"].min())
+        rest = 1.0 - float(steps["wait_s"].sum()) / max(float(steps["wall_s"].sum()), 1e-12)
+        if wall <= 0 or rest <= 0:
+            continue
+        delay = float(mine["run_delay_s"].max() - mine["run_delay_s"].min())
+        of_rest = min(1.0, delay / (wall * rest))
+        loading = _cores_used(host, workers, span, total=True) or 0.0
+        training = _cores_used(host, [main.pid], span) or 0.0
+        busy = float(machine["busy_cores"].median()) if not machine.empty else loading + training
+        competing = max(busy - training, loading, 1e-9)
+        frac = of_rest * loading / competing
+        if frac >= MIN_CONTENTION:
+            out[rank] = frac
+    return out
 
 
 def _cores_used(host: pd.DataFrame, pids: list[int], span: tuple[float, float] | None,

@@ -1,23 +1,20 @@
 """Split input-loading time into io, decode and preprocess, from stack samples.
 
 Where loading runs (the main process for num_workers=0, the DataLoader workers otherwise), the
-stacks probe keeps *active* samples only. Inside the loading code (below DataLoader ``__next__``
-in the main process, below the fetcher in a worker), each active sample is classified by the
-innermost frame that matches a rule of ``data/input_frames.json``; unknown frames count as
-preprocess. Time blocked (reading storage, waiting on a socket) leaves no active sample: it is
-the loading time that the dataloader probe measured beyond the active samples, and it is io:
+stacks probe samples the process's main thread at a fixed rate, running or blocked, so each
+sample stands for the same slice of wall time. Inside the loading code (below DataLoader
+``__next__`` in the main process, below the fetcher in a worker), each sample is classified by
+the innermost frame that matches a rule of ``data/input_frames.json``; on one frame the rules
+on its source line (``call``) come first, so a read, running or blocked, is io even inside a
+decoder's ``open``. Unknown frames count as preprocess. The fractions of loading time per stage
+are sample counts over the loading samples: no rate or span enters them.
 
-    per process:  share of the span spent loading  = f_load   (fetch or wait intervals)
-                  share of samples active in stage c = a_c    (c in io, decode, preprocess)
-                  io += max(0, f_load - sum(a_c))
-
-The fractions of loading time per stage then split the main process's wait of every step.
+The fractions then split the main process's wait of every step.
 
 Input built outside a DataLoader (nanoGPT-style ``get_batch()``) is found in the main process's
 samples below a function named like a batch builder (``batch_functions`` in the table), outside
-the model's forward, backward and optimizer; its share of the sampled time moves that much of
-each step from compute and other to the stage. Only running samples are seen there, so a read
-that blocks outside a DataLoader is under-counted (there is no wait interval to compare with).
+the model's forward, backward and optimizer; its share of the main thread's samples moves that
+much of each step from compute and other to the stage.
 """
 
 from __future__ import annotations
@@ -33,9 +30,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from doctor.intervals import overlap_per_span
 from doctor.probes.stacks import StackSamples, read_stacks
 from doctor.rundir import ProcessRecord
 
@@ -125,9 +119,9 @@ def classify_outside_loader(stack: tuple[str, ...], rules: Iterable[FrameRule] |
     root = next((i for i, f in enumerate(frames) if pattern.search(f.function)), None)
     if root is None:
         return None
-    rules = default_rules() if rules is None else tuple(rules)
+    ordered = _call_rules_first(default_rules() if rules is None else tuple(rules))
     for frame in reversed(frames[root:]):
-        for rule in rules:
+        for rule in ordered:
             if rule.matches(frame):
                 return rule.category, _label(frame)
     return "preprocess", _label(frames[-1])
@@ -147,16 +141,22 @@ def classify(stack: tuple[str, ...], scope: re.Pattern[str],
     inner = frames[root + 1:]
     if inner and _OWN.search(inner[-1].file):
         return "doctor", inner[-1].function
-    rules = default_rules() if rules is None else tuple(rules)
+    ordered = _call_rules_first(default_rules() if rules is None else tuple(rules))
     for frame in reversed(inner):
         if _OWN.search(frame.file) or _is_torch_data(frame):
             continue
-        for rule in rules:
+        for rule in ordered:
             if rule.matches(frame):
                 return rule.category, _label(frame)
     user = next((f for f in reversed(inner) if not _is_torch_data(f) and not _OWN.search(f.file)),
                 None)
     return "preprocess", _label(user) if user else "collate/fetch"
+
+
+def _call_rules_first(rules: tuple[FrameRule, ...]) -> tuple[FrameRule, ...]:
+    """On one frame, what its source line calls decides before the file it is in: PIL's
+    ``fp.read(...)`` is a read (io), its ``decoder.decode(...)`` is decode."""
+    return (*(r for r in rules if r.call is not None), *(r for r in rules if r.call is None))
 
 
 def _is_torch_data(frame: Frame) -> bool:
@@ -169,14 +169,13 @@ def _label(frame: Frame) -> str:
 
 @dataclass
 class StageSplit:
-    """Seconds of loading work per stage over the sampled spans, and where they went."""
+    """Seconds of loading per stage over the sampled spans, and where they went."""
 
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     top: defaultdict[tuple[str, str], float] = field(
         default_factory=lambda: defaultdict(float))  # (stage, function) -> seconds
     processes: int = 0
     recorders: set[str] = field(default_factory=set)
-    blocked_s: float = 0.0
     fetch_s: float = 0.0  # over the whole run, in the loading processes
     collate_s: float = 0.0
 
@@ -187,44 +186,26 @@ class StageSplit:
             return None
         return {s: v / total for s, v in self.seconds.items()}
 
-    def add(self, samples: StackSamples, loading: tuple[float, float], scope: re.Pattern[str],
+    def add(self, samples: StackSamples, scope: re.Pattern[str],
             rules: Iterable[FrameRule] | None = None) -> None:
-        """Add one process's samples. ``loading`` is (seconds spent loading, seconds) over the
-        part of the sampled span that the process was alive and loading for: the samples are
-        spread evenly over it, so their fractions and the loading fraction compare directly."""
-        loading_s, span_s = loading
-        span_s = max(span_s, 1e-9)
-        # py-spy counts the samples it tried after the process ended too: over the cut span,
-        # no more than rate x span samples can have been taken
-        possible = max(1, round(samples.rate_hz * span_s))
-        taken = min(samples.taken, possible) if samples.taken else possible
-        taken = max(taken, 1)
-        per_sample = span_s / taken
-        active = dict.fromkeys(STAGES, 0.0)
+        """Add one process's samples: each one inside ``scope`` is 1/rate seconds of loading."""
+        per_sample = 1.0 / max(samples.rate_hz, 1e-9)
         for stack, count in samples.stacks.items():
             hit = classify(stack, scope, rules)
             if hit is None or hit[0] == "doctor":
                 continue
             stage, function = hit
-            active[stage] += count * per_sample
+            self.seconds[stage] += count * per_sample
             self.top[(stage, function)] += count * per_sample
-        loading_s = min(loading_s, span_s)
-        blocked = max(0.0, loading_s - sum(active.values()))
-        for stage in STAGES:
-            self.seconds[stage] += active[stage]
-        self.seconds["io"] += blocked
-        if blocked > 0:
-            self.top[("io", "blocked (not running: reads, waits)")] += blocked
-        self.blocked_s += blocked
         self.processes += 1
         self.recorders.add(samples.recorder)
 
 
 def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | None = None
                           ) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
-    """Fractions of the main process's time spent building input outside a DataLoader, per
+    """Fractions of the main thread's time spent building input outside a DataLoader, per
     stage, and per (stage, function)."""
-    taken = samples.taken or max(1, samples.active)
+    taken = max(1, samples.count)
     shares = dict.fromkeys(STAGES, 0.0)
     top: dict[tuple[str, str], float] = defaultdict(float)
     for stack, count in samples.stacks.items():
@@ -233,29 +214,6 @@ def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | No
             shares[hit[0]] += count / taken
             top[hit] += count / taken
     return shares, dict(top)
-
-
-def loading_seconds(proc: ProcessRecord, ring: str, span_ns: tuple[int, int],
-                    sampled_s: float | None = None) -> tuple[float, float]:
-    """(seconds in ``ring``'s intervals, seconds) over the part of the span the samples cover.
-
-    The span is cut at the last interval's end: a sampler can outlive the loading it samples
-    (the job ends, a worker is shut down). And when fewer samples came than the span allows
-    (``sampled_s`` = samples / rate: py-spy takes a moment to attach), they are taken to cover
-    the end of the span, not its start.
-    """
-    from doctor.ledger import read_intervals
-
-    t0, t1, _ = read_intervals(proc, ring)
-    if len(t0) == 0:
-        return 0.0, (span_ns[1] - span_ns[0]) * 1e-9
-    start, end = float(span_ns[0]), min(float(span_ns[1]), float(t1.max()))
-    if sampled_s is not None:
-        start = max(start, end - sampled_s * 1e9)
-    if end <= start:
-        return 0.0, 0.0
-    got = overlap_per_span(t0, t1, np.array([start]), np.array([end]))
-    return float(got[0]) * 1e-9, (end - start) * 1e-9
 
 
 def rank_split(main: ProcessRecord, procs: list[ProcessRecord],
@@ -270,17 +228,11 @@ def rank_split(main: ProcessRecord, procs: list[ProcessRecord],
     for proc in loading:
         split.fetch_s += _total_seconds(proc, "fetch")
         split.collate_s += _total_seconds(proc, "collate")
-    if workers == 0:
-        samples = read_stacks(main.path)
+    scope = _MAIN_SCOPE if workers == 0 else _WORKER_SCOPE
+    for proc in loading:
+        samples = read_stacks(proc.path)
         if samples is not None:
-            split.add(samples, loading_seconds(main, "fetch", samples.span_ns,
-                                               _sampled_seconds(samples)), _MAIN_SCOPE, rules)
-        return split
-    for worker in loading:
-        samples = read_stacks(worker.path)
-        if samples is not None:
-            split.add(samples, loading_seconds(worker, "fetch", samples.span_ns,
-                                               _sampled_seconds(samples)), _WORKER_SCOPE, rules)
+            split.add(samples, scope, rules)
     return split
 
 
@@ -289,7 +241,3 @@ def _total_seconds(proc: ProcessRecord, ring: str) -> float:
 
     t0, t1, _ = read_intervals(proc, ring)
     return float((t1 - t0).sum()) * 1e-9
-
-
-def _sampled_seconds(samples: StackSamples) -> float | None:
-    return samples.taken / samples.rate_hz if samples.taken and samples.rate_hz > 0 else None

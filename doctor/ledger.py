@@ -9,7 +9,10 @@ DataLoader's cadence (a step from one batch request to the next). Inside each st
   it stays whole in an extra ``input`` column;
 - the rest of the step is split between transfer, compute, communication and other by the
   proportions measured in the torch.profiler window (see doctor.window); without a window, the
-  rest is compute and a note says so.
+  rest is compute and a note says so;
+- with DataLoader workers, the part of the rest that the training process spent waiting for a
+  core the workers held (``contention``, measured from the kernel's run-queue delay) moves to the
+  input stages: without the loading, the cores would have been the training's.
 
 Warm-up steps (the first steps, lazy imports, compilation) and the steps of the profiler window
 (which carry doctor's own profiling cost, its export most of all) are kept in the ledger but not
@@ -37,7 +40,7 @@ from doctor.session import (
 from doctor.verdict import CATEGORIES, LEDGER_COLUMNS
 
 NS = 1e-9
-EVIDENCE_COLUMNS = ("input", "wait_s", "backward_s", "optimizer_s", "fetch_s")
+EVIDENCE_COLUMNS = ("input", "wait_s", "contention_s", "backward_s", "optimizer_s", "fetch_s")
 MIN_WARMUP_STEPS = 3
 MAX_WARMUP_STEPS = 10
 
@@ -144,15 +147,18 @@ def main_process(procs: list[ProcessRecord]) -> dict[int, ProcessRecord]:
 def build_ledger(ranks: list[RankSteps], t0_ns: int | Mapping[int, int],
                  fractions: Mapping[int, Mapping[str, float]] | None = None,
                  input_split: Mapping[int, Mapping[str, float]] | None = None,
-                 outside: Mapping[int, Mapping[str, float]] | None = None) -> pd.DataFrame:
+                 outside: Mapping[int, Mapping[str, float]] | None = None,
+                 contention: Mapping[int, float] | None = None) -> pd.DataFrame:
     """The ledger over all ranks. ``t0_ns`` is the time origin (or one per rank);
     ``fractions[rank]`` splits non-input time by category, ``input_split[rank]`` the input
-    wait into io, decode and preprocess, and ``outside[rank]`` gives the fraction of each step
-    spent building input outside a DataLoader, per stage."""
+    wait into io, decode and preprocess, ``outside[rank]`` gives the fraction of each step
+    spent building input outside a DataLoader, per stage, and ``contention[rank]`` the fraction
+    of non-input time the training process waited for a core its DataLoader workers held."""
     origin = (lambda rank: t0_ns.get(rank, 0)) if isinstance(t0_ns, Mapping) else \
         (lambda rank: t0_ns)
     frames = [_rank_ledger(r, origin(r.rank), (fractions or {}).get(r.rank),
-                           (input_split or {}).get(r.rank), (outside or {}).get(r.rank))
+                           (input_split or {}).get(r.rank), (outside or {}).get(r.rank),
+                           (contention or {}).get(r.rank, 0.0))
               for r in ranks]
     frames = [f for f in frames if not f.empty]
     if not frames:
@@ -171,7 +177,8 @@ def empty_ledger() -> pd.DataFrame:
 
 def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None,
                  input_split: Mapping[str, float] | None,
-                 outside: Mapping[str, float] | None) -> pd.DataFrame:
+                 outside: Mapping[str, float] | None, contention: float = 0.0
+                 ) -> pd.DataFrame:
     n = len(r.ends_ns)
     if n == 0:
         return empty_ledger()
@@ -193,8 +200,14 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
     else:
         unsplit = wait
     split = dict(fractions) if fractions else {"compute": 1.0}
+    contended = rest * min(max(contention, 0.0), 1.0)
     for category, frac in split.items():
-        data[category] = data[category] + rest * frac
+        data[category] = data[category] + (rest - contended) * frac
+    if input_split:
+        for stage, frac in input_split.items():
+            data[stage] = data[stage] + contended * frac
+    else:
+        unsplit = unsplit + contended
     for stage, frac in (outside or {}).items():
         # Batches built in the loop are Python outside torch ops: the window counted them as
         # other (or, without a window, as compute); take them from there.
@@ -212,6 +225,7 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
         **data,
         "input": unsplit,
         "wait_s": wait,
+        "contention_s": contended,
         "backward_s": overlap("backward"),
         "optimizer_s": overlap("optimizer"),
         "fetch_s": overlap("fetch"),

@@ -21,7 +21,8 @@ import psutil
 from doctor.machine import usable_cores
 from doctor.verdict import ProbeStatus
 
-PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads")
+PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",
+                "run_delay_s")
 SYSTEM_COLUMNS = ("t_s", "cores", "runnable", "busy_cores", "iowait_cores")
 MAX_ROWS = 200_000  # per table; past it, every other row is dropped (bounded whatever the run)
 
@@ -83,7 +84,7 @@ class HostSampler:
                 self._procs.pop(pid, None)
                 continue
             for c, v in zip(PROC_COLUMNS, (t, pid, ppid, cpu.user + cpu.system, mem.rss, read,
-                                           threads), strict=True):
+                                           threads, run_delay_s(pid)), strict=True):
                 cols[c].append(float(v))
         self._sample_system(t)
         if len(cols["t_s"]) > MAX_ROWS:
@@ -125,7 +126,9 @@ def load_host(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     if not path.exists():
         return empty_p, empty_s
     with np.load(path) as z:
-        procs = pd.DataFrame({c: z[f"proc_{c}"] for c in PROC_COLUMNS})
+        n = len(z["proc_t_s"])
+        procs = pd.DataFrame({c: z[f"proc_{c}"] if f"proc_{c}" in z else np.full(n, np.nan)
+                              for c in PROC_COLUMNS})
         system = pd.DataFrame({c: z[f"system_{c}"] for c in SYSTEM_COLUMNS})
     procs["pid"] = procs["pid"].astype("int64")
     procs["ppid"] = procs["ppid"].astype("int64")
@@ -134,6 +137,16 @@ def load_host(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     dcpu = procs.groupby("pid")["cpu_s"].diff()
     procs["cpu_pct"] = (dcpu / dt * 100.0).where(dt > 0)
     return procs, system
+
+
+def run_delay_s(pid: int) -> float:
+    """Seconds the process's main thread has spent runnable, waiting for a core
+    (/proc/PID/schedstat); NaN where the kernel does not keep it."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def read_proc_stat(path: Path) -> tuple[np.ndarray | None, float]:

@@ -14,15 +14,18 @@ rate, the sampled span on the shared monotonic clock, and the number of samples 
   SYS_PTRACE, Yama): the main process samples from its window's start, each worker from its
   third batch.
 
-Both keep only *active* samples (the thread was running, not blocked), so time spent blocked,
-in a read from storage for instance, is what the loading time measured by the dataloader probe
-has beyond the active samples.
+Both keep *every* sample of the process's main thread, running or blocked (py-spy ``--idle
+--threads``, keeping the thread whose id is the pid), so that sample counts are proportional to
+wall time: a read that blocks on storage shows as its read frame, as often as it lasts. Counting
+only running samples, and converting counts into seconds with the rate and the span, read
+phantom blocked time wherever py-spy fell behind its rate or outlived the process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -52,16 +55,16 @@ PTRACE_HINT = ("py-spy needs ptrace: run the container with --cap-add SYS_PTRACE
 
 @dataclass(frozen=True)
 class StackSamples:
-    """Active samples of one process: stack (outermost first) -> count."""
+    """Samples of one process's main thread, running or not: stack (outermost first) -> count."""
 
     stacks: dict[tuple[str, ...], int]
     recorder: str
     rate_hz: float
     span_ns: tuple[int, int]
-    taken: int  # samples attempted over the span, active or not
+    taken: int  # samples the recorder reports (all threads, for py-spy)
 
     @property
-    def active(self) -> int:
+    def count(self) -> int:
         return sum(self.stacks.values())
 
 
@@ -72,7 +75,7 @@ def read_stacks(proc_dir: Path) -> StackSamples | None:
         return None
     try:
         meta = json.loads(meta_path.read_text())
-        stacks = parse_raw(txt.read_text(errors="replace"))
+        stacks = parse_raw(txt.read_text(errors="replace"), main_thread=_pid_of(proc_dir))
     except (OSError, ValueError):
         return None
     return StackSamples(stacks, str(meta.get("recorder", "?")), float(meta.get("rate_hz", RATE_HZ)),
@@ -80,14 +83,41 @@ def read_stacks(proc_dir: Path) -> StackSamples | None:
                         int(meta.get("taken", 0)))
 
 
-def parse_raw(text: str) -> dict[tuple[str, ...], int]:
+_THREAD = re.compile(r"^thread \((?:0x)?(?P<tid>[0-9A-Fa-f]+)\)(: .*)?$")
+
+
+def parse_raw(text: str, main_thread: int | None = None) -> dict[tuple[str, ...], int]:
+    """py-spy's raw format. With ``--threads`` each stack starts with ``thread (TID): NAME``:
+    that frame is dropped, and only thread ``main_thread`` is kept when it is given and found.
+    A thread sample with no Python frame (the interpreter is shutting down) is left out."""
     out: Counter[tuple[str, ...]] = Counter()
+    by_thread: dict[int, Counter[tuple[str, ...]]] = {}
     for line in text.splitlines():
         stack, _, count = line.rstrip().rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        out[tuple(stack.split(";"))] += int(count)
+        frames = tuple(stack.split(";"))
+        m = _THREAD.match(frames[0])
+        if m is None:
+            out[frames] += int(count)
+            continue
+        tid = int(m["tid"], 16) if frames[0].startswith("thread (0x") else int(m["tid"])
+        counts = by_thread.setdefault(tid, Counter())
+        if len(frames) > 1:
+            counts[frames[1:]] += int(count)
+    if not by_thread:
+        return dict(out)
+    if main_thread is not None and main_thread in by_thread:
+        return dict(by_thread[main_thread])
+    for counts in by_thread.values():
+        out.update(counts)
     return dict(out)
+
+
+def _pid_of(proc_dir: Path) -> int | None:
+    """The pid in a process folder's name (``main-1234``, ``worker0-5678``)."""
+    tail = proc_dir.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
 
 
 def format_raw(stacks: Counter[tuple[str, ...]]) -> str:
@@ -131,11 +161,8 @@ def fallback_requested(run_dir: Path) -> bool:
 
 
 class InProcessSampler:
-    """Samples one thread of this process at ``rate_hz`` for ``span_s``, from a daemon thread.
-
-    A sample counts only when the thread is running (``/proc/self/task/<tid>/stat`` state R),
-    matching py-spy without ``--idle``.
-    """
+    """Samples one thread of this process at ``rate_hz`` for ``span_s``, from a daemon thread,
+    running or blocked alike (as py-spy ``--idle``)."""
 
     def __init__(self, proc_dir: Path, thread_id: int, native_id: int, *,
                  rate_hz: float = RATE_HZ, span_s: float = SPAN_S,
@@ -156,7 +183,6 @@ class InProcessSampler:
         period = 1.0 / self.rate_hz
         start = self.clock()
         taken = 0
-        stat = f"/proc/self/task/{self.native_id}/stat"
         deadline = time.monotonic() + self.span_s
         next_at = time.monotonic()
         flush_every = max(1, int(self.rate_hz * FLUSH_S))
@@ -165,8 +191,7 @@ class InProcessSampler:
             if frame is None:
                 break
             taken += 1
-            if _running(stat):
-                stacks[_stack(frame)] += 1
+            stacks[_stack(frame)] += 1
             del frame
             if taken % flush_every == 0:
                 # a DataLoader worker may be ended at any time (os._exit, no atexit): keep
@@ -183,15 +208,6 @@ class InProcessSampler:
                        start_ns=start, end_ns=self.clock(), taken=taken)
         except OSError:
             pass
-
-
-def _running(stat_path: str) -> bool:
-    try:
-        with open(stat_path, "rb") as f:
-            data = f.read()
-        return data[data.rindex(b")") + 2:][:1] == b"R"
-    except (OSError, ValueError):
-        return True  # no /proc: count every sample
 
 
 def _stack(frame: FrameType | None) -> tuple[str, ...]:
@@ -262,6 +278,7 @@ class PySpyRecorder:
         assert self.py_spy is not None
         cmd = [self.py_spy, "record", "--pid", str(pid), "--rate", str(int(self.rate_hz)),
                "--duration", str(max(1, round(self.span_s))), "--full-filenames",
+               "--idle", "--threads",
                "--format", "raw", "--output", str(proc_dir / STACKS_TXT)]
         try:
             # py-spy prints its summary ("Samples: N") on stdout, its errors on stderr

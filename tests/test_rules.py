@@ -178,8 +178,8 @@ def test_other_time_spread_over_every_step() -> None:
 
 def split_meta(**shares: float) -> dict:  # type: ignore[type-arg]
     return {"cores": 2, "input_split": {
-        "measured": True, "stage_shares": shares, "blocked_share": shares.get("io", 0.0),
-        "top": {"io": ["blocked (not running: reads, waits)"], "decode": ["ImageFile.load"],
+        "measured": True, "stage_shares": shares,
+        "top": {"io": ["read_uncached (train.py:40)"], "decode": ["ImageFile.load"],
                 "preprocess": ["collate_tokens (train.py:12)"]}}}
 
 

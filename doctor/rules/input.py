@@ -56,7 +56,10 @@ class _Input:
         self.wall = float(ledger["wall_s"].sum())
         if self.wall <= 0:
             raise RuleSkipped("no step time")
-        self.share = float(ledger["wait_s"].sum()) / self.wall
+        self.wait_share = float(ledger["wait_s"].sum()) / self.wall
+        # with workers, the training's wait for cores the workers hold is input's too
+        contended = float(ledger["contention_s"].sum()) if "contention_s" in ledger else 0.0
+        self.share = self.wait_share + contended / self.wall
         self.step = float(ledger["wall_s"].median())
         self.wait = float(ledger["wait_s"].median())
         self.rest = max(self.step - self.wait, 0.0)
@@ -67,16 +70,15 @@ class _Input:
         self.measured = bool(split.get("measured"))
         self.stage_shares: dict[str, float] = dict(split.get("stage_shares") or {})
         self.top: dict[str, list[str]] = dict(split.get("top") or {})
-        self.blocked = split.get("blocked_share")
         self.collate_share = split.get("collate_share_of_fetch")
         self.load = self.wait if self.workers == 0 else self.step * self.workers
         worker_cores = inputs.meta.get("worker_cpu_cores")
         if self.workers and worker_cores:
             # one batch per step: the workers' CPU seconds per step are the loading's CPU work;
-            # the time they spent blocked in reads comes on top
-            blocked = float(self.blocked or 0.0)
+            # the time in reads (io), mostly spent blocked, comes on top
+            reads = float(self.stage_shares.get("io", 0.0)) if self.measured else 0.0
             cpu = worker_cores * self.step
-            self.load = min(self.load, cpu / max(1.0 - blocked, 0.05))
+            self.load = min(self.load, cpu / max(1.0 - reads, 0.05))
         # With workers, the rest of the step shares the cores with them: its wall time is
         # inflated. Without the loading it would take about its own CPU time.
         main_cores = inputs.meta.get("main_cpu_cores")
@@ -100,7 +102,8 @@ def input_loader(inputs: RuleInputs) -> list[Finding]:
     if x.share < MIN_SHARE:
         return []
     evidence: dict[str, Any] = {
-        "input_wait_share": x.share, "median_wait_s": x.wait, "median_step_s": x.step,
+        "input_wait_share": x.wait_share, "input_share_with_contention": x.share,
+        "median_wait_s": x.wait, "median_step_s": x.step,
         "cores": x.cores, "num_workers": x.workers, "batch_size": x.loader.get("batch_size"),
         "persistent_workers": x.loader.get("persistent_workers"),
         "prefetch_factor": x.loader.get("prefetch_factor"),
@@ -147,7 +150,9 @@ def input_loader(inputs: RuleInputs) -> list[Finding]:
     category = x.dominant()
     return [Finding(
         id="input.loader", category=category, severity=_severity(x.share),
-        title=f"The training loop waits for input {x.share:.0%} of the time",
+        title=(f"The training loop waits for input {x.wait_share:.0%} of the time"
+               + (f", and for cores its workers hold {x.share - x.wait_share:.0%}"
+                  if x.share - x.wait_share >= 0.01 else "")),
         evidence=evidence, fixes=tuple(fixes), estimated_speedup=speedup,
     )]
 
@@ -199,7 +204,6 @@ def input_stage(inputs: RuleInputs) -> list[Finding]:
             "cores": x.cores,
         }
         if stage == "io":
-            evidence["blocked_share_of_loading"] = x.blocked
             evidence["read_mb_per_s"] = _read_rate(inputs)
         if stage == "preprocess":
             evidence["collate_share_of_loading"] = x.collate_share
