@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=512, help="distinct sequences, used in turn")
     ap.add_argument("--max-len", type=int, default=1024, help="longest sequence, in tokens")
     ap.add_argument("--hidden", type=int, default=256,
-                    help="MLP width: the compute part of the step (about 10 %% of it)")
+                    help="MLP width: the compute part (20-25 %% of the step, --workers 0)")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--fast-collate", action="store_true",
                     help="vectorised collate: removes the bottleneck")

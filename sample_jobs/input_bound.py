@@ -1,5 +1,5 @@
 """A CPU job whose step time goes to preparing input: each sample is built by a slow pure-Python
-transform inside ``__getitem__``, and the model is small.
+transform inside ``__getitem__``, and the model is a small MLP (``--hidden``).
 
 Switch: ``--cached`` builds every sample once before training, removing the bottleneck, so the
 input share can be measured by ablation. ``--workers N`` sets DataLoader num_workers.
@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--work", type=int, default=150, help="inner loop length per feature")
+    ap.add_argument("--hidden", type=int, default=1536,
+                    help="MLP width: the compute part (20-30 %% of the step, --workers 0)")
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--cached", action="store_true", help="remove the bottleneck")
     args = ap.parse_args()
@@ -61,7 +63,9 @@ def main() -> None:
     n = args.batch * args.steps
     data = SlowDataset(n, args.work, args.cached)
     loader = DataLoader(data, batch_size=args.batch, shuffle=False, num_workers=args.workers)
-    model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 10))
+    model = nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(),
+                          nn.Linear(args.hidden, args.hidden), nn.ReLU(),
+                          nn.Linear(args.hidden, 10))
     fit(loader, model).report(job="input_bound", cached=args.cached, workers=args.workers)
 
 

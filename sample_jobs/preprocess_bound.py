@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=128, help="raw image side in pixels")
     ap.add_argument("--passes", type=int, default=4, help="filter passes per channel")
     ap.add_argument("--hidden", type=int, default=512,
-                    help="MLP width: the compute part of the step (about 10 %% of it)")
+                    help="MLP width: the compute part (20-25 %% of the step, --workers 0)")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--no-augment", action="store_true",
                     help="centre crop and normalise only: removes the bottleneck")

@@ -45,7 +45,7 @@ def test_compute_bound_job(tmp_path: Path) -> None:
 
 def test_input_bound_job(tmp_path: Path) -> None:
     verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "input_bound.py"),
-                      "--steps", "30")
+                      "--steps", "30", "--hidden", "256")  # exaggerated: a small model
     assert verdict["bottleneck"] == "preprocess"
     assert verdict["shares"]["preprocess"] > 0.6
     assert verdict["probes"]["stacks"]["ok"] is True
@@ -67,7 +67,8 @@ def test_removing_the_input_bottleneck_removes_the_verdict(tmp_path: Path) -> No
 
 def test_dataloader_workers_have_sessions_of_their_own(tmp_path: Path) -> None:
     verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "input_bound.py"),
-                      "--steps", "30", "--workers", "2", "--work", "300")
+                      "--steps", "30", "--workers", "2", "--work", "300",
+                      "--hidden", "256")
     workers = sorted(p.name.split("-")[0] for p in (tmp_path / "run" / "rank-0").iterdir()
                      if p.name.startswith("worker"))
     assert workers == ["worker0", "worker1"]
@@ -176,7 +177,9 @@ def test_host_contention_is_found(tmp_path: Path) -> None:
     ("collate_bound.py", "preprocess"),
 ])
 def test_input_stage_is_named(tmp_path: Path, job: str, expected: str) -> None:
-    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / job), "--steps", "40")
+    # a small model: an exaggerated input bottleneck
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / job), "--steps", "40",
+                      "--hidden", "256")
     assert verdict["bottleneck"] == expected
     assert verdict["shares"][expected] > 0.5
     found = {f["id"]: f for f in verdict["findings"]}
@@ -188,7 +191,7 @@ def test_workers_fall_back_to_sampling_themselves(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = doctor_cmd("run", "--out", str(out), "--", sys.executable,
                         str(SAMPLE_JOBS / "decode_bound.py"), "--steps", "40", "--workers", "2",
-                        env={"DOCTOR_STACKS": "in-process"})
+                        "--hidden", "256", env={"DOCTOR_STACKS": "in-process"})
     assert result.returncode == 0, result.stderr
     verdict = json.loads((out / "verdict.json").read_text())
     recorders = {json.loads(p.read_text())["recorder"]
