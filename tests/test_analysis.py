@@ -85,3 +85,32 @@ def test_few_steps_are_all_counted_with_a_note(tmp_path: Path) -> None:
     assert verdict.steps["count"] == 2
     assert verdict.steps["analyzed"] >= 1
     assert any("firmer verdict" in n for n in verdict.notes)
+
+
+def test_run_queue_delay_next_to_busy_workers_is_loading_contention(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from doctor.analysis import _loading_contention
+    from doctor.rundir import ProcessRecord
+
+    main = ProcessRecord(tmp_path, 0, "main", 100)
+    workers = [ProcessRecord(tmp_path, 0, f"worker{i}", 101 + i, {"ppid": 100}) for i in (0, 1)]
+    t = [float(i) for i in range(11)]
+    host = pd.DataFrame({
+        "t_s": t * 3, "pid": [100] * 11 + [101] * 11 + [102] * 11,
+        # the training process: 0.6 cores, 0.2 s of each second runnable without a core
+        "cpu_s": [0.6 * x for x in t] + [0.7 * x for x in t] * 2,
+        "run_delay_s": [0.2 * x for x in t] + [0.1 * x for x in t] * 2,
+    })
+    system = pd.DataFrame({"t_s": t, "busy_cores": [2.0] * 11})
+    ledger = pd.DataFrame({"rank": [0] * 10, "analyzed": [True] * 10,
+                           "wall_s": [0.1] * 10, "wait_s": [0.05] * 10})
+    got = _loading_contention(host, system, ledger, {0: main}, [main, *workers], (0.0, 10.0))
+    # 0.2 s a second over 0.5 s of rest: 40 %; the workers are all the competing load
+    assert got[0] == pytest.approx(0.4, abs=0.01)
+    # other load on the machine takes its part: the workers' 1.4 of 2.8 competing cores
+    busy = pd.DataFrame({"t_s": t, "busy_cores": [3.4] * 11})
+    got = _loading_contention(host, busy, ledger, {0: main}, [main, *workers], (0.0, 10.0))
+    assert got[0] == pytest.approx(0.2, abs=0.01)
+    # no workers, no contention from loading
+    assert _loading_contention(host, system, ledger, {0: main}, [main], (0.0, 10.0)) == {}

@@ -57,6 +57,26 @@ def test_input_built_outside_a_loader_comes_out_of_other_first(tmp_path: Path) -
     assert steady["compute"].sum() / total == pytest.approx(0.5, abs=0.01)
 
 
+def test_contention_with_workers_moves_rest_time_to_the_input_stages(tmp_path: Path) -> None:
+    # 40 % wait, 60 % rest of which half was spent waiting for a core the workers held
+    record_loop(tmp_path, 40, wait_s=0.04, compute_s=0.06)
+    _, ledger = ledger_of(tmp_path, input_split={0: {"decode": 1.0}}, contention={0: 0.5})
+    steady = ledger[ledger["analyzed"]]
+    total = steady["wall_s"].sum()
+    assert steady["decode"].sum() / total == pytest.approx(0.7, abs=0.01)
+    assert steady["compute"].sum() / total == pytest.approx(0.3, abs=0.01)
+    assert steady["contention_s"].sum() / total == pytest.approx(0.3, abs=0.01)
+    assert steady["wait_s"].sum() / total == pytest.approx(0.4, abs=0.01)  # the wait as measured
+    assert np.allclose(steady[CATEGORIES].sum(axis=1), steady["wall_s"])
+
+
+def test_contention_without_a_split_stays_whole_input(tmp_path: Path) -> None:
+    record_loop(tmp_path, 40, wait_s=0.04, compute_s=0.06)
+    _, ledger = ledger_of(tmp_path, contention={0: 0.5})
+    steady = ledger[ledger["analyzed"]]
+    assert steady["input"].sum() / steady["wall_s"].sum() == pytest.approx(0.7, abs=0.01)
+
+
 def test_window_fractions_split_the_non_input_time(tmp_path: Path) -> None:
     record_loop(tmp_path, 30, wait_s=0.05, compute_s=0.05)
     _, ledger = ledger_of(tmp_path, {0: {"compute": 0.6, "other": 0.4}})

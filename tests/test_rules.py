@@ -223,3 +223,17 @@ def test_a_slow_collate_fn_gets_its_own_fix_only_when_it_costs() -> None:
 
     assert fixes(0.8)[0] == "collate_fn pad_batch takes 80% of loading: vectorise it"
     assert not any("collate_fn" in t for t in fixes(0.05))
+
+
+def test_contention_from_workers_counts_in_the_input_share() -> None:
+    frame = ledger(wait=0.02, compute=0.08)
+    frame["contention_s"] = 0.04  # half the rest: waiting for cores the workers held
+    inputs = RuleInputs(ledger=frame, loaders=loaders(num_workers=2),
+                        meta=split_meta(decode=1.0))
+    [loader] = input_loader(inputs)
+    assert loader.evidence["input_wait_share"] == pytest.approx(0.2)
+    assert loader.evidence["input_share_with_contention"] == pytest.approx(0.6)
+    assert "and for cores its workers hold 40%" in loader.title
+    [stage] = input_stage(inputs)
+    assert stage.id == "input.decode"
+    assert stage.evidence["share_of_step"] == pytest.approx(0.6)

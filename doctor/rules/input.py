@@ -166,7 +166,7 @@ def input_unsplit(inputs: RuleInputs) -> list[Finding]:
     why = inputs.meta.get("stacks_reason") or "no stack samples of the loading code were taken"
     return [Finding(
         id="input.unsplit", category="input", severity="warning",
-        title=f"Input wait ({x.share:.0%} of the step) could not be split into io, decode and "
+        title=f"Input time ({x.share:.0%} of the step) could not be split into io, decode and "
               "preprocess",
         evidence={"input_wait_share": x.share, "reason": why},
         fixes=(Fix(
