@@ -211,8 +211,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=list(JOBS),
                     help="sample jobs to run (default: all)")
-    ap.add_argument("--workers", nargs="+", type=int, default=[0, 2],
-                    help="DataLoader num_workers settings (default: 0 2)")
+    ap.add_argument("--workers", nargs="+", type=int, default=[0, 1, 2],
+                    help="DataLoader num_workers settings (default: 0 1 2)")
     ap.add_argument("--steps", type=int, default=None,
                     help="--steps for every job (default: each job's own)")
     ap.add_argument("--repeat", type=int, default=1,
