@@ -185,6 +185,12 @@ def _summarise(ledger: pd.DataFrame, notes: list[str], findings: list[Finding],
         notes.append(f"The {inside} steps of the torch.profiler window carry doctor's own "
                      "profiling cost (the trace export most of all) and are left out of the "
                      "shares.")
+    if count and "sampled" in ledger:
+        left = ledger["sampled"] & ~ledger["analyzed"] & ~ledger["warmup"] & ~ledger["in_window"]
+        if left.any():
+            notes.append(f"The {int(left.sum())} steps during stack sampling (py-spy pauses the "
+                         "processes) are left out of the shares; the input split comes from "
+                         "them.")
     steps = {"count": count, "analyzed": len(analysed),
              "median_s": float(analysed["wall_s"].median()) if len(analysed) else None}
     total = float(analysed["wall_s"].sum()) if len(analysed) else 0.0

@@ -16,11 +16,13 @@ DataLoader's cadence (a step from one batch request to the next). Inside each st
 
 Warm-up steps (the first steps, lazy imports, compilation) and the steps of the profiler window
 (which carry doctor's own profiling cost, its export most of all) are kept in the ledger but not
-analysed.
+analysed; nor are the steps during stack sampling (py-spy pauses the processes 50 times a second
+and takes CPU of its own) when at least MIN_UNSAMPLED_STEPS others remain.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -41,6 +43,7 @@ from doctor.verdict import CATEGORIES, LEDGER_COLUMNS
 
 NS = 1e-9
 EVIDENCE_COLUMNS = ("input", "wait_s", "contention_s", "backward_s", "optimizer_s", "fetch_s")
+MIN_UNSAMPLED_STEPS = 10
 MIN_WARMUP_STEPS = 3
 MAX_WARMUP_STEPS = 10
 
@@ -55,6 +58,7 @@ class RankSteps:
     ends_ns: np.ndarray
     intervals: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     window_ns: tuple[int, int, int] | None = None  # start, stop begin, stop end
+    sampled_ns: tuple[int, int] | None = None  # the stack sampler's span
     dropped: int = 0  # records overwritten in a full ring
 
 
@@ -121,9 +125,20 @@ def window_span(proc: ProcessRecord) -> tuple[int, int, int] | None:
     return found[EVENT_WINDOW_START], found[EVENT_WINDOW_STOP_BEGIN], found[EVENT_WINDOW_STOP_END]
 
 
+def stacks_span(proc: ProcessRecord) -> tuple[int, int] | None:
+    """When the stacks probe sampled this process (its stacks.json), or None."""
+    try:
+        meta = json.loads((proc.path / "stacks.json").read_text())
+        start, end = int(meta["start_ns"]), int(meta["end_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (start, end) if end > start else None
+
+
 def rank_steps(proc: ProcessRecord) -> RankSteps:
     kind, starts, ends = step_boundaries(proc)
-    steps = RankSteps(proc.rank, kind, starts, ends, window_ns=window_span(proc))
+    steps = RankSteps(proc.rank, kind, starts, ends, window_ns=window_span(proc),
+                      sampled_ns=stacks_span(proc))
     for name in ("loader_wait", "backward", "optimizer", "fetch"):
         t0, t1, _ = read_intervals(proc, name)
         steps.intervals[name] = (t0, t1)
@@ -168,8 +183,8 @@ def build_ledger(ranks: list[RankSteps], t0_ns: int | Mapping[int, int],
 
 def empty_ledger() -> pd.DataFrame:
     cols: dict[str, pd.Series] = {}
-    flags = ("warmup", "analyzed", "window_close", "in_window")
-    for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, "window_close", "in_window"):
+    flags = ("warmup", "analyzed", "window_close", "in_window", "sampled")
+    for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, "window_close", "in_window", "sampled"):
         dtype = "bool" if c in flags else "int64" if c in ("rank", "step") else "float64"
         cols[c] = pd.Series(dtype=dtype)
     return pd.DataFrame(cols)
@@ -238,9 +253,16 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
         start, stop_begin, stop_end = r.window_ns
         closing = (e > stop_begin) & (s < stop_end)
         inside = (e > start) & (s < stop_end)
+    sampled = np.zeros(n, dtype=bool)
+    if r.sampled_ns is not None:
+        sampled = (e > r.sampled_ns[0]) & (s < r.sampled_ns[1])
     out["window_close"] = closing
     out["in_window"] = inside
-    out["analyzed"] = ~out["warmup"] & ~inside
+    out["sampled"] = sampled
+    analyzed = ~out["warmup"].to_numpy() & ~inside
+    if (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
+        analyzed = analyzed & ~sampled
+    out["analyzed"] = analyzed
     return out
 
 

@@ -169,3 +169,24 @@ def test_ranks_are_kept_apart(tmp_path: Path) -> None:
     assert sorted(ledger["rank"].unique()) == [0, 1]
     per_rank = ledger.groupby("rank")["input"].median()
     assert per_rank[1] > 4 * per_rank[0]
+
+
+def test_steps_during_stack_sampling_are_left_out_when_enough_remain(tmp_path: Path) -> None:
+    import json
+
+    record_loop(tmp_path, 60, wait_s=0.05, compute_s=0.05)
+    [main] = list(main_process(list_processes(tmp_path)).values())
+    ranks = [rank_steps(main)]
+    start = int(ranks[0].starts_ns[10])
+    (main.path / "stacks.json").write_text(json.dumps(
+        {"recorder": "py-spy", "rate_hz": 50, "start_ns": start, "end_ns": start + int(2e9),
+         "taken": 100}))
+    ledger = build_ledger([rank_steps(main)], 0)
+    assert ledger["sampled"].sum() == 20  # 2 s of 0.1 s steps
+    assert not (ledger["sampled"] & ledger["analyzed"]).any()
+    # a short run keeps them: fewer than 10 steps would be left
+    (main.path / "stacks.json").write_text(json.dumps(
+        {"recorder": "py-spy", "rate_hz": 50, "start_ns": start, "end_ns": start + int(5e9),
+         "taken": 250}))
+    ledger = build_ledger([rank_steps(main)], 0)
+    assert (ledger["sampled"] & ledger["analyzed"]).any()
