@@ -93,7 +93,6 @@ def run(cmd: list[str]) -> dict:
     return job_result(proc.stdout)
 
 
-
 @dataclass
 class WindowFigures:
     median_step_s: float = float("nan")  # median analysed step in doctor's ledger

@@ -11,7 +11,13 @@ import pandas as pd
 
 from doctor import rules as _rules  # noqa: F401  (registers the rules)
 from doctor.distributed import rank_table
-from doctor.input_split import STAGES, StageSplit, outside_loader_shares, rank_split
+from doctor.input_split import (
+    STAGES,
+    StageSplit,
+    outside_loader_shares,
+    rank_split,
+    workers_of,
+)
 from doctor.ledger import (
     RankSteps,
     build_ledger,
@@ -55,8 +61,8 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     splits = {rank: rank_split(proc, procs) for rank, proc in mains.items()}
     input_split = {rank: f for rank, s in splits.items() if (f := s.fractions) is not None}
     outside = _outside_loader(mains, splits)
-    ledger = build_ledger(ranks, _rank_t0(dirs, records, mains), fractions, input_split,
-                          outside)
+    t0 = _rank_t0(dirs, records, mains)
+    ledger = build_ledger(ranks, t0, fractions, input_split, outside)
 
     host, system = _load_host(dirs)
     main_meta = mains[min(mains)].meta if mains else {}
@@ -75,8 +81,7 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
             if not steady.empty else None)
     contention = _loading_contention(host, system, ledger, mains, procs, span)
     if contention:
-        ledger = build_ledger(ranks, _rank_t0(dirs, records, mains), fractions, input_split,
-                              outside, contention)
+        ledger = build_ledger(ranks, t0, fractions, input_split, outside, contention)
         rank, frac = max(contention.items(), key=lambda kv: kv[1])
         notes.append(f"With DataLoader workers on {meta.get('cores')} cores, the training "
                      f"process of rank {rank} waited for a core the workers held for "
@@ -424,22 +429,18 @@ def _loading_contention(host: pd.DataFrame, system: pd.DataFrame, ledger: pd.Dat
     times the workers' part of the CPU load competing with it."""
     if span is None or host.empty or host["run_delay_s"].isna().all():
         return {}
-    rows = host[(host["t_s"] >= span[0]) & (host["t_s"] <= span[1])]
     machine = system[(system["t_s"] >= span[0]) & (system["t_s"] <= span[1])]
     out: dict[int, float] = {}
     for rank, main in mains.items():
-        workers = [p.pid for p in procs if p.rank == rank and p.role.startswith("worker")
-                   and p.meta.get("ppid") == main.pid]
-        mine = rows[rows["pid"] == main.pid].dropna(subset=["run_delay_s"])
+        workers = [p.pid for p in workers_of(main, procs)]
         steps = ledger[(ledger["rank"] == rank) & ledger["analyzed"]]
-        if not workers or len(mine) < 2 or steps.empty:
+        delayed = _per_wall(host, [main.pid], span, "run_delay_s")
+        if not workers or delayed is None or steps.empty:
             continue
-        wall = float(mine["t_s"].max() - mine["t_s"].min())
         rest = 1.0 - float(steps["wait_s"].sum()) / max(float(steps["wall_s"].sum()), 1e-12)
-        if wall <= 0 or rest <= 0:
+        if rest <= 0:
             continue
-        delay = float(mine["run_delay_s"].max() - mine["run_delay_s"].min())
-        of_rest = min(1.0, delay / (wall * rest))
+        of_rest = min(1.0, delayed / rest)
         loading = _cores_used(host, workers, span, total=True) or 0.0
         training = _cores_used(host, [main.pid], span) or 0.0
         busy = float(machine["busy_cores"].median()) if not machine.empty else loading + training
@@ -454,16 +455,23 @@ def _cores_used(host: pd.DataFrame, pids: list[int], span: tuple[float, float] |
                 total: bool = False) -> float | None:
     """Cores the processes kept busy (CPU seconds over wall seconds) during the analysed steps
     (``span``, seconds from the run's start): the mean per process, or their sum."""
+    return _per_wall(host, pids, span, "cpu_s", total)
+
+
+def _per_wall(host: pd.DataFrame, pids: list[int], span: tuple[float, float] | None,
+              counter: str, total: bool = False) -> float | None:
+    """Seconds a per-process counter (``cpu_s``, ``run_delay_s``) grew per wall second over
+    ``span``: the mean per process, or their sum; None without two samples of one."""
     if host.empty or not pids:
         return None
-    rows = host[host["pid"].isin(pids)]
+    rows = host[host["pid"].isin(pids)].dropna(subset=[counter])
     if span is not None:
         rows = rows[(rows["t_s"] >= span[0]) & (rows["t_s"] <= span[1])]
     per_pid = []
     for _pid, g in rows.groupby("pid"):
         wall = float(g["t_s"].max() - g["t_s"].min())
         if wall > 0:
-            per_pid.append(float(g["cpu_s"].max() - g["cpu_s"].min()) / wall)
+            per_pid.append(float(g[counter].max() - g[counter].min()) / wall)
     if not per_pid:
         return None
     return sum(per_pid) if total else sum(per_pid) / len(per_pid)

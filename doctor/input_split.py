@@ -216,15 +216,19 @@ def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | No
     return shares, dict(top)
 
 
+def workers_of(main: ProcessRecord, procs: list[ProcessRecord]) -> list[ProcessRecord]:
+    """The DataLoader workers that ``main`` started."""
+    return [p for p in procs if p.rank == main.rank and p.role.startswith("worker")
+            and p.meta.get("ppid") == main.pid]
+
+
 def rank_split(main: ProcessRecord, procs: list[ProcessRecord],
                rules: Iterable[FrameRule] | None = None) -> StageSplit:
     """Where rank ``main``'s loading work went: in the main process or in its workers."""
     loaders: list[dict[str, Any]] = main.meta.get("loaders", [])
     workers = int(loaders[0].get("num_workers", 0)) if loaders else 0
     split = StageSplit()
-    loading = [main] if workers == 0 else [
-        p for p in procs if p.rank == main.rank and p.role.startswith("worker")
-        and p.meta.get("ppid") == main.pid]
+    loading = [main] if workers == 0 else workers_of(main, procs)
     for proc in loading:
         split.fetch_s += _total_seconds(proc, "fetch")
         split.collate_s += _total_seconds(proc, "collate")

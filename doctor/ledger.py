@@ -22,7 +22,6 @@ and takes CPU of its own) when at least MIN_UNSAMPLED_STEPS others remain.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from doctor.intervals import overlap_per_span
+from doctor.probes.stacks import read_meta
 from doctor.ringbuffer import RingFormatError, read_ring
 from doctor.rundir import ProcessRecord
 from doctor.session import (
@@ -127,10 +127,12 @@ def window_span(proc: ProcessRecord) -> tuple[int, int, int] | None:
 
 def stacks_span(proc: ProcessRecord) -> tuple[int, int] | None:
     """When the stacks probe sampled this process (its stacks.json), or None."""
+    meta = read_meta(proc.path)
+    if meta is None:
+        return None
     try:
-        meta = json.loads((proc.path / "stacks.json").read_text())
         start, end = int(meta["start_ns"]), int(meta["end_ns"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
     return (start, end) if end > start else None
 

@@ -70,11 +70,11 @@ class StackSamples:
 
 def read_stacks(proc_dir: Path) -> StackSamples | None:
     """The samples a process folder holds, or None."""
-    txt, meta_path = proc_dir / STACKS_TXT, proc_dir / STACKS_JSON
-    if not (txt.is_file() and meta_path.is_file()):
+    txt = proc_dir / STACKS_TXT
+    meta = read_meta(proc_dir)
+    if meta is None or not txt.is_file():
         return None
     try:
-        meta = json.loads(meta_path.read_text())
         stacks = parse_raw(txt.read_text(errors="replace"), main_thread=_pid_of(proc_dir))
     except (OSError, ValueError):
         return None
@@ -124,6 +124,15 @@ def format_raw(stacks: Counter[tuple[str, ...]]) -> str:
     return "".join(f"{';'.join(s)} {n}\n" for s, n in stacks.items())
 
 
+def read_meta(proc_dir: Path) -> dict[str, Any] | None:
+    """A process folder's stacks.json (recorder, rate, span, samples taken), or None."""
+    try:
+        meta = json.loads((proc_dir / STACKS_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def write_meta(proc_dir: Path, **meta: Any) -> None:
     _write_atomic(proc_dir / STACKS_JSON, json.dumps(meta))
 
@@ -164,12 +173,11 @@ class InProcessSampler:
     """Samples one thread of this process at ``rate_hz`` for ``span_s``, from a daemon thread,
     running or blocked alike (as py-spy ``--idle``)."""
 
-    def __init__(self, proc_dir: Path, thread_id: int, native_id: int, *,
+    def __init__(self, proc_dir: Path, thread_id: int, *,
                  rate_hz: float = RATE_HZ, span_s: float = SPAN_S,
                  clock: Callable[[], int] = time.perf_counter_ns) -> None:
         self.proc_dir = proc_dir
         self.thread_id = thread_id
-        self.native_id = native_id
         self.rate_hz = rate_hz
         self.span_s = span_s
         self.clock = clock
@@ -364,7 +372,7 @@ def _last_line(text: str) -> str:
 
 def start_fallback_sampler(proc_dir: Path) -> None:
     """Sample the calling thread of this process (the training or worker loop)."""
-    sampler = InProcessSampler(proc_dir, threading.get_ident(), threading.get_native_id())
+    sampler = InProcessSampler(proc_dir, threading.get_ident())
     sampler.start()
 
 

@@ -181,7 +181,7 @@ def busy_then_sleep(seconds: float) -> None:
 
 
 def test_in_process_sampler_counts_blocked_time_too(tmp_path: Path) -> None:
-    sampler = InProcessSampler(tmp_path, threading.get_ident(), threading.get_native_id(),
+    sampler = InProcessSampler(tmp_path, threading.get_ident(),
                                rate_hz=100, span_s=0.5)
     sampler.start()
     busy_then_sleep(0.8)
