@@ -1,12 +1,14 @@
 """Accuracy of doctor's verdicts and speedup estimates on the sample jobs, measured by ablation.
 
 Each sample job has one known bottleneck and a switch that removes it. For every job and every
-``--workers`` setting, the job runs (a) under ``doctor run`` (its ``verdict.json`` is read), (b)
-bare and (c) bare with its switch. The true share of the bottleneck is
-``1 - median step with switch / median step without``, and the measured speedup is the bare
-median step over the switched one, both from the job's own clock (its last stdout line; with
-``--repeat N``, the median of N alternated runs). The load average is printed at the start and the
-end: other work on the machine moves the bare timings.
+``--workers`` setting, the job runs (a) under ``doctor run`` (its ``verdict.json`` is read) and
+(b) bare with ``--ablate BLOCK``: in that one process the switch goes off and on every BLOCK steps
+and the job reports the median step of each side, so both sides see the same machine (this kind
+of machine can change speed from one process to the next by more than a switch does). The true
+share of the bottleneck is ``1 - median step with switch / median step without``, and the
+measured speedup is the median step without over the one with, both from the job's own clock (its
+last stdout line; with ``--repeat N``, the medians of N such runs). The load average is printed at
+the start and the end: other work on the machine moves the bare timings.
 
 The table gives, per run: the verdict, doctor's shares of io / decode / preprocess / compute, the
 estimated speedup of the top finding in the expected category (``exp``; or of the top finding,
@@ -53,7 +55,7 @@ class Job:
 JOBS: dict[str, Job] = {
     "io_bound": Job("io", "--cached"),
     "decode_bound": Job("decode", "--predecoded"),
-    "preprocess_bound": Job("preprocess", "--no-augment"),
+    "preprocess_bound": Job("preprocess", "--pretransformed"),
     "collate_bound": Job("preprocess", "--fast-collate"),
     "input_bound": Job("preprocess", "--cached"),
     "get_batch_bound": Job("preprocess", "--prebatched", has_workers=False),
@@ -119,13 +121,15 @@ def last_json_line(stdout: str) -> dict[str, Any]:
     return dict(json.loads(lines[-1]))
 
 
-def run_bare(cmd: list[str], timeout: float) -> float:
-    """The job's own median steady step, in seconds."""
+def run_ablation(cmd: list[str], timeout: float) -> tuple[float, float]:
+    """The job's own median steady step without its switch and with it, in seconds, from one
+    process that alternates the two (``--ablate``)."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[1:])} exited {proc.returncode}: "
                            f"{proc.stderr.strip()[-400:]}")
-    return float(last_json_line(proc.stdout)["median_step_s"])
+    line = last_json_line(proc.stdout)
+    return float(line["median_step_s"]), float(line["switched_median_step_s"])
 
 
 def run_doctor(cmd: list[str], timeout: float) -> tuple[dict[str, Any], float | None]:
@@ -158,16 +162,17 @@ def pick_estimate(verdict: dict[str, Any], expected: str) -> tuple[float | None,
 
 
 def measure(name: str, workers: int | None, steps: int | None, timeout: float,
-            repeat: int) -> Row:
+            repeat: int, block: int) -> Row:
     job = JOBS[name]
     row = Row(job=name, workers=workers, expected=job.expected)
     cmd = job_command(name, workers, steps)
-    switched = job_command(name, workers, steps, job.switch)
+    ablation = job_command(name, workers, steps, "--ablate", str(block))
     try:
         bare, with_switch = [], []
-        for _ in range(repeat):  # alternate, so that a change of load hits both sides
-            bare.append(run_bare(cmd, timeout))
-            with_switch.append(run_bare(switched, timeout))
+        for _ in range(repeat):
+            off, on = run_ablation(ablation, timeout)
+            bare.append(off)
+            with_switch.append(on)
         row.bare_step_s = statistics.median(bare)
         row.switched_step_s = statistics.median(with_switch)
         verdict, row.doctor_step_s = run_doctor(cmd, timeout)
@@ -220,7 +225,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None,
                     help="--steps for every job (default: each job's own)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="bare runs with and without the switch, alternated; medians are taken")
+                    help="bare ablation runs per setting; the medians of their sides are taken")
+    ap.add_argument("--block", type=int, default=20,
+                    help="steps between flips of the switch in the ablation runs (default 20)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
     ap.add_argument("--json", type=Path, help="also write the rows to this file")
     args = ap.parse_args()
@@ -232,7 +239,8 @@ def main() -> None:
     for name in args.jobs:
         settings: list[int | None] = (list(args.workers) if JOBS[name].has_workers else [None])
         for workers in settings:
-            row = measure(name, workers, args.steps, args.timeout, max(1, args.repeat))
+            row = measure(name, workers, args.steps, args.timeout, max(1, args.repeat),
+                          max(1, args.block))
             loads.append(os.getloadavg()[0])
             rows.append(row)
             note = f"error: {row.error}" if row.error else (
@@ -247,7 +255,9 @@ def main() -> None:
     print(f"\ncorrect verdicts: {correct}/{len(rows)}; "
           f"estimates within ±{100 * TOLERANCE:.0f} % of measured: {within}/{len(rows)}")
     print("estimate (from): exp = top finding in the expected category; top = top finding "
-          "(none in the expected category). measured = bare median step / with its switch.")
+          "(none in the expected category). measured = median step / with the switch, both "
+          "sides in one process (--ablate): "
+          + ", ".join(f"{name} {JOBS[name].switch}" for name in args.jobs) + ".")
     print(f"end: {load()}; median 1-min load during the bench "
           f"{statistics.median(loads):.2f}; {time.perf_counter() - t0:.0f} s")
     if args.json:

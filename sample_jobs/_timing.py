@@ -1,6 +1,9 @@
 """Shared by the sample jobs: the job's own step timing, printed as one JSON line at the end.
 
 The benchmarks read that line to compare the job bare and under doctor with the job's own clock.
+``AblationTimer`` times a job that flips its switch back and forth inside one process
+(``--ablate N``), so that both sides of an ablation see the same machine: from one process to
+the next, this kind of machine can change speed by more than the switch does.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Iterator
 
 
 class StepTimer:
@@ -27,4 +31,45 @@ class StepTimer:
             "median_step_s": statistics.median(steady) if steady else None,
             "loop_s": time.perf_counter() - self.t_start,
             "steps": len(self.steps), **extra,
+        }), flush=True)
+
+
+def blocks(steps: int, block: int) -> Iterator[tuple[bool, int]]:
+    """(switched, length) of alternating blocks, the switch off first, ``steps`` in all."""
+    done, switched = 0, False
+    while done < steps:
+        length = min(block, steps - done)
+        yield switched, length
+        done += length
+        switched = not switched
+
+
+class AblationTimer:
+    """Steps timed in alternating blocks with the job's switch off and on. The first ``warm``
+    steps of each block are not counted (a fresh DataLoader iterator starts its workers and
+    fills its queue there)."""
+
+    def __init__(self, block: int, warm: int = 3) -> None:
+        self.block, self.warm = block, warm
+        self.times: dict[bool, list[float]] = {False: [], True: []}
+        self.t_start = time.perf_counter()
+        self.switched, self.in_block, self.last = False, 0, self.t_start
+
+    def start_block(self, switched: bool) -> None:
+        self.switched, self.in_block, self.last = switched, 0, time.perf_counter()
+
+    def step(self) -> None:
+        now = time.perf_counter()
+        if self.in_block >= self.warm:
+            self.times[self.switched].append(now - self.last)
+        self.in_block += 1
+        self.last = now
+
+    def report(self, **extra: object) -> None:
+        off, on = self.times[False], self.times[True]
+        print(json.dumps({
+            "median_step_s": statistics.median(off) if off else None,
+            "switched_median_step_s": statistics.median(on) if on else None,
+            "loop_s": time.perf_counter() - self.t_start,
+            "steps": len(off) + len(on), "ablation_block": self.block, **extra,
         }), flush=True)

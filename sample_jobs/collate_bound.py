@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loop import fit, in_data_dir
+from _loop import add_ablation_arg, fit_job, in_data_dir
 
 VOCAB = 1000
 PAD = 0
@@ -101,11 +101,14 @@ class BagModel(nn.Module):
 def train(args: argparse.Namespace, root: str) -> None:
     tok_path, off_path = write_tokens(root, args.sequences, args.max_len)
     data = TokenDataset(tok_path, off_path, args.batch * args.steps)
-    loader = DataLoader(data, batch_size=args.batch, shuffle=False, num_workers=args.workers,
-                        collate_fn=fast_collate if args.fast_collate else slow_collate)
+
+    def loader(fast: bool) -> DataLoader:
+        return DataLoader(data, batch_size=args.batch, shuffle=False, num_workers=args.workers,
+                          collate_fn=fast_collate if fast else slow_collate)
+
     model = BagModel(args.hidden)
-    fit(loader, model).report(job="collate_bound", fast_collate=args.fast_collate,
-                              workers=args.workers)
+    timer = fit_job(args, args.fast_collate, loader, model)
+    timer.report(job="collate_bound", fast_collate=args.fast_collate, workers=args.workers)
 
 
 def main() -> None:
@@ -120,6 +123,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--fast-collate", action="store_true",
                     help="vectorised collate: removes the bottleneck")
+    add_ablation_arg(ap)
     ap.add_argument("--data", help="directory for the token files (default: a temporary one)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # a small model: one thread is plenty, and steadier

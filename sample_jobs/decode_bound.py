@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loop import fit, in_data_dir
+from _loop import add_ablation_arg, fit_job, in_data_dir
 
 OUT = 32  # side of the image the model sees
 
@@ -68,12 +68,17 @@ class ImageDataset(Dataset):
 
 def train(args: argparse.Namespace, root: str) -> None:
     paths = write_images(root, args.images, args.size, args.format)
-    data = ImageDataset(paths, args.batch * args.steps, args.predecoded)
-    loader = DataLoader(data, batch_size=args.batch, shuffle=False, num_workers=args.workers)
+    n = args.batch * args.steps
+
+    def loader(predecoded: bool) -> DataLoader:
+        return DataLoader(ImageDataset(paths, n, predecoded), batch_size=args.batch,
+                          shuffle=False, num_workers=args.workers)
+
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * OUT * OUT, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, 10))
-    fit(loader, model).report(job="decode_bound", predecoded=args.predecoded, workers=args.workers)
+    timer = fit_job(args, args.predecoded, loader, model)
+    timer.report(job="decode_bound", predecoded=args.predecoded, workers=args.workers)
 
 
 def main() -> None:
@@ -89,6 +94,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--predecoded", action="store_true",
                     help="decode once before training: removes the bottleneck")
+    add_ablation_arg(ap)
     ap.add_argument("--data", help="directory for the images (default: a temporary one)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # a small model: one thread is plenty, and steadier

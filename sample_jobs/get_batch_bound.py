@@ -3,7 +3,8 @@ picks random windows of a token file opened with ``np.memmap`` and turns each in
 per-token Python work, then a tiny model trains on them.
 
 Switch: ``--prebatched`` builds all batches before the loop, removing the bottleneck, so the share
-of input built outside a DataLoader can be measured by ablation.
+of input built outside a DataLoader can be measured by ablation (``--ablate BLOCK``: both sides in
+one process, alternating).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import StepTimer
+from _timing import AblationTimer, StepTimer, blocks
 
 VOCAB = 256
 
@@ -42,6 +43,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--prebatched", action="store_true", help="remove the bottleneck")
+    ap.add_argument("--ablate", type=int, default=0, metavar="BLOCK",
+                    help="alternate the switch off and on every BLOCK steps in this one process "
+                         "(--steps in all) and report the median step of each side")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -49,20 +53,24 @@ def main() -> None:
         path = os.path.join(tmp, "tokens.bin")
         rng.integers(0, VOCAB, size=2_000_000, dtype=np.uint16).tofile(path)
         data = np.memmap(path, dtype=np.uint16, mode="r")
-        pre = [get_batch(data, args.batch, args.block, rng) for _ in range(args.steps)] \
-            if args.prebatched else None
+        ablate = args.ablate > 0
+        ready = args.ablate if ablate else args.steps if args.prebatched else 0
+        pre = [get_batch(data, args.batch, args.block, rng) for _ in range(ready)]
         model = nn.Sequential(nn.Embedding(VOCAB, 32), nn.Linear(32, VOCAB))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        timer = StepTimer()
-        for step in range(args.steps):
-            x, y = pre[step] if pre is not None else get_batch(data, args.batch, args.block, rng)
-            loss = nn.functional.cross_entropy(model(x).view(-1, VOCAB), y.reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            timer.step()
+        timer: StepTimer | AblationTimer = AblationTimer(args.ablate) if ablate else StepTimer()
+        sides = blocks(args.steps, args.ablate) if ablate else [(args.prebatched, args.steps)]
+        for prebatched, length in sides:
+            if isinstance(timer, AblationTimer):
+                timer.start_block(prebatched)
+            for step in range(length):
+                x, y = pre[step] if prebatched else get_batch(data, args.batch, args.block, rng)
+                loss = nn.functional.cross_entropy(model(x).view(-1, VOCAB), y.reshape(-1))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                timer.step()
         timer.report(job="get_batch_bound", prebatched=args.prebatched)
-
 
 if __name__ == "__main__":
     main()

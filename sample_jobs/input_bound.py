@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loop import fit
+from _loop import add_ablation_arg, fit_job
 
 FEATURES = 64
 
@@ -57,16 +57,22 @@ def main() -> None:
                     help="MLP width: the compute part (20-30 %% of the step, --workers 0)")
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--cached", action="store_true", help="remove the bottleneck")
+    add_ablation_arg(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)  # the model is tiny: one thread is plenty, and steadier
     torch.manual_seed(0)
-    n = args.batch * args.steps
-    data = SlowDataset(n, args.work, args.cached)
-    loader = DataLoader(data, batch_size=args.batch, shuffle=False, num_workers=args.workers)
+    # an ablation's blocks each start at sample 0: its cache needs one block of samples
+    n = args.batch * (min(args.steps, args.ablate) if args.ablate > 0 else args.steps)
+
+    def loader(cached: bool) -> DataLoader:
+        return DataLoader(SlowDataset(n, args.work, cached), batch_size=args.batch,
+                          shuffle=False, num_workers=args.workers)
+
     model = nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, 10))
-    fit(loader, model).report(job="input_bound", cached=args.cached, workers=args.workers)
+    fit_job(args, args.cached, loader, model).report(job="input_bound", cached=args.cached,
+                                                     workers=args.workers)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loop import fit, in_data_dir
+from _loop import add_ablation_arg, fit_job, in_data_dir
 
 FEATURES = 256
 
@@ -69,12 +69,17 @@ class FileDataset(Dataset):
 
 def train(args: argparse.Namespace, root: str) -> None:
     paths = write_files(root, args.files, args.file_mb)
-    data = FileDataset(paths, args.batch * args.steps, args.cached)
-    loader = DataLoader(data, batch_size=args.batch, shuffle=False, num_workers=args.workers)
+    n = args.batch * args.steps
+
+    def loader(cached: bool) -> DataLoader:
+        return DataLoader(FileDataset(paths, n, cached), batch_size=args.batch, shuffle=False,
+                          num_workers=args.workers)
+
     model = nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, 10))
-    fit(loader, model).report(job="io_bound", cached=args.cached, workers=args.workers)
+    timer = fit_job(args, args.cached, loader, model)
+    timer.report(job="io_bound", cached=args.cached, workers=args.workers)
 
 
 def main() -> None:
@@ -89,6 +94,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--cached", action="store_true",
                     help="keep the samples in memory: removes the bottleneck")
+    add_ablation_arg(ap)
     ap.add_argument("--data", help="directory for the sample files (default: a temporary one)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # a small model: one thread is plenty, and steadier

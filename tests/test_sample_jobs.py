@@ -1,6 +1,7 @@
 """The input-stage sample jobs run, with and without the switch that removes their bottleneck, and
-end with the JSON line of ``StepTimer.report``. Tiny sizes: this checks that they work, not how
-fast they are (bench/accuracy.py does that)."""
+end with the JSON line of ``StepTimer.report``; every sample job's ``--ablate`` flips its switch
+in one process and reports both sides. Tiny sizes: this checks that they work, not how fast they
+are (bench/accuracy.py does that), except for one exaggerated bottleneck."""
 
 from __future__ import annotations
 
@@ -13,24 +14,37 @@ import pytest
 
 from tests.conftest import SAMPLE_JOBS
 
+sys.path.insert(0, str(SAMPLE_JOBS))
+from _timing import AblationTimer, blocks
+
 pytestmark = pytest.mark.e2e
 
 JOBS = {
     "io_bound": ("--cached", ["--files", "2", "--file-mb", "0.25", "--batch", "2"]),
     "decode_bound": ("--predecoded", ["--images", "2", "--size", "64", "--batch", "2"]),
-    "preprocess_bound": ("--no-augment", ["--images", "2", "--batch", "2", "--passes", "1"]),
+    "preprocess_bound": ("--pretransformed", ["--images", "2", "--batch", "2", "--passes", "1"]),
     "collate_bound": ("--fast-collate", ["--sequences", "4", "--max-len", "32", "--batch", "2"]),
 }
 
 
 CASES = [(job, switch) for job in sorted(JOBS) for switch in (False, True)]
+ABLATED = {**{job: small for job, (_flag, small) in JOBS.items()},
+           "input_bound": ["--batch", "2", "--work", "400", "--hidden", "16"],  # exaggerated
+           "get_batch_bound": ["--batch", "2", "--block", "16"],
+           "compute_bound": ["--width", "64", "--batch", "8"]}
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], tuple[
+def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool | str], tuple[
         subprocess.CompletedProcess[str], Path]]:
     """Every case, started together (each is mostly torch's import time) and waited for."""
-    started = {}
+    started: dict[tuple[str, bool | str], tuple[list[str], Path, subprocess.Popen[str]]] = {}
+    for job, small in ABLATED.items():
+        data = tmp_path_factory.mktemp(f"{job}-ablated")
+        cmd = [sys.executable, str(SAMPLE_JOBS / f"{job}.py"), "--steps", "16", "--ablate", "8",
+               *(["--data", str(data)] if job in JOBS else []), *small]
+        started[job, "ablated"] = (cmd, data, subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for job, switch in CASES:
         flag, small = JOBS[job]
         data = tmp_path_factory.mktemp(f"{job}-{switch}")
@@ -52,7 +66,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool],
 @pytest.mark.parametrize(("job", "switch"), CASES,
                          ids=[f"{j}-{'switched' if s else 'bottleneck'}" for j, s in CASES])
 def test_sample_job_runs_and_reports(
-        finished: dict[tuple[str, bool], tuple[subprocess.CompletedProcess[str], Path]],
+        finished: dict[tuple[str, bool | str], tuple[subprocess.CompletedProcess[str], Path]],
         job: str, switch: bool) -> None:
     proc, data = finished[job, switch]
     assert proc.returncode == 0, proc.stderr
@@ -62,3 +76,41 @@ def test_sample_job_runs_and_reports(
     assert report["median_step_s"] > 0
     assert report["workers"] == 0
     assert any(data.iterdir()), "the job generates its data into --data"
+
+
+@pytest.mark.parametrize("job", sorted(ABLATED))
+def test_ablation_reports_both_sides_from_one_process(
+        finished: dict[tuple[str, bool | str], tuple[subprocess.CompletedProcess[str], Path]],
+        job: str) -> None:
+    proc, _data = finished[job, "ablated"]
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ablation_block"] == 8
+    assert report["steps"] == 10  # two blocks a side, the first 3 steps of each not counted
+    assert report["median_step_s"] > 0
+    assert report["switched_median_step_s"] > 0
+
+
+
+def test_ablation_sees_the_bottleneck_go(
+        finished: dict[tuple[str, bool | str], tuple[subprocess.CompletedProcess[str], Path]]
+        ) -> None:
+    """input_bound with 400 inner steps per feature and a 16-wide model: its switch (samples
+    built once) takes most of the step away, on either side of the alternation."""
+    proc, _data = finished["input_bound", "ablated"]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["switched_median_step_s"] < 0.5 * report["median_step_s"]
+
+
+def test_blocks_alternate_from_the_switch_off() -> None:
+    assert list(blocks(7, 3)) == [(False, 3), (True, 3), (False, 1)]
+    assert list(blocks(4, 10)) == [(False, 4)]
+
+
+def test_ablation_timer_leaves_each_blocks_first_steps_out() -> None:
+    timer = AblationTimer(block=4, warm=2)
+    for switched in (False, True):
+        timer.start_block(switched)
+        for _ in range(4):
+            timer.step()
+    assert [len(timer.times[s]) for s in (False, True)] == [2, 2]
