@@ -53,8 +53,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "sample_jobs"
 
-# Steps for a training loop of roughly 10-15 s on this machine (2 cores, CPU torch).
-DEFAULT_STEPS = {"compute_bound": 700, "input_bound": 400}
+# Steps for a training loop of roughly 20-30 s on this machine (2 cores, CPU torch): the 8 s of
+# stack sampling after the window is a one-off cost, and must stay a minority of the steps that
+# the median step is taken over.
+DEFAULT_STEPS = {"compute_bound": 1500, "input_bound": 600}
 
 BUDGET_MEDIAN = 1.01
 BUDGET_WINDOW_STEP = 1.25
@@ -280,7 +282,7 @@ def main() -> None:
     ap.add_argument("--jobs", default=",".join(DEFAULT_STEPS),
                     help="comma-separated sample jobs (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=0,
-                    help="override the steps of every job (default: per job, ~10-15 s loop)")
+                    help="override the steps of every job (default: per job, ~20-30 s loop)")
     ap.add_argument("--window", default=None,
                     help="passed to doctor run --window (START,STEPS or off; default: doctor's)")
     ap.add_argument("--job-args", default="",

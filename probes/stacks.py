@@ -9,7 +9,7 @@ rate, the sampled span on the shared monotonic clock, and the number of samples 
   ``--subprocesses`` (it keeps rescanning the tree: 8-36 % of step time here). Not
   ``--nonblocking`` either: reading a running interpreter's stack without pausing it loses tight
   Python loops (a get_batch() loop that took 77 % of the time showed as 55 %); pausing it for
-  each of the 50 samples a second, during the 4 s of the window only, is the price of the truth.
+  each of the 50 samples a second, during the 8 s of the window only, is the price of the truth.
 - an in-process sampler thread, when py-spy is missing or ptrace is refused (a container without
   SYS_PTRACE, Yama): the main process samples from its window's start, each worker from its
   third batch.
@@ -42,7 +42,10 @@ from typing import Any
 from doctor.verdict import ProbeStatus
 
 RATE_HZ = 50
-SPAN_S = 4.0  # how long each process is sampled: ~200 samples, a few % of sampling error
+# How long each process is sampled: ~400 samples. A stage's share of loading is a count of
+# samples, with a binomial error: about 2 points at 400 samples (3 at 200, where a job with 80 %
+# of its step in one stage read anywhere from 4x to 5x as its speedup, run to run).
+SPAN_S = 8.0
 FLUSH_S = 0.5  # the in-process sampler writes what it has this often
 STACKS_TXT = "stacks.txt"
 STACKS_JSON = "stacks.json"
