@@ -237,3 +237,18 @@ def test_contention_from_workers_counts_in_the_input_share() -> None:
     [stage] = input_stage(inputs)
     assert stage.id == "input.decode"
     assert stage.evidence["share_of_step"] == pytest.approx(0.6)
+
+
+def test_with_workers_the_rest_keeps_what_contention_does_not_explain() -> None:
+    """The training process used 0.03 s of CPU a 0.1 s step, waited 0.02 s for batches and 0.02 s
+    for cores the workers held: with decoding gone, the rest is 0.06 s (its wall time less the
+    contention), not its 0.03 s of CPU (the rest of that time it blocks, taking batches)."""
+    frame = ledger(wait=0.02, compute=0.08)
+    frame["contention_s"] = 0.02
+    meta = split_meta(decode=1.0)
+    meta.update(main_cpu_cores=0.3, worker_cpu_cores=1.0)
+    [stage] = input_stage(RuleInputs(ledger=frame, loaders=loaders(num_workers=2), meta=meta))
+    assert stage.estimated_speedup == pytest.approx(0.1 / 0.06)
+    meta.update(main_cpu_cores=0.7)  # CPU above the wall time less contention: CPU is the floor
+    [stage] = input_stage(RuleInputs(ledger=frame, loaders=loaders(num_workers=2), meta=meta))
+    assert stage.estimated_speedup == pytest.approx(0.1 / 0.07)

@@ -80,11 +80,17 @@ class _Input:
             cpu = worker_cores * self.step
             self.load = min(self.load, cpu / max(1.0 - reads, 0.05))
         # With workers, the rest of the step shares the cores with them: its wall time is
-        # inflated. Without the loading it would take about its own CPU time.
+        # inflated by the time it waited for a core the workers held (the contention). Without
+        # that wait it takes at least its own CPU time, and more where it also blocks (taking a
+        # batch from the workers' queue costs the training process a handshake per tensor, that
+        # a cheaper stage does not remove).
         main_cores = inputs.meta.get("main_cpu_cores")
+        self.contention = float(ledger["contention_s"].median()) if "contention_s" in ledger \
+            else 0.0
         self.rest_alone = self.rest
         if self.workers and main_cores:
-            self.rest_alone = min(self.rest, max(main_cores * self.step, 1e-9))
+            own = max(main_cores * self.step, 1e-9)
+            self.rest_alone = min(self.rest, max(own, self.rest - self.contention))
 
     def step_after(self, load: float, workers: int) -> float:
         return estimate_with_workers(load, self.rest_alone, self.cores, workers)
