@@ -7,13 +7,16 @@ and the job reports the median step of each side, so both sides see the same mac
 of machine can change speed from one process to the next by more than a switch does). The true
 share of the bottleneck is ``1 - median step with switch / median step without``, and the
 measured speedup is the median step without over the one with, both from the job's own clock (its
-last stdout line; with ``--repeat N``, the medians of N such runs). The load average is printed at
-the start and the end: other work on the machine moves the bare timings.
+last stdout line). With ``--repeat N`` both run N times, alternated, and the table takes the
+medians (steps, shares, estimates) and the most common verdict (with its count when the runs
+disagree). The load average is printed at the start and the end: other work on the machine moves
+the bare timings.
 
-The table gives, per run: the verdict, doctor's shares of io / decode / preprocess / compute, the
-estimated speedup of the top finding in the expected category (``exp``; or of the top finding,
-``top``, when none is in that category), the measured speedup, and whether the estimate is within
-±25 % of it; then the count of correct verdicts and of estimates within ±25 %.
+The table gives, per setting: the verdict, doctor's shares of io / decode / preprocess /
+compute, the estimated speedup of the top finding in the expected category (``exp``; or of the
+top finding, ``top``, when none is in that category), the measured speedup, and whether the
+estimate is within ±25 % of it; then the count of correct verdicts and of estimates within
+±25 %.
 
 The expected category is the bench's knowledge of each job; doctor never sees it.
 
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +72,8 @@ class Row:
     job: str
     workers: int | None
     expected: str
-    verdict: str = "error"
+    verdict: str = "error"   # the most common of the doctor runs' verdicts
+    verdicts: list[str] = field(default_factory=list)  # each doctor run's
     shares: dict[str, float] = field(default_factory=dict)
     estimate: float | None = None
     estimate_from: str = ""      # "exp": top finding of the expected category; "top": top finding
@@ -167,21 +172,31 @@ def measure(name: str, workers: int | None, steps: int | None, timeout: float,
     row = Row(job=name, workers=workers, expected=job.expected)
     cmd = job_command(name, workers, steps)
     ablation = job_command(name, workers, steps, "--ablate", str(block))
+    bare, with_switch, verdicts, doctor_steps = [], [], [], []
     try:
-        bare, with_switch = [], []
-        for _ in range(repeat):
+        for _ in range(repeat):  # alternate, so that a change of load hits both
             off, on = run_ablation(ablation, timeout)
             bare.append(off)
             with_switch.append(on)
-        row.bare_step_s = statistics.median(bare)
-        row.switched_step_s = statistics.median(with_switch)
-        verdict, row.doctor_step_s = run_doctor(cmd, timeout)
+            verdict, step = run_doctor(cmd, timeout)
+            verdicts.append(verdict)
+            doctor_steps += [step] if step is not None else []
     except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
         row.error = str(exc)
         return row
-    row.verdict = str(verdict.get("bottleneck", "?"))
-    row.shares = {k: float(v) for k, v in verdict.get("shares", {}).items()}
-    row.estimate, row.estimate_from, row.estimate_finding = pick_estimate(verdict, job.expected)
+    row.bare_step_s = statistics.median(bare)
+    row.switched_step_s = statistics.median(with_switch)
+    row.doctor_step_s = statistics.median(doctor_steps) if doctor_steps else None
+    row.verdicts = [str(v.get("bottleneck", "?")) for v in verdicts]
+    row.verdict = Counter(row.verdicts).most_common(1)[0][0]
+    keys = {k for v in verdicts for k in v.get("shares", {})}
+    row.shares = {k: statistics.median(float(v.get("shares", {}).get(k, 0.0)) for v in verdicts)
+                  for k in keys}
+    picked = [pick_estimate(v, job.expected) for v in verdicts]
+    estimates = [p for p in picked if p[0] is not None]
+    if estimates:
+        row.estimate = statistics.median(e for e, _f, _i in estimates if e is not None)
+        _est, row.estimate_from, row.estimate_finding = estimates[0]
     return row
 
 
@@ -201,7 +216,9 @@ def table(rows: list[Row]) -> str:
         est = "-" if r.estimate is None else f"{speed(r.estimate)} ({r.estimate_from})"
         within = {True: "yes", False: "no", None: "-"}[r.within]
         body.append([r.job, "-" if r.workers is None else str(r.workers), r.expected,
-                     r.verdict + ("" if r.correct else " ✗"),
+                     r.verdict + ("" if r.correct else " ✗") + (
+                         f" {r.verdicts.count(r.verdict)}/{len(r.verdicts)}"
+                         if len(set(r.verdicts)) > 1 else ""),
                      *(pct(r.shares.get(s)) for s in SHOWN), est, speed(r.measured),
                      pct(r.true_share), within])
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
@@ -225,7 +242,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None,
                     help="--steps for every job (default: each job's own)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="bare ablation runs per setting; the medians of their sides are taken")
+                    help="ablation and doctor runs per setting, alternated: the medians of the "
+                         "steps, shares and estimates, and the most common verdict")
     ap.add_argument("--block", type=int, default=20,
                     help="steps between flips of the switch in the ablation runs (default 20)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
@@ -253,7 +271,9 @@ def main() -> None:
     correct = sum(r.correct for r in rows)
     rated = [r for r in rows if r.within is not None]  # an estimate and a measured speedup
     within = sum(bool(r.within) for r in rated)
-    print(f"\ncorrect verdicts: {correct}/{len(rows)}; "
+    runs = [(v, r.expected) for r in rows for v in r.verdicts]
+    print(f"\ncorrect verdicts: {correct}/{len(rows)} "
+          f"(each run: {sum(v == e for v, e in runs)}/{len(runs)}); "
           f"estimates within ±{100 * TOLERANCE:.0f} % of measured: {within}/{len(rated)}")
     print("estimate (from): exp = top finding in the expected category; top = top finding "
           "(none in the expected category). measured = median step / with the switch, both "
