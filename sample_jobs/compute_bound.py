@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _loop import add_ablation_arg
 from _timing import AblationTimer, StepTimer, blocks
 
 
@@ -24,9 +25,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--small-model", action="store_true", help="remove the bottleneck")
-    ap.add_argument("--ablate", type=int, default=0, metavar="BLOCK",
-                    help="alternate the switch off and on every BLOCK steps in this one process "
-                         "(--steps in all) and report the median step of each side")
+    add_ablation_arg(ap)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
     args = ap.parse_args()
     if args.threads:

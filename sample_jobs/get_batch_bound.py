@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _loop import add_ablation_arg
 from _timing import AblationTimer, StepTimer, blocks
 
 VOCAB = 256
@@ -43,9 +44,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--prebatched", action="store_true", help="remove the bottleneck")
-    ap.add_argument("--ablate", type=int, default=0, metavar="BLOCK",
-                    help="alternate the switch off and on every BLOCK steps in this one process "
-                         "(--steps in all) and report the median step of each side")
+    add_ablation_arg(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -54,7 +53,7 @@ def main() -> None:
         rng.integers(0, VOCAB, size=2_000_000, dtype=np.uint16).tofile(path)
         data = np.memmap(path, dtype=np.uint16, mode="r")
         ablate = args.ablate > 0
-        ready = args.ablate if ablate else args.steps if args.prebatched else 0
+        ready = min(args.ablate, args.steps) if ablate else args.steps if args.prebatched else 0
         pre = [get_batch(data, args.batch, args.block, rng) for _ in range(ready)]
         model = nn.Sequential(nn.Embedding(VOCAB, 32), nn.Linear(32, VOCAB))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -71,6 +70,7 @@ def main() -> None:
                 opt.step()
                 timer.step()
         timer.report(job="get_batch_bound", prebatched=args.prebatched)
+
 
 if __name__ == "__main__":
     main()
