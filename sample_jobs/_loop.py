@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from _timing import AblationTimer, StepTimer, blocks
+from _timing import AblationTimer, StepTimer, plan
 from torch import nn
 
 Loader = Iterable[Any]
@@ -22,41 +22,24 @@ def add_ablation_arg(ap: argparse.ArgumentParser) -> None:
                          "(--steps in all) and report the median step of each side")
 
 
-def fit(loader: Loader, model: nn.Module) -> StepTimer:
-    """One optimizer step per batch ``(*inputs, target)``; the job's own step clock."""
+def fit_job(args: argparse.Namespace, switched: bool, make_loader: Callable[[bool], Loader],
+            model: nn.Module) -> StepTimer | AblationTimer:
+    """``--steps`` optimizer steps, one per batch ``(*inputs, target)``, from the loader built
+    with the switch as asked; with ``--ablate``, in blocks alternating the loaders built without
+    the switch and with it. Each block starts a fresh iterator of its loader, so DataLoader
+    workers see the side they serve."""
+    timer, sides = plan(args.steps, args.ablate, switched)
+    loaders = {side: make_loader(side) for side in {s for s, _ in sides}}
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    timer = StepTimer()
-    for *inputs, target in loader:
-        train_step(model, opt, inputs, target)
-        timer.step()
-    return timer
-
-
-def fit_ablation(loaders: dict[bool, Loader], model: nn.Module, steps: int,
-                 block: int) -> AblationTimer:
-    """``steps`` optimizer steps in blocks of ``block``, alternating the loader built without
-    the switch (False) and with it (True); each block starts a fresh iterator of its loader, so
-    DataLoader workers see the side they serve."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    timer = AblationTimer(block)
-    for switched, length in blocks(steps, block):
-        batches = iter(loaders[switched])
-        timer.start_block(switched)
+    for side, length in sides:
+        batches = iter(loaders[side])
+        timer.start_block(side)
         for _ in range(length):
             *inputs, target = next(batches)
             train_step(model, opt, inputs, target)
             timer.step()
         del batches  # shuts its workers down before the other side's start
     return timer
-
-
-def fit_job(args: argparse.Namespace, switched: bool, make_loader: Callable[[bool], Loader],
-            model: nn.Module) -> StepTimer | AblationTimer:
-    """The job's run: with ``--ablate``, both sides in alternation; else the side asked for."""
-    if args.ablate > 0:
-        return fit_ablation({False: make_loader(False), True: make_loader(True)}, model,
-                            args.steps, args.ablate)
-    return fit(make_loader(switched), model)
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: list[Any],

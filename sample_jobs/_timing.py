@@ -20,6 +20,10 @@ class StepTimer:
         self.last = self.t_start
         self.steps: list[float] = []
 
+    def start_block(self, switched: bool) -> None:
+        """The next step is timed from now (a plain run is one block, of one side)."""
+        self.last = time.perf_counter()
+
     def step(self) -> None:
         now = time.perf_counter()
         self.steps.append(now - self.last)
@@ -42,6 +46,15 @@ def blocks(steps: int, block: int) -> Iterator[tuple[bool, int]]:
         yield switched, length
         done += length
         switched = not switched
+
+
+def plan(steps: int, ablate: int, switched: bool
+         ) -> tuple[StepTimer | AblationTimer, list[tuple[bool, int]]]:
+    """The timer and the (switched, length) blocks of a job's run: with ``--ablate`` > 0 both
+    sides in alternation, else one block of the side asked for."""
+    if ablate > 0:
+        return AblationTimer(ablate), list(blocks(steps, ablate))
+    return StepTimer(), [(switched, steps)]
 
 
 class AblationTimer:

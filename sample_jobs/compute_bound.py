@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _loop import add_ablation_arg
-from _timing import AblationTimer, StepTimer, blocks
+from _timing import plan
 
 
 def main() -> None:
@@ -34,14 +34,12 @@ def main() -> None:
     n = args.batch * 16
     data = TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True)
-    models = {small: mlp(args.width // 16 if small else args.width) for small in (False, True)}
+    timer, sides = plan(args.steps, args.ablate, args.small_model)
+    models = {small: mlp(args.width // 16 if small else args.width)
+              for small in {s for s, _ in sides}}
     optimizers = {small: torch.optim.SGD(m.parameters(), lr=0.01) for small, m in models.items()}
-    ablate = args.ablate > 0
-    timer: StepTimer | AblationTimer = AblationTimer(args.ablate) if ablate else StepTimer()
-    sides = blocks(args.steps, args.ablate) if ablate else [(args.small_model, args.steps)]
     for small, length in sides:
-        if isinstance(timer, AblationTimer):
-            timer.start_block(small)
+        timer.start_block(small)
         model, opt = models[small], optimizers[small]
         step = 0
         while step < length:

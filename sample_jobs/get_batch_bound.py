@@ -20,7 +20,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _loop import add_ablation_arg
-from _timing import AblationTimer, StepTimer, blocks
+from _timing import plan
 
 VOCAB = 256
 
@@ -52,16 +52,13 @@ def main() -> None:
         path = os.path.join(tmp, "tokens.bin")
         rng.integers(0, VOCAB, size=2_000_000, dtype=np.uint16).tofile(path)
         data = np.memmap(path, dtype=np.uint16, mode="r")
-        ablate = args.ablate > 0
-        ready = min(args.ablate, args.steps) if ablate else args.steps if args.prebatched else 0
+        timer, sides = plan(args.steps, args.ablate, args.prebatched)
+        ready = max((length for prebatched, length in sides if prebatched), default=0)
         pre = [get_batch(data, args.batch, args.block, rng) for _ in range(ready)]
         model = nn.Sequential(nn.Embedding(VOCAB, 32), nn.Linear(32, VOCAB))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        timer: StepTimer | AblationTimer = AblationTimer(args.ablate) if ablate else StepTimer()
-        sides = blocks(args.steps, args.ablate) if ablate else [(args.prebatched, args.steps)]
         for prebatched, length in sides:
-            if isinstance(timer, AblationTimer):
-                timer.start_block(prebatched)
+            timer.start_block(prebatched)
             for step in range(length):
                 x, y = pre[step] if prebatched else get_batch(data, args.batch, args.block, rng)
                 loss = nn.functional.cross_entropy(model(x).view(-1, VOCAB), y.reshape(-1))
