@@ -58,8 +58,9 @@ class _Input:
             raise RuleSkipped("no step time")
         self.wait_share = float(ledger["wait_s"].sum()) / self.wall
         # with workers, the training's wait for cores the workers hold is input's too
-        contended = float(ledger["contention_s"].sum()) if "contention_s" in ledger else 0.0
-        self.share = self.wait_share + contended / self.wall
+        contention: pd.Series = ledger["contention_s"] if "contention_s" in ledger \
+            else pd.Series(0.0, index=ledger.index)
+        self.share = self.wait_share + float(contention.sum()) / self.wall
         self.step = float(ledger["wall_s"].median())
         self.wait = float(ledger["wait_s"].median())
         self.rest = max(self.step - self.wait, 0.0)
@@ -85,8 +86,7 @@ class _Input:
         # batch from the workers' queue costs the training process a handshake per tensor, that
         # a cheaper stage does not remove).
         main_cores = inputs.meta.get("main_cpu_cores")
-        self.contention = float(ledger["contention_s"].median()) if "contention_s" in ledger \
-            else 0.0
+        self.contention = float(contention.median())
         self.rest_alone = self.rest
         if self.workers and main_cores:
             own = max(main_cores * self.step, 1e-9)
