@@ -68,6 +68,10 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     main_meta = mains[min(mains)].meta if mains else {}
     meta = _job_meta(record, main_meta, mains, procs, host)
     loaders = pd.DataFrame(main_meta.get("loaders", []))
+    if not loaders.empty:
+        counts = main_meta.get("batch_tensors") or {}
+        loaders["batch_tensors"] = [counts.get(str(i)) for i in loaders["id"]]
+    meta["fd_handoff_s"] = record.get("fd_handoff_s")
     meta["window_fractions"] = bool(fractions)
     if mains and not fractions:
         notes.append("No torch.profiler window was recorded, so compute includes any Python "

@@ -102,13 +102,26 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     gpu.stop()
     stacks.stop()
     probes["stacks"] = stacks.check()
+    handoff = _measure_handoff()
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
     record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,
                         signal=sig, duration_s=duration,
-                        probes={k: v.to_dict() for k, v in probes.items()})
+                        probes={k: v.to_dict() for k, v in probes.items()},
+                        fd_handoff_s=handoff)
     write_run_record(run_dir, record)
     return JobResult(exit_code, sig, duration, probes)
+
+
+def _measure_handoff() -> float | None:
+    """This machine's cost of handing one tensor from a DataLoader worker (doctor.handoff),
+    measured once the job has exited so that it costs the job nothing."""
+    from doctor.handoff import fd_handoff_seconds
+
+    try:
+        return fd_handoff_seconds()
+    except Exception:  # evidence for one estimate, never a reason to fail the run
+        return None
 
 
 def run_record(argv: list[str], name: str, started: float, t0: float,

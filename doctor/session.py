@@ -194,6 +194,12 @@ class Session:
             self.update_meta(loaders=[*loaders, {"id": loader_id, **settings}])
         return loader_id
 
+    def record_batch_tensors(self, loader_id: int, tensors: int) -> None:
+        """How many tensors a batch of this loader holds (counted once per loader)."""
+        counts = self._meta.get("batch_tensors", {})
+        if str(loader_id) not in counts:
+            self.update_meta(batch_tensors={**counts, str(loader_id): tensors})
+
     # ----- lifecycle ----------------------------------------------------------------------
     def forked(self) -> None:
         """In a forked child: forget the parent's files, record into our own."""

@@ -30,7 +30,39 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         "dataset": type(dataset).__name__,
         "dataset_len": size,
         "collate_fn": getattr(collate, "__qualname__", type(collate).__name__),
+        "sharing_strategy": _sharing_strategy(),
     }
+
+
+def _sharing_strategy() -> str | None:
+    """How tensors built in workers reach the training process (torch.multiprocessing)."""
+    try:
+        import torch.multiprocessing
+
+        return str(torch.multiprocessing.get_sharing_strategy())
+    except Exception:
+        return None
+
+
+COUNT_LIMIT = 1000  # containers and leaves looked at in one batch
+
+
+def count_tensors(batch: Any) -> int:
+    """Tensors in a batch (nested tuples, lists and dicts): each one a worker hands over
+    separately."""
+    import torch
+
+    pending, seen, tensors = [batch], 0, 0
+    while pending and seen < COUNT_LIMIT:
+        item = pending.pop()
+        seen += 1
+        if isinstance(item, torch.Tensor):
+            tensors += 1
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+    return tensors
 
 
 class DataLoaderProbe:
@@ -62,6 +94,7 @@ class DataLoaderProbe:
         @functools.wraps(orig_init)
         def __init__(self: Any, loader: Any) -> None:
             orig_init(self, loader)
+            self._doctor_count = True
             try:
                 self._doctor_loader = session.record_loader(loader_settings(loader))
             except Exception:  # settings are evidence, never a reason to fail the job
@@ -73,6 +106,12 @@ class DataLoaderProbe:
             batch = orig_next(self)  # StopIteration passes through unrecorded
             session.record_interval("loader_wait", t0, clock(), self._doctor_loader)
             session._window_tick(STEP_DATALOADER, 0)
+            if self._doctor_count:  # the first batch of each iterator: its tensors
+                self._doctor_count = False
+                try:
+                    session.record_batch_tensors(self._doctor_loader, count_tensors(batch))
+                except Exception:
+                    pass
             return batch
 
         self._patch(base, "__init__", __init__)

@@ -74,6 +74,9 @@ def test_dataloader_workers_have_sessions_of_their_own(tmp_path: Path) -> None:
     assert workers == ["worker0", "worker1"]
     assert list((tmp_path / "run" / "rank-0").glob("worker0-*/fetch.ring"))
     assert verdict["bottleneck"] == "preprocess"  # 2 workers on 2 cores cannot keep up
+    loader = {f["id"]: f for f in verdict["findings"]}["input.loader"]
+    assert loader["evidence"]["batch_tensors"] == 2  # images and labels, each handed over
+    assert loader["evidence"]["batch_handoff_s"] > 0
 
 
 def test_watch_decorator_and_context_manager(tmp_path: Path) -> None:

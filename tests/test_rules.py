@@ -252,3 +252,34 @@ def test_with_workers_the_rest_keeps_what_contention_does_not_explain() -> None:
     meta.update(main_cpu_cores=0.7)  # CPU above the wall time less contention: CPU is the floor
     [stage] = input_stage(RuleInputs(ledger=frame, loaders=loaders(num_workers=2), meta=meta))
     assert stage.estimated_speedup == pytest.approx(0.1 / 0.07)
+
+
+def test_with_workers_the_estimate_keeps_the_handoff_of_each_tensor() -> None:
+    """One worker takes the whole 0.1 s step to decode a batch; the training process needs 0.02 s.
+    With decoding gone it still takes each of the batch's 3 tensors from the worker, 2 ms each."""
+    frame = ledger(wait=0.08, compute=0.02)
+    meta = split_meta(decode=1.0)
+    meta.update(fd_handoff_s=0.002)
+
+    def estimate(**settings: object) -> float | None:
+        settings = {"num_workers": 1, "batch_tensors": 3, **settings}
+        [stage] = input_stage(RuleInputs(ledger=frame, loaders=loaders(**settings), meta=meta))
+        return stage.estimated_speedup
+
+    assert estimate() == pytest.approx(0.1 / 0.026)
+    assert estimate(batch_tensors=float("nan")) == pytest.approx(0.1 / 0.02)  # not counted
+    assert estimate(pin_memory=True) == pytest.approx(0.1 / 0.02)  # a thread takes them
+    assert estimate(sharing_strategy="file_system") == pytest.approx(0.1 / 0.02)
+    meta.update(fd_handoff_s=None)  # not measured (doctor.watch)
+    assert estimate() == pytest.approx(0.1 / 0.02)
+
+
+def test_moving_batches_to_workers_adds_their_handoff() -> None:
+    inputs = RuleInputs(ledger=ledger(wait=0.09, compute=0.01),
+                        loaders=loaders(batch_tensors=2),
+                        meta={"cores": 16, "fd_handoff_s": 0.002})
+    [finding] = input_loader(inputs)
+    assert finding.evidence["batch_tensors"] == 2
+    assert finding.evidence["batch_handoff_s"] == pytest.approx(0.004)
+    # 8 workers: the rest of 0.01 s plus two tensors handed over, 2 ms each
+    assert finding.estimated_speedup == pytest.approx(0.1 / 0.014)

@@ -66,6 +66,16 @@ def test_loader_settings_are_recorded_once(tmp_path: Path) -> None:
     s.close()
 
 
+def test_a_loaders_batch_tensors_are_recorded_once(tmp_path: Path) -> None:
+    s = Session(tmp_path, clock=FakeClock())
+    s.record_batch_tensors(0, 3)
+    s.record_batch_tensors(0, 5)  # a later iterator of the same loader
+    s.record_batch_tensors(1, 2)
+    meta = json.loads((s.directory / "meta.json").read_text())
+    assert meta["batch_tensors"] == {"0": 3, "1": 2}
+    s.close()
+
+
 def test_a_forked_child_writes_its_own_folder(tmp_path: Path) -> None:
     s = Session(tmp_path, clock=FakeClock())
     s.record_interval("loader_wait", 1, 2)

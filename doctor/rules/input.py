@@ -8,7 +8,8 @@ step (``rest``) in ``k`` worker processes on ``cores`` cores:
 
 ``load`` is the wait itself with num_workers=0, and about ``workers x step`` when ``workers``
 processes together deliver one batch per step. Making a stage cheaper removes its fraction of
-``load``.
+``load``. With workers, ``rest`` includes the training process's handoff of each batch: one
+round trip to the worker per tensor (doctor.handoff), which no cheaper stage removes.
 """
 
 from __future__ import annotations
@@ -41,6 +42,23 @@ def main_loader(loaders: pd.DataFrame | None) -> dict[str, Any]:
     if loaders is None or loaders.empty:
         return {}
     return {str(k): v for k, v in loaders.iloc[0].to_dict().items()}
+
+
+def batch_handoff(loader: dict[str, Any], meta: dict[str, Any]) -> float:
+    """Seconds the training process blocks taking one batch from a worker: a round trip per
+    tensor under torch's default ``file_descriptor`` sharing, in the training thread unless a
+    pin-memory thread takes the batches. 0 where not measured."""
+    per_tensor, tensors = meta.get("fd_handoff_s"), loader.get("batch_tensors")
+    if per_tensor is None or tensors is None or pd.isna(per_tensor) or pd.isna(tensors):
+        return 0.0
+    if loader.get("pin_memory") or \
+            (loader.get("sharing_strategy") or "file_descriptor") != "file_descriptor":
+        return 0.0
+    return float(per_tensor) * int(tensors)
+
+
+def _count(value: Any) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)
 
 
 def _severity(share: float) -> str:
@@ -82,18 +100,21 @@ class _Input:
             self.load = min(self.load, cpu / max(1.0 - reads, 0.05))
         # With workers, the rest of the step shares the cores with them: its wall time is
         # inflated by the time it waited for a core the workers held (the contention). Without
-        # that wait it takes at least its own CPU time, and more where it also blocks (taking a
-        # batch from the workers' queue costs the training process a handshake per tensor, that
-        # a cheaper stage does not remove).
+        # that wait it takes at least its own CPU time, and more where it also blocks.
         main_cores = inputs.meta.get("main_cpu_cores")
         self.contention = float(contention.median())
         self.rest_alone = self.rest
         if self.workers and main_cores:
             own = max(main_cores * self.step, 1e-9)
             self.rest_alone = min(self.rest, max(own, self.rest - self.contention))
+        # Taking each batch from a worker costs the training process a round trip per tensor,
+        # hidden in the wait while the workers are slow; it stays when they keep up.
+        self.handoff = min(batch_handoff(self.loader, inputs.meta), self.wait) \
+            if self.workers else batch_handoff(self.loader, inputs.meta)
 
     def step_after(self, load: float, workers: int) -> float:
-        return estimate_with_workers(load, self.rest_alone, self.cores, workers)
+        """Step time with ``workers`` workers building batches of ``load`` seconds."""
+        return estimate_with_workers(load, self.rest_alone + self.handoff, self.cores, workers)
 
     def dominant(self) -> str:
         if not self.measured or not self.stage_shares:
@@ -113,6 +134,7 @@ def input_loader(inputs: RuleInputs) -> list[Finding]:
         "cores": x.cores, "num_workers": x.workers, "batch_size": x.loader.get("batch_size"),
         "persistent_workers": x.loader.get("persistent_workers"),
         "prefetch_factor": x.loader.get("prefetch_factor"),
+        "batch_tensors": _count(x.loader.get("batch_tensors")), "batch_handoff_s": x.handoff,
     }
     fixes: list[Fix] = []
     speedup = None
@@ -207,7 +229,7 @@ def input_stage(inputs: RuleInputs) -> list[Finding]:
         evidence: dict[str, Any] = {
             "share_of_step": share, "share_of_loading": frac, "median_step_s": x.step,
             "top_functions": x.top.get(stage, []), "num_workers": x.workers,
-            "cores": x.cores,
+            "cores": x.cores, "batch_handoff_s": x.handoff if x.workers else None,
         }
         if stage == "io":
             evidence["read_mb_per_s"] = _read_rate(inputs)
