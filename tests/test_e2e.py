@@ -212,3 +212,39 @@ def test_batches_built_without_a_dataloader_are_input(tmp_path: Path) -> None:
     outside = found["input.outside_loader"]
     assert outside["evidence"]["share_of_step"] > 0.15
     assert verdict["shares"]["preprocess"] + verdict["shares"]["io"] > 0.15
+
+
+def test_a_batch_of_many_tensors_is_named_for_its_handoff(tmp_path: Path) -> None:
+    """One worker builds trivial batches of 32 tensors while the model trains on each for longer:
+    it keeps up, and the training process's wait is taking them (exaggerated: 32 tensors)."""
+    job = tmp_path / "train.py"
+    job.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, Dataset
+
+        class Fields(Dataset):
+            def __len__(self):
+                return 64 * 80
+
+            def __getitem__(self, i):
+                return {f"field{k}": torch.full((32,), float(i)) for k in range(32)}
+
+        torch.set_num_threads(1)
+        model = nn.Sequential(nn.Linear(32 * 32, 2048), nn.ReLU(), nn.Linear(2048, 2048),
+                              nn.ReLU(), nn.Linear(2048, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for batch in DataLoader(Fields(), batch_size=64, num_workers=1, persistent_workers=True):
+            x = torch.cat(list(batch.values()), dim=1)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """))
+    verdict = run_job(tmp_path, sys.executable, str(job))
+    found = {f["id"]: f for f in verdict["findings"]}
+    handoff = found["input.handoff"]
+    assert handoff["evidence"]["batch_tensors"] == 32
+    assert handoff["estimated_speedup"] > 1.1
+    assert "instead of 32" in handoff["fixes"][0]["title"]
+    assert "workers keep up" in found["input.loader"]["fixes"][0]["title"]

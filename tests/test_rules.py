@@ -8,6 +8,7 @@ from doctor.rules.compute import compute_bound
 from doctor.rules.host import host_contention
 from doctor.rules.input import (
     estimate_with_workers,
+    input_handoff,
     input_loader,
     input_stage,
     input_unsplit,
@@ -163,6 +164,9 @@ def test_every_fix_is_valid_python() -> None:
         RuleInputs(ledger=ledger(compute=0.1, other=0.1, spikes=5),
                    meta={"device": "cpu", "cores": 4, "torch_threads": 1}),
         RuleInputs(system=system(runnable=9), meta={"cores": 2, "torch_threads": 8}),
+        RuleInputs(ledger=ledger(wait=0.02, compute=0.03),
+                   loaders=loaders(num_workers=2, batch_tensors=4),
+                   meta={"cores": 2, "device": "cuda", "fd_handoff_s": 0.005}),
     ]
     codes = [fix.code for i in inputs for f in run_rules(i).findings for fix in f.fixes]
     assert codes
@@ -283,3 +287,32 @@ def test_moving_batches_to_workers_adds_their_handoff() -> None:
     assert finding.evidence["batch_handoff_s"] == pytest.approx(0.004)
     # 8 workers: the rest of 0.01 s plus two tensors handed over, 2 ms each
     assert finding.estimated_speedup == pytest.approx(0.1 / 0.014)
+
+
+def test_workers_that_keep_up_still_hand_over_each_tensor() -> None:
+    """The 12 ms wait of a 50 ms step is the handoff of 6 tensors, 2 ms each (more would be
+    capped at the wait): packed into one tensor, 10 ms of it goes."""
+    frame = ledger(wait=0.012, compute=0.038)
+    meta = {"cores": 2, "fd_handoff_s": 0.002, "device": "cpu"}
+
+    def findings(**settings: object) -> list:  # type: ignore[type-arg]
+        settings = {"num_workers": 2, "batch_tensors": 6, **settings}
+        return input_handoff(RuleInputs(ledger=frame, loaders=loaders(**settings), meta=meta))
+
+    [finding] = findings()
+    assert finding.evidence["share_of_step"] == pytest.approx(0.24)
+    assert finding.estimated_speedup == pytest.approx(0.05 / 0.04)
+    assert "instead of 6" in finding.fixes[0].title
+    assert any("file_system" in f.code for f in finding.fixes)
+    assert not any("pin_memory" in f.code for f in finding.fixes)  # a CPU job
+    [loader] = input_loader(RuleInputs(ledger=frame, meta={**meta, "worker_cpu_cores": 0.3},
+                                       loaders=loaders(num_workers=2, batch_tensors=6)))
+    assert "workers keep up" in loader.fixes[0].title  # not "idle cores: more workers"
+    assert findings(num_workers=0) == []  # batches built in the training process
+    assert findings(batch_tensors=2) == []  # 4 ms: under a tenth of the step
+    assert findings(pin_memory=True) == []
+    meta.update(fd_handoff_s=0.01, device="cuda")
+    [single] = findings(batch_tensors=1)
+    assert single.estimated_speedup is None  # one tensor: nothing to pack
+    assert [("file_system" in f.code, "pin_memory" in f.code) for f in single.fixes] == \
+        [(True, False), (False, True)]

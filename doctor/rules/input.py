@@ -24,6 +24,10 @@ from doctor.verdict import Finding, Fix
 MIN_SHARE = 0.10
 COLLATE_SHARE = 0.25  # of loading time, above which the collate_fn gets its own fix
 STAGES = ("io", "decode", "preprocess")
+# Of the wait with workers, the share the tensor handoff alone explains above which the workers
+# keep up (slow workers make the wait many times the handoff; the measured round trip leaves
+# out the loader's own per-batch work, so the handoff reads low).
+KEEP_UP_HANDOFF = 0.3
 
 
 def suggested_workers(cores: int) -> int:
@@ -152,6 +156,14 @@ def input_loader(inputs: RuleInputs) -> list[Finding]:
                   f"num_workers={k},\n                    persistent_workers=True, "
                   "prefetch_factor=4)"),
         ))
+    elif x.handoff >= KEEP_UP_HANDOFF * x.wait:
+        fixes.append(Fix(
+            title=f"The {x.workers} workers keep up: the wait is taking their batches",
+            why=f"About {x.handoff:.2g} s of the {x.wait:.2g} s wait is the handoff of each "
+                "batch's tensors, one round trip to the worker each: more workers cannot help; "
+                "see the handoff finding.",
+            code="",
+        ))
     elif busy is not None and x.cores - busy >= 1.0 and x.workers < 16:
         k = min(16, x.workers + int(x.cores - busy))
         speedup = x.step / x.step_after(x.load, k)
@@ -242,6 +254,52 @@ def input_stage(inputs: RuleInputs) -> list[Finding]:
             estimated_speedup=x.step / new_step,
         ))
     return findings
+
+
+@rule("input.handoff", needs=("ledger",))
+def input_handoff(inputs: RuleInputs) -> list[Finding]:
+    """Workers keep up, but taking each batch from them costs the training process a round trip
+    per tensor: fewer tensors per batch, or a sharing strategy without the round trip."""
+    x = _Input(inputs)
+    share = x.handoff / x.step if x.workers else 0.0
+    if share < MIN_SHARE:
+        return []
+    tensors = _count(x.loader.get("batch_tensors")) or 1
+    per_tensor = x.handoff / tensors
+    saved = x.handoff * (tensors - 1) / tensors  # packed into one tensor
+    fixes = []
+    if tensors > 1:
+        fixes.append(Fix(
+            title=f"Hand over one tensor per batch instead of {tensors}",
+            why=f"Each tensor of a batch costs the training process a round trip to the worker "
+                f"({per_tensor * 1e3:.2g} ms on this machine): pack same-shaped tensors in the "
+                "collate_fn and split them in the training loop.",
+            code="def collate(samples):\n    ids, mask = pad(samples)\n"
+                 "    return torch.stack([ids, mask.to(ids.dtype)])\n\n"
+                 "for packed in loader:\n    ids, mask = packed.unbind(0)"))
+    fixes.append(Fix(
+        title="Share tensors through named files: sharing strategy file_system",
+        why="The default file_descriptor strategy asks the worker for each tensor's descriptor; "
+            "file_system opens shared memory by name instead (a process killed mid-batch can "
+            "leave files in /dev/shm).",
+        code="import torch.multiprocessing\n"
+             "torch.multiprocessing.set_sharing_strategy('file_system')"))
+    if inputs.meta.get("device") == "cuda":
+        fixes.append(Fix(
+            title="pin_memory=True: a thread takes the batches off the training thread",
+            why="The pin-memory thread receives each batch from the workers and pins it, "
+                "overlapping the handoff with the step.",
+            code=f"DataLoader(dataset, num_workers={x.workers}, pin_memory=True)"))
+    return [Finding(
+        id="input.handoff", category=x.dominant(), severity=_severity(share),
+        title=f"{share:.0%} of the step takes batches from the workers: {tensors} tensors, "
+              "a round trip to the worker each",
+        evidence={"share_of_step": share, "batch_handoff_s": x.handoff,
+                  "batch_tensors": tensors, "fd_handoff_s": inputs.meta.get("fd_handoff_s"),
+                  "median_wait_s": x.wait, "median_step_s": x.step, "num_workers": x.workers},
+        fixes=tuple(fixes),
+        estimated_speedup=x.step / (x.step - saved) if saved > 0 else None,
+    )]
 
 
 def _stage_fixes(stage: str, x: _Input, inputs: RuleInputs) -> tuple[Fix, ...]:
