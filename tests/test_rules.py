@@ -308,6 +308,11 @@ def test_workers_that_keep_up_still_hand_over_each_tensor() -> None:
     [loader] = input_loader(RuleInputs(ledger=frame, meta={**meta, "worker_cpu_cores": 0.3},
                                        loaders=loaders(num_workers=2, batch_tensors=6)))
     assert "workers keep up" in loader.fixes[0].title  # not "idle cores: more workers"
+    assert "see the handoff finding" in loader.fixes[0].why
+    contended = frame.assign(wait_s=0.0, contention_s=0.012)  # no wait: nothing handed over
+    [loader] = input_loader(RuleInputs(ledger=contended, meta={**meta, "worker_cpu_cores": 0.3},
+                                       loaders=loaders(num_workers=2, batch_tensors=6)))
+    assert "workers keep up" not in loader.fixes[0].title
     assert findings(num_workers=0) == []  # batches built in the training process
     assert findings(batch_tensors=2) == []  # 4 ms: under a tenth of the step
     assert findings(pin_memory=True) == []

@@ -156,12 +156,12 @@ def input_loader(inputs: RuleInputs) -> list[Finding]:
                   f"num_workers={k},\n                    persistent_workers=True, "
                   "prefetch_factor=4)"),
         ))
-    elif x.handoff >= KEEP_UP_HANDOFF * x.wait:
+    elif x.handoff > 0 and x.handoff >= KEEP_UP_HANDOFF * x.wait:
         fixes.append(Fix(
             title=f"The {x.workers} workers keep up: the wait is taking their batches",
             why=f"About {x.handoff:.2g} s of the {x.wait:.2g} s wait is the handoff of each "
-                "batch's tensors, one round trip to the worker each: more workers cannot help; "
-                "see the handoff finding.",
+                "batch's tensors, one round trip to the worker each: more workers cannot help"
+                + ("; see the handoff finding." if x.handoff >= MIN_SHARE * x.step else "."),
             code="",
         ))
     elif busy is not None and x.cores - busy >= 1.0 and x.workers < 16:
