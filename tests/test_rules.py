@@ -218,15 +218,16 @@ def test_unsplit_input_says_why() -> None:
 
 
 def test_a_slow_collate_fn_gets_its_own_fix_only_when_it_costs() -> None:
-    def fixes(collate_share: float) -> list[str]:
+    def fixes(collate_share: float, collate_fn: str = "pad_batch") -> list[str]:
         meta = split_meta(io=0.0, decode=0.0, preprocess=1.0)
         meta["input_split"]["collate_share_of_fetch"] = collate_share
         [finding] = input_stage(RuleInputs(ledger=ledger(wait=0.08, compute=0.02),
-                                           loaders=loaders(collate_fn="pad_batch"), meta=meta))
+                                           loaders=loaders(collate_fn=collate_fn), meta=meta))
         return [f.title for f in finding.fixes]
 
     assert fixes(0.8)[0] == "collate_fn pad_batch takes 80% of loading: vectorise it"
     assert not any("collate_fn" in t for t in fixes(0.05))
+    assert not any("collate_fn" in t for t in fixes(0.8, "default_collate"))  # torch's own
 
 
 def test_contention_from_workers_counts_in_the_input_share() -> None:

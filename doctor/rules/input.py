@@ -339,7 +339,9 @@ def _stage_fixes(stage: str, x: _Input, inputs: RuleInputs) -> tuple[Fix, ...]:
                 code="image.resize((256, 256)).save(out_path, quality=90)"),
         )
     fixes = []
-    if (x.collate_share or 0.0) >= COLLATE_SHARE:
+    # torch's own default_collate is already vectorised: a rewrite would not help
+    if (x.collate_share or 0.0) >= COLLATE_SHARE and \
+            x.loader.get("collate_fn") != "default_collate":
         fixes.append(Fix(
             title=f"collate_fn {x.loader.get('collate_fn')} takes {x.collate_share:.0%} of "
                   "loading: vectorise it",
