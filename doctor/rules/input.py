@@ -52,13 +52,13 @@ def batch_handoff(loader: dict[str, Any], meta: dict[str, Any]) -> float:
     """Seconds the training process blocks taking one batch from a worker: a round trip per
     tensor under torch's default ``file_descriptor`` sharing, in the training thread unless a
     pin-memory thread takes the batches. 0 where not measured."""
-    per_tensor, tensors = meta.get("fd_handoff_s"), loader.get("batch_tensors")
-    if per_tensor is None or tensors is None or pd.isna(per_tensor) or pd.isna(tensors):
+    per_tensor, tensors = meta.get("fd_handoff_s"), _count(loader.get("batch_tensors"))
+    if per_tensor is None or tensors is None or pd.isna(per_tensor):
         return 0.0
     if loader.get("pin_memory") or \
             (loader.get("sharing_strategy") or "file_descriptor") != "file_descriptor":
         return 0.0
-    return float(per_tensor) * int(tensors)
+    return float(per_tensor) * tensors
 
 
 def _count(value: Any) -> int | None:
@@ -113,8 +113,8 @@ class _Input:
             self.rest_alone = min(self.rest, max(own, self.rest - self.contention))
         # Taking each batch from a worker costs the training process a round trip per tensor,
         # hidden in the wait while the workers are slow; it stays when they keep up.
-        self.handoff = min(batch_handoff(self.loader, inputs.meta), self.wait) \
-            if self.workers else batch_handoff(self.loader, inputs.meta)
+        handoff = batch_handoff(self.loader, inputs.meta)
+        self.handoff = min(handoff, self.wait) if self.workers else handoff
 
     def step_after(self, load: float, workers: int) -> float:
         """Step time with ``workers`` workers building batches of ``load`` seconds."""
