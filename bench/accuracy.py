@@ -15,8 +15,12 @@ the bare timings.
 The table gives, per setting: the verdict, doctor's shares of io / decode / preprocess /
 compute, the estimated speedup of the top finding in the expected category (``exp``; or of the
 top finding, ``top``, when none is in that category), the measured speedup, and whether the
-estimate is within ±25 % of it; then the count of correct verdicts and of estimates within
-±25 %.
+estimate is within ±25 % of it, and ``train w/o``: the training part of the step (forward,
+backward, optimizer, timed by the jobs that use ``sample_jobs/_loop.py``) with the switch over
+without it, in the same ablation runs. Below 1, removing the stage also made the rest of the step
+faster (its caches stay warm), which doctor, seeing the slow side only, cannot estimate. Then the
+count of correct verdicts and of estimates within ±25 %. The JSON keeps each run's estimate and
+measured speedup (``estimates``, ``measured_each``).
 
 The expected category is the bench's knowledge of each job; doctor never sees it.
 
@@ -26,7 +30,7 @@ The expected category is the bench's knowledge of each job; doctor never sees it
 With the jobs' own lengths (40-120 steps) every analysed step falls inside the 8 s of stack
 sampling, whose pauses slow the doctor run; ``--steps 300`` leaves enough steps outside it for the
 shares of the slower jobs to come from them (the bench then takes about 13 minutes here;
-``--steps 300 --repeat 3``, the figures of the closing note of issue 3, about 40).
+``--steps 300 --repeat 5``, the figures of the closing note of issue 3, about 65).
 """
 
 from __future__ import annotations
@@ -81,6 +85,12 @@ class Row:
     estimate_finding: str = ""
     bare_step_s: float | None = None
     switched_step_s: float | None = None
+    # the training part of the step (forward, backward, optimizer) on each side, where the job
+    # times it: below 1 with/without, removing the stage also sped up the rest of the step
+    bare_train_s: float | None = None
+    switched_train_s: float | None = None
+    estimates: list[float] = field(default_factory=list)   # each doctor run's
+    measured_each: list[float] = field(default_factory=list)  # each ablation's
     doctor_step_s: float | None = None
     error: str = ""
 
@@ -88,6 +98,12 @@ class Row:
     def measured(self) -> float | None:
         if self.bare_step_s and self.switched_step_s:
             return self.bare_step_s / self.switched_step_s
+        return None
+
+    @property
+    def train_ratio(self) -> float | None:
+        if self.bare_train_s and self.switched_train_s:
+            return self.switched_train_s / self.bare_train_s
         return None
 
     @property
@@ -108,7 +124,8 @@ class Row:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "measured_speedup": self.measured, "true_share": self.true_share,
-                "correct": self.correct, "within_tolerance": self.within}
+                "train_ratio": self.train_ratio, "correct": self.correct,
+                "within_tolerance": self.within}
 
 
 def job_command(name: str, workers: int | None, steps: int | None, *extra: str) -> list[str]:
@@ -127,15 +144,18 @@ def last_json_line(stdout: str) -> dict[str, Any]:
     return dict(json.loads(lines[-1]))
 
 
-def run_ablation(cmd: list[str], timeout: float) -> tuple[float, float]:
+def run_ablation(cmd: list[str], timeout: float) -> tuple[float, float, float | None, float | None]:
     """The job's own median steady step without its switch and with it, in seconds, from one
-    process that alternates the two (``--ablate``)."""
+    process that alternates the two (``--ablate``), then the same for the training part of the
+    step where the job times it (None where not)."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[1:])} exited {proc.returncode}: "
                            f"{proc.stderr.strip()[-400:]}")
     line = last_json_line(proc.stdout)
-    return float(line["median_step_s"]), float(line["switched_median_step_s"])
+    trains = [line.get(k) for k in ("train_median_s", "switched_train_median_s")]
+    off_train, on_train = (float(t) if t is not None else None for t in trains)
+    return float(line["median_step_s"]), float(line["switched_median_step_s"]), off_train, on_train
 
 
 def run_doctor(cmd: list[str], timeout: float) -> tuple[dict[str, Any], float | None]:
@@ -174,11 +194,15 @@ def measure(name: str, workers: int | None, steps: int | None, timeout: float,
     cmd = job_command(name, workers, steps)
     ablation = job_command(name, workers, steps, "--ablate", str(block))
     bare, with_switch, verdicts, doctor_steps = [], [], [], []
+    trains: dict[bool, list[float]] = {False: [], True: []}
     try:
         for _ in range(repeat):  # alternate, so that a change of load hits both
-            off, on = run_ablation(ablation, timeout)
+            off, on, off_train, on_train = run_ablation(ablation, timeout)
             bare.append(off)
             with_switch.append(on)
+            if off_train is not None and on_train is not None:
+                trains[False].append(off_train)
+                trains[True].append(on_train)
             verdict, step = run_doctor(cmd, timeout)
             verdicts.append(verdict)
             doctor_steps += [step] if step is not None else []
@@ -187,6 +211,10 @@ def measure(name: str, workers: int | None, steps: int | None, timeout: float,
         return row
     row.bare_step_s = statistics.median(bare)
     row.switched_step_s = statistics.median(with_switch)
+    row.measured_each = [off / on for off, on in zip(bare, with_switch, strict=True)]
+    if trains[False]:
+        row.bare_train_s = statistics.median(trains[False])
+        row.switched_train_s = statistics.median(trains[True])
     row.doctor_step_s = statistics.median(doctor_steps) if doctor_steps else None
     row.verdicts = [str(v.get("bottleneck", "?")) for v in verdicts]
     row.verdict = Counter(row.verdicts).most_common(1)[0][0]
@@ -196,7 +224,8 @@ def measure(name: str, workers: int | None, steps: int | None, timeout: float,
     picked = [pick_estimate(v, job.expected) for v in verdicts]
     estimates = [p for p in picked if p[0] is not None]
     if estimates:
-        row.estimate = statistics.median(e for e, _f, _i in estimates if e is not None)
+        row.estimates = [e for e, _f, _i in estimates if e is not None]
+        row.estimate = statistics.median(row.estimates)
         _est, row.estimate_from, row.estimate_finding = estimates[0]
     return row
 
@@ -211,7 +240,7 @@ def speed(x: float | None) -> str:
 
 def table(rows: list[Row]) -> str:
     head = ["job", "workers", "expected", "verdict", *(f"{s[:4]}%" for s in SHOWN),
-            "estimate (from)", "measured", "true share%", "±25%?"]
+            "estimate (from)", "measured", "true share%", "±25%?", "train w/o"]
     body = []
     for r in rows:
         est = "-" if r.estimate is None else f"{speed(r.estimate)} ({r.estimate_from})"
@@ -221,7 +250,8 @@ def table(rows: list[Row]) -> str:
                          f" {r.verdicts.count(r.verdict)}/{len(r.verdicts)}"
                          if len(set(r.verdicts)) > 1 else ""),
                      *(pct(r.shares.get(s)) for s in SHOWN), est, speed(r.measured),
-                     pct(r.true_share), within])
+                     pct(r.true_share), within,
+                     "-" if r.train_ratio is None else f"{r.train_ratio:.2f}"])
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     lines = [head, ["-" * w for w in widths], *body]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
@@ -278,7 +308,8 @@ def main() -> None:
           f"estimates within ±{100 * TOLERANCE:.0f} % of measured: {within}/{len(rated)}")
     print("estimate (from): exp = top finding in the expected category; top = top finding "
           "(none in the expected category). measured = median step / with the switch, both "
-          "sides in one process (--ablate): "
+          "sides in one process (--ablate); train w/o = the training part of the step with "
+          "the switch / without: "
           + ", ".join(f"{name} {JOBS[name].switch}" for name in args.jobs) + ".")
     print(f"end: {load()}; median 1-min load during the bench "
           f"{statistics.median(loads):.2f}; {time.perf_counter() - t0:.0f} s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,7 +37,9 @@ def fit_job(args: argparse.Namespace, switched: bool, make_loader: Callable[[boo
         timer.start_block(side)
         for _ in range(length):
             *inputs, target = next(batches)
+            t0 = time.perf_counter()
             train_step(model, opt, inputs, target)
+            timer.train(time.perf_counter() - t0)
             timer.step()
         del batches  # shuts its workers down before the other side's start
     return timer

@@ -19,6 +19,11 @@ class StepTimer:
         self.t_start = time.perf_counter()
         self.last = self.t_start
         self.steps: list[float] = []
+        self.trains: list[float] = []
+
+    def train(self, seconds: float) -> None:
+        """The training part (forward, backward, optimizer) of the step being timed."""
+        self.trains.append(seconds)
 
     def start_block(self, switched: bool) -> None:
         """The next step is timed from now (a plain run is one block, of one side)."""
@@ -31,8 +36,10 @@ class StepTimer:
 
     def report(self, **extra: object) -> None:
         steady = self.steps[len(self.steps) // 5:] or self.steps
+        trains = self.trains[len(self.trains) // 5:] or self.trains
         print(json.dumps({
             "median_step_s": statistics.median(steady) if steady else None,
+            "median_train_s": statistics.median(trains) if trains else None,
             "loop_s": time.perf_counter() - self.t_start,
             "steps": len(self.steps), **extra,
         }), flush=True)
@@ -60,16 +67,24 @@ def plan(steps: int, ablate: int, switched: bool
 class AblationTimer:
     """Steps timed in alternating blocks with the job's switch off and on. The first ``warm``
     steps of each block are not counted (a fresh DataLoader iterator starts its workers and
-    fills its queue there)."""
+    fills its queue there). Jobs that time the training part of their steps (``train``) also
+    get its median on each side: a stage's removal can speed up the rest of the step too (its
+    caches stay warm), which an estimate made from the slow side cannot see."""
 
     def __init__(self, block: int, warm: int = 3) -> None:
         self.block, self.warm = block, warm
         self.times: dict[bool, list[float]] = {False: [], True: []}
+        self.trains: dict[bool, list[float]] = {False: [], True: []}
         self.t_start = time.perf_counter()
         self.switched, self.in_block, self.last = False, 0, self.t_start
 
     def start_block(self, switched: bool) -> None:
         self.switched, self.in_block, self.last = switched, 0, time.perf_counter()
+
+    def train(self, seconds: float) -> None:
+        """The training part (forward, backward, optimizer) of the step being timed."""
+        if self.in_block >= self.warm:
+            self.trains[self.switched].append(seconds)
 
     def step(self) -> None:
         now = time.perf_counter()
@@ -80,9 +95,12 @@ class AblationTimer:
 
     def report(self, **extra: object) -> None:
         off, on = self.times[False], self.times[True]
+        train_off, train_on = self.trains[False], self.trains[True]
         print(json.dumps({
             "median_step_s": statistics.median(off) if off else None,
             "switched_median_step_s": statistics.median(on) if on else None,
+            "train_median_s": statistics.median(train_off) if train_off else None,
+            "switched_train_median_s": statistics.median(train_on) if train_on else None,
             "loop_s": time.perf_counter() - self.t_start,
             "steps": len(off) + len(on), "ablation_block": self.block, **extra,
         }), flush=True)

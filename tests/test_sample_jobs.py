@@ -89,6 +89,9 @@ def test_ablation_reports_both_sides_from_one_process(
     assert report["steps"] == 10  # two blocks a side, the first 3 steps of each not counted
     assert report["median_step_s"] > 0
     assert report["switched_median_step_s"] > 0
+    if job in JOBS or job == "input_bound":  # the jobs of sample_jobs/_loop.py time training
+        assert 0 < report["train_median_s"] <= report["median_step_s"]
+        assert 0 < report["switched_train_median_s"]
 
 
 
@@ -114,3 +117,13 @@ def test_ablation_timer_leaves_each_blocks_first_steps_out() -> None:
         for _ in range(4):
             timer.step()
     assert [len(timer.times[s]) for s in (False, True)] == [2, 2]
+
+
+def test_ablation_timer_times_the_training_part_of_counted_steps_only() -> None:
+    timer = AblationTimer(block=4, warm=2)
+    for switched, train in ((False, 0.5), (True, 0.25)):
+        timer.start_block(switched)
+        for _ in range(4):
+            timer.train(train)
+            timer.step()
+    assert timer.trains == {False: [0.5, 0.5], True: [0.25, 0.25]}
