@@ -16,7 +16,7 @@ The table gives, per setting: the verdict, doctor's shares of io / decode / prep
 compute, the estimated speedup of the top finding in the expected category (``exp``; or of the
 top finding, ``top``, when none is in that category), the measured speedup, and whether the
 estimate is within ±25 % of it, and ``train w/o``: the training part of the step (forward,
-backward, optimizer, timed by the jobs that use ``sample_jobs/_loop.py``) with the switch over
+backward, optimizer, timed by the input jobs) with the switch over
 without it, in the same ablation runs. Below 1, removing the stage also made the rest of the step
 faster (its caches stay warm), which doctor, seeing the slow side only, cannot estimate. Then the
 count of correct verdicts and of estimates within ±25 %. The JSON keeps each run's estimate and

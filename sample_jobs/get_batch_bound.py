@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -61,10 +62,12 @@ def main() -> None:
             timer.start_block(prebatched)
             for step in range(length):
                 x, y = pre[step] if prebatched else get_batch(data, args.batch, args.block, rng)
+                t0 = time.perf_counter()
                 loss = nn.functional.cross_entropy(model(x).view(-1, VOCAB), y.reshape(-1))
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                timer.train(time.perf_counter() - t0)
                 timer.step()
         timer.report(job="get_batch_bound", prebatched=args.prebatched)
 

@@ -89,9 +89,9 @@ def test_ablation_reports_both_sides_from_one_process(
     assert report["steps"] == 10  # two blocks a side, the first 3 steps of each not counted
     assert report["median_step_s"] > 0
     assert report["switched_median_step_s"] > 0
-    if job in JOBS or job == "input_bound":  # the jobs of sample_jobs/_loop.py time training
+    if job != "compute_bound":  # the input jobs time the training part of their steps
         assert 0 < report["train_median_s"] <= report["median_step_s"]
-        assert 0 < report["switched_train_median_s"]
+        assert report["switched_train_median_s"] > 0
 
 
 
