@@ -16,10 +16,10 @@ The table gives, per setting: the verdict, doctor's shares of io / decode / prep
 compute, the estimated speedup of the top finding in the expected category (``exp``; or of the
 top finding, ``top``, when none is in that category), the measured speedup, and whether the
 estimate is within ±25 % of it, and ``train w/o``: the training part of the step (forward,
-backward, optimizer, timed by the input jobs) with the switch over
-without it, in the same ablation runs. Below 1, removing the stage also made the rest of the step
-faster (its caches stay warm), which doctor, seeing the slow side only, cannot estimate. Then the
-count of correct verdicts and of estimates within ±25 %. The JSON keeps each run's estimate and
+backward, optimizer, timed by the input jobs) with the switch over without it, in the same
+ablation runs. Below 1, removing the stage also made the rest of the step faster (caches that stay
+warm, for one), which doctor, seeing the slow side only, cannot estimate. Then the count of
+correct verdicts and of estimates within ±25 %. The JSON keeps each run's estimate and
 measured speedup (``estimates``, ``measured_each``).
 
 The expected category is the bench's knowledge of each job; doctor never sees it.
@@ -30,7 +30,7 @@ The expected category is the bench's knowledge of each job; doctor never sees it
 With the jobs' own lengths (40-120 steps) every analysed step falls inside the 8 s of stack
 sampling, whose pauses slow the doctor run; ``--steps 300`` leaves enough steps outside it for the
 shares of the slower jobs to come from them (the bench then takes about 13 minutes here;
-``--steps 300 --repeat 5``, the figures of the closing note of issue 3, about 65).
+``--steps 300 --repeat 5``, the figures of the closing note of issue 3, about 60).
 """
 
 from __future__ import annotations
