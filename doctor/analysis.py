@@ -11,6 +11,7 @@ import pandas as pd
 
 from doctor import rules as _rules  # noqa: F401  (registers the rules)
 from doctor.distributed import rank_table
+from doctor.errors import UsageError
 from doctor.input_split import (
     STAGES,
     StageSplit,
@@ -35,8 +36,14 @@ from doctor.window import WindowUnavailable, window_fractions, window_frame
 FEW_STEPS = 20
 
 
-def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
-    """Analyse one run directory, or several (one per node of a multi-node job) as one job."""
+def analyze_run(run_dirs: Path | Sequence[Path],
+                steps: tuple[int | None, int | None] | None = None) -> Analysis:
+    """Analyse one run directory, or several (one per node of a multi-node job) as one job.
+
+    ``steps`` (first, last), 1-based, inclusive, either open (None), analyses only the steps in
+    that range (the ledger keeps the others), and only the host samples of their span: e.g. to
+    leave an evaluation phase out. The input split comes from the stack samples wherever they
+    were taken; a note says when that was outside the range."""
     dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
     records = [read_run_record(d) for d in dirs]
     record = _merged_record(records)
@@ -62,7 +69,8 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     input_split = {rank: f for rank, s in splits.items() if (f := s.fractions) is not None}
     outside = _outside_loader(mains, splits)
     t0 = _rank_t0(dirs, records, mains)
-    ledger = build_ledger(ranks, t0, fractions, input_split, outside)
+    step_range = _step_range(steps, ranks)
+    ledger = build_ledger(ranks, t0, fractions, input_split, outside, step_range=step_range)
 
     host, system = _load_host(dirs)
     main_meta = mains[min(mains)].meta if mains else {}
@@ -83,9 +91,13 @@ def analyze_run(run_dirs: Path | Sequence[Path]) -> Analysis:
     steady = _analysed(ledger)
     span = ((float(steady["start_s"].min()), float((steady["start_s"] + steady["wall_s"]).max()))
             if not steady.empty else None)
+    if step_range is not None:
+        host, system = _within(host, span), _within(system, span)
+        notes.extend(_range_notes(ledger, step_range))
     contention = _loading_contention(host, system, ledger, mains, procs, span)
     if contention:
-        ledger = build_ledger(ranks, t0, fractions, input_split, outside, contention)
+        ledger = build_ledger(ranks, t0, fractions, input_split, outside, contention,
+                              step_range)
         rank, frac = max(contention.items(), key=lambda kv: kv[1])
         notes.append(f"With DataLoader workers on {meta.get('cores')} cores, the training "
                      f"process of rank {rank} waited for a core the workers held for "
@@ -174,7 +186,47 @@ def _load_host(dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _analysed(ledger: pd.DataFrame) -> pd.DataFrame:
     analysed = ledger[ledger["analyzed"]]
-    return analysed if not analysed.empty else ledger
+    return analysed if not analysed.empty else ledger[ledger["in_range"]]
+
+
+def _step_range(steps: tuple[int | None, int | None] | None, ranks: list[RankSteps]
+                ) -> tuple[int, int] | None:
+    """``steps`` with its open ends closed; UsageError when no rank has a step in it."""
+    if steps is None or steps == (None, None):
+        return None
+    most = max((len(r.ends_ns) for r in ranks), default=0)
+    first, last = steps[0] or 1, steps[1] or most
+    if first > most:
+        raise UsageError(f"--steps from step {first}: the run has {most} steps per rank")
+    if first < 1 or last < first:
+        raise UsageError(f"--steps {first}:{last} is not a range of steps (first:last, from 1)")
+    return first, last
+
+
+def _within(frame: pd.DataFrame, span: tuple[float, float] | None) -> pd.DataFrame:
+    """The host or machine samples taken during ``span`` (seconds, the ledger's clock)."""
+    if span is None or frame.empty or "t_s" not in frame:
+        return frame
+    return frame[(frame["t_s"] >= span[0]) & (frame["t_s"] <= span[1])]
+
+
+def _range_notes(ledger: pd.DataFrame, step_range: tuple[int, int]) -> list[str]:
+    first, last = step_range
+    count = int(ledger["step"].max()) if len(ledger) else 0
+    notes = [f"Only steps {first}-{min(last, count)} of {count} per rank are analysed "
+             "(--steps)."]
+    sampled = ledger[ledger["sampled"]]
+    if not sampled.empty:
+        outside = int((~sampled["in_range"]).sum())
+        where = f"steps {int(sampled['step'].min())}-{int(sampled['step'].max())}"
+        if outside == len(sampled):
+            notes.append(f"The input split comes from stack samples taken during {where}, "
+                         "outside the range: open the profiler window inside it (doctor run "
+                         "--window START,STEPS) to sample there.")
+        elif outside:
+            notes.append(f"The input split comes from stack samples taken during {where}, "
+                         "partly outside the range.")
+    return notes
 
 
 def _summarise(ledger: pd.DataFrame, notes: list[str], findings: list[Finding],
@@ -182,26 +234,31 @@ def _summarise(ledger: pd.DataFrame, notes: list[str], findings: list[Finding],
     count = len(ledger)
     analysed = ledger[ledger["analyzed"]]
     if count and analysed.empty:
-        analysed = ledger
-        notes.append(f"Only {count} steps were seen: too few to leave warm-up out, so every "
-                     "step counts.")
+        analysed = ledger[ledger["in_range"]]
+        notes.append(f"Only {len(analysed)} steps were seen: too few to leave warm-up out, so "
+                     "every step counts.")
     warm = int(ledger["warmup"].sum()) if count else 0
     if warm:
         notes.append(f"The first {warm} step(s) per rank are warm-up (lazy imports, "
                      "allocator growth, compilation) and are left out of the shares.")
-    if count and "in_window" in ledger and ledger["in_window"].any():
-        inside = int(ledger["in_window"].sum())
+    if count and "in_window" in ledger and (ledger["in_window"] & ledger["in_range"]).any():
+        inside = int((ledger["in_window"] & ledger["in_range"]).sum())
         notes.append(f"The {inside} steps of the torch.profiler window carry doctor's own "
                      "profiling cost (the trace export most of all) and are left out of the "
                      "shares.")
     if count and "sampled" in ledger:
-        left = ledger["sampled"] & ~ledger["analyzed"] & ~ledger["warmup"] & ~ledger["in_window"]
+        left = (ledger["sampled"] & ledger["in_range"] & ~ledger["analyzed"]
+                & ~ledger["warmup"] & ~ledger["in_window"])
         if left.any():
             notes.append(f"The {int(left.sum())} steps during stack sampling (py-spy pauses the "
                          "processes) are left out of the shares; the input split comes from "
                          "them.")
-    steps = {"count": count, "analyzed": len(analysed),
-             "median_s": float(analysed["wall_s"].median()) if len(analysed) else None}
+    steps: dict[str, Any] = {
+        "count": count, "analyzed": len(analysed),
+        "median_s": float(analysed["wall_s"].median()) if len(analysed) else None}
+    if count and not ledger["in_range"].all():
+        steps["range"] = [int(ledger.loc[ledger["in_range"], "step"].min()),
+                          int(ledger.loc[ledger["in_range"], "step"].max())]
     total = float(analysed["wall_s"].sum()) if len(analysed) else 0.0
     if total <= 0:
         findings.insert(0, _no_steps_finding(procs))

@@ -77,14 +77,20 @@ def _summarise(run_dir: Path) -> None:
               show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Write here (default: RUN_DIR/report.html for html, stdout otherwise).")
-def report(sources: tuple[Path, ...], fmt: str, output: Path | None) -> None:
+@click.option("--steps", "step_range", default=None, metavar="FIRST:LAST",
+              help="Analyse only these steps of a run directory (1-based, inclusive; either "
+                   "end may be left open, e.g. 100: or :400), to leave out an evaluation "
+                   "phase or a change of settings.")
+def report(sources: tuple[Path, ...], fmt: str, output: Path | None,
+           step_range: str | None) -> None:
     """Report on a run directory (default: the newest under ./doctor-runs) or on
     torch.profiler traces (*.json, *.json.gz, one per rank)."""
     from doctor.reports.html import render_html
     from doctor.reports.json import render_json
     from doctor.reports.text import render_text
 
-    analysis, default_html = _load(list(sources))
+    steps = parse_step_range(step_range) if step_range is not None else None
+    analysis, default_html = _load(list(sources), steps)
     target: Path | None
     if fmt == "html":
         text = render_html(analysis)
@@ -103,7 +109,19 @@ def report(sources: tuple[Path, ...], fmt: str, output: Path | None) -> None:
     click.echo(str(target))
 
 
-def _load(sources: list[Path]) -> tuple[doctor.verdict.Analysis, Path]:
+def parse_step_range(text: str) -> tuple[int | None, int | None]:
+    """``FIRST:LAST``, ``FIRST:`` or ``:LAST`` (1-based, inclusive) as (first, last)."""
+    parts = text.split(":")
+    ok = len(parts) == 2 and all(not p.strip() or p.strip().isdigit() for p in parts)
+    first, last = (int(p) if ok and p.strip() else None for p in [*parts, "", ""][:2])
+    if not ok or first == 0 or last == 0 or (first and last and last < first):
+        raise UsageError(f"--steps takes FIRST:LAST, counted from 1 (e.g. 20:300, 20: or :300), "
+                         f"not {text!r}")
+    return first, last
+
+
+def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = None
+          ) -> tuple[doctor.verdict.Analysis, Path]:
     from doctor.analysis import analyze_run
     from doctor.rundir import newest_run
 
@@ -120,11 +138,13 @@ def _load(sources: list[Path]) -> tuple[doctor.verdict.Analysis, Path]:
         bad = [t for t in traces if not t.name.endswith(TRACE_SUFFIXES)]
         if bad:
             raise UsageError(f"{bad[0]} is not a trace (*.json or *.json.gz)")
+        if steps is not None:
+            raise UsageError("--steps applies to run directories, not to traces")
         from doctor.trace.verdict import verdict_from_traces
 
         analysis = verdict_from_traces(traces)
         return analysis, Path(traces[0].name.split(".")[0] + ".report.html")
-    return analyze_run(dirs), dirs[0] / "report.html"
+    return analyze_run(dirs, steps), dirs[0] / "report.html"
 
 
 def main() -> None:

@@ -17,7 +17,8 @@ DataLoader's cadence (a step from one batch request to the next). Inside each st
 Warm-up steps (the first steps, lazy imports, compilation) and the steps of the profiler window
 (which carry doctor's own profiling cost, its export most of all) are kept in the ledger but not
 analysed; nor are the steps during stack sampling (py-spy pauses the processes 50 times a second
-and takes CPU of its own) when at least MIN_UNSAMPLED_STEPS others remain.
+and takes CPU of its own) when at least MIN_UNSAMPLED_STEPS others remain. A step range
+(``doctor report --steps A:B``) keeps the steps outside it in the ledger, unanalysed.
 """
 
 from __future__ import annotations
@@ -165,17 +166,20 @@ def build_ledger(ranks: list[RankSteps], t0_ns: int | Mapping[int, int],
                  fractions: Mapping[int, Mapping[str, float]] | None = None,
                  input_split: Mapping[int, Mapping[str, float]] | None = None,
                  outside: Mapping[int, Mapping[str, float]] | None = None,
-                 contention: Mapping[int, float] | None = None) -> pd.DataFrame:
+                 contention: Mapping[int, float] | None = None,
+                 step_range: tuple[int, int] | None = None) -> pd.DataFrame:
     """The ledger over all ranks. ``t0_ns`` is the time origin (or one per rank);
     ``fractions[rank]`` splits non-input time by category, ``input_split[rank]`` the input
     wait into io, decode and preprocess, ``outside[rank]`` gives the fraction of each step
     spent building input outside a DataLoader, per stage, and ``contention[rank]`` the fraction
-    of non-input time the training process waited for a core its DataLoader workers held."""
+    of non-input time the training process waited for a core its DataLoader workers held.
+    With ``step_range`` (first, last), 1-based and inclusive, only the steps in it are
+    analysed."""
     origin = (lambda rank: t0_ns.get(rank, 0)) if isinstance(t0_ns, Mapping) else \
         (lambda rank: t0_ns)
     frames = [_rank_ledger(r, origin(r.rank), (fractions or {}).get(r.rank),
                            (input_split or {}).get(r.rank), (outside or {}).get(r.rank),
-                           (contention or {}).get(r.rank, 0.0))
+                           (contention or {}).get(r.rank, 0.0), step_range)
               for r in ranks]
     frames = [f for f in frames if not f.empty]
     if not frames:
@@ -185,8 +189,9 @@ def build_ledger(ranks: list[RankSteps], t0_ns: int | Mapping[int, int],
 
 def empty_ledger() -> pd.DataFrame:
     cols: dict[str, pd.Series] = {}
-    flags = ("warmup", "analyzed", "window_close", "in_window", "sampled")
-    for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, "window_close", "in_window", "sampled"):
+    flags = ("warmup", "analyzed", "window_close", "in_window", "sampled", "in_range")
+    for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, "window_close", "in_window", "sampled",
+              "in_range"):
         dtype = "bool" if c in flags else "int64" if c in ("rank", "step") else "float64"
         cols[c] = pd.Series(dtype=dtype)
     return pd.DataFrame(cols)
@@ -194,8 +199,8 @@ def empty_ledger() -> pd.DataFrame:
 
 def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None,
                  input_split: Mapping[str, float] | None,
-                 outside: Mapping[str, float] | None, contention: float = 0.0
-                 ) -> pd.DataFrame:
+                 outside: Mapping[str, float] | None, contention: float = 0.0,
+                 step_range: tuple[int, int] | None = None) -> pd.DataFrame:
     n = len(r.ends_ns)
     if n == 0:
         return empty_ledger()
@@ -247,7 +252,10 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
         "optimizer_s": overlap("optimizer"),
         "fetch_s": overlap("fetch"),
     })
-    warm = warmup_steps(wall)
+    first, last = step_range or (1, n)
+    number = out["step"].to_numpy()
+    in_range = (number >= first) & (number <= last)
+    warm = warmup_steps(wall[:max(0, last)])  # what follows the range has no say in it
     out["warmup"] = np.arange(n) < warm
     closing = np.zeros(n, dtype=bool)
     inside = np.zeros(n, dtype=bool)
@@ -261,7 +269,8 @@ def _rank_ledger(r: RankSteps, t0_ns: int, fractions: Mapping[str, float] | None
     out["window_close"] = closing
     out["in_window"] = inside
     out["sampled"] = sampled
-    analyzed = ~out["warmup"].to_numpy() & ~inside
+    out["in_range"] = in_range
+    analyzed = in_range & ~out["warmup"].to_numpy() & ~inside
     if (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
         analyzed = analyzed & ~sampled
     out["analyzed"] = analyzed

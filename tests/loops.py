@@ -26,14 +26,18 @@ class FakeClock:
 def record_loop(run_dir: Path, steps: int, *, wait_s: float = 0.0, compute_s: float = 0.01,
                 optimizers: int = 1, use_optimizer: bool = True, manual: bool = False,
                 slow_first: int = 0, rank: int = 0, loader: dict | None = None,
-                clock: FakeClock | None = None) -> Session:
-    """A loop of ``steps`` iterations: wait for a batch, compute, step the optimizer(s)."""
+                clock: FakeClock | None = None,
+                then: tuple[int, float, float] | None = None) -> Session:
+    """A loop of ``steps`` iterations: wait for a batch, compute, step the optimizer(s); with
+    ``then`` (steps, wait_s, compute_s), a second phase of the same loop follows."""
     clock = clock or FakeClock()
     session = Session(run_dir, rank=rank, clock=clock, window_start=10**9)
     loader_id = session.record_loader(loader or {"num_workers": 0, "batch_size": 32,
                                                  "pin_memory": False,
                                                  "persistent_workers": False})
-    for i in range(steps):
+    phases = [(steps, wait_s, compute_s), *([then] if then else [])]
+    plan = [(w, c) for n, w, c in phases for _ in range(n)]
+    for i, (wait_s, compute_s) in enumerate(plan):
         slow = 10.0 if i < slow_first else 1.0
         t0 = clock()
         clock.tick(wait_s * slow)

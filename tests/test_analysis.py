@@ -114,3 +114,33 @@ def test_run_queue_delay_next_to_busy_workers_is_loading_contention(tmp_path: Pa
     assert got[0] == pytest.approx(0.2, abs=0.01)
     # no workers, no contention from loading
     assert _loading_contention(host, system, ledger, {0: main}, [main], (0.0, 10.0)) == {}
+
+
+def test_a_step_range_analyses_only_its_steps(tmp_path: Path) -> None:
+    # 60 input-bound steps, then 60 compute-bound ones (the loader got fixed mid-run)
+    record_loop(tmp_path, 60, wait_s=0.09, compute_s=0.01, then=(60, 0.001, 0.05))
+    write_record(tmp_path, cores=8)
+    whole = analyze_run(tmp_path)
+    first = analyze_run(tmp_path, (None, 55))
+    second = analyze_run(tmp_path, (65, None))
+    assert first.verdict.bottleneck == "input"
+    assert first.verdict.shares["input"] == pytest.approx(0.9, abs=0.01)
+    assert second.verdict.bottleneck == "compute"
+    assert second.verdict.shares["compute"] > 0.95
+    assert 0.3 < whole.verdict.shares["input"] < 0.7
+    assert first.verdict.steps["range"] == [1, 55]
+    assert second.verdict.steps["range"] == [65, 119]
+    assert "range" not in whole.verdict.steps
+    # the ledger keeps every step; only the range is analysed
+    assert len(first.ledger) == len(whole.ledger) == 119
+    assert first.ledger.loc[first.ledger["analyzed"], "step"].max() <= 55
+    assert any("steps 1-55 of 119" in n for n in first.verdict.notes)
+
+
+def test_a_step_range_past_the_run_is_a_usage_error(tmp_path: Path) -> None:
+    from doctor.errors import UsageError
+
+    record_loop(tmp_path, 30)
+    write_record(tmp_path)
+    with pytest.raises(UsageError, match="from step 200: the run has 29 steps per rank"):
+        analyze_run(tmp_path, (200, 300))

@@ -101,6 +101,8 @@ def test_signals_reach_the_job(tmp_path: Path, sig: int) -> None:
     (["run", "--window", "soon", "x.py"], "--window takes START,STEPS"),
     (["report", "no-such-dir"], "no such run directory or trace"),
     (["report", "README.md"], "is not a trace"),
+    (["report", "--steps", "9:3", "."], "--steps takes FIRST:LAST"),
+    (["report", "--steps", "all", "."], "--steps takes FIRST:LAST"),
 ])
 def test_user_errors_are_one_line_and_exit_2(tmp_path: Path, args: list[str],
                                               message: str) -> None:
@@ -145,6 +147,24 @@ def test_report_formats_on_the_newest_run(tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     as_html = doctor_cmd("report", str(runs[0]), "-o", str(out), cwd=tmp_path)
     assert as_html.returncode == 0 and out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_report_on_a_step_range(tmp_path: Path) -> None:
+    from tests.loops import record_loop, write_record
+
+    run_dir = tmp_path / "run"
+    record_loop(run_dir, 60, wait_s=0.09, compute_s=0.01, then=(60, 0.001, 0.05))
+    write_record(run_dir)
+    first = doctor_cmd("report", str(run_dir), "--steps", ":55", "--format", "json")
+    assert first.returncode == 0, first.stderr
+    verdict = json.loads(first.stdout)
+    assert verdict["steps"]["range"] == [1, 55]
+    assert verdict["bottleneck"] == "input"
+    later = doctor_cmd("report", str(run_dir), "--steps", "65:", "--format", "json")
+    assert json.loads(later.stdout)["bottleneck"] == "compute"
+    past = doctor_cmd("report", str(run_dir), "--steps", "500:")
+    assert past.returncode == 2
+    assert past.stderr.strip() == "doctor: --steps from step 500: the run has 119 steps per rank"
 
 
 def test_help_documents_both_commands() -> None:
