@@ -21,6 +21,9 @@ def add_ablation_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ablate", type=int, default=0, metavar="BLOCK",
                     help="alternate the switch off and on every BLOCK steps in this one process "
                          "(--steps in all) and report the median step of each side")
+    ap.add_argument("--switch-after", type=int, default=0, metavar="N",
+                    help="run the first N of --steps without the switch and the rest with it, "
+                         "in this one process, and report the median step of each side")
 
 
 def fit_job(args: argparse.Namespace, switched: bool, make_loader: Callable[[bool], Loader],
@@ -29,7 +32,7 @@ def fit_job(args: argparse.Namespace, switched: bool, make_loader: Callable[[boo
     with the switch as asked; with ``--ablate``, in blocks alternating the loaders built without
     the switch and with it. Each block starts a fresh iterator of its loader, so DataLoader
     workers see the side they serve."""
-    timer, sides = plan(args.steps, args.ablate, switched)
+    timer, sides = plan(args.steps, args.ablate, switched, args.switch_after)
     loaders = {side: make_loader(side) for side in {s for s, _ in sides}}
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for side, length in sides:

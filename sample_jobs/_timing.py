@@ -3,7 +3,10 @@
 The benchmarks read that line to compare the job bare and under doctor with the job's own clock.
 ``AblationTimer`` times a job that flips its switch back and forth inside one process
 (``--ablate N``), so that both sides of an ablation see the same machine: from one process to
-the next, this kind of machine can change speed by more than the switch does.
+the next, this kind of machine can change speed by more than the switch does. It also times
+``--switch-after N``: the switch off for the first N steps and on for the rest, which
+bench/accuracy.py runs under doctor, so that doctor's analysis of the first part and the speedup
+measured across the switch come from the same process.
 """
 
 from __future__ import annotations
@@ -55,13 +58,24 @@ def blocks(steps: int, block: int) -> Iterator[tuple[bool, int]]:
         switched = not switched
 
 
-def plan(steps: int, ablate: int, switched: bool
+def plan(steps: int, ablate: int, switched: bool, switch_after: int = 0
          ) -> tuple[StepTimer | AblationTimer, list[tuple[bool, int]]]:
     """The timer and the (switched, length) blocks of a job's run: with ``--ablate`` > 0 both
-    sides in alternation, else one block of the side asked for."""
+    sides in alternation; with ``--switch-after`` N > 0 the first N steps without the switch and
+    the rest with it; else one block of the side asked for."""
     if ablate > 0:
         return AblationTimer(ablate), list(blocks(steps, ablate))
+    if 0 < switch_after < steps:
+        return AblationTimer(switch_after), [(False, switch_after), (True, steps - switch_after)]
     return StepTimer(), [(switched, steps)]
+
+
+def side_lengths(sides: list[tuple[bool, int]]) -> dict[bool, int]:
+    """The longest block of each side a run has: what a side's data must hold."""
+    out: dict[bool, int] = {}
+    for side, length in sides:
+        out[side] = max(out.get(side, 0), length)
+    return out
 
 
 class AblationTimer:

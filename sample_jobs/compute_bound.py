@@ -34,7 +34,7 @@ def main() -> None:
     n = args.batch * 16
     data = TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True)
-    timer, sides = plan(args.steps, args.ablate, args.small_model)
+    timer, sides = plan(args.steps, args.ablate, args.small_model, args.switch_after)
     models = {small: mlp(args.width // 16 if small else args.width)
               for small in {s for s, _ in sides}}
     optimizers = {small: torch.optim.SGD(m.parameters(), lr=0.01) for small, m in models.items()}

@@ -53,7 +53,7 @@ def main() -> None:
         path = os.path.join(tmp, "tokens.bin")
         rng.integers(0, VOCAB, size=2_000_000, dtype=np.uint16).tofile(path)
         data = np.memmap(path, dtype=np.uint16, mode="r")
-        timer, sides = plan(args.steps, args.ablate, args.prebatched)
+        timer, sides = plan(args.steps, args.ablate, args.prebatched, args.switch_after)
         ready = max((length for prebatched, length in sides if prebatched), default=0)
         pre = [get_batch(data, args.batch, args.block, rng) for _ in range(ready)]
         model = nn.Sequential(nn.Embedding(VOCAB, 32), nn.Linear(32, VOCAB))

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _loop import add_ablation_arg, fit_job
+from _timing import plan, side_lengths
 
 FEATURES = 64
 
@@ -61,10 +62,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)  # the model is tiny: one thread is plenty, and steadier
     torch.manual_seed(0)
-    # an ablation's blocks each start at sample 0: its cache needs one block of samples
-    n = args.batch * (min(args.steps, args.ablate) if args.ablate > 0 else args.steps)
+    # each block starts at sample 0: a side's data (and cache) needs its longest block's samples
+    lengths = side_lengths(plan(args.steps, args.ablate, args.cached, args.switch_after)[1])
 
     def loader(cached: bool) -> DataLoader:
+        n = args.batch * lengths[cached]
         return DataLoader(SlowDataset(n, args.work, cached), batch_size=args.batch,
                           shuffle=False, num_workers=args.workers)
 

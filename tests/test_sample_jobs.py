@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import SAMPLE_JOBS
 
 sys.path.insert(0, str(SAMPLE_JOBS))
-from _timing import AblationTimer, blocks
+from _timing import AblationTimer, blocks, plan, side_lengths
 
 pytestmark = pytest.mark.e2e
 
@@ -32,6 +32,7 @@ ABLATED = {**{job: small for job, (_flag, small) in JOBS.items()},
            "input_bound": ["--batch", "2", "--work", "400", "--hidden", "16"],  # exaggerated
            "get_batch_bound": ["--batch", "2", "--block", "16"],
            "compute_bound": ["--width", "64", "--batch", "8"]}
+SWITCHED_AFTER = ("input_bound", "get_batch_bound")  # they size their data by the blocks
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,11 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool |
         cmd = [sys.executable, str(SAMPLE_JOBS / f"{job}.py"), "--steps", "16", "--ablate", "8",
                *(["--data", str(data)] if job in JOBS else []), *small]
         started[job, "ablated"] = (cmd, data, subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for job in SWITCHED_AFTER:
+        cmd = [sys.executable, str(SAMPLE_JOBS / f"{job}.py"), "--steps", "16",
+               "--switch-after", "10", *ABLATED[job]]
+        started[job, "switch-after"] = (cmd, tmp_path_factory.mktemp(job), subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for job, switch in CASES:
         flag, small = JOBS[job]
@@ -103,6 +109,27 @@ def test_ablation_sees_the_bottleneck_go(
     proc, _data = finished["input_bound", "ablated"]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["switched_median_step_s"] < 0.5 * report["median_step_s"]
+
+
+@pytest.mark.parametrize("job", SWITCHED_AFTER)
+def test_switch_after_runs_both_sides_in_turn(
+        finished: dict[tuple[str, bool | str], tuple[subprocess.CompletedProcess[str], Path]],
+        job: str) -> None:
+    proc, _data = finished[job, "switch-after"]
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["steps"] == 10  # 10 then 6 steps, the first 3 of each not counted
+    assert report["switched_median_step_s"] > 0
+    if job == "input_bound":  # exaggerated: the switch takes most of the step away
+        assert report["switched_median_step_s"] < 0.5 * report["median_step_s"]
+
+
+def test_switch_after_plans_one_block_a_side() -> None:
+    _timer, sides = plan(16, 0, False, switch_after=10)
+    assert sides == [(False, 10), (True, 6)]
+    assert side_lengths(sides) == {False: 10, True: 6}
+    assert plan(16, 0, True, switch_after=16)[1] == [(True, 16)]  # nothing left to switch
+    assert side_lengths(list(blocks(7, 3))) == {False: 3, True: 3}
 
 
 def test_blocks_alternate_from_the_switch_off() -> None:
