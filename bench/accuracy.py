@@ -1,36 +1,41 @@
 """Accuracy of doctor's verdicts and speedup estimates on the sample jobs, measured by ablation.
 
 Each sample job has one known bottleneck and a switch that removes it. For every job and every
-``--workers`` setting, the job runs (a) under ``doctor run`` (its ``verdict.json`` is read) and
-(b) bare with ``--ablate BLOCK``: in that one process the switch goes off and on every BLOCK steps
-and the job reports the median step of each side, so both sides see the same machine (this kind
-of machine can change speed from one process to the next by more than a switch does). The true
-share of the bottleneck is ``1 - median step with switch / median step without``, and the
-measured speedup is the median step without over the one with, both from the job's own clock (its
-last stdout line). With ``--repeat N`` both run N times, alternated, and the table takes the
-medians (steps, shares, estimates) and the most common verdict (with its count when the runs
-disagree). The load average is printed at the start and the end: other work on the machine moves
-the bare timings.
+``--workers`` setting, one process runs the job under ``doctor run`` for ``--steps`` steps
+without its switch and then ``--switched-steps`` more with it (the jobs' ``--switch-after``).
+doctor's verdict and estimates are those of ``doctor report --steps :LAST``, the analysis of the
+steps before the switch only; the measured speedup is the median step of those same analysed
+steps over the median step after the switch (its first 10 left out: a fresh DataLoader starts
+its workers there), both from doctor's step ledger, so the estimate and the truth come from the
+same process: this kind of machine changes speed from one process to the next by more than the
+band (the same job, bare, 1.2-1.8x between runs), and not evenly between the Python loading and
+the training part. ``--separate-ablation`` also measures the speedup the old way, in a bare
+process that flips the switch every ``--block`` steps (``--ablate``), for a second column
+(``sep.``). With ``--repeat N`` each setting runs N times and the table takes the medians
+(steps, shares, estimates) and the most common verdict (with its count when the runs disagree).
+The load average is printed at the start and the end.
 
 The table gives, per setting: the verdict, doctor's shares of io / decode / preprocess /
 compute, the estimated speedup of the top finding in the expected category (``exp``; or of the
 top finding, ``top``, when none is in that category), the measured speedup, and whether the
-estimate is within ±25 % of it, and ``train w/o``: the training part of the step (forward,
-backward, optimizer, timed by the input jobs) with the switch over without it, in the same
-ablation runs. Below 1, removing the stage also made the rest of the step faster (caches that stay
-warm, for one), which doctor, seeing the slow side only, cannot estimate. Then the count of
-correct verdicts and of estimates within ±25 %. The JSON keeps each run's estimate and
-measured speedup (``estimates``, ``measured_each``).
+estimate is within ±25 % of it, and ``b+o w/o``: the backward pass and optimizer step (doctor's
+hooks, in the ledger) after the switch over before it, in the same runs. Below 1, removing the
+stage also made the rest of the step faster (caches that stay warm, for one), which doctor,
+seeing the slow side only, cannot estimate. Then the count of correct
+verdicts and of estimates within ±25 %. The JSON keeps each run's estimate and measured speedup
+(``estimates``, ``measured_each``).
 
-The expected category is the bench's knowledge of each job; doctor never sees it.
+The expected category is the bench's knowledge of each job; doctor never sees it. compute_bound
+swaps its model (and optimizer) at the switch, so doctor's ledger, which counts the steps of the
+optimizer that steps most, has no steps after it: its measured speedup is the job's own clock.
 
     python bench/accuracy.py
-    python bench/accuracy.py --jobs io_bound decode_bound --workers 0 --steps 30 --json rows.json
+    python bench/accuracy.py --jobs io_bound decode_bound --workers 0 --steps 300 --json rows.json
 
-With the jobs' own lengths (40-120 steps) every analysed step falls inside the 8 s of stack
-sampling, whose pauses slow the doctor run; ``--steps 300`` leaves enough steps outside it for the
-shares of the slower jobs to come from them (the bench then takes about 13 minutes here;
-``--steps 300 --repeat 5``, the figures of the closing note of issue 3, about 60).
+``--steps`` (500 by default) leaves enough steps before the switch outside the 8 s of stack
+sampling (whose pauses slow the steps, and which the analysis leaves out) for the shares of the
+fastest jobs; the bench then takes about 8 minutes a repeat here, and ``--repeat 5`` (the figures
+of the closing note of issue 3) about 40.
 """
 
 from __future__ import annotations
@@ -48,9 +53,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from doctor.analysis import analyze_run
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_JOBS = ROOT / "sample_jobs"
 TOLERANCE = 0.25
+SKIP_AFTER_SWITCH = 10  # steps after the switch left out of its median (fresh loader, workers)
+MIN_SWITCHED_STEPS = 10
 SHOWN = ("io", "decode", "preprocess", "compute")
 
 
@@ -83,14 +94,17 @@ class Row:
     estimate: float | None = None
     estimate_from: str = ""      # "exp": top finding of the expected category; "top": top finding
     estimate_finding: str = ""
+    # median analysed step before the switch and median step after it (ledger; else job clock)
     bare_step_s: float | None = None
     switched_step_s: float | None = None
-    # the training part of the step (forward, backward, optimizer) on each side, where the job
-    # times it: below 1 with/without, removing the stage also sped up the rest of the step
+    measured_from: str = ""      # "ledger", or "job" (the job's own clock)
+    # backward + optimizer (doctor's hooks) on each side: below 1 with/without, removing the
+    # stage also sped up the rest of the step
     bare_train_s: float | None = None
     switched_train_s: float | None = None
     estimates: list[float] = field(default_factory=list)   # each doctor run's
-    measured_each: list[float] = field(default_factory=list)  # each ablation's
+    measured_each: list[float] = field(default_factory=list)  # each doctor run's
+    separate_each: list[float] = field(default_factory=list)  # each separate ablation's
     doctor_step_s: float | None = None
     error: str = ""
 
@@ -99,6 +113,10 @@ class Row:
         if self.bare_step_s and self.switched_step_s:
             return self.bare_step_s / self.switched_step_s
         return None
+
+    @property
+    def separate(self) -> float | None:
+        return statistics.median(self.separate_each) if self.separate_each else None
 
     @property
     def train_ratio(self) -> float | None:
@@ -124,8 +142,21 @@ class Row:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "measured_speedup": self.measured, "true_share": self.true_share,
-                "train_ratio": self.train_ratio, "correct": self.correct,
-                "within_tolerance": self.within}
+                "separate_speedup": self.separate, "train_ratio": self.train_ratio,
+                "correct": self.correct, "within_tolerance": self.within}
+
+
+@dataclass
+class SameRun:
+    """One doctor run with the switch after ``steps``: the analysis of the steps before it, and
+    the step medians of both sides."""
+    verdict: dict[str, Any]
+    before_s: float | None
+    after_s: float | None
+    measured_from: str
+    train_before_s: float | None
+    train_after_s: float | None
+    job_step_s: float | None
 
 
 def job_command(name: str, workers: int | None, steps: int | None, *extra: str) -> list[str]:
@@ -144,36 +175,54 @@ def last_json_line(stdout: str) -> dict[str, Any]:
     return dict(json.loads(lines[-1]))
 
 
-def run_ablation(cmd: list[str], timeout: float) -> tuple[float, float, float | None, float | None]:
+def _seconds(line: dict[str, Any], key: str) -> float | None:
+    value = line.get(key)
+    return float(value) if value is not None else None
+
+
+def run_ablation(cmd: list[str], timeout: float) -> tuple[float, float]:
     """The job's own median steady step without its switch and with it, in seconds, from one
-    process that alternates the two (``--ablate``), then the same for the training part of the
-    step where the job times it (None where not)."""
+    bare process that alternates the two (``--ablate``)."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[1:])} exited {proc.returncode}: "
                            f"{proc.stderr.strip()[-400:]}")
     line = last_json_line(proc.stdout)
-    trains = [line.get(k) for k in ("train_median_s", "switched_train_median_s")]
-    off_train, on_train = (float(t) if t is not None else None for t in trains)
-    return float(line["median_step_s"]), float(line["switched_median_step_s"]), off_train, on_train
+    return float(line["median_step_s"]), float(line["switched_median_step_s"])
 
 
-def run_doctor(cmd: list[str], timeout: float) -> tuple[dict[str, Any], float | None]:
-    """The verdict of ``doctor run`` on the job, and the job's own median step under it."""
+def ledger_sides(ledger: pd.DataFrame, switch_step: int, column: str = "wall_s"
+                 ) -> tuple[float | None, float | None]:
+    """Medians of ``column`` over the analysed steps (those before the switch) and over the
+    steps after the switch less the first SKIP_AFTER_SWITCH. Ledger step k ends at the k+1-th
+    optimizer step, so the job's first switched step is ledger step ``switch_step``."""
+    before = ledger.loc[ledger["analyzed"], column]
+    after = ledger.loc[ledger["step"] >= switch_step + SKIP_AFTER_SWITCH, column]
+    return (float(before.median()) if len(before) else None,
+            float(after.median()) if len(after) >= MIN_SWITCHED_STEPS else None)
+
+
+def run_doctor(cmd: list[str], switch_step: int, timeout: float) -> SameRun:
+    """``doctor run`` on the job (whose switch turns on at ``switch_step``), analysed up to it."""
     with tempfile.TemporaryDirectory(prefix="doctor-accuracy-") as tmp:
         out = Path(tmp) / "run"
         proc = subprocess.run([sys.executable, "-m", "doctor.cli", "run", "--out", str(out),
                                "--", *cmd], capture_output=True, text=True, timeout=timeout)
-        verdict_path = out / "verdict.json"
-        if not verdict_path.is_file():
+        if not (out / "verdict.json").is_file():
             raise RuntimeError(f"doctor run exited {proc.returncode} without verdict.json: "
                                f"{proc.stderr.strip()[-400:]}")
-        verdict = dict(json.loads(verdict_path.read_text()))
-    try:
-        step: float | None = float(last_json_line(proc.stdout)["median_step_s"])
-    except (RuntimeError, ValueError, KeyError, TypeError):
-        step = None
-    return verdict, step
+        analysis = analyze_run(out, (None, switch_step - 1))
+    line = last_json_line(proc.stdout)
+    ledger = analysis.ledger.assign(
+        training_s=analysis.ledger["backward_s"] + analysis.ledger["optimizer_s"])
+    before, after = ledger_sides(ledger, switch_step)
+    train_before, train_after = ledger_sides(ledger, switch_step, "training_s")
+    source = "ledger"
+    if before is None or after is None:  # no steps after the switch in the ledger
+        before, after = _seconds(line, "median_step_s"), _seconds(line, "switched_median_step_s")
+        source = "job"
+    return SameRun(analysis.verdict.to_dict(), before, after, source, train_before or None,
+                   train_after or None, _seconds(line, "median_step_s"))
 
 
 def pick_estimate(verdict: dict[str, Any], expected: str) -> tuple[float | None, str, str]:
@@ -187,35 +236,37 @@ def pick_estimate(verdict: dict[str, Any], expected: str) -> tuple[float | None,
     return None, "", ""
 
 
-def measure(name: str, workers: int | None, steps: int | None, timeout: float,
-            repeat: int, block: int) -> Row:
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def measure(name: str, workers: int | None, steps: int, switched_steps: int, timeout: float,
+            repeat: int, block: int | None) -> Row:
+    """``repeat`` doctor runs of the job with its switch after ``steps``, and as many separate
+    ablations (``--ablate block``) when ``block`` is given, alternated."""
     job = JOBS[name]
     row = Row(job=name, workers=workers, expected=job.expected)
-    cmd = job_command(name, workers, steps)
-    ablation = job_command(name, workers, steps, "--ablate", str(block))
-    bare, with_switch, verdicts, doctor_steps = [], [], [], []
-    trains: dict[bool, list[float]] = {False: [], True: []}
+    cmd = job_command(name, workers, steps + switched_steps, "--switch-after", str(steps))
+    runs: list[SameRun] = []
     try:
-        for _ in range(repeat):  # alternate, so that a change of load hits both
-            off, on, off_train, on_train = run_ablation(ablation, timeout)
-            bare.append(off)
-            with_switch.append(on)
-            if off_train is not None and on_train is not None:
-                trains[False].append(off_train)
-                trains[True].append(on_train)
-            verdict, step = run_doctor(cmd, timeout)
-            verdicts.append(verdict)
-            doctor_steps += [step] if step is not None else []
+        for _ in range(repeat):
+            if block is not None:
+                off, on = run_ablation(job_command(name, workers, steps, "--ablate",
+                                                   str(block)), timeout)
+                row.separate_each.append(off / on)
+            runs.append(run_doctor(cmd, steps, timeout))
     except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
         row.error = str(exc)
         return row
-    row.bare_step_s = statistics.median(bare)
-    row.switched_step_s = statistics.median(with_switch)
-    row.measured_each = [off / on for off, on in zip(bare, with_switch, strict=True)]
-    if trains[False]:
-        row.bare_train_s = statistics.median(trains[False])
-        row.switched_train_s = statistics.median(trains[True])
-    row.doctor_step_s = statistics.median(doctor_steps) if doctor_steps else None
+    row.bare_step_s = _median([r.before_s for r in runs])
+    row.switched_step_s = _median([r.after_s for r in runs])
+    row.measured_from = "/".join(sorted({r.measured_from for r in runs}))
+    row.measured_each = [r.before_s / r.after_s for r in runs if r.before_s and r.after_s]
+    row.bare_train_s = _median([r.train_before_s for r in runs])
+    row.switched_train_s = _median([r.train_after_s for r in runs])
+    row.doctor_step_s = _median([r.job_step_s for r in runs])
+    verdicts = [r.verdict for r in runs]
     row.verdicts = [str(v.get("bottleneck", "?")) for v in verdicts]
     row.verdict = Counter(row.verdicts).most_common(1)[0][0]
     keys = {k for v in verdicts for k in v.get("shares", {})}
@@ -240,7 +291,10 @@ def speed(x: float | None) -> str:
 
 def table(rows: list[Row]) -> str:
     head = ["job", "workers", "expected", "verdict", *(f"{s[:4]}%" for s in SHOWN),
-            "estimate (from)", "measured", "true share%", "±25%?", "train w/o"]
+            "estimate (from)", "measured", "true share%", "±25%?", "b+o w/o"]
+    separate = any(r.separate_each for r in rows)
+    if separate:
+        head.append("sep.")
     body = []
     for r in rows:
         est = "-" if r.estimate is None else f"{speed(r.estimate)} ({r.estimate_from})"
@@ -249,9 +303,11 @@ def table(rows: list[Row]) -> str:
                      r.verdict + ("" if r.correct else " ✗") + (
                          f" {r.verdicts.count(r.verdict)}/{len(r.verdicts)}"
                          if len(set(r.verdicts)) > 1 else ""),
-                     *(pct(r.shares.get(s)) for s in SHOWN), est, speed(r.measured),
+                     *(pct(r.shares.get(s)) for s in SHOWN), est,
+                     speed(r.measured) + (" (job)" if r.measured_from == "job" else ""),
                      pct(r.true_share), within,
-                     "-" if r.train_ratio is None else f"{r.train_ratio:.2f}"])
+                     "-" if r.train_ratio is None else f"{r.train_ratio:.2f}",
+                     *([speed(r.separate)] if separate else [])])
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     lines = [head, ["-" * w for w in widths], *body]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
@@ -270,13 +326,20 @@ def main() -> None:
                     help="sample jobs to run (default: all)")
     ap.add_argument("--workers", nargs="+", type=int, default=[0, 1, 2],
                     help="DataLoader num_workers settings (default: 0 1 2)")
-    ap.add_argument("--steps", type=int, default=None,
-                    help="--steps for every job (default: each job's own)")
+    ap.add_argument("--steps", type=int, default=500,
+                    help="steps before the switch, the ones doctor analyses (default 500)")
+    ap.add_argument("--switched-steps", type=int, default=150,
+                    help="steps after the switch, measured only (default 150)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="ablation and doctor runs per setting, alternated: the medians of the "
-                         "steps, shares and estimates, and the most common verdict")
+                    help="doctor runs per setting: the medians of the steps, shares and "
+                         "estimates, and the most common verdict")
+    ap.add_argument("--separate-ablation", action="store_true",
+                    help="also measure the speedup in separate bare processes that flip the "
+                         "switch every --block steps (--steps in all), alternated with the "
+                         "doctor runs (column sep.; about twice the time)")
     ap.add_argument("--block", type=int, default=20,
-                    help="steps between flips of the switch in the ablation runs (default 20)")
+                    help="steps between flips of the switch in the separate ablation "
+                         "(default 20)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
     ap.add_argument("--json", type=Path, help="also write the rows to this file")
     args = ap.parse_args()
@@ -288,8 +351,9 @@ def main() -> None:
     for name in args.jobs:
         settings: list[int | None] = (list(args.workers) if JOBS[name].has_workers else [None])
         for workers in settings:
-            row = measure(name, workers, args.steps, args.timeout, max(1, args.repeat),
-                          max(1, args.block))
+            row = measure(name, workers, args.steps, args.switched_steps, args.timeout,
+                          max(1, args.repeat),
+                          max(1, args.block) if args.separate_ablation else None)
             loads.append(os.getloadavg()[0])
             rows.append(row)
             note = f"error: {row.error}" if row.error else (
@@ -307,9 +371,11 @@ def main() -> None:
           f"(each run: {sum(v == e for v, e in runs)}/{len(runs)}); "
           f"estimates within ±{100 * TOLERANCE:.0f} % of measured: {within}/{len(rated)}")
     print("estimate (from): exp = top finding in the expected category; top = top finding "
-          "(none in the expected category). measured = median step / with the switch, both "
-          "sides in one process (--ablate); train w/o = the training part of the step with "
-          "the switch / without: "
+          "(none in the expected category). measured = median analysed step before the switch "
+          "/ median step after it, in the same doctor run (its ledger; (job): the job's own "
+          "clock); b+o w/o = backward + optimizer step after the switch / before it"
+          + ("; sep. = measured in separate bare processes (--ablate)" if args.separate_ablation
+             else "") + ": "
           + ", ".join(f"{name} {JOBS[name].switch}" for name in args.jobs) + ".")
     print(f"end: {load()}; median 1-min load during the bench "
           f"{statistics.median(loads):.2f}; {time.perf_counter() - t0:.0f} s")
