@@ -138,6 +138,9 @@ def format_speedup(value: Any, approx: str = "≈") -> str:
     return f"{approx}{float(value):.1f}x"
 
 
+BYTE_UNITS = ("b", "kb", "mb", "gb")
+
+
 def format_value(key: str, value: Any) -> str:
     """An evidence or table value, by the unit its name carries (``_s``, ``_pct``, ``share``)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -149,6 +152,9 @@ def format_value(key: str, value: Any) -> str:
         return "yes" if value else "no"
     name = key.lower()
     if isinstance(value, int | float):
+        if name.endswith("_per_s"):  # a rate: read_mb_per_s, samples_per_s
+            unit = name.removesuffix("_per_s").rsplit("_", 1)[-1]
+            return f"{value:.4g} {unit.upper() if unit in BYTE_UNITS else unit}/s"
         if name.endswith("_s"):
             return format_seconds(value)
         if name.endswith("_pct") or name.endswith("percent"):

@@ -338,3 +338,11 @@ def test_environment_is_cached_and_autoescapes() -> None:
     env = environment()
     assert env is environment()
     assert env.from_string("{{ x }}").render(x="<i>") == "&lt;i&gt;"
+
+
+def test_evidence_values_carry_their_units() -> None:
+    from doctor.reports.text import format_value
+
+    assert format_value("median_step_s", 0.072) == "72.0 ms"
+    assert format_value("read_mb_per_s", 466.2) == "466.2 MB/s"  # a rate, not seconds
+    assert format_value("samples_per_s", 12.5) == "12.5 samples/s"
