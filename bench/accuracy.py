@@ -21,9 +21,9 @@ top finding, ``top``, when none is in that category), the measured speedup, and 
 estimate is within ±25 % of it, and ``b+o w/o``: the backward pass and optimizer step (doctor's
 hooks, in the ledger) after the switch over before it, in the same runs. Below 1, removing the
 stage also made the rest of the step faster (caches that stay warm, for one), which doctor,
-seeing the slow side only, cannot estimate. Then the count of correct
-verdicts and of estimates within ±25 %. The JSON keeps each run's estimate and measured speedup
-(``estimates``, ``measured_each``).
+seeing the slow side only, cannot estimate. Then the count of correct verdicts and of estimates
+within ±25 %. The JSON keeps each run's estimate and measured speedup (``estimates``,
+``measured_each``).
 
 The expected category is the bench's knowledge of each job; doctor never sees it. compute_bound
 swaps its model (and optimizer) at the switch, so doctor's ledger, which counts the steps of the
@@ -34,8 +34,8 @@ optimizer that steps most, has no steps after it: its measured speedup is the jo
 
 ``--steps`` (500 by default) leaves enough steps before the switch outside the 8 s of stack
 sampling (whose pauses slow the steps, and which the analysis leaves out) for the shares of the
-fastest jobs; the bench then takes about 8 minutes a repeat here, and ``--repeat 5`` (the figures
-of the closing note of issue 3) about 40.
+fastest jobs; the bench then takes about 11 minutes a repeat here, and ``--repeat 5`` (the
+figures of the closing note of issue 3) 54.
 """
 
 from __future__ import annotations
