@@ -21,7 +21,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _loop import add_ablation_arg
-from _timing import plan
+from _timing import plan, side_lengths
 
 VOCAB = 256
 
@@ -54,7 +54,7 @@ def main() -> None:
         rng.integers(0, VOCAB, size=2_000_000, dtype=np.uint16).tofile(path)
         data = np.memmap(path, dtype=np.uint16, mode="r")
         timer, sides = plan(args.steps, args.ablate, args.prebatched, args.switch_after)
-        ready = max((length for prebatched, length in sides if prebatched), default=0)
+        ready = side_lengths(sides).get(True, 0)  # batches the prebatched side needs
         pre = [get_batch(data, args.batch, args.block, rng) for _ in range(ready)]
         model = nn.Sequential(nn.Embedding(VOCAB, 32), nn.Linear(32, VOCAB))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
