@@ -241,8 +241,8 @@ def _summarise(ledger: pd.DataFrame, notes: list[str], findings: list[Finding],
     if warm:
         notes.append(f"The first {warm} step(s) per rank are warm-up (lazy imports, "
                      "allocator growth, compilation) and are left out of the shares.")
-    if count and "in_window" in ledger and (ledger["in_window"] & ledger["in_range"]).any():
-        inside = int((ledger["in_window"] & ledger["in_range"]).sum())
+    inside = int((ledger["in_window"] & ledger["in_range"]).sum()) if count else 0
+    if inside:
         notes.append(f"The {inside} steps of the torch.profiler window carry doctor's own "
                      "profiling cost (the trace export most of all) and are left out of the "
                      "shares.")
