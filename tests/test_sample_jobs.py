@@ -111,6 +111,21 @@ def test_the_switch_takes_the_bottleneck_away(finished: Finished, run: str) -> N
     assert report["switched_median_step_s"] < 0.5 * report["median_step_s"]
 
 
+@pytest.mark.parametrize(("cache", "sees_new_bytes"),
+                         [(None, True), ("page", True), ("memory", False)])
+def test_io_bound_switch_reads_the_files_unless_it_caches_the_arrays(
+        tmp_path: Path, cache: str | None, sees_new_bytes: bool) -> None:
+    """io_bound's page-cache switch keeps the job's reads (only the storage wait goes); the
+    memory one reads each file once, before training."""
+    from io_bound import FileDataset, write_files
+    paths = write_files(str(tmp_path), count=1, size_mb=0.25)
+    dataset = FileDataset(paths, n=2, cache=cache)
+    before, _label = dataset[0]
+    Path(paths[0]).write_bytes(bytes([255]) * Path(paths[0]).stat().st_size)
+    after, _label = dataset[1]
+    assert bool((after != before).any()) == sees_new_bytes
+
+
 @pytest.mark.parametrize("job", SWITCHED_AFTER)
 def test_switch_after_runs_both_sides_in_turn(finished: Finished, job: str) -> None:
     report = last_report(finished, (job, "switch-after"))
