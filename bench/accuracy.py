@@ -30,7 +30,7 @@ every file, so only the storage wait goes, the time the io share measures and wh
 fix (a local or in-memory copy of the files) gives. ``--io-cache memory`` makes the switch keep
 the sample arrays in memory instead, which also saves each read's copy into a fresh buffer and
 its pass through the CPU caches (the rest of the step speeds up too): a bigger change than the
-io share, by 10-30 % here.
+io share, whose estimate reads 10-30 % under that speedup here.
 
 The expected category is the bench's knowledge of each job; doctor never sees it. compute_bound
 swaps its model (and optimizer) at the switch, so doctor's ledger, which counts the steps of the
@@ -42,7 +42,7 @@ optimizer that steps most, has no steps after it: its measured speedup is the jo
 ``--steps`` (500 by default) leaves enough steps before the switch outside the 8 s of stack
 sampling (whose pauses slow the steps, and which the analysis leaves out) for the shares of the
 fastest jobs; the bench then takes about 11 minutes a repeat here, and ``--repeat 5`` (the
-figures of the closing note of issue 3) 54.
+figures of the closing note of issue 3) 56.
 """
 
 from __future__ import annotations
