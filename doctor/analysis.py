@@ -185,6 +185,7 @@ def _load_host(dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _analysed(ledger: pd.DataFrame) -> pd.DataFrame:
+    """The analysed steps, or every step of the range when too few to leave warm-up out."""
     analysed = ledger[ledger["analyzed"]]
     return analysed if not analysed.empty else ledger[ledger["in_range"]]
 
@@ -232,9 +233,8 @@ def _range_notes(ledger: pd.DataFrame, step_range: tuple[int, int]) -> list[str]
 def _summarise(ledger: pd.DataFrame, notes: list[str], findings: list[Finding],
                procs: list[ProcessRecord]) -> tuple[dict[str, Any], dict[str, float], str]:
     count = len(ledger)
-    analysed = ledger[ledger["analyzed"]]
-    if count and analysed.empty:
-        analysed = ledger[ledger["in_range"]]
+    analysed = _analysed(ledger)
+    if count and not ledger["analyzed"].any():
         notes.append(f"Only {len(analysed)} steps were seen: too few to leave warm-up out, so "
                      "every step counts.")
     warm = int(ledger["warmup"].sum()) if count else 0
