@@ -359,14 +359,15 @@ def main() -> None:
     t0 = time.perf_counter()
     loads = [os.getloadavg()[0]]
     print(f"start: {load()}", file=sys.stderr, flush=True)
+    # io_bound's switch caches what --io-cache says
+    extras = {name: ("--cache", args.io_cache) if name == "io_bound" else () for name in args.jobs}
     rows: list[Row] = []
     for name in args.jobs:
         settings: list[int | None] = (list(args.workers) if JOBS[name].has_workers else [None])
         for workers in settings:
-            extra = ("--cache", args.io_cache) if name == "io_bound" else ()
             row = measure(name, workers, args.steps, args.switched_steps, args.timeout,
                           max(1, args.repeat),
-                          max(1, args.block) if args.separate_ablation else None, extra)
+                          max(1, args.block) if args.separate_ablation else None, extras[name])
             loads.append(os.getloadavg()[0])
             rows.append(row)
             note = f"error: {row.error}" if row.error else (
@@ -389,9 +390,8 @@ def main() -> None:
           "clock); b+o w/o = backward + optimizer step after the switch / before it"
           + ("; sep. = measured in separate bare processes (--ablate)" if args.separate_ablation
              else "") + ": "
-          + ", ".join(f"{name} {JOBS[name].switch}"
-                      + (f" --cache {args.io_cache}" if name == "io_bound" else "")
-                      for name in args.jobs) + ".")
+          + ", ".join(" ".join((name, JOBS[name].switch, *extras[name])) for name in args.jobs)
+          + ".")
     print(f"end: {load()}; median 1-min load during the bench "
           f"{statistics.median(loads):.2f}; {time.perf_counter() - t0:.0f} s")
     if args.json:
