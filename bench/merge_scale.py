@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_run(run_dir: Path, ranks: int, steps: int) -> None:
-    from doctor.rundir import write_run_record
-    from doctor.session import Session
+    from doctor.record.session import Session
+    from doctor.store.rundir import write_run_record
 
     slow_rank = ranks // 3
     for rank in range(ranks):
@@ -55,7 +55,7 @@ def write_run(run_dir: Path, ranks: int, steps: int) -> None:
 
 def measure(run_dir: Path) -> dict[str, float]:
     """In this (fresh) process: analyse and render, and how long and how much memory it took."""
-    from doctor.analysis import analyze_run
+    from doctor.analyse.pipeline import analyze_run
     from doctor.reports.html import render_html
 
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -16,10 +16,10 @@ Figures per job, each the median over pairs with (min..max):
 * median step, doctor / bare: the always-on cost. Budget at most 1.01x.
 * loop time, doctor / bare: always-on cost plus the deep window, once. No budget of its own; the
   window's share of a run of ten minutes is derived below.
-* From the doctor run's own ledger (``doctor.analysis.analyze_run``), against the median analysed
-  step of the same run:
+* From the doctor run's own ledger (``doctor.analyse.pipeline.analyze_run``), against the median
+  analysed step of the same run:
   - window steps: the ledger rows that end after the window's start event and before its stop
-    event (the events ring, ``doctor.ledger.window_span``); the ledger numbers steps from
+    event (the events ring, ``doctor.analyse.ledger.window_span``); the ledger numbers steps from
     one step boundary to the next, so these are the steps under an active torch.profiler. The
     median of them / median step: budget at most 1.25x. Their max is shown too: the first
     profiled steps carry the profiler's own start-up.
@@ -110,9 +110,9 @@ class WindowFigures:
 
 def window_figures(run_dir: Path) -> WindowFigures:
     """Window steps and the closing step, from the run directory's ledger and events ring."""
-    from doctor.analysis import analyze_run
-    from doctor.ledger import main_process, rank_steps
-    from doctor.rundir import list_processes
+    from doctor.analyse.ledger import main_process, rank_steps
+    from doctor.analyse.pipeline import analyze_run
+    from doctor.store.rundir import list_processes
 
     out = WindowFigures()
     ledger = analyze_run(run_dir).ledger
@@ -163,7 +163,7 @@ def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: st
         if window is not None:
             cmd += ["--window", window]
         doc = run([*cmd, "--", *job_cmd])
-        from doctor.rundir import disk_usage_bytes
+        from doctor.store.rundir import disk_usage_bytes
 
         disk = disk_usage_bytes(run_dir)
         try:
@@ -245,7 +245,7 @@ def report(title: str, pairs: list[Pair], window_on: bool) -> None:
 
 def micro_benchmark(n: int = 200_000) -> None:
     """Per-call cost of the Session's hot path (no window attached), fake run dir."""
-    from doctor.session import STEP_OPTIMIZER, Session
+    from doctor.record.session import STEP_OPTIMIZER, Session
 
     with tempfile.TemporaryDirectory(prefix="doctor-micro-") as tmp:
         s = Session(Path(tmp), rank=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from doctor.markers import step
+from doctor.record.markers import step
 from doctor.watch import watch
 
 __all__ = ["__version__", "step", "watch"]

@@ -40,7 +40,7 @@ def run(out: Path | None, window: str | None, command: tuple[str, ...]) -> None:
     """
     from doctor.command import resolve_command
     from doctor.launch import run_job
-    from doctor.rundir import new_run_dir
+    from doctor.store.rundir import new_run_dir
 
     if window is not None and window.lower() != "off" and not _valid_window(window):
         raise UsageError(f"--window takes START,STEPS (e.g. 8,5) or off, not {window!r}")
@@ -122,8 +122,8 @@ def parse_step_range(text: str) -> tuple[int | None, int | None]:
 
 def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = None
           ) -> tuple[doctor.verdict.Analysis, Path]:
-    from doctor.analysis import analyze_run
-    from doctor.rundir import newest_run
+    from doctor.analyse.pipeline import analyze_run
+    from doctor.store.rundir import newest_run
 
     if not sources:
         sources = [newest_run()]

@@ -22,13 +22,13 @@ from types import FrameType
 from typing import Any
 
 import doctor
-from doctor.boot import ENV_PARENT_PID, ENV_RUN_DIR, ENV_WINDOW
 from doctor.command import JobCommand
-from doctor.machine import usable_cores
-from doctor.rundir import write_run_record
+from doctor.record.bootstrap import ENV_PARENT_PID, ENV_RUN_DIR, ENV_WINDOW
+from doctor.record.machine import usable_cores
+from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
 
-BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "record" / "_bootstrap"
 QUIET_KINETO = "6"
 SAMPLE_INTERVAL_S = 0.5  # host and GPU sampling from the parent: 2 Hz
 
@@ -114,9 +114,9 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
 
 
 def _measure_handoff() -> float | None:
-    """This machine's cost of handing one tensor from a DataLoader worker (doctor.handoff),
+    """This machine's cost of handing one tensor from a DataLoader worker (doctor.probes.handoff),
     measured once the job has exited so that it costs the job nothing."""
-    from doctor.handoff import fd_handoff_seconds
+    from doctor.probes.handoff import fd_handoff_seconds
 
     try:
         return fd_handoff_seconds()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from doctor.analysis import analyze_run
+from doctor.analyse.pipeline import analyze_run
 from doctor.reports.html import render_html
 from doctor.reports.json import render_json
-from doctor.rundir import disk_usage_bytes, gzip_traces
+from doctor.store.rundir import disk_usage_bytes, gzip_traces
 from doctor.verdict import Analysis
 
 DISK_WARN_BYTES = 100 * 2**20

@@ -176,7 +176,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-#: Columns of the step ledger (doctor.ledger builds it; reports read it).
+#: Columns of the step ledger (doctor.analyse.ledger builds it; reports read it).
 LEDGER_COLUMNS: tuple[str, ...] = (
     "rank", "step", "start_s", "wall_s", *CATEGORIES, "warmup", "analyzed",
 )

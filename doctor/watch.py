@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from doctor import session as session_mod
+from doctor.record import session as session_mod
 
 F = TypeVar("F", bound=Callable[..., Any])
 HOST_INTERVAL_S = 1.0
@@ -94,11 +94,11 @@ class _WatchRun:
 
     @classmethod
     def start(cls, out: Path | None, name: str, window: str) -> _WatchRun:
-        from doctor.boot import parse_window, start_session
         from doctor.launch import QUIET_KINETO, run_record
         from doctor.probes.host import HostSampler
         from doctor.probes.stacks import request_in_process_stacks
-        from doctor.rundir import new_run_dir, write_run_record
+        from doctor.record.bootstrap import parse_window, start_session
+        from doctor.store.rundir import new_run_dir, write_run_record
 
         run_dir = new_run_dir(out, name)
         os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
@@ -124,7 +124,7 @@ class _WatchRun:
     def finish(self, *, failed: bool, report: bool, interrupted: bool) -> None:
         from doctor.launch import run_record
         from doctor.probes.gpu import GpuSampler
-        from doctor.rundir import write_run_record
+        from doctor.store.rundir import write_run_record
 
         self._stop.set()
         if self._thread.is_alive():

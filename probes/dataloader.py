@@ -9,7 +9,7 @@ import functools
 import inspect
 from typing import Any
 
-from doctor.session import STEP_DATALOADER, Session
+from doctor.record.session import STEP_DATALOADER, Session
 from doctor.verdict import ProbeStatus
 
 

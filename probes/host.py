@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from doctor.machine import usable_cores
+from doctor.record.machine import usable_cores
 from doctor.verdict import ProbeStatus
 
 PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",

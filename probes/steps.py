@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from doctor.session import STEP_BACKWARD, Session
+from doctor.record.session import STEP_BACKWARD, Session
 from doctor.verdict import ProbeStatus
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from doctor.probes.stacks import fallback_requested, start_fallback_sampler
-from doctor.session import (
+from doctor.record.session import (
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
     EVENT_WINDOW_STOP_END,

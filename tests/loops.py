@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from doctor.rundir import write_run_record
-from doctor.session import STEP_DATALOADER, STEP_MANUAL, Session
+from doctor.record.session import STEP_DATALOADER, STEP_MANUAL, Session
+from doctor.store.rundir import write_run_record
 
 
 class FakeClock:

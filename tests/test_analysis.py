@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor.analysis import analyze_run
+from doctor.analyse.pipeline import analyze_run
 from doctor.outputs import finalize_run
 from doctor.verdict import CATEGORIES, check_verdict
 from tests.loops import record_loop, write_record
@@ -90,8 +90,8 @@ def test_few_steps_are_all_counted_with_a_note(tmp_path: Path) -> None:
 def test_run_queue_delay_next_to_busy_workers_is_loading_contention(tmp_path: Path) -> None:
     import pandas as pd
 
-    from doctor.analysis import _loading_contention
-    from doctor.rundir import ProcessRecord
+    from doctor.analyse.pipeline import _loading_contention
+    from doctor.store.rundir import ProcessRecord
 
     main = ProcessRecord(tmp_path, 0, "main", 100)
     workers = [ProcessRecord(tmp_path, 0, f"worker{i}", 101 + i, {"ppid": 100}) for i in (0, 1)]

@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from doctor.analysis import analyze_run
-from doctor.distributed import HOST_CONTENTION, find_stragglers, rank_table
+from doctor.analyse.distributed import HOST_CONTENTION, find_stragglers, rank_table
+from doctor.analyse.pipeline import analyze_run
+from doctor.record.session import Session
 from doctor.reports.html import render_html
 from doctor.rules.base import RuleInputs
 from doctor.rules.distributed import straggler
-from doctor.session import Session
 from doctor.verdict import CATEGORIES
 from tests.conftest import ROOT
 from tests.loops import FakeClock, record_loop, write_record
@@ -259,7 +259,7 @@ def write_synthetic_run(run_dir: Path, ranks: int, steps: int, slow_rank: int = 
 MEASURE = """
 import json, resource, sys, time
 from pathlib import Path
-from doctor.analysis import analyze_run
+from doctor.analyse.pipeline import analyze_run
 from doctor.reports.html import render_html
 t0 = time.perf_counter()
 analysis = analyze_run(Path(sys.argv[1]))

@@ -1,11 +1,11 @@
-"""The handoff probe (doctor.handoff) and the tensor count the DataLoader probe takes."""
+"""The handoff probe (doctor.probes.handoff) and the tensor count the DataLoader probe takes."""
 
 from __future__ import annotations
 
 import torch
 
-from doctor.handoff import fd_handoff_seconds
 from doctor.probes.dataloader import count_tensors
+from doctor.probes.handoff import fd_handoff_seconds
 
 
 def test_the_fd_round_trip_is_measured() -> None:

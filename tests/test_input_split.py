@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor.input_split import (
+from doctor.analyse.split import (
     _MAIN_SCOPE,
     _WORKER_SCOPE,
     StageSplit,
@@ -28,7 +28,7 @@ from doctor.probes.stacks import (
     parse_raw,
     read_stacks,
 )
-from doctor.rundir import list_processes
+from doctor.store.rundir import list_processes
 from tests.loops import record_loop
 
 MAIN = ("<module> (train.py:80)", "main (train.py:67)",
@@ -89,7 +89,7 @@ def test_extra_rules_extend_the_table_without_code(tmp_path: Path) -> None:
     extra = tmp_path / "rules.json"
     extra.write_text(json.dumps({"rules": [
         {"category": "decode", "function": "^parse_record$"}]}))
-    rules = load_rules([extra, Path(__file__).parents[1] / "doctor/data/input_frames.json"])
+    rules = load_rules([extra, Path(__file__).parents[1] / "doctor/analyse/data/input_frames.json"])
     stack = (*WORKER, "parse_record (/srv/mydata.py:10)")
     assert classify(stack, _WORKER_SCOPE, rules)[0] == "decode"  # type: ignore[index]
     bad = tmp_path / "bad.json"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from doctor.intervals import overlap_per_span, union
+from doctor.trace.intervals import overlap_per_span, union
 
 
 def test_overlap_counts_only_the_shared_part() -> None:

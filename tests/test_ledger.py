@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from doctor.ledger import build_ledger, main_process, rank_steps, warmup_steps
-from doctor.rundir import list_processes
-from doctor.session import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END
+from doctor.analyse.ledger import build_ledger, main_process, rank_steps, warmup_steps
+from doctor.record.session import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END
+from doctor.store.rundir import list_processes
 from tests.loops import FakeClock, record_loop
 
 
@@ -109,7 +109,7 @@ def test_backward_marks_steps_when_weights_are_updated_by_hand(tmp_path: Path) -
 
 def test_dataloader_cadence_when_nothing_else(tmp_path: Path) -> None:
     clock = FakeClock()
-    from doctor.session import Session
+    from doctor.record.session import Session
 
     s = Session(tmp_path, clock=clock, window_start=10**9)
     for _ in range(12):
@@ -138,7 +138,7 @@ def test_warmup_is_a_few_steps_when_all_are_alike() -> None:
 
 def test_the_step_that_closed_the_profiler_window_is_not_analysed(tmp_path: Path) -> None:
     clock = FakeClock()
-    from doctor.session import Session
+    from doctor.record.session import Session
 
     s = Session(tmp_path, clock=clock, window_start=10**9)
     for i in range(30):

@@ -4,7 +4,7 @@ import json
 import os
 from pathlib import Path
 
-from doctor.session import STEP_BACKWARD, STEP_DATALOADER, STEP_OPTIMIZER, Session
+from doctor.record.session import STEP_BACKWARD, STEP_DATALOADER, STEP_OPTIMIZER, Session
 from tests.loops import FakeClock
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from doctor import intervals as iv
+from doctor.trace import intervals as iv
 from doctor.trace.shares import SHARE_CATEGORIES, StepSpans, category_seconds, partition
 from doctor.trace.steps import STEP_COLUMNS, trace_step_frame
 

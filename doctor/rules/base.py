@@ -22,7 +22,8 @@ RuleFunc = Callable[["RuleInputs"], list[Finding]]
 class RuleInputs:
     """Everything a rule may read. Frames absent for this job are None.
 
-    - ``ledger``: one row per (rank, step) of analysed steps, seconds per category (doctor.ledger).
+    - ``ledger``: one row per (rank, step) of analysed steps, seconds per category
+      (doctor.analyse.ledger).
     - ``host``: host samples from the parent (probes.host), one row per (tick, pid).
     - ``system``: machine-wide samples (cores, runnable threads, iowait), one row per tick.
     - ``gpu_steps``: per profiled step GPU-side figures from a Kineto trace (doctor.trace).

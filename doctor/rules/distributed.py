@@ -1,6 +1,6 @@
 """Distributed jobs: a straggler rank that the other ranks wait for in collectives.
 
-The numbers come from doctor.distributed.find_stragglers; this module words the finding and
+The numbers come from doctor.analyse.distributed.find_stragglers; this module words the finding and
 picks fixes that fit the slow rank's likely cause (its own input pipeline, its compute, or the
 CPU it shares with other work).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from doctor.distributed import HOST_CONTENTION, Straggler, search_stragglers
+from doctor.analyse.distributed import HOST_CONTENTION, Straggler, search_stragglers
 from doctor.rules.base import RuleInputs, RuleSkipped, rule
 from doctor.verdict import Finding, Fix
 

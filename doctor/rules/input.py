@@ -9,7 +9,7 @@ step (``rest``) in ``k`` worker processes on ``cores`` cores:
 ``load`` is the wait itself with num_workers=0, and about ``workers x step`` when ``workers``
 processes together deliver one batch per step. Making a stage cheaper removes its fraction of
 ``load``. With workers, ``rest`` includes the training process's handoff of each batch: one
-round trip to the worker per tensor (doctor.handoff), which no cheaper stage removes.
+round trip to the worker per tensor (doctor.probes.handoff), which no cheaper stage removes.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from doctor.intervals import EMPTY, Spans, difference, length
+from doctor.trace.intervals import EMPTY, Spans, difference, length
 
 __all__ = ["EXCLUSIVE_COLUMNS", "SHARE_CATEGORIES", "StepSpans", "category_seconds", "partition"]
 

@@ -18,7 +18,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from doctor.intervals import (
+from doctor.trace import events as ev
+from doctor.trace.events import EventArrays, Timeline, build_timeline, load_timeline
+from doctor.trace.intervals import (
     Spans,
     clip,
     count_starts,
@@ -28,8 +30,6 @@ from doctor.intervals import (
     union,
     union_of,
 )
-from doctor.trace import events as ev
-from doctor.trace.events import EventArrays, Timeline, build_timeline, load_timeline
 from doctor.trace.shares import EXCLUSIVE_COLUMNS, StepSpans, partition
 from doctor.trace.syncs import sync_sources
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.probes.stacks import StackSamples, read_stacks
-from doctor.rundir import ProcessRecord
+from doctor.store.rundir import ProcessRecord
 
 STAGES = ("io", "decode", "preprocess")
 RULES_PATH = Path(__file__).parent / "data" / "input_frames.json"
@@ -241,7 +241,7 @@ def rank_split(main: ProcessRecord, procs: list[ProcessRecord],
 
 
 def _total_seconds(proc: ProcessRecord, ring: str) -> float:
-    from doctor.ledger import read_intervals
+    from doctor.analyse.ledger import read_intervals
 
     t0, t1, _ = read_intervals(proc, ring)
     return float((t1 - t0).sum()) * 1e-9

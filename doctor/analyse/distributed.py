@@ -9,8 +9,8 @@ Its extra time is split by category from its own ledger to name the likely cause
 time is compute that the rank's CPU time does not account for, the rank was runnable but not
 running: host contention.
 
-Pure functions over the ledger (doctor.ledger) and the host samples (probes.host); the rule in
-doctor.rules.distributed turns the result into a finding.
+Pure functions over the ledger (doctor.analyse.ledger) and the host samples (probes.host); the rule
+in doctor.rules.distributed turns the result into a finding.
 """
 
 from __future__ import annotations

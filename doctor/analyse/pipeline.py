@@ -10,28 +10,28 @@ import numpy as np
 import pandas as pd
 
 from doctor import rules as _rules  # noqa: F401  (registers the rules)
-from doctor.distributed import rank_table
-from doctor.errors import UsageError
-from doctor.input_split import (
+from doctor.analyse.distributed import rank_table
+from doctor.analyse.ledger import (
+    RankSteps,
+    build_ledger,
+    main_process,
+    rank_steps,
+)
+from doctor.analyse.split import (
     STAGES,
     StageSplit,
     outside_loader_shares,
     rank_split,
     workers_of,
 )
-from doctor.ledger import (
-    RankSteps,
-    build_ledger,
-    main_process,
-    rank_steps,
-)
+from doctor.analyse.window import WindowUnavailable, window_fractions, window_frame
+from doctor.errors import UsageError
 from doctor.probes.host import load_host
 from doctor.probes.memory import load_memory
 from doctor.probes.stacks import read_stacks
 from doctor.rules.base import RuleInputs, run_rules
-from doctor.rundir import ProcessRecord, list_processes, read_run_record
+from doctor.store.rundir import ProcessRecord, list_processes, read_run_record
 from doctor.verdict import BOTTLENECKS, CATEGORIES, Analysis, Finding, Fix, ProbeStatus, Verdict
-from doctor.window import WindowUnavailable, window_fractions, window_frame
 
 FEW_STEPS = 20
 

@@ -5,11 +5,11 @@ else optimizer steps (of the optimizer that steps most), else ``backward()`` cal
 DataLoader's cadence (a step from one batch request to the next). Inside each step:
 
 - input: the main process's DataLoader wait, split into io, decode and preprocess by where the
-  loading work went (doctor.input_split); when that could not be measured (no stack samples),
+  loading work went (doctor.analyse.split); when that could not be measured (no stack samples),
   it stays whole in an extra ``input`` column;
 - the rest of the step is split between transfer, compute, communication and other by the
-  proportions measured in the torch.profiler window (see doctor.window); without a window, the
-  rest is compute and a note says so;
+  proportions measured in the torch.profiler window (see doctor.analyse.window); without a window,
+  the rest is compute and a note says so;
 - with DataLoader workers, the part of the rest that the training process spent waiting for a
   core the workers held (``contention``, measured from the kernel's run-queue delay) moves to the
   input stages: without the loading, the cores would have been the training's.
@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from doctor.intervals import overlap_per_span
 from doctor.probes.stacks import read_meta
-from doctor.ringbuffer import RingFormatError, read_ring
-from doctor.rundir import ProcessRecord
-from doctor.session import (
+from doctor.record.ringbuffer import RingFormatError, read_ring
+from doctor.record.session import (
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
     EVENT_WINDOW_STOP_END,
     STEP_KIND_NAMES,
     STEP_MANUAL,
 )
+from doctor.store.rundir import ProcessRecord
+from doctor.trace.intervals import overlap_per_span
 from doctor.verdict import CATEGORIES, LEDGER_COLUMNS
 
 NS = 1e-9

@@ -18,8 +18,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from doctor import session as session_mod
-from doctor.session import Session
+from doctor.record import session as session_mod
+from doctor.record.session import Session
 
 ENV_RUN_DIR = "DOCTOR_RUN_DIR"
 ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"

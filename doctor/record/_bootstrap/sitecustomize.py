@@ -7,7 +7,7 @@ def _doctor_bootstrap() -> None:
     if not os.environ.get("DOCTOR_RUN_DIR"):
         return
     try:
-        from doctor import boot
+        from doctor.record import bootstrap as boot
 
         boot.start_from_env()
     except BaseException as err:

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from doctor.machine import usable_cores
-from doctor.ringbuffer import RingWriter
+from doctor.record.machine import usable_cores
+from doctor.record.ringbuffer import RingWriter
 
 # Step kinds, from the weakest evidence of a step boundary to the strongest.
 STEP_DATALOADER = 0
@@ -212,7 +212,9 @@ class Session:
         self.memory = None
         self._window_kind, self._window_count = -1, 0
         self.role = "child"
-        from doctor.boot import allow_parent_tracer  # prctl is per process: name it again
+        from doctor.record.bootstrap import (
+            allow_parent_tracer,  # prctl is per process: name it again
+        )
 
         allow_parent_tracer()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from doctor import session as _session
+from doctor.record import session as _session
 
 
 def step() -> None:

@@ -1,0 +1,1 @@
+"""Pure stages from recorded data to a verdict."""

@@ -1,0 +1,1 @@
+"""What runs inside the job: the bootstrap, the per-process Session, ring buffers, doctor.step()."""

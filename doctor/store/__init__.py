@@ -1,0 +1,1 @@
+"""The run directory: the only code that knows its files."""
