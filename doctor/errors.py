@@ -1,4 +1,10 @@
-"""One error hierarchy; the CLI catches it at the top and prints one line (exit status 2)."""
+"""One error hierarchy; the CLI catches it at the top and prints one line (exit status 2).
+
+Every error a user can cause (a command line, a run directory, a trace, a rules file) is a
+DoctorError whose message is one line saying what is wrong and what to do. Errors inside the job
+never reach the user this way: the bootstrap and the probes swallow them and report the probe as
+unavailable instead.
+"""
 
 from __future__ import annotations
 
@@ -15,3 +21,28 @@ class UsageError(DoctorError):
 
 class RunDirError(DoctorError):
     """A run directory that is missing, unreadable or not doctor's."""
+
+
+class RunFormatError(RunDirError):
+    """A run directory written in a format this doctor does not read (an older version's)."""
+
+
+class RingFormatError(RunDirError, ValueError):
+    """A ring file that is not one of ours, or is truncated."""
+
+
+class TraceError(DoctorError, ValueError):
+    """A trace file that cannot be read: missing, truncated, or not Chrome-trace JSON."""
+
+
+class VerdictSchemaError(DoctorError, ValueError):
+    """A verdict.json that does not follow doctor.verdict/1."""
+
+
+class WindowUnavailable(DoctorError):
+    """The profiler window's trace could not be read or has no usable step (it costs the split
+    of the step's time, not the verdict)."""
+
+
+class FrameRulesError(DoctorError):
+    """A frame rules file (DOCTOR_FRAME_RULES, or the built-in table) that cannot be used."""

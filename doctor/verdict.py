@@ -13,17 +13,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from doctor.categories import BOTTLENECKS, CATEGORIES, UNSPLIT_INPUT
+from doctor.errors import VerdictSchemaError
+
 if TYPE_CHECKING:
     import pandas as pd
 
+__all__ = ["BOTTLENECKS", "CATEGORIES", "SCHEMA", "SEVERITIES", "Analysis", "Finding", "Fix",
+           "ProbeStatus", "Verdict", "VerdictSchemaError", "check_verdict"]
+
 SCHEMA = "doctor.verdict/1"
 
-#: The six bottleneck categories, in the order reports show them.
-BOTTLENECKS: tuple[str, ...] = (
-    "io", "decode", "preprocess", "transfer", "compute", "communication",
-)
-#: Every column of the step ledger that holds time: the six categories plus ``other``.
-CATEGORIES: tuple[str, ...] = (*BOTTLENECKS, "other")
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 
 
@@ -134,10 +134,6 @@ class Verdict:
         )
 
 
-class VerdictSchemaError(ValueError):
-    """A verdict.json that does not follow doctor.verdict/1."""
-
-
 def check_verdict(data: Mapping[str, Any]) -> None:
     """Raise VerdictSchemaError unless ``data`` follows the doctor.verdict/1 contract."""
     if data.get("schema") != SCHEMA:
@@ -145,7 +141,7 @@ def check_verdict(data: Mapping[str, Any]) -> None:
     for key in ("bottleneck", "shares", "steps", "findings", "probes", "job"):
         if key not in data:
             raise VerdictSchemaError(f"missing key {key!r}")
-    allowed = {*BOTTLENECKS, "input", "unknown"}
+    allowed = {*BOTTLENECKS, UNSPLIT_INPUT, "unknown"}
     if data["bottleneck"] not in allowed:
         raise VerdictSchemaError(
             f"bottleneck {data['bottleneck']!r} is not one of {sorted(allowed)}")

@@ -19,6 +19,7 @@ from doctor.analyse.split import (
     load_rules,
     rank_split,
 )
+from doctor.errors import FrameRulesError
 from doctor.probes.stacks import (
     MODE_FILE,
     InProcessSampler,
@@ -29,7 +30,8 @@ from doctor.probes.stacks import (
     read_stacks,
 )
 from doctor.store.rundir import list_processes
-from tests.loops import record_loop
+from tests.conftest import doctor_cmd
+from tests.loops import record_loop, write_record
 
 MAIN = ("<module> (train.py:80)", "main (train.py:67)",
         "__next__ (probes/dataloader.py:72)",
@@ -94,8 +96,30 @@ def test_extra_rules_extend_the_table_without_code(tmp_path: Path) -> None:
     assert classify(stack, _WORKER_SCOPE, rules)[0] == "decode"  # type: ignore[index]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rules": [{"category": "network", "file": "x"}]}))
-    with pytest.raises(ValueError, match="unknown category"):
+    with pytest.raises(FrameRulesError, match="unknown category"):
         load_rules([bad])
+    bad.write_text('{"rules": [{"category": "decode", "function": "(unclosed"}]}')
+    with pytest.raises(FrameRulesError, match="not a regular expression"):
+        load_rules([bad])
+
+
+def test_a_malformed_rules_file_is_one_line_and_exit_status_2(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    record_loop(run, 30, wait_s=0.08, compute_s=0.02)
+    write_record(run)
+    [main] = list_processes(run)
+    decode = (*MAIN, "ImageFile.load (PIL/ImageFile.py:300)")
+    (main.path / "stacks.txt").write_text(f"{';'.join(decode)} 80\n")
+    (main.path / "stacks.json").write_text(json.dumps(
+        {"recorder": "py-spy", "rate_hz": 50, "start_ns": 0, "end_ns": int(2e9), "taken": 80}))
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"rules": [')
+    result = doctor_cmd("report", str(run), "--format", "json",
+                        env={"DOCTOR_FRAME_RULES": str(mine)})
+    assert result.returncode == 2
+    assert result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"doctor: DOCTOR_FRAME_RULES={mine}: not JSON")
 
 
 def samples(stacks: dict, rate_hz: float = 50.0) -> StackSamples:  # type: ignore[type-arg]

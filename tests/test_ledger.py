@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from doctor.analyse.ledger import build_ledger, main_process, rank_steps, warmup_steps
+from doctor.categories import CATEGORIES
 from doctor.record.session import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END
 from doctor.store.rundir import list_processes
 from tests.loops import FakeClock, record_loop
@@ -18,7 +19,6 @@ def ledger_of(run_dir: Path, fractions: dict | None = None,  # type: ignore[no-u
     return ranks, build_ledger(ranks, 0, fractions, **kwargs)
 
 
-CATEGORIES = ["io", "decode", "preprocess", "transfer", "compute", "communication", "other"]
 
 
 def test_unsplit_input_wait_stays_whole_and_the_rest_is_compute(tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_input_wait_is_split_by_the_measured_stages(tmp_path: Path) -> None:
     assert steady["io"].sum() / total == pytest.approx(0.2, abs=0.01)
     assert steady["decode"].sum() / total == pytest.approx(0.6, abs=0.01)
     assert steady["input"].sum() == 0
-    assert np.allclose(steady[CATEGORIES].sum(axis=1), steady["wall_s"])
+    assert np.allclose(steady[list(CATEGORIES)].sum(axis=1), steady["wall_s"])
 
 
 def test_input_built_outside_a_loader_comes_out_of_other_first(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_contention_with_workers_moves_rest_time_to_the_input_stages(tmp_path: P
     assert steady["compute"].sum() / total == pytest.approx(0.3, abs=0.01)
     assert steady["contention_s"].sum() / total == pytest.approx(0.3, abs=0.01)
     assert steady["wait_s"].sum() / total == pytest.approx(0.4, abs=0.01)  # the wait as measured
-    assert np.allclose(steady[CATEGORIES].sum(axis=1), steady["wall_s"])
+    assert np.allclose(steady[list(CATEGORIES)].sum(axis=1), steady["wall_s"])
 
 
 def test_contention_without_a_split_stays_whole_input(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from doctor.verdict import CATEGORIES
+from doctor.categories import CATEGORIES, UNSPLIT_INPUT
 
 #: Cause groups: the ledger categories whose extra time points to each likely cause.
 CAUSE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -200,7 +200,7 @@ def _own_time(frame: pd.DataFrame, non_comm: pd.DataFrame) -> np.ndarray | None:
 
 def _categories(ledger: pd.DataFrame) -> list[str]:
     """The ledger's category columns (with ``input`` when some input wait is not split)."""
-    return [c for c in (*CATEGORIES, "input") if c in ledger]
+    return [c for c in (*CATEGORIES, UNSPLIT_INPUT) if c in ledger]
 
 
 def _describe(rank: int, others: list[int], extra: float, step_s: float, slower: float,

@@ -30,10 +30,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from doctor.categories import INPUT_STAGES
+from doctor.errors import FrameRulesError
 from doctor.probes.stacks import StackSamples, read_stacks
 from doctor.store.rundir import ProcessRecord
 
-STAGES = ("io", "decode", "preprocess")
+STAGES = INPUT_STAGES
 RULES_PATH = Path(__file__).parent / "data" / "input_frames.json"
 ENV_EXTRA_RULES = "DOCTOR_FRAME_RULES"
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
@@ -86,15 +88,37 @@ def load_rules(paths: Iterable[Path] | None = None) -> list[FrameRule]:
         paths = [Path(extra), RULES_PATH] if extra else [RULES_PATH]
     rules: list[FrameRule] = []
     for path in paths:
-        data = json.loads(Path(path).read_text())
-        for raw in data["rules"]:
+        rules.extend(_rules_of(Path(path)))
+    return rules
+
+
+def _rules_of(path: Path) -> list[FrameRule]:
+    """The rules of one file; FrameRulesError with one line saying what is wrong with it."""
+    named = f"{ENV_EXTRA_RULES}={path}" if path != RULES_PATH else str(path)
+    try:
+        data = json.loads(path.read_text())
+        rules = []
+        for i, raw in enumerate(data["rules"]):
             if raw["category"] not in STAGES:
-                raise ValueError(f"{path}: unknown category {raw['category']!r}")
+                raise FrameRulesError(f"{named}: rule {i + 1} has unknown category "
+                                      f"{raw['category']!r} (one of {', '.join(STAGES)})")
             rules.append(FrameRule(
                 raw["category"],
                 *(re.compile(raw[k]) if k in raw else None for k in ("file", "function", "call")),
             ))
-    return rules
+        return rules
+    except FrameRulesError:
+        raise
+    except OSError as err:
+        raise FrameRulesError(f"{named}: cannot read it ({err.strerror or err})") from err
+    except json.JSONDecodeError as err:
+        raise FrameRulesError(f"{named}: not JSON ({err.msg}, line {err.lineno})") from err
+    except re.error as err:
+        raise FrameRulesError(f"{named}: a pattern is not a regular expression ({err})") from err
+    except (KeyError, TypeError) as err:
+        raise FrameRulesError(f"{named}: expected {{\"rules\": [{{\"category\": ..., "
+                              f"\"file\" | \"function\" | \"call\": ...}}]}} "
+                              f"({type(err).__name__}: {err})") from err
 
 
 @lru_cache(maxsize=1)

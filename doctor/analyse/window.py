@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-SPLIT_CATEGORIES = ("transfer", "compute", "communication", "other")
+from doctor.categories import NON_INPUT
+from doctor.errors import WindowUnavailable
 
-
-class WindowUnavailable(Exception):
-    """The window's trace could not be read or has no usable step."""
+SPLIT_CATEGORIES = NON_INPUT
 
 
 def window_frame(trace: Path, rank: int) -> pd.DataFrame:

@@ -19,6 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from doctor.errors import RingFormatError
+
+__all__ = ["RingFormatError", "RingWriter", "read_ring"]
+
 MAGIC = b"DRB1"
 HEADER_SIZE = 256
 _HEAD = struct.Struct("<4sIQQ32s192s")  # magic, version, capacity, (unused), format, names
@@ -67,10 +71,6 @@ class RingWriter:
             self._map.close()
         except (ValueError, OSError):
             pass
-
-
-class RingFormatError(ValueError):
-    """A ring file that is not one of ours, or is truncated."""
 
 
 def read_ring(path: Path) -> tuple[np.ndarray, int]:

@@ -18,12 +18,13 @@ from typing import Any
 
 import pandas as pd
 
+from doctor.categories import INPUT_STAGES
 from doctor.rules.base import RuleInputs, RuleSkipped, rule
 from doctor.verdict import Finding, Fix
 
 MIN_SHARE = 0.10
 COLLATE_SHARE = 0.25  # of loading time, above which the collate_fn gets its own fix
-STAGES = ("io", "decode", "preprocess")
+STAGES = INPUT_STAGES
 # Of the wait with workers, the share the tensor handoff alone explains above which the workers
 # keep up (slow workers make the wait many times the handoff; the measured round trip leaves
 # out the loader's own per-batch work, so the handoff reads low).

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from doctor.errors import DoctorError
+from doctor.errors import TraceError
 
 __all__ = ["TraceError", "TraceMeta", "TraceStream", "iter_events", "read_metadata"]
 
@@ -30,10 +30,6 @@ CHUNK_CHARS = 1 << 20
 MAX_VALUE_CHARS = 256 << 20
 _SKIP = re.compile(r"[\s,]*")  # whitespace and separators between array elements
 _WS = re.compile(r"\s*")
-
-
-class TraceError(DoctorError, ValueError):
-    """A trace file that cannot be read: missing, truncated, or not Chrome-trace JSON."""
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from doctor.categories import TRACE_CATEGORIES
 from doctor.trace.intervals import EMPTY, Spans, difference, length
 
 __all__ = ["EXCLUSIVE_COLUMNS", "SHARE_CATEGORIES", "StepSpans", "category_seconds", "partition"]
 
 #: The categories a trace can tell apart, in the order of the columns of category_seconds.
-SHARE_CATEGORIES: tuple[str, ...] = ("input", "transfer", "compute", "communication", "other")
+SHARE_CATEGORIES: tuple[str, ...] = TRACE_CATEGORIES
 #: Step-frame columns holding the exclusive seconds of each category.
 EXCLUSIVE_COLUMNS: dict[str, str] = {c: f"excl_{c}_s" for c in SHARE_CATEGORIES}
 
