@@ -258,7 +258,7 @@ def micro_benchmark(n: int = 200_000) -> None:
             "record_interval": lambda: s.record_interval("loader_wait", 1, 2, 0),
             "record_optimizer_start+end": lambda: (s.record_optimizer_start(),
                                                    s.record_optimizer_end(0)),
-            "_window_tick": lambda: s._window_tick(STEP_OPTIMIZER, 0),
+            "count_step": lambda: s.count_step(STEP_OPTIMIZER),
             "mark_step": lambda: s.mark_step(STEP_OPTIMIZER, 0),
             "perf_counter_ns (reference)": clock,
             "empty lambda (loop floor)": lambda: None,

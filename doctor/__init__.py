@@ -6,9 +6,8 @@ Public API for the job's own code: ``doctor.watch`` (decorator or context manage
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from doctor.record.markers import step
+from doctor.version import __version__
 from doctor.watch import watch
 
 __all__ = ["__version__", "step", "watch"]

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-import doctor
 from doctor.errors import DoctorError, UsageError
+from doctor.version import __version__
+
+if TYPE_CHECKING:
+    from doctor.verdict import Analysis
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(doctor.__version__, prog_name="doctor")
+@click.version_option(__version__, prog_name="doctor")
 def cli() -> None:
     """Where does my training step time go, and what do I change to get it back?"""
 
@@ -60,6 +64,7 @@ def _summarise(run_dir: Path) -> None:
     """Analyse and report; a failure here never changes the job's exit status."""
     from doctor.outputs import finalize_run
     from doctor.reports.text import render_text
+    from doctor.store.rundir import report_path
 
     try:
         analysis = finalize_run(run_dir)
@@ -68,7 +73,7 @@ def _summarise(run_dir: Path) -> None:
                    f"{type(err).__name__}: {err}", err=True)
         return
     click.echo("", err=True)
-    click.echo(render_text(analysis, report_path=str(run_dir / "report.html")), err=True)
+    click.echo(render_text(analysis, report_path=str(report_path(run_dir))), err=True)
 
 
 @cli.command()
@@ -121,9 +126,9 @@ def parse_step_range(text: str) -> tuple[int | None, int | None]:
 
 
 def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = None
-          ) -> tuple[doctor.verdict.Analysis, Path]:
+          ) -> tuple[Analysis, Path]:
     from doctor.analyse.pipeline import analyze_run
-    from doctor.store.rundir import newest_run
+    from doctor.store.rundir import newest_run, report_path
 
     if not sources:
         sources = [newest_run()]
@@ -144,7 +149,7 @@ def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = Non
 
         analysis = verdict_from_traces(traces)
         return analysis, Path(traces[0].name.split(".")[0] + ".report.html")
-    return analyze_run(dirs, steps), dirs[0] / "report.html"
+    return analyze_run(dirs, steps), report_path(dirs[0])
 
 
 def main() -> None:

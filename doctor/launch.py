@@ -15,18 +15,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import doctor
 from doctor.command import JobCommand
-from doctor.record.bootstrap import ENV_PARENT_PID, ENV_RUN_DIR, ENV_WINDOW
+from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW
 from doctor.record.machine import usable_cores
+from doctor.record.tracer import ENV_PARENT_PID
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
+from doctor.version import __version__
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "record" / "_bootstrap"
 QUIET_KINETO = "6"
@@ -56,9 +57,7 @@ def job_environment(run_dir: Path, window: str | None) -> dict[str, str]:
 
 def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
             clock: Callable[[], float] = time.monotonic) -> JobResult:
-    from doctor.probes.gpu import GpuSampler
-    from doctor.probes.host import HostSampler
-    from doctor.probes.stacks import PySpyRecorder
+    from doctor.probes import PARENT, ParentContext, probes_of
 
     started = time.time()
     t0 = clock()
@@ -72,12 +71,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
         raise UsageError(f"cannot start {command.argv[0]}: {err.strerror or err}") from err
 
     restore = _forward_signals(proc)
-    host = HostSampler(proc.pid, clock=clock)
-    gpu = GpuSampler(clock=clock)
-    stacks = PySpyRecorder(run_dir)
-    probes = {s.name: s.check() for s in (host, gpu)}
-    samplers: list[Any] = [s for s in (host, gpu) if probes[s.name].ok]
-    samplers.append(stacks)
+    samplers = ParentProbes(ParentContext(run_dir, proc.pid, clock, t0), probes_of(PARENT))
     try:
         next_tick = clock()
         while True:
@@ -86,22 +80,14 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
                 break
             except subprocess.TimeoutExpired:
                 pass
-            for s in list(samplers):
-                try:
-                    s.sample()
-                except Exception:  # a probe failure never stops the job
-                    samplers.remove(s)
+            samplers.sample()
             next_tick += SAMPLE_INTERVAL_S
             if next_tick < clock():  # fell behind (suspended laptop, loaded host): skip ahead
                 next_tick = clock() + SAMPLE_INTERVAL_S
     finally:
         restore()
     duration = clock() - t0
-    host.save(run_dir / "host.npz")
-    gpu.save(run_dir / "gpu.npz")
-    gpu.stop()
-    stacks.stop()
-    probes["stacks"] = stacks.check()
+    probes = samplers.stop()
     handoff = _measure_handoff()
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
@@ -111,6 +97,55 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
                         fd_handoff_s=handoff)
     write_run_record(run_dir, record)
     return JobResult(exit_code, sig, duration, probes)
+
+
+class ParentProbes:
+    """The parent-side probes of one run: each is created and checked, started when it can run,
+    ticked, and stopped; a probe that raises is stopped and marked unavailable with the error,
+    and the job goes on."""
+
+    def __init__(self, context: Any, specs: Sequence[Any]) -> None:
+        self.status: dict[str, ProbeStatus] = {}
+        self.running: dict[str, Any] = {}
+        for spec in specs:
+            try:
+                probe = spec.create(context)
+                self.status[spec.name] = probe.check()
+                if self.status[spec.name].ok:
+                    probe.start()
+                    self.running[spec.name] = probe
+            except Exception as err:
+                self._failed(spec.name, "could not start", err)
+
+    def _failed(self, name: str, what: str, err: BaseException) -> None:
+        self.status[name] = ProbeStatus(
+            False, f"{what}: {type(err).__name__}: {err}",
+            "the job was not affected; the report goes on without this probe's samples")
+        probe = self.running.pop(name, None)
+        if probe is not None:
+            try:
+                probe.stop()  # keep what it sampled before it failed
+            except Exception:  # already failed; the reason above is the one to report
+                pass
+
+    def sample(self) -> None:
+        for name, probe in list(self.running.items()):
+            try:
+                probe.sample()
+            except Exception as err:  # a probe failure never stops the job
+                self._failed(name, "failed while sampling", err)
+
+    def stop(self) -> dict[str, ProbeStatus]:
+        """Stop every probe (each hands its samples to the store); the final status of each."""
+        for name, probe in list(self.running.items()):
+            try:
+                probe.stop()
+                self.status[name] = probe.check()
+            except Exception as err:
+                self.running.pop(name)
+                self._failed(name, "failed to save its samples", err)
+        self.running = {}
+        return self.status
 
 
 def _measure_handoff() -> float | None:
@@ -131,7 +166,7 @@ def run_record(argv: list[str], name: str, started: float, t0: float,
         "argv": argv, "name": name, "cwd": os.getcwd(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "t0_monotonic_s": t0, "host": socket.gethostname(), "cores": usable_cores(),
-        "doctor_version": doctor.__version__, "python": sys.version.split()[0], **extra,
+        "doctor_version": __version__, "python": sys.version.split()[0], **extra,
     }
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from doctor.analyse.pipeline import analyze_run
 from doctor.reports.html import render_html
 from doctor.reports.json import render_json
-from doctor.store.rundir import disk_usage_bytes, gzip_traces
+from doctor.store.rundir import disk_usage_bytes, gzip_traces, write_outputs
 from doctor.verdict import Analysis
 
 DISK_WARN_BYTES = 100 * 2**20
@@ -20,10 +20,5 @@ def finalize_run(run_dir: Path) -> Analysis:
     if used > DISK_WARN_BYTES:
         analysis.verdict.notes.append(
             f"This run directory holds {used / 2**20:.0f} MB of probe data (over 100 MB).")
-    write_outputs(analysis, run_dir)
+    write_outputs(run_dir, render_json(analysis), render_html(analysis))
     return analysis
-
-
-def write_outputs(analysis: Analysis, run_dir: Path) -> None:
-    (run_dir / "verdict.json").write_text(render_json(analysis))
-    (run_dir / "report.html").write_text(render_html(analysis), encoding="utf-8")

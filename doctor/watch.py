@@ -29,9 +29,12 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from doctor.record import session as session_mod
+from doctor.verdict import ProbeStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 HOST_INTERVAL_S = 1.0
+WATCH_NO_GPU = ProbeStatus(False, "doctor.watch does not sample the GPU",
+                           "doctor run samples it from outside the job: doctor run train.py")
 
 
 class watch:  # lower case: used as a decorator, named like one
@@ -90,6 +93,7 @@ class _WatchRun:
         self.started = started
         self.t0 = t0
         self._stop = threading.Event()
+        self.failed: ProbeStatus | None = None
         self._thread = threading.Thread(target=self._sample, name="doctor-host", daemon=True)
 
     @classmethod
@@ -108,9 +112,10 @@ class _WatchRun:
                                              exit_code=None, mode="watch"))
         start, steps = parse_window(window)
         probes = start_session(run_dir, window_start=start, window_steps=steps)
-        sampler = HostSampler(os.getpid())
+        sampler = HostSampler(os.getpid(), run_dir=run_dir, t0=t0)
         run = cls(run_dir, probes, sampler, started, t0)
         if sampler.check().ok:
+            sampler.start()
             run._thread.start()
         return run
 
@@ -118,22 +123,23 @@ class _WatchRun:
         while not self._stop.wait(HOST_INTERVAL_S):
             try:
                 self.sampler.sample()
-            except Exception:  # the host probe must never disturb the job
+            except Exception as err:  # the host probe must never disturb the job
+                self.failed = ProbeStatus(False, f"failed while sampling: {type(err).__name__}: "
+                                                 f"{err}", "the job was not affected")
                 return
 
     def finish(self, *, failed: bool, report: bool, interrupted: bool) -> None:
         from doctor.launch import run_record
-        from doctor.probes.gpu import GpuSampler
-        from doctor.store.rundir import write_run_record
+        from doctor.store.rundir import report_path, write_run_record
 
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * HOST_INTERVAL_S)
         self.probes.close()
         try:
-            self.sampler.save(self.run_dir / "host.npz")
-            probes = {"host": self.sampler.check().to_dict(),
-                      "gpu": GpuSampler().check().to_dict(),
+            self.sampler.stop()
+            host = self.failed or self.sampler.check()
+            probes = {"host": host.to_dict(), "gpu": WATCH_NO_GPU.to_dict(),
                       "stacks": {"ok": True, "reason": "in-process sampler (doctor.watch)"}}
             exit_code = 130 if interrupted else 1 if failed else 0
             write_run_record(self.run_dir, run_record(
@@ -146,7 +152,7 @@ class _WatchRun:
 
                 analysis = finalize_run(self.run_dir)
                 sys.stderr.write(f"doctor: {headline(analysis.verdict)}; report: "
-                                 f"{self.run_dir / 'report.html'}\n")
+                                 f"{report_path(self.run_dir)}\n")
         except Exception as err:  # never mask the job's own result or exception
             sys.stderr.write(f"doctor: could not write the report in {self.run_dir}: "
                              f"{type(err).__name__}: {err}\n")

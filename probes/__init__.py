@@ -1,18 +1,33 @@
-"""Probes: one module per source of measurements.
+"""Probes: one module per source of measurements, one protocol, one registry.
 
-A probe is a small object with ``name``, ``check()`` (never raises; a ProbeStatus that says why
-the probe is off and what to do), ``start(...)`` and ``stop()``. Parent-side samplers also have
-``sample(now)``; each module has a loader that turns what it wrote into a DataFrame.
-Probes import nothing from the rules or the reports.
+A probe is a small object with ``name`` and
+
+- ``check()``: never raises; a ProbeStatus that says why the probe is off and what to do;
+- ``start()``: patch, hook or open what it measures;
+- ``sample()``: one tick of a sampler that runs from outside the job (a no-op inside the job);
+- ``stop()``: unhook, and hand what it recorded to the store.
+
+``REGISTRY`` names every probe with the side it runs on: ``job`` probes run in each process of the
+job (the bootstrap creates them for the process's Session), ``parent`` probes in the ``doctor run``
+process (created for a ParentContext). Each entry names the probe's factory, imported only when
+the probe is created, so that the bootstrap imports nothing it does not use. Probes import nothing
+from the analysis or the reports.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 from doctor.verdict import ProbeStatus
 
-__all__ = ["Probe", "ProbeStatus"]
+__all__ = ["JOB", "PARENT", "REGISTRY", "ParentContext", "Probe", "ProbeSpec", "ProbeStatus",
+           "probes_of"]
+
+JOB, PARENT = "job", "parent"
 
 
 class Probe(Protocol):
@@ -20,4 +35,49 @@ class Probe(Protocol):
 
     def check(self) -> ProbeStatus: ...
 
+    def start(self) -> None: ...
+
+    def sample(self) -> None: ...
+
     def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ParentContext:
+    """What a parent-side probe is created for: the run, the job's first process, the clock and
+    the run's start on it (sample times count from there, as the ledger's do)."""
+
+    run_dir: Path
+    root_pid: int
+    clock: Callable[[], float]
+    t0: float
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    name: str
+    side: str  # JOB or PARENT
+    factory: str  # "module:callable", the callable taking the Session or a ParentContext
+
+    def create(self, context: Any) -> Probe:
+        module, _, attr = self.factory.partition(":")
+        owner: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            owner = getattr(owner, part)
+        probe: Probe = owner(context)
+        return probe
+
+
+REGISTRY: tuple[ProbeSpec, ...] = (
+    ProbeSpec("steps", JOB, "doctor.probes.steps:StepsProbe"),
+    ProbeSpec("dataloader", JOB, "doctor.probes.dataloader:DataLoaderProbe"),
+    ProbeSpec("torch_ops", JOB, "doctor.probes.torch_ops:DeepWindow.for_session"),
+    ProbeSpec("memory", JOB, "doctor.probes.memory:MemoryProbe"),
+    ProbeSpec("host", PARENT, "doctor.probes.host:HostSampler.for_run"),
+    ProbeSpec("gpu", PARENT, "doctor.probes.gpu:GpuSampler.for_run"),
+    ProbeSpec("stacks", PARENT, "doctor.probes.stacks:PySpyRecorder.for_run"),
+)
+
+
+def probes_of(side: str) -> tuple[ProbeSpec, ...]:
+    return tuple(spec for spec in REGISTRY if spec.side == side)

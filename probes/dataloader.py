@@ -68,7 +68,8 @@ def count_tensors(batch: Any) -> int:
 class DataLoaderProbe:
     name = "dataloader"
 
-    def __init__(self) -> None:
+    def __init__(self, session: Session) -> None:
+        self.session = session
         self._patched: list[tuple[Any, str, Any]] = []
 
     def check(self) -> ProbeStatus:
@@ -83,10 +84,11 @@ class DataLoaderProbe:
         self._patched.append((owner, name, owner.__dict__[name]))
         setattr(owner, name, new)
 
-    def start(self, session: Session) -> None:
+    def start(self) -> None:
         from torch.utils.data import dataloader as dl
         from torch.utils.data._utils import fetch, worker
 
+        session = self.session
         clock = session.clock
         base = dl._BaseDataLoaderIter
         orig_init, orig_next = base.__init__, base.__next__
@@ -105,7 +107,7 @@ class DataLoaderProbe:
             t0 = clock()
             batch = orig_next(self)  # StopIteration passes through unrecorded
             session.record_interval("loader_wait", t0, clock(), self._doctor_loader)
-            session._window_tick(STEP_DATALOADER, 0)
+            session.count_step(STEP_DATALOADER)
             if self._doctor_count:  # the first batch of each iterator: its tensors
                 self._doctor_count = False
                 try:
@@ -143,6 +145,9 @@ class DataLoaderProbe:
         # wrapper by name once their own bootstrap has patched the module.
         self._patched.append((worker, "_worker_loop", orig_loop))
         worker._worker_loop = _worker_loop
+
+    def sample(self) -> None:
+        pass  # the patched iterator records as the job runs
 
     def stop(self) -> None:
         for owner, name, orig in reversed(self._patched):
@@ -189,10 +194,6 @@ def _timed_fetch(orig: Any, session: Session) -> Any:
 
 def _maybe_sample_worker(session: Session) -> None:
     """Without py-spy, a worker samples its own stacks for a few seconds (probes.stacks)."""
-    from doctor.probes.stacks import fallback_requested, start_fallback_sampler
+    from doctor.probes.stacks import sample_own_stacks_if_asked
 
-    try:
-        if fallback_requested(session.run_dir):
-            start_fallback_sampler(session.directory)
-    except Exception:  # stacks are evidence, never a reason to fail the job
-        pass
+    sample_own_stacks_if_asked(session)

@@ -11,15 +11,14 @@ import time
 from array import array
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
-
+from doctor.store.samples import GPU_COLUMNS, save_gpu
 from doctor.verdict import ProbeStatus
 
-GPU_COLUMNS = ("t_s", "gpu", "util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes",
-               "pcie_tx_kbps", "pcie_rx_kbps", "sm_clock_mhz", "power_w", "throttle_reasons")
+if TYPE_CHECKING:
+    from doctor.probes import ParentContext
+
 MAX_ROWS = 200_000
 
 NO_GPU_HINT = ("GPU metrics need an NVIDIA GPU with its driver; CPU jobs are analysed "
@@ -30,13 +29,18 @@ class GpuSampler:
     name = "gpu"
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic,
-                 nvml: Any = None) -> None:
+                 nvml: Any = None, run_dir: Path | None = None, t0: float | None = None) -> None:
         self.clock = clock
-        self.t0 = clock()
+        self.run_dir = run_dir
+        self.t0 = clock() if t0 is None else t0  # sample times count from the run's start
         self._nvml = nvml
         self._handles: list[Any] = []
         self._status: ProbeStatus | None = None
         self._cols: dict[str, array] = {c: array("d") for c in GPU_COLUMNS}
+
+    @classmethod
+    def for_run(cls, context: ParentContext) -> GpuSampler:
+        return cls(clock=context.clock, run_dir=context.run_dir, t0=context.t0)
 
     def check(self) -> ProbeStatus:
         if self._status is not None:
@@ -92,22 +96,15 @@ class GpuSampler:
         if len(self._cols["t_s"]) > MAX_ROWS:
             self._cols = {c: array("d", v[::2]) for c, v in self._cols.items()}
 
-    def save(self, path: Path) -> None:
-        if self._cols["t_s"]:
-            arrays: dict[str, Any] = {c: np.frombuffer(v, dtype=np.float64)
-                                      for c, v in self._cols.items()}
-            np.savez_compressed(path, **arrays)
+    def start(self) -> None:
+        pass  # check() opened NVML
 
     def stop(self) -> None:
+        """Hand the samples to the store (``gpu.npz``) and close NVML."""
+        if self.run_dir is not None:
+            save_gpu(self.run_dir, self._cols)
         if self._status is not None and self._status.ok:
             self._query("nvmlShutdown")
-
-
-def load_gpu(path: Path) -> pd.DataFrame:
-    if not path.exists():
-        return pd.DataFrame({c: pd.Series(dtype="float64") for c in GPU_COLUMNS})
-    with np.load(path) as z:
-        return pd.DataFrame({c: z[c] for c in GPU_COLUMNS})
 
 
 def _attr(obj: Any, name: str) -> float:

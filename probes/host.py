@@ -2,7 +2,8 @@
 parent (never inside the job) through psutil, plus machine-wide load (cores, runnable threads,
 iowait). The process tree is rescanned rarely (``children(recursive=True)`` costs ~1 ms and
 grows with the host's process count); each tick reads a few counters per known process.
-Samples are kept in flat arrays and saved as ``host.npz``; frames are built at report time.
+Samples are kept in flat arrays and handed to the store at ``stop()`` (``host.npz``); frames are
+built at report time.
 """
 
 from __future__ import annotations
@@ -12,18 +13,18 @@ import time
 from array import array
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import psutil
 
 from doctor.record.machine import usable_cores
+from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS, save_host
 from doctor.verdict import ProbeStatus
 
-PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",
-                "run_delay_s")
-SYSTEM_COLUMNS = ("t_s", "cores", "runnable", "busy_cores", "iowait_cores")
+if TYPE_CHECKING:
+    from doctor.probes import ParentContext
+
 MAX_ROWS = 200_000  # per table; past it, every other row is dropped (bounded whatever the run)
 
 
@@ -31,18 +32,25 @@ class HostSampler:
     name = "host"
 
     def __init__(self, root_pid: int, *, clock: Callable[[], float] = time.monotonic,
-                 rescan_s: float = 2.0, proc_stat: Path = Path("/proc/stat")) -> None:
+                 rescan_s: float = 2.0, proc_stat: Path = Path("/proc/stat"),
+                 run_dir: Path | None = None, t0: float | None = None) -> None:
         self.root_pid = root_pid
+        self.run_dir = run_dir
         self.clock = clock
         self.rescan_s = rescan_s
         self.proc_stat = proc_stat
-        self.t0 = clock()
+        self.t0 = clock() if t0 is None else t0  # sample times count from the run's start
         self._procs: dict[int, psutil.Process] = {}
         self._last_scan = -1e18
         self._proc_cols: dict[str, array] = {c: array("d") for c in PROC_COLUMNS}
         self._sys_cols: dict[str, array] = {c: array("d") for c in SYSTEM_COLUMNS}
         self._last_cpu: np.ndarray | None = None
         self._cores = usable_cores()
+
+    @classmethod
+    def for_run(cls, context: ParentContext) -> HostSampler:
+        return cls(context.root_pid, clock=context.clock, run_dir=context.run_dir,
+                   t0=context.t0)
 
     def check(self) -> ProbeStatus:
         try:
@@ -109,34 +117,13 @@ class HostSampler:
                     self._sys_cols[c].append(float(v))
         self._last_cpu = cpu
 
-    def save(self, path: Path) -> None:
-        arrays: dict[str, Any] = {
-            **{f"proc_{c}": np.frombuffer(v, dtype=np.float64)
-               for c, v in self._proc_cols.items()},
-            **{f"system_{c}": np.frombuffer(v, dtype=np.float64)
-               for c, v in self._sys_cols.items()},
-        }
-        np.savez_compressed(path, **arrays)
+    def start(self) -> None:
+        pass  # psutil needs nothing opened; the first sample primes the CPU counters
 
-
-def load_host(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-process samples with cpu_pct, system samples); empty frames when absent."""
-    empty_p = pd.DataFrame({c: pd.Series(dtype="float64") for c in (*PROC_COLUMNS, "cpu_pct")})
-    empty_s = pd.DataFrame({c: pd.Series(dtype="float64") for c in SYSTEM_COLUMNS})
-    if not path.exists():
-        return empty_p, empty_s
-    with np.load(path) as z:
-        n = len(z["proc_t_s"])
-        procs = pd.DataFrame({c: z[f"proc_{c}"] if f"proc_{c}" in z else np.full(n, np.nan)
-                              for c in PROC_COLUMNS})
-        system = pd.DataFrame({c: z[f"system_{c}"] for c in SYSTEM_COLUMNS})
-    procs["pid"] = procs["pid"].astype("int64")
-    procs["ppid"] = procs["ppid"].astype("int64")
-    procs = procs.sort_values(["pid", "t_s"]).reset_index(drop=True)
-    dt = procs.groupby("pid")["t_s"].diff()
-    dcpu = procs.groupby("pid")["cpu_s"].diff()
-    procs["cpu_pct"] = (dcpu / dt * 100.0).where(dt > 0)
-    return procs, system
+    def stop(self) -> None:
+        """Hand the samples to the store (``host.npz`` of the run directory)."""
+        if self.run_dir is not None:
+            save_host(self.run_dir, self._proc_cols, self._sys_cols)
 
 
 def run_delay_s(pid: int) -> float:

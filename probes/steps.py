@@ -1,5 +1,5 @@
-"""Steps probe: step boundaries from torch.optim global hooks, ``backward()`` calls and
-``doctor.step()``. Runs inside the job; writes intervals through the Session."""
+"""Steps probe: step boundaries from torch.optim global hooks and ``backward()`` calls
+(``doctor.step()`` marks its own). Runs inside the job; writes intervals through the Session."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from doctor.verdict import ProbeStatus
 class StepsProbe:
     name = "steps"
 
-    def __init__(self) -> None:
+    def __init__(self, session: Session) -> None:
+        self.session = session
         self._handles: list[Any] = []
         self._orig_backward: Any = None
         self._keys: dict[int, int] = {}
@@ -26,7 +27,7 @@ class StepsProbe:
                                "upgrade to torch >= 2.0, or call doctor.step() once per step")
         return ProbeStatus(True)
 
-    def start(self, session: Session) -> None:
+    def start(self) -> None:
         import torch
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
@@ -34,6 +35,7 @@ class StepsProbe:
         )
 
         keys = self._keys
+        session = self.session
 
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
             session.record_optimizer_start()
@@ -58,9 +60,12 @@ class StepsProbe:
                 return orig(*args, **kwargs)
             finally:
                 session.record_interval("backward", t0, clock())
-                session._window_tick(STEP_BACKWARD, 0)
+                session.count_step(STEP_BACKWARD)
 
         torch.autograd.backward = backward  # Tensor.backward looks it up at call time
+
+    def sample(self) -> None:
+        pass  # hooks record as the job runs
 
     def stop(self) -> None:
         for h in self._handles:

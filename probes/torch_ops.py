@@ -1,26 +1,30 @@
 """torch_ops probe: torch.profiler over a bounded window of steady steps (the deep window).
 
 The profiler runs only from step ``start`` for ``steps`` steps (never always on: it costs
-1.06-1.2x a step and its memory grows every step). Each step inside the window is marked with
-``prof.step()`` so the Kineto trace has one ProfilerStep#N per training step. The trace is
-exported as plain JSON on the training thread when the window closes; whoever finalises the
-run directory gzips it.
+1.06-1.2x a step and its memory grows every step). The Session counts the steps
+(``Session.on_step``); each step inside the window is marked with ``prof.step()`` so the Kineto
+trace has one ProfilerStep#N per training step. The trace is exported as plain JSON on the
+training thread when the window closes; whoever finalises the run directory gzips it. The
+window's state goes to the process's meta.json (what happened, for the analysis) and to the run's
+control file (so that ``doctor run`` starts py-spy while it is open).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from doctor.probes.stacks import fallback_requested, start_fallback_sampler
+from doctor.probes.stacks import sample_own_stacks_if_asked
 from doctor.record.session import (
+    CLOSE,
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
     EVENT_WINDOW_STOP_END,
+    WINDOW_END,
+    WINDOW_START,
     Session,
 )
+from doctor.store.control import post_window
 from doctor.verdict import ProbeStatus
-
-TRACE_NAME = "trace.json"
 
 IDLE, ACTIVE, DONE, FAILED = "idle", "active", "done", "failed"
 
@@ -31,17 +35,36 @@ class DeepWindow:
     def __init__(self, session: Session, start: int = 8, steps: int = 5) -> None:
         self.session = session
         self.start_at = max(1, start)
-        self.steps = max(1, steps)
+        self.steps = max(0, steps)
         self.state = IDLE
         self._prof: Any = None
         self._opened_at = 0
+        self._record: dict[str, Any] = {}
+
+    @classmethod
+    def for_session(cls, session: Session) -> DeepWindow:
+        return cls(session, session.window_start, session.window_steps)
 
     def check(self) -> ProbeStatus:
+        if self.steps == 0:
+            return ProbeStatus(False, "the profiler window is off (--window off)",
+                               "without it, compute includes the Python between steps and input "
+                               "wait is not split by stage")
         try:
             import torch.profiler  # noqa: F401
         except ImportError as err:
             return ProbeStatus(False, f"torch.profiler unavailable ({err})", "")
         return ProbeStatus(True)
+
+    def start(self) -> None:
+        self.session.on_step(self.on_step)
+        self.session.on(CLOSE, self.close)
+
+    def sample(self) -> None:
+        pass  # driven by the Session's step count
+
+    def stop(self) -> None:
+        self.close()
 
     def on_step(self, count: int) -> None:
         """Called by the Session at each step boundary with the steady-step count."""
@@ -67,16 +90,13 @@ class DeepWindow:
             self._prof = profile(activities=activities, record_shapes=False,
                                  profile_memory=False, with_stack=False)
             self.session.record_event(EVENT_WINDOW_START, count)
-            if fallback_requested(self.session.run_dir):
-                start_fallback_sampler(self.session.directory)
+            sample_own_stacks_if_asked(self.session)
             self._prof.start()
-            if self.session.memory is not None:
-                self.session.memory.snapshot("window_start")
+            self.session.emit(WINDOW_START)
             self.state = ACTIVE
             self._opened_at = count
-            self.session.update_meta(window={"state": ACTIVE, "start_step": count,
-                                             "steps": self.steps,
-                                             "cuda": "CUDA" in str(activities)})
+            self._note({"state": ACTIVE, "start_step": count, "steps": self.steps,
+                        "cuda": "CUDA" in str(activities)})
         except Exception as err:
             self._fail(err)
 
@@ -84,17 +104,21 @@ class DeepWindow:
         try:
             self.session.record_event(EVENT_WINDOW_STOP_BEGIN, 0)
             self._prof.stop()
-            self._prof.export_chrome_trace(str(self.session.directory / TRACE_NAME))
+            self._prof.export_chrome_trace(str(self.session.trace_path()))
             self.session.record_event(EVENT_WINDOW_STOP_END, 0)
-            if self.session.memory is not None:
-                self.session.memory.snapshot("window_end")
+            self.session.emit(WINDOW_END)
             self.state = DONE
-            self.session.update_meta(window={**self.session._meta.get("window", {}),
-                                             "state": DONE})
+            self._note({**self._record, "state": DONE})
         except Exception as err:
             self._fail(err)
         finally:
             self._prof = None
+            self.session.off_step(self.on_step)
+
+    def _note(self, record: dict[str, Any]) -> None:
+        self._record = record
+        self.session.update_meta(window=record)
+        post_window(self.session.run_dir, self.session.rank, self.session.pid, record["state"])
 
     def _fail(self, err: BaseException) -> None:
         self.state = FAILED
@@ -104,9 +128,9 @@ class DeepWindow:
         except Exception:  # already failing; the reason below is what the user needs
             pass
         self._prof = None
+        self.session.off_step(self.on_step)
         try:
-            self.session.update_meta(window={"state": FAILED,
-                                             "reason": f"{type(err).__name__}: {err}"})
+            self._note({"state": FAILED, "reason": f"{type(err).__name__}: {err}"})
         except OSError:
             pass
 

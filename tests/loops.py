@@ -42,7 +42,7 @@ def record_loop(run_dir: Path, steps: int, *, wait_s: float = 0.0, compute_s: fl
         t0 = clock()
         clock.tick(wait_s * slow)
         session.record_interval("loader_wait", t0, clock(), loader_id)
-        session._window_tick(STEP_DATALOADER, 0)
+        session.count_step(STEP_DATALOADER)
         clock.tick(compute_s * slow * 0.4)  # forward
         b0 = clock()
         clock.tick(compute_s * slow * 0.5)

@@ -207,3 +207,14 @@ def test_a_broken_doctor_in_the_job_does_not_stop_it(tmp_path: Path) -> None:
     assert out.returncode == 0 and out.stdout == "ran\n"
     errors = list((tmp_path / "run" / "bootstrap-errors").glob("*.txt"))
     assert errors and "broken" in errors[0].read_text()
+
+
+def test_a_run_directory_of_an_older_format_is_refused_in_one_line(tmp_path: Path) -> None:
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "run.json").write_text(json.dumps({"schema": "doctor.run/1", "argv": ["train.py"]}))
+    result = doctor_cmd("report", str(old), "--format", "json")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    assert "recorded in format doctor.run/1" in line and "doctor run" in line

@@ -4,7 +4,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from doctor.probes.gpu import GpuSampler, load_gpu
+from doctor.probes.gpu import GpuSampler
+from doctor.store.samples import read_gpu
 
 
 class FakeNvml:
@@ -52,16 +53,16 @@ class FakeNvml:
 def test_samples_every_gpu_and_degrades_one_counter_to_nan(tmp_path: Path) -> None:
     t = [0.0]
     nvml = FakeNvml()
-    sampler = GpuSampler(clock=lambda: t[0], nvml=nvml)
+    sampler = GpuSampler(clock=lambda: t[0], nvml=nvml, run_dir=tmp_path)
     assert sampler.check().ok
+    sampler.start()
     for _ in range(3):
         t[0] += 0.5
         sampler.sample()
-    sampler.save(tmp_path / "gpu.npz")
     sampler.stop()
-    frame = load_gpu(tmp_path / "gpu.npz")
+    frame = read_gpu(tmp_path)
     assert len(frame) == 6
-    assert sorted(frame["gpu"].unique()) == [0.0, 1.0]
+    assert sorted(frame["gpu"].unique()) == [0, 1]
     assert frame.loc[frame["gpu"] == 1, "util_pct"].eq(91).all()
     assert frame["pcie_tx_kbps"].isna().all()
     assert frame["power_w"].eq(350.0).all()

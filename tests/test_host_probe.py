@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from doctor.probes.host import HostSampler, load_host
+from doctor.probes.host import HostSampler
+from doctor.store.samples import read_host
 
 
 class TickClock:
@@ -19,16 +20,17 @@ class TickClock:
 def test_samples_this_process_and_the_machine(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     clock = TickClock()
-    sampler = HostSampler(os.getpid(), clock=clock, proc_stat=stat)
+    sampler = HostSampler(os.getpid(), clock=clock, proc_stat=stat, run_dir=tmp_path)
     assert sampler.check().ok
+    sampler.start()
     for i in range(4):
         # per tick: 60 jiffies user, 20 idle, 20 iowait on a machine of `cores` cores
         stat.write_text(f"cpu  {60 * i} 0 0 {20 * i} {20 * i} 0 0 0\n"
                         "procs_running 7\nprocs_blocked 0\n")
         clock.now += 0.5
         sampler.sample()
-    sampler.save(tmp_path / "host.npz")
-    procs, system = load_host(tmp_path / "host.npz")
+    sampler.stop()
+    procs, system = read_host(tmp_path)
     assert set(procs["pid"]) == {os.getpid()}
     assert list(procs["t_s"]) == [0.5, 1.0, 1.5, 2.0]
     assert procs["cpu_pct"].iloc[1:].notna().all()
@@ -46,7 +48,7 @@ def test_a_process_that_is_gone_is_reported(tmp_path: Path) -> None:
 
 
 def test_missing_samples_load_as_empty_frames(tmp_path: Path) -> None:
-    procs, system = load_host(tmp_path / "none.npz")
+    procs, system = read_host(tmp_path / "none")
     assert procs.empty and system.empty
     assert "cpu_pct" in procs.columns and "runnable" in system.columns
 
@@ -56,10 +58,10 @@ def test_rows_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(host, "MAX_ROWS", 10)
     clock = TickClock()
-    sampler = HostSampler(os.getpid(), clock=clock)
+    sampler = HostSampler(os.getpid(), clock=clock, run_dir=tmp_path)
     for _ in range(50):
         clock.now += 1
         sampler.sample()
-    sampler.save(tmp_path / "host.npz")
-    procs, system = load_host(tmp_path / "host.npz")
+    sampler.stop()
+    procs, system = read_host(tmp_path)
     assert len(procs) <= 11 and len(system) <= 11

@@ -20,16 +20,10 @@ from doctor.analyse.split import (
     rank_split,
 )
 from doctor.errors import FrameRulesError
-from doctor.probes.stacks import (
-    MODE_FILE,
-    InProcessSampler,
-    PySpyRecorder,
-    StackSamples,
-    fallback_requested,
-    parse_raw,
-    read_stacks,
-)
+from doctor.probes.stacks import InProcessSampler, PySpyRecorder
+from doctor.store.control import in_process_stacks, read_control
 from doctor.store.rundir import list_processes
+from doctor.store.stacks import StackSamples, parse_raw, read_stacks
 from tests.conftest import doctor_cmd
 from tests.loops import record_loop, write_record
 
@@ -231,11 +225,12 @@ def test_refused_ptrace_falls_back_to_the_in_process_sampler(tmp_path: Path) -> 
         sys.exit(1)
     """)
     recorder = PySpyRecorder(tmp_path, py_spy=spy)
+    recorder.start()
     deadline = time.monotonic() + 30
-    while not fallback_requested(tmp_path) and time.monotonic() < deadline:
+    while not in_process_stacks(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.05)  # the ptrace check runs in a thread: wait for its answer
-    assert fallback_requested(tmp_path)
-    assert "Permission denied" in json.loads((tmp_path / MODE_FILE).read_text())["reason"]
+    assert in_process_stacks(tmp_path)
+    assert "Permission denied" in read_control(tmp_path).stacks_reason
     status = recorder.check()
     assert status.ok and "in-process sampler" in status.reason
     assert "SYS_PTRACE" in status.hint
@@ -243,5 +238,6 @@ def test_refused_ptrace_falls_back_to_the_in_process_sampler(tmp_path: Path) -> 
 
 def test_missing_py_spy_falls_back_at_once(tmp_path: Path) -> None:
     recorder = PySpyRecorder(tmp_path, py_spy="")
-    assert fallback_requested(tmp_path)
+    recorder.start()
+    assert in_process_stacks(tmp_path)
     assert "py-spy is not installed" in recorder.check().reason

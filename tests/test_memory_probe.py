@@ -6,9 +6,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from doctor.probes.memory import MemoryProbe, load_memory
+from doctor.probes.memory import MemoryProbe
+from doctor.record.session import Session
 from doctor.rules.base import RuleInputs
 from doctor.rules.gpu import fragmentation
+from doctor.store.samples import read_memory
+from tests.loops import FakeClock
 
 MIB = 1 << 20
 
@@ -44,15 +47,21 @@ def fake_torch(cuda: Any = None) -> Any:
 
 def test_snapshots_feed_the_fragmentation_rule(tmp_path: Path) -> None:
     torch = fake_torch()
-    probe = MemoryProbe(torch)
+    session = Session(tmp_path, rank=0, clock=FakeClock())
+    probe = MemoryProbe(session, torch)
     assert probe.check().ok
-    probe.start(lambda: tmp_path)
-    probe.snapshot("window_start")
+    probe.start()
+    session.emit("window_start")  # the profiler window opens
     torch.cuda.stats["num_ooms"] = 1
     torch.observers[0](0, 512 * MIB, 0, 0)  # the allocator reports an OOM
-    probe.snapshot("exit")
-    frame = load_memory([tmp_path])
+    session.close()
+    frame = read_memory({session.pid: session.directory})
     assert list(frame["tag"]) == ["window_start", "oom", "exit"]
+    idle = Session(tmp_path / "idle", rank=0, clock=FakeClock())
+    probe = MemoryProbe(idle, fake_torch())
+    probe.start()
+    idle.close()  # a process that recorded nothing gets no folder for an exit snapshot
+    assert not (tmp_path / "idle").exists()
     [finding] = fragmentation(RuleInputs(memory=frame))
     assert finding.id == "memory.fragmentation"
     assert finding.severity == "critical"  # an OOM happened
@@ -67,18 +76,18 @@ def test_cpu_only_torch_says_why() -> None:
 
     torch = fake_torch(NoCuda())
     torch.version.cuda = None
-    status = MemoryProbe(torch).check()
+    status = MemoryProbe(Session(Path("unused")), torch).check()
     assert not status.ok
     assert "CPU-only torch build" in status.reason
 
 
 def test_real_torch_here_reports_unavailable_or_works() -> None:
-    status = MemoryProbe().check()
+    status = MemoryProbe(Session(Path("unused"))).check()
     assert status.ok or "GPU" in status.reason
 
 
 def test_cut_lines_and_missing_files_are_tolerated(tmp_path: Path) -> None:
     (tmp_path / "memory.jsonl").write_text('{"t_ns": 5, "tag": "exit", "reserved_bytes": 1}\n{"t_n')
-    frame = load_memory([tmp_path, tmp_path / "missing"])
+    frame = read_memory({1: tmp_path, 2: tmp_path / "missing"})
     assert len(frame) == 1
-    assert load_memory([]).empty
+    assert read_memory({}).empty

@@ -40,17 +40,18 @@ def test_process_folder_and_meta(tmp_path: Path) -> None:
 def test_the_window_counts_only_the_strongest_kind_of_step(tmp_path: Path) -> None:
     s = Session(tmp_path, clock=FakeClock())
     window = RecordingWindow()
-    s.window = window
+    s.on_step(window.on_step)
+    s.on("close", window.close)
     for _ in range(3):
-        s._window_tick(STEP_DATALOADER, 0)
-        s._window_tick(STEP_BACKWARD, 0)
+        s.count_step(STEP_DATALOADER)
+        s.count_step(STEP_BACKWARD)
         s.record_optimizer_start()
         s.record_optimizer_end(0)
         s.record_optimizer_start()
         s.record_optimizer_end(1)  # a second optimizer does not count twice
     # dataloader 1, backward restarts at 1, optimizer restarts at 1, then 2 and 3
     assert window.counts == [1, 1, 1, 2, 3]
-    assert s._window_kind == STEP_OPTIMIZER
+    assert s.step_kind == STEP_OPTIMIZER
     s.close()
     assert window.closed
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from doctor.probes.stacks import read_meta
 from doctor.record.ringbuffer import RingFormatError, read_ring
 from doctor.record.session import (
     EVENT_WINDOW_START,
@@ -39,6 +38,7 @@ from doctor.record.session import (
     STEP_MANUAL,
 )
 from doctor.store.rundir import ProcessRecord
+from doctor.store.stacks import read_stacks_meta
 from doctor.trace.intervals import overlap_per_span
 from doctor.verdict import CATEGORIES, LEDGER_COLUMNS
 
@@ -128,7 +128,7 @@ def window_span(proc: ProcessRecord) -> tuple[int, int, int] | None:
 
 def stacks_span(proc: ProcessRecord) -> tuple[int, int] | None:
     """When the stacks probe sampled this process (its stacks.json), or None."""
-    meta = read_meta(proc.path)
+    meta = read_stacks_meta(proc.path)
     if meta is None:
         return None
     try:

@@ -26,11 +26,11 @@ from doctor.analyse.split import (
 )
 from doctor.analyse.window import WindowUnavailable, window_fractions, window_frame
 from doctor.errors import UsageError
-from doctor.probes.host import load_host
-from doctor.probes.memory import load_memory
-from doctor.probes.stacks import read_stacks
 from doctor.rules.base import RuleInputs, run_rules
+from doctor.store.layout import bootstrap_errors
 from doctor.store.rundir import ProcessRecord, list_processes, read_run_record
+from doctor.store.samples import read_host, read_memory
+from doctor.store.stacks import read_stacks
 from doctor.verdict import BOTTLENECKS, CATEGORIES, Analysis, Finding, Fix, ProbeStatus, Verdict
 
 FEW_STEPS = 20
@@ -107,7 +107,7 @@ def analyze_run(run_dirs: Path | Sequence[Path],
     meta["worker_cpu_cores"] = _cores_used(host, meta["worker_pids"], span, total=True)
     meta["outside_loader"] = _outside_evidence(outside, splits)
     meta["stacks_reason"] = _stacks_reason(record, mains)
-    memory = load_memory([p.path for p in mains.values()])
+    memory = read_memory({p.pid: p.path for p in mains.values()})
     inputs = RuleInputs(ledger=_analysed(ledger), host=host, system=system,
                         gpu_steps=gpu_steps, memory=memory, loaders=loaders, meta=meta)
     outcome = run_rules(inputs)
@@ -177,7 +177,7 @@ def _rank_t0(dirs: list[Path], records: list[dict[str, Any]],
 
 
 def _load_host(dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    loaded = [load_host(d / "host.npz") for d in dirs]
+    loaded = [read_host(d) for d in dirs]
     if len(loaded) == 1:
         return loaded[0]
     return (pd.concat([h for h, _ in loaded], ignore_index=True),
@@ -314,7 +314,7 @@ def _probe_table(record: dict[str, Any], main_meta: dict[str, Any],
                  window_status: dict[int, ProbeStatus], dirs: list[Path],
                  mains: dict[int, ProcessRecord]) -> dict[str, ProbeStatus]:
     probes: dict[str, ProbeStatus] = {}
-    errors = sorted(p for d in dirs for p in (d / "bootstrap-errors").glob("*.txt"))
+    errors = [p for d in dirs for p in bootstrap_errors(d)]
     if errors:
         probes["bootstrap"] = ProbeStatus(
             False, f"{len(errors)} process(es) could not start doctor: "

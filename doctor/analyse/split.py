@@ -32,8 +32,8 @@ from typing import Any
 
 from doctor.categories import INPUT_STAGES
 from doctor.errors import FrameRulesError
-from doctor.probes.stacks import StackSamples, read_stacks
 from doctor.store.rundir import ProcessRecord
+from doctor.store.stacks import StackSamples, read_stacks
 
 STAGES = INPUT_STAGES
 RULES_PATH = Path(__file__).parent / "data" / "input_frames.json"

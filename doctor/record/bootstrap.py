@@ -1,8 +1,9 @@
 """Start a Session in a process of the job (under ``doctor run``) or in the caller (watch).
 
-The torch probes start as soon as torch is imported: if it already is, now; otherwise a
-one-shot import hook runs them right after ``import torch`` finishes, so doctor never imports
-torch into a process that does not use it, nor changes the job's import order.
+The job-side probes of the registry (doctor.probes.REGISTRY) start as soon as torch is imported:
+if it already is, now; otherwise a one-shot import hook runs them right after ``import torch``
+finishes, so doctor never imports torch into a process that does not use it, nor changes the
+job's import order. Which probes ran, and why the others did not, goes to the process's meta.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Any
 
 from doctor.record import session as session_mod
 from doctor.record.session import Session
+from doctor.record.tracer import allow_parent_tracer
 
 ENV_RUN_DIR = "DOCTOR_RUN_DIR"
 ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"
-ENV_PARENT_PID = "DOCTOR_PARENT_PID"  # the doctor run process, whose py-spy may trace us
 
 
 def start_from_env() -> Session | None:
@@ -45,7 +46,7 @@ def _note_uncaught_exceptions(session: Session) -> None:
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         try:
-            if session._dir is not None:
+            if session.recording:
                 session.update_meta(crashed=f"{exc_type.__name__}: {exc}"[:500],
                                     crashed_ns=session.clock())
         except Exception:  # the job's own traceback matters more than our note
@@ -53,15 +54,6 @@ def _note_uncaught_exceptions(session: Session) -> None:
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook
-
-
-def allow_parent_tracer() -> None:
-    """Name the doctor parent as our tracer, for py-spy under Yama ptrace_scope=1."""
-    parent = os.environ.get(ENV_PARENT_PID, "")
-    if parent.isdigit():
-        from doctor.probes.stacks import allow_tracer
-
-        allow_tracer(int(parent))
 
 
 def parse_window(text: str) -> tuple[int, int]:
@@ -76,11 +68,11 @@ def parse_window(text: str) -> tuple[int, int]:
 
 
 def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5
-                  ) -> TorchProbes:
-    """Install a Session for this process; its torch probes start with (or after) torch."""
+                  ) -> JobProbes:
+    """Install a Session for this process; its probes start with (or after) torch."""
     session = session_mod.install(
         Session(run_dir, window_start=window_start, window_steps=window_steps))
-    starter = TorchProbes(session, window=window_steps > 0)
+    starter = JobProbes(session)
     if "torch" in sys.modules:
         starter.start()
     else:
@@ -88,52 +80,39 @@ def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5
     return starter
 
 
-class TorchProbes:
-    """Starts the in-process torch probes once; records which ran and why others did not."""
+class JobProbes:
+    """Starts the job-side probes of the registry once; records which ran and why others did
+    not."""
 
-    def __init__(self, session: Session, *, window: bool) -> None:
+    def __init__(self, session: Session) -> None:
         self.session = session
-        self.window = window
         self.probes: list[Any] = []
 
     def start(self) -> None:
-        from doctor.probes.dataloader import DataLoaderProbe
-        from doctor.probes.memory import MemoryProbe
-        from doctor.probes.steps import StepsProbe
-        from doctor.probes.torch_ops import DeepWindow
+        from doctor.probes import JOB, probes_of
 
         status: dict[str, dict[str, Any]] = {}
-        for probe in (StepsProbe(), DataLoaderProbe()):
-            ok = probe.check()
-            if ok.ok:
-                try:
-                    probe.start(self.session)
+        for spec in probes_of(JOB):
+            try:
+                probe = spec.create(self.session)
+                ok = probe.check()
+                if ok.ok:
+                    probe.start()
                     self.probes.append(probe)
-                except Exception as err:
-                    ok = ok.__class__(False, f"failed to start: {type(err).__name__}: {err}")
-            status[probe.name] = ok.to_dict()
-        memory = MemoryProbe()
-        status[memory.name] = memory.check().to_dict()
-        if status[memory.name]["ok"]:
-            memory.start(lambda: self.session.directory)
-            self.session.memory = memory
-        if self.window:
-            window = DeepWindow(self.session, self.session.window_start,
-                                self.session.window_steps)
-            ok = window.check()
-            if ok.ok:
-                self.session.window = window
-            status[window.name] = ok.to_dict()
+                status[spec.name] = ok.to_dict()
+            except Exception as err:
+                status[spec.name] = {"ok": False,
+                                     "reason": f"failed to start: {type(err).__name__}: {err}"}
         self.session.probe_status = status
 
     def close(self) -> None:
+        self.session.close()  # the window exports, the allocator takes its exit snapshot
         for probe in self.probes:
             try:
                 probe.stop()
             except Exception:  # at exit, a probe that cannot unpatch is harmless
                 pass
         self.probes = []
-        self.session.close()
         session_mod.uninstall(self.session)
 
 

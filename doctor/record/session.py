@@ -1,16 +1,24 @@
-"""The per-process Session: owns the in-process probes and writes to the run directory.
+"""The per-process Session: the in-process recorder that the probes write through.
 
 One Session per Python process of the job (started by the bootstrap under ``doctor run``, or by
-``doctor.watch``). It creates its process directory lazily, on the first thing it records, so
-processes that never train (the torchrun launcher, helper subprocesses) leave nothing behind.
+``doctor.watch``). It creates its process folder lazily, on the first thing it records, so
+processes that never train (the torchrun launcher, helper subprocesses) leave nothing behind;
+the folder's layout belongs to doctor.store.
 
-Directory: ``RUN_DIR/rank-<RANK>/<role>-<pid>/`` with ``meta.json`` and ring files.
-Hot-path methods (``mark_step``, ``record_*``) write fixed-size records and never allocate.
+What probes use (and nothing else):
+
+- hot path: ``mark_step``, ``record_optimizer_start``/``_end``, ``record_interval``,
+  ``record_event`` and ``count_step`` write fixed-size records and never allocate;
+- ``on_step(callback)``: called with the count of steady steps at each step boundary of the
+  strongest kind seen so far (the profiler window counts its steps with it);
+- ``on(event, callback)`` / ``emit(event)`` for the rare events between probes
+  (``window_start``, ``window_end``, ``close``);
+- ``update_meta``, ``record_loader``, ``record_batch_tensors``, ``record_memory``,
+  ``trace_path()`` and ``directory`` for what the process folder holds.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -21,6 +29,8 @@ from typing import Any
 
 from doctor.record.machine import usable_cores
 from doctor.record.ringbuffer import RingWriter
+from doctor.record.tracer import allow_parent_tracer
+from doctor.store.process import ProcessWriter
 
 # Step kinds, from the weakest evidence of a step boundary to the strongest.
 STEP_DATALOADER = 0
@@ -35,7 +45,12 @@ EVENT_WINDOW_START = 1
 EVENT_WINDOW_STOP_BEGIN = 2
 EVENT_WINDOW_STOP_END = 3
 
+# Events between probes (``on``/``emit``).
+WINDOW_START, WINDOW_END, CLOSE = "window_start", "window_end", "close"
+
+STEPS_RECORD = ("<qii", ("t_ns", "kind", "key"))
 INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
+EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
 RING_CAPACITY = 1 << 17  # records per ring: about 3 MB a ring, whatever the run's length
 
 Clock = Callable[[], int]
@@ -93,27 +108,35 @@ class Session:
         self.window_start = window_start
         self.window_steps = window_steps
         self.pid = os.getpid()
-        self._dir: Path | None = None
+        self.closed = False
+        self.probe_status: dict[str, dict[str, Any]] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._writer: ProcessWriter | None = None
         self._rings: dict[str, RingWriter] = {}
         self._meta: dict[str, Any] = {}
         self._loaders: dict[tuple[Any, ...], int] = {}
         # Counting steps for the deep window: only the strongest kind seen so far counts.
-        self._window_kind = -1
-        self._window_key = 0
-        self._window_count = 0
-        self.window: Any = None  # probes.torch_ops.DeepWindow, set by the bootstrap
-        self.memory: Any = None  # probes.memory.MemoryProbe on CUDA jobs
+        self._step_kind = -1
+        self._step_key = 0
+        self._step_count = 0
+        self._step_listeners: tuple[Callable[[int], None], ...] = ()
+        self._listeners: dict[str, list[Callable[[], None]]] = {}
         self._opt_t0 = 0
-        self.closed = False
-        self.probe_status: dict[str, dict[str, Any]] = {}
 
     # ----- lazily created storage -------------------------------------------------------
     @property
-    def directory(self) -> Path:
-        if self._dir is None:
-            d = self.run_dir / f"rank-{self.rank}" / f"{self.role}-{self.pid}"
-            d.mkdir(parents=True, exist_ok=True)
-            self._dir = d
+    def recording(self) -> bool:
+        """Whether this process has recorded anything (its folder exists)."""
+        return self._writer is not None
+
+    @property
+    def writer(self) -> ProcessWriter:
+        if self._writer is None:
+            writer = ProcessWriter(self.run_dir, self.rank, self.role, self.pid)
+            writer.create()
+            self._writer = writer
             self._meta = {
                 "pid": self.pid, "ppid": os.getppid(), "rank": self.rank, "role": self.role,
                 "argv": list(sys.argv), "local_rank": _env_int("LOCAL_RANK"),
@@ -121,35 +144,39 @@ class Session:
                 "started_ns": self.clock(), "cores": usable_cores(), "probes": self.probe_status,
             }
             self._meta.update(_torch_facts())
-            self.write_meta()
-        return self._dir
+            writer.write_meta(self._meta)
+        return self._writer
+
+    @property
+    def directory(self) -> Path:
+        """This process's folder (created on first use)."""
+        return self.writer.path
 
     def ring(self, name: str, fmt: str, names: tuple[str, ...]) -> RingWriter:
         ring = self._rings.get(name)
         if ring is None:
-            ring = RingWriter(self.directory / f"{name}.ring", fmt, names, RING_CAPACITY)
+            ring = self.writer.ring(name, fmt, names, RING_CAPACITY)
             self._rings[name] = ring
         return ring
 
     def update_meta(self, **values: Any) -> None:
-        _ = self.directory
+        writer = self.writer
         self._meta.update(values)
-        self.write_meta()
+        writer.write_meta(self._meta)
 
-    def write_meta(self) -> None:
-        if self._dir is None:
-            return
-        tmp = self._dir / "meta.json.tmp"
-        tmp.write_text(json.dumps(self._meta, default=str))
-        tmp.replace(self._dir / "meta.json")
+    def trace_path(self) -> Path:
+        return self.writer.trace_path()
+
+    def record_memory(self, row: dict[str, Any]) -> None:
+        self.writer.append_memory(row)
 
     # ----- hot path ----------------------------------------------------------------------
     def mark_step(self, kind: int, key: int = 0) -> None:
         """A step boundary seen now (end of a step)."""
         if self.closed:
             return
-        self.ring("steps", "<qii", ("t_ns", "kind", "key")).write(self.clock(), kind, key)
-        self._window_tick(kind, key)
+        self.ring("steps", *STEPS_RECORD).write(self.clock(), kind, key)
+        self.count_step(kind, key)
 
     def record_optimizer_start(self) -> None:
         self._opt_t0 = self.clock()
@@ -160,7 +187,7 @@ class Session:
         t1 = self.clock()
         ring = self._rings.get("optimizer") or self.ring("optimizer", *INTERVAL_RECORD)
         ring.write(self._opt_t0, t1, key)
-        self._window_tick(STEP_OPTIMIZER, key)
+        self.count_step(STEP_OPTIMIZER, key)
 
     def record_interval(self, name: str, t0: int, t1: int, key: int = 0) -> None:
         """An interval such as one DataLoader wait or one backward call."""
@@ -170,17 +197,40 @@ class Session:
         ring.write(t0, t1, key)
 
     def record_event(self, event: int, value: int = 0) -> None:
-        self.ring("events", "<qii", ("t_ns", "event", "value")).write(self.clock(), event, value)
+        self.ring("events", *EVENT_RECORD).write(self.clock(), event, value)
 
-    def _window_tick(self, kind: int, key: int) -> None:
-        if kind > self._window_kind:
+    def count_step(self, kind: int, key: int = 0) -> None:
+        """A step boundary of ``kind`` (from optimizer ``key``) was seen: count it when it is of
+        the strongest kind seen so far, and tell the step listeners the count."""
+        if kind > self._step_kind:
             # A stronger kind of step boundary appeared: count those from now on.
-            self._window_kind, self._window_key, self._window_count = kind, key, 0
-        elif kind < self._window_kind or key != self._window_key:
+            self._step_kind, self._step_key, self._step_count = kind, key, 0
+        elif kind < self._step_kind or key != self._step_key:
             return
-        self._window_count += 1
-        if self.window is not None:
-            self.window.on_step(self._window_count)
+        self._step_count += 1
+        for listener in self._step_listeners:
+            listener(self._step_count)
+
+    @property
+    def step_kind(self) -> int:
+        """The strongest kind of step boundary seen so far (-1 before the first)."""
+        return self._step_kind
+
+    # ----- listeners ----------------------------------------------------------------------
+    def on_step(self, callback: Callable[[int], None]) -> None:
+        self._step_listeners = (*self._step_listeners, callback)
+
+    def off_step(self, callback: Callable[[int], None]) -> None:
+        """Stop calling ``callback`` (safe from inside it: a count goes to the listeners of the
+        moment it was made)."""
+        self._step_listeners = tuple(c for c in self._step_listeners if c != callback)
+
+    def on(self, event: str, callback: Callable[[], None]) -> None:
+        self._listeners.setdefault(event, []).append(callback)
+
+    def emit(self, event: str) -> None:
+        for callback in list(self._listeners.get(event, ())):
+            callback()
 
     # ----- settings seen ------------------------------------------------------------------
     def record_loader(self, settings: dict[str, Any]) -> int:
@@ -202,35 +252,22 @@ class Session:
 
     # ----- lifecycle ----------------------------------------------------------------------
     def forked(self) -> None:
-        """In a forked child: forget the parent's files, record into our own."""
+        """In a forked child: forget the parent's files and probes, record into our own."""
         self.pid = os.getpid()
-        self._dir = None
-        self._rings = {}
-        self._meta = {}
-        self._loaders = {}
-        self.window = None
-        self.memory = None
-        self._window_kind, self._window_count = -1, 0
+        self._reset()
         self.role = "child"
-        from doctor.record.bootstrap import (
-            allow_parent_tracer,  # prctl is per process: name it again
-        )
-
-        allow_parent_tracer()
+        allow_parent_tracer()  # prctl is per process: name it again
 
     def close(self) -> None:
         if self.closed:
             return
-        if self.window is not None:
-            self.window.close()
-        if self.memory is not None and self._dir is not None:
-            self.memory.snapshot("exit")
+        self.emit(CLOSE)
         self.closed = True
-        if self._dir is not None:
+        if self._writer is not None:
             self._meta["ended_ns"] = self.clock()
             self._meta["rings"] = {k: r.written for k, r in self._rings.items()}
             self._meta["probes"] = self.probe_status
-            self.write_meta()
+            self._writer.write_meta(self._meta)
         for ring in self._rings.values():
             ring.close()
 
@@ -241,7 +278,6 @@ def _env_int(name: str) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
-
 
 
 def _torch_facts() -> dict[str, Any]:

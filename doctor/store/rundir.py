@@ -1,10 +1,8 @@
-"""The run directory: where a run's records live, and how to find and load them.
+"""Run directories as a whole: make one, find the newest, the run record (``run.json``), and
+what is done to one after the job (compress its traces, measure it, write the outputs).
 
-    RUN_DIR/run.json                 doctor's record of the run (schema doctor.run/1)
-    RUN_DIR/host.npz, gpu.npz        samples from the parent (probes.host, probes.gpu)
-    RUN_DIR/rank-<R>/<role>-<pid>/   one folder per process of the job that recorded anything:
-        meta.json, *.ring, trace.json.gz
-    RUN_DIR/verdict.json, report.html
+The layout is doctor.store.layout's. The run record carries the format (``schema``): a run
+directory of another format is refused in one line that says what to do, not read as empty.
 """
 
 from __future__ import annotations
@@ -19,11 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from doctor.errors import RunDirError, UsageError
+from doctor.errors import RunDirError, RunFormatError, UsageError
+from doctor.store import layout
 
-RUN_SCHEMA = "doctor.run/1"
 DEFAULT_ROOT = Path("doctor-runs")
-_PROC_DIR = re.compile(r"^(?P<role>[a-z]+\d*)-(?P<pid>\d+)$")
 
 
 def new_run_dir(out: Path | None, name: str, root: Path = DEFAULT_ROOT) -> Path:
@@ -47,7 +44,7 @@ def new_run_dir(out: Path | None, name: str, root: Path = DEFAULT_ROOT) -> Path:
 
 
 def newest_run(root: Path = DEFAULT_ROOT) -> Path:
-    runs = [p for p in root.glob("*/run.json")] if root.is_dir() else []
+    runs = list(root.glob(f"*/{layout.RUN_RECORD}")) if root.is_dir() else []
     if not runs:
         raise RunDirError(f"no runs under ./{root}: run `doctor run train.py` first, "
                           "or name a run directory or trace file")
@@ -55,21 +52,26 @@ def newest_run(root: Path = DEFAULT_ROOT) -> Path:
 
 
 def write_run_record(run_dir: Path, record: dict[str, Any]) -> None:
-    tmp = run_dir / "run.json.tmp"
-    tmp.write_text(json.dumps({"schema": RUN_SCHEMA, **record}, indent=2, default=str))
-    tmp.replace(run_dir / "run.json")
+    tmp = run_dir / (layout.RUN_RECORD + ".tmp")
+    tmp.write_text(json.dumps({"schema": layout.FORMAT, **record}, indent=2, default=str))
+    tmp.replace(run_dir / layout.RUN_RECORD)
 
 
 def read_run_record(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "run.json"
+    path = run_dir / layout.RUN_RECORD
     if not path.is_file():
-        raise RunDirError(f"{run_dir} is not a doctor run directory (no run.json)")
+        raise RunDirError(f"{run_dir} is not a doctor run directory (no {layout.RUN_RECORD})")
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise RunDirError(f"{path} is unreadable: {err}") from err
-    if record.get("schema") != RUN_SCHEMA:
-        raise RunDirError(f"{path} has schema {record.get('schema')!r}, expected {RUN_SCHEMA}")
+    schema = record.get("schema") if isinstance(record, dict) else None
+    if schema != layout.FORMAT:
+        if isinstance(schema, str) and schema.startswith("doctor.run/"):
+            raise RunFormatError(
+                f"{run_dir} was recorded in format {schema}; this doctor reads {layout.FORMAT}: "
+                "record the job again with this version's doctor run")
+        raise RunDirError(f"{path} is not a doctor run record (schema {schema!r})")
     return dict(record)
 
 
@@ -84,39 +86,28 @@ class ProcessRecord:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def ring_path(self, name: str) -> Path:
-        return self.path / f"{name}.ring"
+        return layout.ring_path(self.path, name)
 
     @property
     def trace(self) -> Path | None:
-        for name in ("trace.json.gz", "trace.json"):
-            if (self.path / name).is_file():
-                return self.path / name
-        return None
+        return layout.trace_of(self.path)
 
 
 def list_processes(run_dir: Path) -> list[ProcessRecord]:
     out = []
-    for rank_dir in sorted(run_dir.glob("rank-*")):
+    for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
         try:
-            rank = int(rank_dir.name.split("-", 1)[1])
-        except ValueError:
-            continue
-        for proc_dir in sorted(rank_dir.iterdir()):
-            m = _PROC_DIR.match(proc_dir.name)
-            if not m or not proc_dir.is_dir():
-                continue
-            try:
-                meta = json.loads((proc_dir / "meta.json").read_text())
-            except (OSError, json.JSONDecodeError):
-                meta = {}
-            out.append(ProcessRecord(proc_dir, rank, m["role"], int(m["pid"]), meta))
+            meta = json.loads((proc_dir / layout.META).read_text())
+        except (OSError, json.JSONDecodeError):
+            meta = {}
+        out.append(ProcessRecord(proc_dir, rank, role, pid, meta))
     return out
 
 
 def gzip_traces(run_dir: Path) -> None:
     """Compress each exported trace.json in place (done after the job, off its thread)."""
-    for path in run_dir.glob("rank-*/*/trace.json"):
-        target = path.with_name("trace.json.gz")
+    for path in layout.uncompressed_traces(run_dir):
+        target = path.with_name(layout.TRACE_GZ)
         try:
             with open(path, "rb") as src, gzip.open(target, "wb", compresslevel=5) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
@@ -134,3 +125,13 @@ def disk_usage_bytes(run_dir: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+def write_outputs(run_dir: Path, verdict_json: str, report_html: str) -> None:
+    """The verdict and the report beside the records."""
+    (run_dir / layout.VERDICT).write_text(verdict_json)
+    (run_dir / layout.REPORT).write_text(report_html, encoding="utf-8")
+
+
+def report_path(run_dir: Path) -> Path:
+    return run_dir / layout.REPORT

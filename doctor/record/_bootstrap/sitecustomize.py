@@ -1,6 +1,8 @@
 # doctor's bootstrap: `doctor run` puts this folder first on PYTHONPATH so that every Python
 # process of the job starts a doctor Session before user code runs. It imports nothing from the
 # user's directory, never raises, and then runs the sitecustomize it shadows, if there is one.
+# It names RUN_DIR/bootstrap-errors itself (doctor.store.layout.BOOTSTRAP_ERRORS): it writes there
+# when doctor cannot be imported at all.
 def _doctor_bootstrap() -> None:
     import os
 

@@ -1,0 +1,77 @@
+"""Signals between ``doctor run`` (the parent) and the job's processes: one small file.
+
+The job's processes say when their profiler window opens and closes (the parent starts py-spy on
+a rank when its window opens); the parent, or ``doctor.watch``, says which stack recorder the
+processes should use (``in-process`` where py-spy is missing or ptrace is refused). Each signal
+is one JSON object on one line, appended with a single ``write`` to a file opened ``O_APPEND``,
+so that many processes writing at once never interleave; the reader takes the last word on each
+key. A run writes a handful of lines, so reading the whole file at every tick costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from doctor.store.layout import CONTROL
+
+IN_PROCESS = "in-process"
+
+
+@dataclass(frozen=True)
+class Control:
+    """What the signals say now."""
+
+    stacks_mode: str | None = None  # None: py-spy from the parent; "in-process": the fallback
+    stacks_reason: str = ""
+    windows: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, pid) -> state
+
+    def open_windows(self) -> list[tuple[int, int]]:
+        """(rank, pid) of every main process whose window has opened (active or done)."""
+        return [key for key, state in self.windows.items() if state in ("active", "done")]
+
+
+def _post(run_dir: Path, signal: dict[str, Any]) -> None:
+    line = (json.dumps(signal, separators=(",", ":")) + "\n").encode()
+    fd = os.open(run_dir / CONTROL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def post_window(run_dir: Path, rank: int, pid: int, state: str) -> None:
+    """A process's profiler window changed state (active, done, failed)."""
+    _post(run_dir, {"window": state, "rank": rank, "pid": pid})
+
+
+def post_stacks_mode(run_dir: Path, mode: str, reason: str) -> None:
+    """Which stack recorder the job's processes should use from now on, and why."""
+    _post(run_dir, {"stacks": mode, "reason": reason})
+
+
+def read_control(run_dir: Path) -> Control:
+    try:
+        text = (run_dir / CONTROL).read_text()
+    except OSError:
+        return Control()
+    mode, reason = None, ""
+    windows: dict[tuple[int, int], str] = {}
+    for line in text.splitlines():
+        try:
+            signal = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill
+        if "stacks" in signal:
+            mode, reason = str(signal["stacks"]), str(signal.get("reason", ""))
+        elif "window" in signal:
+            windows[(int(signal["rank"]), int(signal["pid"]))] = str(signal["window"])
+    return Control(mode, reason, windows)
+
+
+def in_process_stacks(run_dir: Path) -> bool:
+    """Whether the job's processes should sample their own stacks."""
+    return read_control(run_dir).stacks_mode == IN_PROCESS

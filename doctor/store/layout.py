@@ -1,0 +1,86 @@
+"""Where everything lives in a run directory: the one place that names its files.
+
+    RUN_DIR/run.json                   doctor's record of the run (schema FORMAT)
+    RUN_DIR/control.jsonl              signals between doctor run and the job (doctor.store.control)
+    RUN_DIR/host.npz, gpu.npz          samples taken from outside the job
+    RUN_DIR/bootstrap-errors/<pid>.txt processes that could not start doctor
+    RUN_DIR/rank-<R>/<role>-<pid>/     one folder per process of the job that recorded anything:
+        meta.json                      what the process is (rank, role, torch, loaders, probes)
+        <name>.ring                    fixed-size ring buffers (steps, intervals, events)
+        stacks.txt, stacks.json        stack samples (py-spy's raw format) and how they were taken
+        memory.jsonl                   CUDA allocator snapshots
+        trace.json[.gz]                the torch.profiler window
+    RUN_DIR/verdict.json, report.html
+
+The bootstrap's ``sitecustomize`` names ``bootstrap-errors`` itself: it writes there when doctor
+cannot be imported at all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+#: The run directory format this doctor writes and reads (``schema`` in run.json).
+FORMAT = "doctor.run/2"
+
+RUN_RECORD = "run.json"
+CONTROL = "control.jsonl"
+HOST = "host.npz"
+GPU = "gpu.npz"
+BOOTSTRAP_ERRORS = "bootstrap-errors"
+VERDICT = "verdict.json"
+REPORT = "report.html"
+
+META = "meta.json"
+STACKS_TXT = "stacks.txt"
+STACKS_JSON = "stacks.json"
+MEMORY = "memory.jsonl"
+TRACE = "trace.json"
+TRACE_GZ = "trace.json.gz"
+
+_PROC_DIR = re.compile(r"^(?P<role>[a-z]+\d*)-(?P<pid>\d+)$")
+
+
+def process_dir(run_dir: Path, rank: int, role: str, pid: int) -> Path:
+    return run_dir / f"rank-{rank}" / f"{role}-{pid}"
+
+
+def ring_path(proc_dir: Path, name: str) -> Path:
+    return proc_dir / f"{name}.ring"
+
+
+def trace_of(proc_dir: Path) -> Path | None:
+    """The process's window trace, compressed or not; None when it has none."""
+    for name in (TRACE_GZ, TRACE):
+        if (proc_dir / name).is_file():
+            return proc_dir / name
+    return None
+
+
+def process_dirs(run_dir: Path) -> Iterator[tuple[Path, int, str, int]]:
+    """(folder, rank, role, pid) of every process folder, in order of rank, then name."""
+    for rank_dir in sorted(run_dir.glob("rank-*")):
+        try:
+            rank = int(rank_dir.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        for proc_dir in sorted(rank_dir.iterdir()):
+            m = _PROC_DIR.match(proc_dir.name)
+            if m and proc_dir.is_dir():
+                yield proc_dir, rank, m["role"], int(m["pid"])
+
+
+def pid_of(proc_dir: Path) -> int | None:
+    """The pid in a process folder's name (``main-1234``, ``worker0-5678``)."""
+    m = _PROC_DIR.match(proc_dir.name)
+    return int(m["pid"]) if m else None
+
+
+def bootstrap_errors(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / BOOTSTRAP_ERRORS).glob("*.txt"))
+
+
+def uncompressed_traces(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob(f"rank-*/*/{TRACE}"))

@@ -1,0 +1,123 @@
+"""Stack samples on disk: ``stacks.txt`` in py-spy's raw format, and ``stacks.json`` beside it.
+
+``stacks.txt`` holds one line per distinct stack, ``frame;frame;... N``, outermost frame first,
+each frame ``function (file:line)``; with py-spy's ``--threads`` each stack starts with a
+``thread (TID): NAME`` frame. ``stacks.json`` says how they were taken: the recorder, its rate,
+the sampled span on the shared monotonic clock, and the number of samples taken. Both recorders
+(py-spy from the parent, the in-process sampler) write through here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from doctor.store.layout import STACKS_JSON, STACKS_TXT, pid_of
+
+DEFAULT_RATE_HZ = 50.0
+
+
+@dataclass(frozen=True)
+class StackSamples:
+    """Samples of one process's main thread, running or not: stack (outermost first) -> count."""
+
+    stacks: dict[tuple[str, ...], int]
+    recorder: str
+    rate_hz: float
+    span_ns: tuple[int, int]
+    taken: int  # samples the recorder reports (all threads, for py-spy)
+
+    @property
+    def count(self) -> int:
+        return sum(self.stacks.values())
+
+
+def stacks_output(proc_dir: Path) -> Path:
+    """Where a recorder writes the raw samples of the process in ``proc_dir``."""
+    return proc_dir / STACKS_TXT
+
+
+def read_stacks(proc_dir: Path) -> StackSamples | None:
+    """The samples a process folder holds, or None."""
+    txt = proc_dir / STACKS_TXT
+    meta = read_stacks_meta(proc_dir)
+    if meta is None or not txt.is_file():
+        return None
+    try:
+        stacks = parse_raw(txt.read_text(errors="replace"), main_thread=pid_of(proc_dir))
+    except (OSError, ValueError):
+        return None
+    return StackSamples(stacks, str(meta.get("recorder", "?")),
+                        float(meta.get("rate_hz", DEFAULT_RATE_HZ)),
+                        (int(meta.get("start_ns", 0)), int(meta.get("end_ns", 0))),
+                        int(meta.get("taken", 0)))
+
+
+_THREAD = re.compile(r"^thread \((?:0x)?(?P<tid>[0-9A-Fa-f]+)\)(: .*)?$")
+
+
+def parse_raw(text: str, main_thread: int | None = None) -> dict[tuple[str, ...], int]:
+    """py-spy's raw format. With ``--threads`` each stack starts with ``thread (TID): NAME``:
+    that frame is dropped, and only thread ``main_thread`` is kept when it is given and found.
+    A thread sample with no Python frame (the interpreter is shutting down) is left out."""
+    out: Counter[tuple[str, ...]] = Counter()
+    by_thread: dict[int, Counter[tuple[str, ...]]] = {}
+    for line in text.splitlines():
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = tuple(stack.split(";"))
+        m = _THREAD.match(frames[0])
+        if m is None:
+            out[frames] += int(count)
+            continue
+        tid = int(m["tid"], 16) if frames[0].startswith("thread (0x") else int(m["tid"])
+        counts = by_thread.setdefault(tid, Counter())
+        if len(frames) > 1:
+            counts[frames[1:]] += int(count)
+    if not by_thread:
+        return dict(out)
+    if main_thread is not None and main_thread in by_thread:
+        return dict(by_thread[main_thread])
+    for counts in by_thread.values():
+        out.update(counts)
+    return dict(out)
+
+
+def format_raw(stacks: Mapping[tuple[str, ...], int]) -> str:
+    return "".join(f"{';'.join(s)} {n}\n" for s, n in stacks.items())
+
+
+def read_stacks_meta(proc_dir: Path) -> dict[str, Any] | None:
+    """A process folder's stacks.json (recorder, rate, span, samples taken), or None."""
+    try:
+        meta = json.loads((proc_dir / STACKS_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def write_stacks_meta(proc_dir: Path, *, recorder: str, rate_hz: float, start_ns: int,
+                      end_ns: int, taken: int) -> None:
+    _write_atomic(proc_dir / STACKS_JSON, json.dumps(
+        {"recorder": recorder, "rate_hz": rate_hz, "start_ns": start_ns, "end_ns": end_ns,
+         "taken": taken}))
+
+
+def write_stacks(proc_dir: Path, stacks: Mapping[tuple[str, ...], int], *, recorder: str,
+                 rate_hz: float, start_ns: int, end_ns: int, taken: int) -> None:
+    """Samples and their description, each file replaced whole (a reader never sees half)."""
+    _write_atomic(proc_dir / STACKS_TXT, format_raw(stacks))
+    write_stacks_meta(proc_dir, recorder=recorder, rate_hz=rate_hz, start_ns=start_ns,
+                      end_ns=end_ns, taken=taken)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

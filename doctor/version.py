@@ -1,0 +1,3 @@
+"""doctor's version (also in pyproject.toml)."""
+
+__version__ = "0.1.0"
