@@ -19,8 +19,8 @@ Figures per job, each the median over pairs with (min..max):
 * From the doctor run's own ledger (``doctor.analyse.pipeline.analyze_run``), against the median
   analysed step of the same run:
   - window steps: the ledger rows that end after the window's start event and before its stop
-    event (the events ring, ``doctor.analyse.ledger.window_span``); the ledger numbers steps from
-    one step boundary to the next, so these are the steps under an active torch.profiler. The
+    event (the events ring, read into ``doctor.analyse.steps.RankSteps``); the ledger numbers
+    steps from one step boundary to the next, so these are the steps under an active profiler. The
     median of them / median step: budget at most 1.25x. Their max is shown too: the first
     profiled steps carry the profiler's own start-up.
   - the closing step (``window_close``): the step that stops the profiler and exports the trace on
@@ -110,9 +110,9 @@ class WindowFigures:
 
 def window_figures(run_dir: Path) -> WindowFigures:
     """Window steps and the closing step, from the run directory's ledger and events ring."""
-    from doctor.analyse.ledger import main_process, rank_steps
     from doctor.analyse.pipeline import analyze_run
-    from doctor.store.rundir import list_processes
+    from doctor.analyse.steps import training_processes
+    from doctor.store.reader import load_run
 
     out = WindowFigures()
     ledger = analyze_run(run_dir).ledger
@@ -127,8 +127,8 @@ def window_figures(run_dir: Path) -> WindowFigures:
         out.note = "no window closed"
         return out
     out.closing_s = float(closing.max())
-    mains = main_process(list_processes(run_dir))
-    steps = rank_steps(mains[min(mains)])
+    ranks = training_processes(load_run(run_dir))
+    steps = ranks[min(ranks)]
     if steps.window_ns is None or len(steps.starts_ns) != len(ledger):
         out.note = "window events unreadable"
         return out

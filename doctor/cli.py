@@ -127,7 +127,7 @@ def parse_step_range(text: str) -> tuple[int | None, int | None]:
 
 def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = None
           ) -> tuple[Analysis, Path]:
-    from doctor.analyse.pipeline import analyze_run
+    from doctor.analyse.pipeline import analyze_run, analyze_traces
     from doctor.store.rundir import newest_run, report_path
 
     if not sources:
@@ -145,10 +145,7 @@ def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = Non
             raise UsageError(f"{bad[0]} is not a trace (*.json or *.json.gz)")
         if steps is not None:
             raise UsageError("--steps applies to run directories, not to traces")
-        from doctor.trace.verdict import verdict_from_traces
-
-        analysis = verdict_from_traces(traces)
-        return analysis, Path(traces[0].name.split(".")[0] + ".report.html")
+        return analyze_traces(traces), Path(traces[0].name.split(".")[0] + ".report.html")
     return analyze_run(dirs, steps), report_path(dirs[0])
 
 

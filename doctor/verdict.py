@@ -6,11 +6,9 @@ These are the shared data types between the rules (which produce findings) and t
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from doctor.categories import BOTTLENECKS, CATEGORIES, UNSPLIT_INPUT
@@ -104,9 +102,6 @@ class Verdict:
         }
         out.update({k: _plain(v) for k, v in self.extra.items()})
         return out
-
-    def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verdict:

@@ -63,12 +63,17 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def headline(verdict: Verdict) -> str:
-    """'Input-bound: decoding samples (83% of step time)'."""
+    """'Input-bound: decoding samples (83% of step time)'; for an input stage named as the
+    largest of several, the whole pipeline's share with the stage's own beside it."""
     words = BOTTLENECK_WORDS.get(verdict.bottleneck, f"Bottleneck: {verdict.bottleneck}")
     share = verdict.shares.get(verdict.bottleneck)
-    if share is not None and _is_number(share) and verdict.bottleneck != "unknown":
-        return f"{words} ({format_share(share)} of step time)"
-    return words
+    if share is None or not _is_number(share) or verdict.bottleneck == "unknown":
+        return words
+    whole = verdict.extra.get("bottleneck_share")
+    if whole is not None and _is_number(whole) and float(whole) > float(share) + 0.005:
+        return (f"{words} ({format_share(whole)} of step time in the input pipeline, "
+                f"{format_share(share)} in this stage)")
+    return f"{words} ({format_share(share)} of step time)"
 
 
 def steps_line(verdict: Verdict) -> str:

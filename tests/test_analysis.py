@@ -46,7 +46,7 @@ def test_a_run_that_crashed_is_partial_and_says_so(tmp_path: Path) -> None:
     verdict = analyze_run(tmp_path).verdict
     assert verdict.partial
     assert any("exited with status 1" in n for n in verdict.notes)
-    assert verdict.bottleneck == "compute"
+    assert verdict.bottleneck == "input"  # a third of the step waits: stall-first, as any door
 
 
 def test_a_killed_run_is_partial(tmp_path: Path) -> None:
@@ -88,13 +88,15 @@ def test_few_steps_are_all_counted_with_a_note(tmp_path: Path) -> None:
 
 
 def test_run_queue_delay_next_to_busy_workers_is_loading_contention(tmp_path: Path) -> None:
+    import numpy as np
     import pandas as pd
 
-    from doctor.analyse.pipeline import _loading_contention
-    from doctor.store.rundir import ProcessRecord
+    from doctor.analyse.contention import loading_contention
+    from doctor.analyse.steps import RankSteps
 
-    main = ProcessRecord(tmp_path, 0, "main", 100)
-    workers = [ProcessRecord(tmp_path, 0, f"worker{i}", 101 + i, {"ppid": 100}) for i in (0, 1)]
+    none = np.zeros(0, dtype=np.int64)
+    ranks = {0: RankSteps(0, 0, 100, "optimizer", none, none)}
+    workers = {0: [101, 102]}
     t = [float(i) for i in range(11)]
     host = pd.DataFrame({
         "t_s": t * 3, "pid": [100] * 11 + [101] * 11 + [102] * 11,
@@ -105,15 +107,15 @@ def test_run_queue_delay_next_to_busy_workers_is_loading_contention(tmp_path: Pa
     system = pd.DataFrame({"t_s": t, "busy_cores": [2.0] * 11})
     ledger = pd.DataFrame({"rank": [0] * 10, "analyzed": [True] * 10,
                            "wall_s": [0.1] * 10, "wait_s": [0.05] * 10})
-    got = _loading_contention(host, system, ledger, {0: main}, [main, *workers], (0.0, 10.0))
+    got = loading_contention(host, system, ledger, workers, ranks, (0.0, 10.0))
     # 0.2 s a second over 0.5 s of rest: 40 %; the workers are all the competing load
     assert got[0] == pytest.approx(0.4, abs=0.01)
     # other load on the machine takes its part: the workers' 1.4 of 2.8 competing cores
     busy = pd.DataFrame({"t_s": t, "busy_cores": [3.4] * 11})
-    got = _loading_contention(host, busy, ledger, {0: main}, [main, *workers], (0.0, 10.0))
+    got = loading_contention(host, busy, ledger, workers, ranks, (0.0, 10.0))
     assert got[0] == pytest.approx(0.2, abs=0.01)
     # no workers, no contention from loading
-    assert _loading_contention(host, system, ledger, {0: main}, [main], (0.0, 10.0)) == {}
+    assert loading_contention(host, system, ledger, {0: []}, ranks, (0.0, 10.0)) == {}
 
 
 def test_a_step_range_analyses_only_its_steps(tmp_path: Path) -> None:

@@ -19,15 +19,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from doctor.analyse.distributed import HOST_CONTENTION, find_stragglers, rank_table
+from doctor.analyse.distributed import rank_table, search_stragglers
 from doctor.analyse.pipeline import analyze_run
 from doctor.record.session import Session
 from doctor.reports.html import render_html
-from doctor.rules.base import RuleInputs
 from doctor.rules.distributed import straggler
+from doctor.rules.evidence import HOST_CONTENTION, Evidence, Straggler
 from doctor.verdict import CATEGORIES
 from tests.conftest import ROOT
 from tests.loops import FakeClock, record_loop, write_record
+
+
+def find_stragglers(ledger: pd.DataFrame, host: pd.DataFrame | None = None,
+                    rank_pids: dict[int, int] | None = None) -> list[Straggler]:
+    return search_stragglers(ledger, host, rank_pids).stragglers
 
 STEPS = 40
 
@@ -209,8 +214,8 @@ def test_compute_that_cpu_time_does_not_explain_is_host_contention() -> None:
     found = find_stragglers(ledger, host, {0: 100, 1: 101})
     assert [s.rank for s in found] == [1]
     assert found[0].cause == HOST_CONTENTION
-    inputs = RuleInputs(ledger=ledger, host=host, meta={"rank_pids": {0: 100, 1: 101}})
-    f = straggler(inputs)[0]
+    f = straggler(Evidence(ledger=ledger, host=host,
+                           stragglers=search_stragglers(ledger, host, {0: 100, 1: 101})))[0]
     assert f.evidence["likely_cause"] == HOST_CONTENTION
     assert "cores of its own" in f.fixes[0].title
     # the same excess backed by the CPU time it costs is plain compute

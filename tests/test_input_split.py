@@ -11,18 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from doctor.analyse.split import (
-    _MAIN_SCOPE,
-    _WORKER_SCOPE,
-    StageSplit,
-    classify,
-    load_rules,
-    rank_split,
-)
+from doctor.analyse.frames import _MAIN_SCOPE, _WORKER_SCOPE, classify, load_rules
+from doctor.analyse.split import StageSplit, rank_split
+from doctor.analyse.steps import training_processes
 from doctor.errors import FrameRulesError
 from doctor.probes.stacks import InProcessSampler, PySpyRecorder
 from doctor.store.control import in_process_stacks, read_control
-from doctor.store.rundir import list_processes
+from doctor.store.reader import load_run
 from doctor.store.stacks import StackSamples, parse_raw, read_stacks
 from tests.conftest import doctor_cmd
 from tests.loops import record_loop, write_record
@@ -77,7 +72,7 @@ def test_calls_into_c_are_classified_by_their_source_line(tmp_path: Path) -> Non
 
 def test_samples_outside_loading_and_doctors_own_are_set_apart() -> None:
     assert classify(("<module> (train.py:1)", "forward (model.py:3)"), _MAIN_SCOPE) is None
-    own = (*MAIN, "Session.record_interval (doctor/session.py:166)")
+    own = (*MAIN, "Session.record_interval (doctor/record/session.py:166)")
     assert classify(own, _MAIN_SCOPE)[0] == "doctor"  # type: ignore[index]
 
 
@@ -99,12 +94,11 @@ def test_extra_rules_extend_the_table_without_code(tmp_path: Path) -> None:
 
 def test_a_malformed_rules_file_is_one_line_and_exit_status_2(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    record_loop(run, 30, wait_s=0.08, compute_s=0.02)
+    main = record_loop(run, 30, wait_s=0.08, compute_s=0.02).directory
     write_record(run)
-    [main] = list_processes(run)
     decode = (*MAIN, "ImageFile.load (PIL/ImageFile.py:300)")
-    (main.path / "stacks.txt").write_text(f"{';'.join(decode)} 80\n")
-    (main.path / "stacks.json").write_text(json.dumps(
+    (main / "stacks.txt").write_text(f"{';'.join(decode)} 80\n")
+    (main / "stacks.json").write_text(json.dumps(
         {"recorder": "py-spy", "rate_hz": 50, "start_ns": 0, "end_ns": int(2e9), "taken": 80}))
     mine = tmp_path / "mine.json"
     mine.write_text('{"rules": [')
@@ -154,14 +148,16 @@ def test_a_read_inside_a_decoder_is_io_by_its_source_line(tmp_path: Path) -> Non
 
 
 def test_rank_split_reads_the_main_process_samples(tmp_path: Path) -> None:
-    record_loop(tmp_path, 30, wait_s=0.08, compute_s=0.02)
-    [main] = list_processes(tmp_path)
+    main = record_loop(tmp_path, 30, wait_s=0.08, compute_s=0.02).directory
     decode = (*MAIN, "ImageFile.load (PIL/ImageFile.py:300)")
     compute = ("<module> (train.py:80)", "forward (model.py:3)")
-    (main.path / "stacks.txt").write_text(f"{';'.join(decode)} 80\n{';'.join(compute)} 20\n")
-    (main.path / "stacks.json").write_text(json.dumps(
+    (main / "stacks.txt").write_text(f"{';'.join(decode)} 80\n{';'.join(compute)} 20\n")
+    (main / "stacks.json").write_text(json.dumps(
         {"recorder": "py-spy", "rate_hz": 50, "start_ns": 0, "end_ns": int(2e9), "taken": 100}))
-    split = rank_split(main, [main])
+    write_record(tmp_path)
+    run = load_run(tmp_path)
+    [trained] = training_processes(run).values()
+    split = rank_split(run, trained)
     assert split.fractions == pytest.approx({"io": 0.0, "decode": 1.0, "preprocess": 0.0})
 
 

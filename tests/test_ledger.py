@@ -1,22 +1,32 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from doctor.analyse.ledger import build_ledger, main_process, rank_steps, warmup_steps
+from doctor.analyse.ledger import build_ledger
+from doctor.analyse.steps import RankSteps, step_table, training_processes, warmup_steps
+from doctor.analyse.window import WindowSplit
 from doctor.categories import CATEGORIES
 from doctor.record.session import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END
-from doctor.store.rundir import list_processes
-from tests.loops import FakeClock, record_loop
+from doctor.store.reader import load_run
+from tests.loops import FakeClock, record_loop, write_record
 
 
-def ledger_of(run_dir: Path, fractions: dict | None = None,  # type: ignore[no-untyped-def]
-              **kwargs):
-    mains = main_process(list_processes(run_dir))
-    ranks = [rank_steps(p) for p in mains.values()]
-    return ranks, build_ledger(ranks, 0, fractions, **kwargs)
+def ledger_of(run_dir: Path, fractions: dict[int, dict[str, float]] | None = None,
+              **kwargs: Any) -> tuple[list[RankSteps], pd.DataFrame]:
+    """The training processes of a recorded run and its ledger, with the window ``fractions``
+    of each rank (a CPU job's) and the other stages' measurements given."""
+    if not (run_dir / "run.json").exists():
+        write_record(run_dir, t0_monotonic_s=0.0)
+    run = load_run(run_dir)
+    ranks = training_processes(run)
+    windows = {rank: WindowSplit(f, "cpu", f.get("compute", 0.0))
+               for rank, f in (fractions or {}).items()}
+    return list(ranks.values()), build_ledger(step_table(run, ranks), windows, **kwargs)
 
 
 
@@ -174,19 +184,18 @@ def test_ranks_are_kept_apart(tmp_path: Path) -> None:
 def test_steps_during_stack_sampling_are_left_out_when_enough_remain(tmp_path: Path) -> None:
     import json
 
-    record_loop(tmp_path, 60, wait_s=0.05, compute_s=0.05)
-    [main] = list(main_process(list_processes(tmp_path)).values())
-    ranks = [rank_steps(main)]
-    start = int(ranks[0].starts_ns[10])
-    (main.path / "stacks.json").write_text(json.dumps(
+    session = record_loop(tmp_path, 60, wait_s=0.05, compute_s=0.05)
+    [main], _ = ledger_of(tmp_path)
+    start = int(main.starts_ns[10])
+    (session.directory / "stacks.json").write_text(json.dumps(
         {"recorder": "py-spy", "rate_hz": 50, "start_ns": start, "end_ns": start + int(2e9),
          "taken": 100}))
-    ledger = build_ledger([rank_steps(main)], 0)
+    _, ledger = ledger_of(tmp_path)
     assert ledger["sampled"].sum() == 20  # 2 s of 0.1 s steps
     assert not (ledger["sampled"] & ledger["analyzed"]).any()
     # a short run keeps them: fewer than 10 steps would be left
-    (main.path / "stacks.json").write_text(json.dumps(
+    (session.directory / "stacks.json").write_text(json.dumps(
         {"recorder": "py-spy", "rate_hz": 50, "start_ns": start, "end_ns": start + int(5e9),
          "taken": 250}))
-    ledger = build_ledger([rank_steps(main)], 0)
+    _, ledger = ledger_of(tmp_path)
     assert (ledger["sampled"] & ledger["analyzed"]).any()

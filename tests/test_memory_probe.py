@@ -8,7 +8,7 @@ from typing import Any
 
 from doctor.probes.memory import MemoryProbe
 from doctor.record.session import Session
-from doctor.rules.base import RuleInputs
+from doctor.rules import Evidence
 from doctor.rules.gpu import fragmentation
 from doctor.store.samples import read_memory
 from tests.loops import FakeClock
@@ -62,7 +62,7 @@ def test_snapshots_feed_the_fragmentation_rule(tmp_path: Path) -> None:
     probe.start()
     idle.close()  # a process that recorded nothing gets no folder for an exit snapshot
     assert not (tmp_path / "idle").exists()
-    [finding] = fragmentation(RuleInputs(memory=frame))
+    [finding] = fragmentation(Evidence(memory=frame))
     assert finding.id == "memory.fragmentation"
     assert finding.severity == "critical"  # an OOM happened
     assert finding.evidence["would_free_bytes"] == 1500 * MIB

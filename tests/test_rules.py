@@ -3,7 +3,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from doctor.rules.base import RuleInputs, RuleSkipped, registered_rules, rule, run_rules
+from doctor.rules import Evidence, RuleSkipped, default_rules, rule, run_rules
 from doctor.rules.compute import compute_bound
 from doctor.rules.host import host_contention
 from doctor.rules.input import (
@@ -16,6 +16,7 @@ from doctor.rules.input import (
 )
 from doctor.rules.other import other_time
 from doctor.verdict import CATEGORIES
+from tests.evidence import evidence
 
 
 def ledger(n: int = 30, wait: float = 0.0, compute: float = 0.01, other: float = 0.0,
@@ -40,8 +41,8 @@ def loaders(**settings: object) -> pd.DataFrame:
 
 
 def test_input_wait_with_no_workers_suggests_workers_that_fit_the_cores() -> None:
-    inputs = RuleInputs(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(),
-                        meta={"cores": 16})
+    inputs = evidence(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(),
+                      cores=16)
     [finding] = input_loader(inputs)
     assert finding.severity == "critical"
     assert finding.category == "input"  # not split: no stack samples in these inputs
@@ -52,31 +53,31 @@ def test_input_wait_with_no_workers_suggests_workers_that_fit_the_cores() -> Non
 
 
 def test_input_wait_speedup_is_bounded_by_few_cores() -> None:
-    inputs = RuleInputs(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(),
-                        meta={"cores": 2})
+    inputs = evidence(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(),
+                      cores=2)
     [finding] = input_loader(inputs)
     assert finding.estimated_speedup == pytest.approx(2.0)
 
 
 def test_small_input_wait_is_not_a_finding() -> None:
-    inputs = RuleInputs(ledger=ledger(wait=0.001, compute=0.1), loaders=loaders(),
-                        meta={"cores": 4})
+    inputs = evidence(ledger=ledger(wait=0.001, compute=0.1), loaders=loaders(),
+                      cores=4)
     assert input_loader(inputs) == []
 
 
 def test_workers_saturating_the_cores_need_cheaper_samples() -> None:
-    inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01),
-                        loaders=loaders(num_workers=2, persistent_workers=True),
-                        meta={"cores": 2, "worker_cpu_cores": 2.0})
+    inputs = evidence(ledger=ledger(wait=0.05, compute=0.01),
+                      loaders=loaders(num_workers=2, persistent_workers=True),
+                      cores=2, worker_cpu_cores=2.0)
     [finding] = input_loader(inputs)
     assert "more workers cannot help" in finding.fixes[0].title
     assert finding.estimated_speedup is None
 
 
 def test_workers_with_idle_cores_get_more_workers() -> None:
-    inputs = RuleInputs(ledger=ledger(wait=0.05, compute=0.01),
-                        loaders=loaders(num_workers=2),
-                        meta={"cores": 8, "worker_cpu_cores": 1.9})
+    inputs = evidence(ledger=ledger(wait=0.05, compute=0.01),
+                      loaders=loaders(num_workers=2),
+                      cores=8, worker_cpu_cores=1.9)
     [finding] = input_loader(inputs)
     assert "set num_workers=8" in finding.fixes[0].title
     assert any("persistent_workers" in f.title for f in finding.fixes)
@@ -100,8 +101,7 @@ def system(runnable: float, cores: int = 2, busy: float = 2.0, n: int = 20) -> p
 
 
 def test_host_contention_from_too_many_threads() -> None:
-    inputs = RuleInputs(system=system(runnable=8), meta={"cores": 2, "torch_threads": 8,
-                                                         "ranks_here": 1})
+    inputs = evidence(system=system(runnable=8), cores=2, torch_threads=8, ranks_here=1)
     [finding] = host_contention(inputs)
     assert finding.id == "host.contention"
     assert "torch.set_num_threads(2)" in finding.fixes[0].code
@@ -109,26 +109,26 @@ def test_host_contention_from_too_many_threads() -> None:
 
 def test_host_contention_from_other_load_estimates_the_gain() -> None:
     host = pd.DataFrame({"t_s": [1.0, 2.0, 3.0], "pid": [5, 5, 5], "cpu_pct": [70.0] * 3})
-    inputs = RuleInputs(system=system(runnable=5, busy=2.0), host=host,
-                        meta={"cores": 2, "torch_threads": 2, "ranks_here": 1})
+    inputs = evidence(system=system(runnable=5, busy=2.0), host=host,
+                      cores=2, torch_threads=2, ranks_here=1)
     [finding] = host_contention(inputs)
     assert any("Other processes" in f.title for f in finding.fixes)
     assert finding.estimated_speedup == pytest.approx(2 / 0.7)
 
 
 def test_no_contention_when_runnable_fits_the_cores() -> None:
-    assert host_contention(RuleInputs(system=system(runnable=2), meta={"cores": 2})) == []
+    assert host_contention(evidence(system=system(runnable=2), cores=2)) == []
 
 
 def test_compute_bound_names_the_device_fixes() -> None:
-    [finding] = compute_bound(RuleInputs(ledger=ledger(compute=0.1),
-                                         meta={"device": "cpu", "cores": 4, "torch_threads": 2}))
+    [finding] = compute_bound(evidence(ledger=ledger(compute=0.1),
+                                       device="cpu", cores=4, torch_threads=2))
     assert finding.id == "compute.bound"
     assert any("torch.set_num_threads(4)" in f.code for f in finding.fixes)
 
 
 def test_spiky_steps_are_named() -> None:
-    findings = other_time(RuleInputs(ledger=ledger(n=40, compute=0.1, spikes=4)))
+    findings = other_time(evidence(ledger=ledger(n=40, compute=0.1, spikes=4)))
     assert [f.id for f in findings] == ["steps.spikes"]
     [spikes] = findings
     assert spikes.evidence["spike_steps"] == 4
@@ -137,59 +137,58 @@ def test_spiky_steps_are_named() -> None:
 
 
 def test_rules_are_skipped_with_a_reason_when_inputs_are_missing() -> None:
-    outcome = run_rules(RuleInputs())
+    outcome = run_rules(Evidence(), default_rules())
     assert outcome.findings == []
-    assert outcome.skipped["input.loader"] == "needs ledger"
+    assert outcome.skipped["input.loader"] == "needs ledger, loaders"
     assert outcome.skipped["host.contention"] == "needs system"
 
 
 def test_a_broken_rule_is_recorded_not_raised() -> None:
     @rule("test.broken", needs=())
-    def broken(inputs: RuleInputs) -> list:  # type: ignore[type-arg]
+    def broken(inputs: Evidence) -> list:  # type: ignore[type-arg]
         raise ZeroDivisionError("boom")
 
     @rule("test.skips", needs=())
-    def skips(inputs: RuleInputs) -> list:  # type: ignore[type-arg]
+    def skips(inputs: Evidence) -> list:  # type: ignore[type-arg]
         raise RuleSkipped("not enough samples")
 
-    rules = [r for r in registered_rules() if r.id.startswith("test.")]
-    outcome = run_rules(RuleInputs(), rules)
+    outcome = run_rules(Evidence(), [broken, skips])
     assert outcome.skipped["test.broken"].startswith("rule failed: ZeroDivisionError")
     assert outcome.skipped["test.skips"] == "not enough samples"
 
 
 def test_every_fix_is_valid_python() -> None:
     inputs = [
-        RuleInputs(ledger=ledger(wait=0.09), loaders=loaders(), meta={"cores": 4}),
-        RuleInputs(ledger=ledger(compute=0.1, other=0.1, spikes=5),
-                   meta={"device": "cpu", "cores": 4, "torch_threads": 1}),
-        RuleInputs(system=system(runnable=9), meta={"cores": 2, "torch_threads": 8}),
-        RuleInputs(ledger=ledger(wait=0.02, compute=0.03),
-                   loaders=loaders(num_workers=2, batch_tensors=4),
-                   meta={"cores": 2, "device": "cuda", "fd_handoff_s": 0.005}),
+        evidence(ledger=ledger(wait=0.09), loaders=loaders(), cores=4),
+        evidence(ledger=ledger(compute=0.1, other=0.1, spikes=5),
+                 device="cpu", cores=4, torch_threads=1),
+        evidence(system=system(runnable=9), cores=2, torch_threads=8),
+        evidence(ledger=ledger(wait=0.02, compute=0.03),
+                 loaders=loaders(num_workers=2, batch_tensors=4),
+                 cores=2, device="cuda", fd_handoff_s=0.005),
     ]
-    codes = [fix.code for i in inputs for f in run_rules(i).findings for fix in f.fixes]
+    codes = [fix.code for i in inputs for f in run_rules(i, default_rules()).findings
+             for fix in f.fixes]
     assert codes
     for code in codes:
         compile(code, "<fix>", "exec")
 
 
 def test_other_time_spread_over_every_step() -> None:
-    [finding] = other_time(RuleInputs(ledger=ledger(compute=0.06, other=0.04)))
+    [finding] = other_time(evidence(ledger=ledger(compute=0.06, other=0.04)))
     assert finding.id == "steps.other"
     assert finding.estimated_speedup == pytest.approx(1 / 0.6)
 
 
 def split_meta(**shares: float) -> dict:  # type: ignore[type-arg]
-    return {"cores": 2, "input_split": {
-        "measured": True, "stage_shares": shares,
-        "top": {"io": ["read_uncached (train.py:40)"], "decode": ["ImageFile.load"],
-                "preprocess": ["collate_tokens (train.py:12)"]}}}
+    return {"cores": 2, "split": shares,
+            "top": {"io": ("read_uncached (train.py:40)",), "decode": ("ImageFile.load",),
+                    "preprocess": ("collate_tokens (train.py:12)",)}}
 
 
 def test_each_costly_stage_gets_its_finding_and_estimate() -> None:
-    inputs = RuleInputs(ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(),
-                        meta=split_meta(io=0.75, decode=0.05, preprocess=0.2))
+    inputs = evidence(ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(),
+                      **split_meta(io=0.75, decode=0.05, preprocess=0.2))
     findings = {f.id: f for f in input_stage(inputs)}
     assert sorted(findings) == ["input.io", "input.preprocess"]
     io = findings["input.io"]
@@ -202,16 +201,16 @@ def test_each_costly_stage_gets_its_finding_and_estimate() -> None:
 
 
 def test_the_loader_finding_takes_the_dominant_stage() -> None:
-    inputs = RuleInputs(ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(),
-                        meta=split_meta(io=0.1, decode=0.8, preprocess=0.1))
+    inputs = evidence(ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(),
+                      **split_meta(io=0.1, decode=0.8, preprocess=0.1))
     [finding] = input_loader(inputs)
     assert finding.category == "decode"
     assert input_unsplit(inputs) == []
 
 
 def test_unsplit_input_says_why() -> None:
-    inputs = RuleInputs(ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(),
-                        meta={"cores": 2, "stacks_reason": "the job ended before the window"})
+    inputs = evidence(ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(),
+                      cores=2, unsplit_reason="the job ended before the window")
     [finding] = input_unsplit(inputs)
     assert finding.category == "input"
     assert finding.evidence["reason"] == "the job ended before the window"
@@ -220,9 +219,9 @@ def test_unsplit_input_says_why() -> None:
 def test_a_slow_collate_fn_gets_its_own_fix_only_when_it_costs() -> None:
     def fixes(collate_share: float, collate_fn: str = "pad_batch") -> list[str]:
         meta = split_meta(io=0.0, decode=0.0, preprocess=1.0)
-        meta["input_split"]["collate_share_of_fetch"] = collate_share
-        [finding] = input_stage(RuleInputs(ledger=ledger(wait=0.08, compute=0.02),
-                                           loaders=loaders(collate_fn=collate_fn), meta=meta))
+        meta["collate_share"] = collate_share
+        [finding] = input_stage(evidence(ledger=ledger(wait=0.08, compute=0.02),
+                                         loaders=loaders(collate_fn=collate_fn), **meta))
         return [f.title for f in finding.fixes]
 
     assert fixes(0.8)[0] == "collate_fn pad_batch takes 80% of loading: vectorise it"
@@ -233,8 +232,8 @@ def test_a_slow_collate_fn_gets_its_own_fix_only_when_it_costs() -> None:
 def test_contention_from_workers_counts_in_the_input_share() -> None:
     frame = ledger(wait=0.02, compute=0.08)
     frame["contention_s"] = 0.04  # half the rest: waiting for cores the workers held
-    inputs = RuleInputs(ledger=frame, loaders=loaders(num_workers=2),
-                        meta=split_meta(decode=1.0))
+    inputs = evidence(ledger=frame, loaders=loaders(num_workers=2),
+                      **split_meta(decode=1.0))
     [loader] = input_loader(inputs)
     assert loader.evidence["input_wait_share"] == pytest.approx(0.2)
     assert loader.evidence["input_share_with_contention"] == pytest.approx(0.6)
@@ -252,10 +251,10 @@ def test_with_workers_the_rest_keeps_what_contention_does_not_explain() -> None:
     frame["contention_s"] = 0.02
     meta = split_meta(decode=1.0)
     meta.update(main_cpu_cores=0.3, worker_cpu_cores=1.0)
-    [stage] = input_stage(RuleInputs(ledger=frame, loaders=loaders(num_workers=2), meta=meta))
+    [stage] = input_stage(evidence(ledger=frame, loaders=loaders(num_workers=2), **meta))
     assert stage.estimated_speedup == pytest.approx(0.1 / 0.06)
     meta.update(main_cpu_cores=0.7)  # CPU above the wall time less contention: CPU is the floor
-    [stage] = input_stage(RuleInputs(ledger=frame, loaders=loaders(num_workers=2), meta=meta))
+    [stage] = input_stage(evidence(ledger=frame, loaders=loaders(num_workers=2), **meta))
     assert stage.estimated_speedup == pytest.approx(0.1 / 0.07)
 
 
@@ -268,7 +267,7 @@ def test_with_workers_the_estimate_keeps_the_handoff_of_each_tensor() -> None:
 
     def estimate(**settings: object) -> float | None:
         settings = {"num_workers": 1, "batch_tensors": 3, **settings}
-        [stage] = input_stage(RuleInputs(ledger=frame, loaders=loaders(**settings), meta=meta))
+        [stage] = input_stage(evidence(ledger=frame, loaders=loaders(**settings), **meta))
         return stage.estimated_speedup
 
     assert estimate() == pytest.approx(0.1 / 0.026)
@@ -280,9 +279,9 @@ def test_with_workers_the_estimate_keeps_the_handoff_of_each_tensor() -> None:
 
 
 def test_moving_batches_to_workers_adds_their_handoff() -> None:
-    inputs = RuleInputs(ledger=ledger(wait=0.09, compute=0.01),
-                        loaders=loaders(batch_tensors=2),
-                        meta={"cores": 16, "fd_handoff_s": 0.002})
+    inputs = evidence(ledger=ledger(wait=0.09, compute=0.01),
+                      loaders=loaders(batch_tensors=2),
+                      cores=16, fd_handoff_s=0.002)
     [finding] = input_loader(inputs)
     assert finding.evidence["batch_tensors"] == 2
     assert finding.evidence["batch_handoff_s"] == pytest.approx(0.004)
@@ -298,7 +297,7 @@ def test_workers_that_keep_up_still_hand_over_each_tensor() -> None:
 
     def findings(**settings: object) -> list:  # type: ignore[type-arg]
         settings = {"num_workers": 2, "batch_tensors": 6, **settings}
-        return input_handoff(RuleInputs(ledger=frame, loaders=loaders(**settings), meta=meta))
+        return input_handoff(evidence(ledger=frame, loaders=loaders(**settings), **meta))
 
     [finding] = findings()
     assert finding.evidence["share_of_step"] == pytest.approx(0.24)
@@ -306,13 +305,13 @@ def test_workers_that_keep_up_still_hand_over_each_tensor() -> None:
     assert "instead of 6" in finding.fixes[0].title
     assert any("file_system" in f.code for f in finding.fixes)
     assert not any("pin_memory" in f.code for f in finding.fixes)  # a CPU job
-    [loader] = input_loader(RuleInputs(ledger=frame, meta={**meta, "worker_cpu_cores": 0.3},
-                                       loaders=loaders(num_workers=2, batch_tensors=6)))
+    [loader] = input_loader(evidence(ledger=frame, **{**meta, "worker_cpu_cores": 0.3},
+                                     loaders=loaders(num_workers=2, batch_tensors=6)))
     assert "workers keep up" in loader.fixes[0].title  # not "idle cores: more workers"
     assert "see the handoff finding" in loader.fixes[0].why
     contended = frame.assign(wait_s=0.0, contention_s=0.012)  # no wait: nothing handed over
-    [loader] = input_loader(RuleInputs(ledger=contended, meta={**meta, "worker_cpu_cores": 0.3},
-                                       loaders=loaders(num_workers=2, batch_tensors=6)))
+    [loader] = input_loader(evidence(ledger=contended, **{**meta, "worker_cpu_cores": 0.3},
+                                     loaders=loaders(num_workers=2, batch_tensors=6)))
     assert "workers keep up" not in loader.fixes[0].title
     assert findings(num_workers=0) == []  # batches built in the training process
     assert findings(batch_tensors=2) == []  # 4 ms: under a tenth of the step

@@ -7,10 +7,14 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from doctor.rules import gpu
-from doctor.rules.base import RuleInputs, registered_rules, run_rules
+from doctor.rules import Evidence, Rule, gpu, run_rules
 from doctor.trace.steps import STEP_COLUMNS, empty_step_frame
 from doctor.verdict import Finding
+from tests.evidence import evidence
+
+#: The rules of doctor.rules.gpu, the ones under test here.
+GPU_RULES = [r for r in vars(gpu).values() if isinstance(r, Rule)]
+GPU_RULE_IDS = {r.id for r in GPU_RULES}
 
 GIB = 1 << 30
 
@@ -30,10 +34,8 @@ def steps(n: int = 4, **values: Any) -> pd.DataFrame:
 
 
 def run(frame: pd.DataFrame | None = None, memory: pd.DataFrame | None = None,
-        **meta: Any) -> list[Finding]:
-    wanted = set(gpu.GPU_RULE_IDS)
-    rules = [r for r in registered_rules() if r.id in wanted]
-    return run_rules(RuleInputs(gpu_steps=frame, memory=memory, meta=meta), rules).findings
+        **facts: Any) -> list[Finding]:
+    return run_rules(evidence(window=frame, memory=memory, **facts), GPU_RULES).findings
 
 
 def ids(findings: list[Finding]) -> set[str]:
@@ -44,8 +46,12 @@ def test_a_healthy_gpu_step_has_no_findings() -> None:
     assert run(steps()) == []
 
 
-def test_registered_ids_match() -> None:
-    assert set(gpu.GPU_RULE_IDS) <= {r.id for r in registered_rules()}
+def test_the_analysis_runs_every_gpu_rule() -> None:
+    from doctor.rules import default_rules
+
+    assert {r.id for r in default_rules()} >= GPU_RULE_IDS
+    assert {"gpu.pageable_copy", "gpu.transfer_exposed", "gpu.host_sync", "gpu.launch_bound",
+            "gpu.no_tensor_cores", "comm.exposed", "memory.fragmentation"} == GPU_RULE_IDS
 
 
 def test_pageable_copies() -> None:
@@ -62,7 +68,7 @@ def test_pageable_copies() -> None:
 
 def test_pageable_copy_fix_knows_the_loader_already_pins() -> None:
     (f,) = run(steps(htod_pageable_count=2, transfer_exposed_s=0.001),
-               loader={"pin_memory": True})
+               loaders=pd.DataFrame([{"pin_memory": True, "num_workers": 2}]))
     assert "already has pin_memory=True" in f.fixes[0].why
 
 
@@ -163,16 +169,14 @@ def test_fragmentation_out_of_memory_is_critical() -> None:
 
 def test_no_fragmentation_no_finding_and_missing_columns_skip() -> None:
     assert run(memory=memory(inactive_split_bytes=[0, 1 << 20, 0])) == []
-    outcome = run_rules(RuleInputs(memory=pd.DataFrame({"t_s": [0.0]})),
-                        [r for r in registered_rules() if r.id == "memory.fragmentation"])
+    outcome = run_rules(Evidence(memory=pd.DataFrame({"t_s": [0.0]})), [gpu.fragmentation])
     assert "lack" in outcome.skipped["memory.fragmentation"]
 
 
 def test_missing_or_empty_inputs_are_skipped_not_raised() -> None:
-    rules = [r for r in registered_rules() if r.id in set(gpu.GPU_RULE_IDS)]
-    outcome = run_rules(RuleInputs(gpu_steps=empty_step_frame()), rules)
+    outcome = run_rules(Evidence(window=empty_step_frame()), GPU_RULES)
     assert outcome.findings == []
-    assert set(outcome.skipped) == set(gpu.GPU_RULE_IDS)
+    assert set(outcome.skipped) == GPU_RULE_IDS
     assert not any("rule failed" in why for why in outcome.skipped.values())
 
 
@@ -188,7 +192,7 @@ def everything() -> list[Finding]:
 
 def test_every_rule_fires_somewhere_and_every_fix_compiles() -> None:
     found = everything()
-    assert ids(found) == set(gpu.GPU_RULE_IDS)
+    assert ids(found) == GPU_RULE_IDS
     for finding in found:
         assert finding.fixes, finding.id
         assert finding.title and finding.evidence

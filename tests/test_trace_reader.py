@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from doctor.errors import DoctorError
-from doctor.trace.reader import TraceError, TraceStream, iter_events, read_metadata
+from doctor.trace.reader import TraceError, TraceMeta, TraceStream, iter_events
 
 EVENTS: list[dict[str, Any]] = [
     {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5},
@@ -20,6 +20,14 @@ EVENTS: list[dict[str, Any]] = [
     {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "python"}},
 ]
 
+
+
+def read_metadata(path: Path) -> TraceMeta:
+    """The trace's top-level facts, known once it is read through."""
+    stream = TraceStream(path)
+    for _ in stream:
+        pass
+    return stream.meta
 
 def write(path: Path, payload: Any, gz: bool = False, raw: str | None = None) -> Path:
     text = raw if raw is not None else json.dumps(payload)

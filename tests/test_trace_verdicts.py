@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from doctor.analyse.pipeline import analyze_traces
+from doctor.analyse.verdict import choose_bottleneck
 from doctor.trace.reader import TraceError
-from doctor.trace.verdict import choose_bottleneck, verdict_from_traces
 from doctor.verdict import CATEGORIES, LEDGER_COLUMNS, Analysis, check_verdict
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -27,7 +28,7 @@ def analyse(*names: str) -> Analysis:
     for p in paths:
         if not p.exists():
             pytest.skip(f"{p} is absent")
-    return verdict_from_traces(paths)
+    return analyze_traces(paths)
 
 
 def finding_ids(a: Analysis) -> set[str]:
@@ -153,11 +154,12 @@ def test_no_steps_gives_unknown_with_a_reason(tmp_path: Path) -> None:
     path = tmp_path / "empty.json.gz"
     with gzip.open(path, "wt") as fh:
         json.dump({"schemaVersion": 1, "traceEvents": [{"ph": "M", "name": "process_name"}]}, fh)
-    a = verdict_from_traces([path])
+    a = analyze_traces([path])
     data = a.verdict.to_dict()
     check_verdict(data)
     assert data["bottleneck"] == "unknown"
-    assert [f["id"] for f in data["findings"]] == ["trace.no_steps"]
+    assert [f["id"] for f in data["findings"]] == ["steps.none"]  # the same id as a run's
+    assert "prof.step()" in data["findings"][0]["fixes"][0]["code"]
     assert a.ledger.empty
 
 
@@ -165,7 +167,7 @@ def test_a_broken_trace_raises_trace_error(tmp_path: Path) -> None:
     path = tmp_path / "cut.json"
     path.write_text('{"traceEvents": [{"ph": "X", "ts": 1')
     with pytest.raises(TraceError, match="truncated"):
-        verdict_from_traces([path])
+        analyze_traces([path])
 
 
 @pytest.mark.parametrize(("shares", "device_compute", "expected"), [
@@ -177,4 +179,4 @@ def test_a_broken_trace_raises_trace_error(tmp_path: Path) -> None:
     ({"compute": 0.0, "other": 1.0}, 0.0, "unknown"),
 ])
 def test_bottleneck_policy(shares: dict[str, float], device_compute: float, expected: str) -> None:
-    assert choose_bottleneck(shares, device_compute) == expected
+    assert choose_bottleneck(shares, device_compute)[0] == expected

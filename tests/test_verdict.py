@@ -31,7 +31,7 @@ def verdict() -> Verdict:
 
 def test_round_trip_through_json(tmp_path: Path) -> None:
     v = verdict()
-    v.write(tmp_path / "verdict.json")
+    (tmp_path / "verdict.json").write_text(json.dumps(v.to_dict()))
     data = json.loads((tmp_path / "verdict.json").read_text())
     assert data["schema"] == SCHEMA
     assert data["probes"]["gpu"] == {"ok": False, "reason": "NVML library not found"}

@@ -9,19 +9,19 @@ Its extra time is split by category from its own ledger to name the likely cause
 time is compute that the rank's CPU time does not account for, the rank was runnable but not
 running: host contention.
 
-Pure functions over the ledger (doctor.analyse.ledger) and the host samples (probes.host); the rule
-in doctor.rules.distributed turns the result into a finding.
+Pure functions over the ledger (doctor.analyse.ledger) and the host samples; the search's result is
+evidence (doctor.rules.evidence.StragglerSearch) that the rule in doctor.rules.distributed words.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from doctor.categories import CATEGORIES, UNSPLIT_INPUT
+from doctor.rules.evidence import HOST_CONTENTION, Straggler, StragglerSearch
 
 #: Cause groups: the ledger categories whose extra time points to each likely cause.
 CAUSE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -30,7 +30,6 @@ CAUSE_GROUPS: dict[str, tuple[str, ...]] = {
     "compute": ("compute",),
     "other": ("other",),
 }
-HOST_CONTENTION = "host contention"
 
 MIN_SHARED_STEPS = 5  # analysed steps that every compared rank has
 MIN_EXTRA_SHARE = 0.10  # extra non-communication time, as a share of the median step
@@ -40,22 +39,6 @@ WAIT_SHARE = 0.5  # a rank waits for the straggler when its extra communication 
 CPU_EXPLAINS = 0.5  # extra CPU time per step that accounts for at least this share of the extra
 CONFIRM = 0.25  # the extra seen step by step outside backward(), as a share of the ledger's
 # (a rank that computes more does about a third of it in forward and optimizer)
-
-
-@dataclass(frozen=True)
-class Straggler:
-    """One rank that the others wait for."""
-
-    rank: int
-    extra_s: float  # median extra non-communication seconds per step, vs the other ranks
-    step_s: float  # median step wall time over the compared ranks and steps
-    slower_fraction: float  # share of the shared steps in which it was slower than the others
-    steps: int  # shared steps compared
-    cause: str  # input | transfer | compute | other | host contention
-    cause_category: str  # the ledger category with the most extra time
-    extra_by_category: dict[str, float] = field(default_factory=dict)  # mean s/step vs others
-    waiting: dict[int, float] = field(default_factory=dict)  # rank -> extra comm s/step
-    cpu_extra_s: float | None = None  # its CPU seconds per step above the others', if sampled
 
 
 def rank_table(ledger: pd.DataFrame, window: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -95,21 +78,6 @@ def window_comm(window: pd.DataFrame | None) -> pd.DataFrame:
     return pd.DataFrame({"window_comm_s": comm,
                          "window_comm_exposed_s": exposed,
                          "window_comm_hidden_fraction": hidden})
-
-
-@dataclass(frozen=True)
-class StragglerSearch:
-    """The stragglers found, and a rank that looked slower only through the profiler window's
-    split (a few steps) but not step by step: noise, or extra work inside backward()."""
-
-    stragglers: list[Straggler]
-    window_only: dict[int, float] = field(default_factory=dict)  # rank -> extra s/step
-
-
-def find_stragglers(ledger: pd.DataFrame, host: pd.DataFrame | None = None,
-                    rank_pids: Mapping[int, int] | None = None) -> list[Straggler]:
-    """The stragglers of :func:`search_stragglers`."""
-    return search_stragglers(ledger, host, rank_pids).stragglers
 
 
 def search_stragglers(ledger: pd.DataFrame, host: pd.DataFrame | None = None,

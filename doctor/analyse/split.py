@@ -2,200 +2,46 @@
 
 Where loading runs (the main process for num_workers=0, the DataLoader workers otherwise), the
 stacks probe samples the process's main thread at a fixed rate, running or blocked, so each
-sample stands for the same slice of wall time. Inside the loading code (below DataLoader
-``__next__`` in the main process, below the fetcher in a worker), each sample is classified by
-the innermost frame that matches a rule of ``data/input_frames.json``; on one frame the rules
-on its source line (``call``) come first, so a read, running or blocked, is io even inside a
-decoder's ``open``. Unknown frames count as preprocess. The fractions of loading time per stage
-are sample counts over the loading samples: no rate or span enters them.
+sample stands for the same slice of wall time; doctor.analyse.frames says which stage each
+sample is in. The fractions of loading time per stage are sample counts over the loading
+samples: no rate or span enters them. They then split the main process's wait of every step.
 
-The fractions then split the main process's wait of every step.
-
-Input built outside a DataLoader (nanoGPT-style ``get_batch()``) is found in the main process's
-samples below a function named like a batch builder (``batch_functions`` in the table), outside
-the model's forward, backward and optimizer; its share of the main thread's samples moves that
-much of each step from compute and other to the stage.
+Input built outside a DataLoader is found in the main process's samples the same way
+(doctor.analyse.frames.classify_outside_loader); its share of the main thread's samples moves
+that much of each step from compute and other to the stage (doctor.analyse.ledger).
 """
 
 from __future__ import annotations
 
-import json
-import linecache
-import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
-from typing import Any
 
+import pandas as pd
+
+from doctor.analyse.frames import (
+    _MAIN_SCOPE,
+    _WORKER_SCOPE,
+    FrameRule,
+    classify,
+    classify_outside_loader,
+)
+from doctor.analyse.steps import RankSteps, intervals_of, worker_pids
 from doctor.categories import INPUT_STAGES
-from doctor.errors import FrameRulesError
-from doctor.store.rundir import ProcessRecord
-from doctor.store.stacks import StackSamples, read_stacks
+from doctor.rules.evidence import InputSplit, OutsideLoader
+from doctor.store.rundata import Process, RunData, of_process
+from doctor.store.stacks import StackSamples
 
-STAGES = INPUT_STAGES
-RULES_PATH = Path(__file__).parent / "data" / "input_frames.json"
-ENV_EXTRA_RULES = "DOCTOR_FRAME_RULES"
-_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
-_SITE = re.compile(r".*/(site|dist)-packages/|.*/lib/python\d+(\.\d+)?/")
-_OWN = re.compile(r"(^|/)(doctor|probes)/(session|ringbuffer|dataloader|stacks)\.py$")
-_MAIN_SCOPE = re.compile(r"(^|/)torch/utils/data/dataloader\.py$")
-_WORKER_SCOPE = re.compile(r"(^|/)torch/utils/data/_utils/fetch\.py$")
-_COMPUTE = re.compile(r"(^|/)torch/(nn/modules|nn/parallel|autograd|optim|_tensor\.py)")
-
-
-@dataclass(frozen=True)
-class Frame:
-    function: str
-    file: str  # shortened: the part after site-packages/ for libraries
-    line: int
-    path: str  # as recorded, to read the source line
-
-    @classmethod
-    def parse(cls, text: str) -> Frame:
-        m = _FRAME.match(text)
-        if not m:
-            return cls(text, "", 0, "")
-        path = m["file"]
-        return cls(m["func"], _SITE.sub("", path), int(m["line"]), path)
-
-
-@dataclass(frozen=True)
-class FrameRule:
-    category: str
-    file: re.Pattern[str] | None = None
-    function: re.Pattern[str] | None = None
-    call: re.Pattern[str] | None = None
-
-    def matches(self, frame: Frame) -> bool:
-        if self.file is not None and not self.file.search(frame.file):
-            return False
-        if self.function is not None and not self.function.search(frame.function):
-            return False
-        if self.call is not None:
-            source = linecache.getline(frame.path, frame.line) if frame.path else ""
-            if not self.call.search(source):
-                return False
-        return any(p is not None for p in (self.file, self.function, self.call))
-
-
-def load_rules(paths: Iterable[Path] | None = None) -> list[FrameRule]:
-    """Rules from the extra file named by DOCTOR_FRAME_RULES (first), then the built-in table."""
-    if paths is None:
-        extra = os.environ.get(ENV_EXTRA_RULES)
-        paths = [Path(extra), RULES_PATH] if extra else [RULES_PATH]
-    rules: list[FrameRule] = []
-    for path in paths:
-        rules.extend(_rules_of(Path(path)))
-    return rules
-
-
-def _rules_of(path: Path) -> list[FrameRule]:
-    """The rules of one file; FrameRulesError with one line saying what is wrong with it."""
-    named = f"{ENV_EXTRA_RULES}={path}" if path != RULES_PATH else str(path)
-    try:
-        data = json.loads(path.read_text())
-        rules = []
-        for i, raw in enumerate(data["rules"]):
-            if raw["category"] not in STAGES:
-                raise FrameRulesError(f"{named}: rule {i + 1} has unknown category "
-                                      f"{raw['category']!r} (one of {', '.join(STAGES)})")
-            rules.append(FrameRule(
-                raw["category"],
-                *(re.compile(raw[k]) if k in raw else None for k in ("file", "function", "call")),
-            ))
-        return rules
-    except FrameRulesError:
-        raise
-    except OSError as err:
-        raise FrameRulesError(f"{named}: cannot read it ({err.strerror or err})") from err
-    except json.JSONDecodeError as err:
-        raise FrameRulesError(f"{named}: not JSON ({err.msg}, line {err.lineno})") from err
-    except re.error as err:
-        raise FrameRulesError(f"{named}: a pattern is not a regular expression ({err})") from err
-    except (KeyError, TypeError) as err:
-        raise FrameRulesError(f"{named}: expected {{\"rules\": [{{\"category\": ..., "
-                              f"\"file\" | \"function\" | \"call\": ...}}]}} "
-                              f"({type(err).__name__}: {err})") from err
-
-
-@lru_cache(maxsize=1)
-def default_rules() -> tuple[FrameRule, ...]:
-    return tuple(load_rules())
-
-
-@lru_cache(maxsize=1)
-def batch_functions() -> re.Pattern[str]:
-    return re.compile(json.loads(RULES_PATH.read_text())["batch_functions"])
-
-
-def classify_outside_loader(stack: tuple[str, ...], rules: Iterable[FrameRule] | None = None
-                            ) -> tuple[str, str] | None:
-    """(stage, function) for a main-process sample inside a batch-building function that runs
-    outside a DataLoader and outside forward/backward/optimizer; None otherwise."""
-    frames = [Frame.parse(f) for f in stack]
-    if any(_MAIN_SCOPE.search(f.file) or _COMPUTE.search(f.file) or _OWN.search(f.file)
-           for f in frames):
-        return None
-    pattern = batch_functions()
-    root = next((i for i, f in enumerate(frames) if pattern.search(f.function)), None)
-    if root is None:
-        return None
-    ordered = _call_rules_first(default_rules() if rules is None else tuple(rules))
-    for frame in reversed(frames[root:]):
-        for rule in ordered:
-            if rule.matches(frame):
-                return rule.category, _label(frame)
-    return "preprocess", _label(frames[-1])
-
-
-def classify(stack: tuple[str, ...], scope: re.Pattern[str],
-             rules: Iterable[FrameRule] | None = None) -> tuple[str, str] | None:
-    """(stage, deciding function) for a sample inside the loading scope, None outside it.
-
-    ``stack`` is outermost first. Samples whose innermost frames are doctor's own bookkeeping
-    are ("doctor", ...): they are not the job's loading work.
-    """
-    frames = [Frame.parse(f) for f in stack]
-    root = max((i for i, f in enumerate(frames) if scope.search(f.file)), default=-1)
-    if root < 0:
-        return None
-    inner = frames[root + 1:]
-    if inner and _OWN.search(inner[-1].file):
-        return "doctor", inner[-1].function
-    ordered = _call_rules_first(default_rules() if rules is None else tuple(rules))
-    for frame in reversed(inner):
-        if _OWN.search(frame.file) or _is_torch_data(frame):
-            continue
-        for rule in ordered:
-            if rule.matches(frame):
-                return rule.category, _label(frame)
-    user = next((f for f in reversed(inner) if not _is_torch_data(f) and not _OWN.search(f.file)),
-                None)
-    return "preprocess", _label(user) if user else "collate/fetch"
-
-
-def _call_rules_first(rules: tuple[FrameRule, ...]) -> tuple[FrameRule, ...]:
-    """On one frame, what its source line calls decides before the file it is in: PIL's
-    ``fp.read(...)`` is a read (io), its ``decoder.decode(...)`` is decode."""
-    return (*(r for r in rules if r.call is not None), *(r for r in rules if r.call is None))
-
-
-def _is_torch_data(frame: Frame) -> bool:
-    return frame.file.startswith("torch/utils/data/") and "collate" not in frame.file
-
-
-def _label(frame: Frame) -> str:
-    return f"{frame.function} ({frame.file}:{frame.line})"
+OUTSIDE_MIN = 0.02  # below this share of the step, input outside a DataLoader is noise
+TOP = 3  # functions named per stage in the evidence
 
 
 @dataclass
 class StageSplit:
     """Seconds of loading per stage over the sampled spans, and where they went."""
 
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(INPUT_STAGES, 0.0))
     top: defaultdict[tuple[str, str], float] = field(
         default_factory=lambda: defaultdict(float))  # (stage, function) -> seconds
     processes: int = 0
@@ -225,47 +71,131 @@ class StageSplit:
         self.recorders.add(samples.recorder)
 
 
+@dataclass(frozen=True)
+class OutsideShares:
+    """One rank's batch building outside a DataLoader: fractions of the main thread's time."""
+
+    shares: dict[str, float]  # per stage
+    top: dict[tuple[str, str], float]  # (stage, function) -> fraction
+    sampled_s: float  # the time the samples stand for
+
+
+def stack_samples(run: RunData, process: Process) -> StackSamples | None:
+    """One process's samples from the run's stack frames, or None."""
+    spans = of_process(run.stack_spans, process)
+    rows = of_process(run.stacks, process)
+    if spans.empty or rows.empty:
+        return None
+    span = spans.iloc[0]
+    return StackSamples(dict(zip(rows["stack"], (int(c) for c in rows["count"]), strict=True)),
+                        str(span["recorder"]), float(span["rate_hz"]),
+                        (int(span["start_ns"]), int(span["end_ns"])), int(span["taken"]))
+
+
 def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | None = None
-                          ) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+                          ) -> OutsideShares:
     """Fractions of the main thread's time spent building input outside a DataLoader, per
     stage, and per (stage, function)."""
     taken = max(1, samples.count)
-    shares = dict.fromkeys(STAGES, 0.0)
+    shares = dict.fromkeys(INPUT_STAGES, 0.0)
     top: dict[tuple[str, str], float] = defaultdict(float)
     for stack, count in samples.stacks.items():
         hit = classify_outside_loader(stack, rules)
         if hit is not None:
             shares[hit[0]] += count / taken
             top[hit] += count / taken
-    return shares, dict(top)
+    return OutsideShares(shares, dict(top), samples.count / max(samples.rate_hz, 1e-9))
 
 
-def workers_of(main: ProcessRecord, procs: list[ProcessRecord]) -> list[ProcessRecord]:
-    """The DataLoader workers that ``main`` started."""
-    return [p for p in procs if p.rank == main.rank and p.role.startswith("worker")
-            and p.meta.get("ppid") == main.pid]
+def loader_workers(run: RunData, main: RankSteps) -> int:
+    """num_workers of the first DataLoader the training process iterated (0 without one)."""
+    mine = of_process(run.loaders, main.process)
+    return int(mine["num_workers"].iloc[0]) if not mine.empty else 0
 
 
-def rank_split(main: ProcessRecord, procs: list[ProcessRecord],
-               rules: Iterable[FrameRule] | None = None) -> StageSplit:
+def rank_split(run: RunData, main: RankSteps, rules: Iterable[FrameRule] | None = None
+               ) -> StageSplit:
     """Where rank ``main``'s loading work went: in the main process or in its workers."""
-    loaders: list[dict[str, Any]] = main.meta.get("loaders", [])
-    workers = int(loaders[0].get("num_workers", 0)) if loaders else 0
+    workers = loader_workers(run, main)
+    loading = [main.pid] if workers == 0 else worker_pids(run, main)
     split = StageSplit()
-    loading = [main] if workers == 0 else workers_of(main, procs)
-    for proc in loading:
-        split.fetch_s += _total_seconds(proc, "fetch")
-        split.collate_s += _total_seconds(proc, "collate")
+    for pid in loading:
+        split.fetch_s += _total_seconds(run, (main.node, main.rank, pid), "fetch")
+        split.collate_s += _total_seconds(run, (main.node, main.rank, pid), "collate")
     scope = _MAIN_SCOPE if workers == 0 else _WORKER_SCOPE
-    for proc in loading:
-        samples = read_stacks(proc.path)
+    for pid in loading:
+        samples = stack_samples(run, (main.node, main.rank, pid))
         if samples is not None:
             split.add(samples, scope, rules)
     return split
 
 
-def _total_seconds(proc: ProcessRecord, ring: str) -> float:
-    from doctor.analyse.ledger import read_intervals
+def outside_loader(run: RunData, ranks: dict[int, RankSteps]) -> dict[int, OutsideShares]:
+    """Per rank, the batch building outside a DataLoader that is more than noise."""
+    out = {}
+    for rank, main in ranks.items():
+        samples = stack_samples(run, main.process)
+        if samples is None:
+            continue
+        found = outside_loader_shares(samples)
+        if sum(found.shares.values()) >= OUTSIDE_MIN:
+            out[rank] = found
+    return out
 
-    t0, t1, _ = read_intervals(proc, ring)
+
+def _total_seconds(run: RunData, process: Process, name: str) -> float:
+    t0, t1, _ = intervals_of(run, process, name)
     return float((t1 - t0).sum()) * 1e-9
+
+
+def split_evidence(splits: dict[int, StageSplit]) -> InputSplit | None:
+    """What the input split rests on, for the rules; None when no loading was sampled."""
+    total = {s: sum(sp.seconds[s] for sp in splits.values()) for s in INPUT_STAGES}
+    loading = sum(total.values())
+    if loading <= 0:
+        return None
+    fetch = sum(sp.fetch_s for sp in splits.values())
+    return InputSplit(
+        stage_shares={s: v / loading for s, v in total.items()},
+        top={stage: tuple(_ranked(((fn, v) for sp in splits.values()
+                                   for (st, fn), v in sp.top.items() if st == stage)))
+             for stage in INPUT_STAGES},
+        processes_sampled=sum(sp.processes for sp in splits.values()),
+        recorders=tuple(sorted({r for sp in splits.values() for r in sp.recorders})),
+        collate_share_of_fetch=(sum(sp.collate_s for sp in splits.values()) / fetch
+                                if fetch > 0 else None),
+    )
+
+
+def outside_evidence(outside: dict[int, OutsideShares]) -> OutsideLoader | None:
+    if not outside:
+        return None
+    n = len(outside)
+    return OutsideLoader(
+        stage_shares_of_step={s: sum(o.shares.get(s, 0.0) for o in outside.values()) / n
+                              for s in INPUT_STAGES},
+        top=tuple(_ranked(((fn, v) for o in outside.values() for (_st, fn), v in o.top.items()))),
+    )
+
+
+def _ranked(items: Iterable[tuple[str, float]]) -> list[str]:
+    return [fn for fn, _v in sorted(items, key=lambda kv: -kv[1])[:TOP]]
+
+
+def top_functions(splits: dict[int, StageSplit], outside: dict[int, OutsideShares],
+                  limit: int = 12) -> pd.DataFrame:
+    """Where the loading time went, by function, loading inside and outside a DataLoader."""
+    seconds: dict[tuple[str, str], float] = defaultdict(float)
+    for sp in splits.values():
+        for key, value in sp.top.items():
+            seconds[key] += value
+    for o in outside.values():
+        for (stage, function), share in o.top.items():
+            seconds[(stage, f"{function} [outside DataLoader]")] += share * o.sampled_s
+    total = sum(seconds.values())
+    if total <= 0:
+        return pd.DataFrame()
+    rows = sorted(seconds.items(), key=lambda kv: -kv[1])[:limit]
+    return pd.DataFrame({"category": [k[0] for k, _ in rows],
+                         "function": [k[1] for k, _ in rows],
+                         "share_of_loading": [round(v / total, 3) for _, v in rows]})

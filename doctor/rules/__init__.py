@@ -1,5 +1,20 @@
-"""Rules: importing this package registers every rule (see doctor.rules.base)."""
+"""Rules: small pure functions over the evidence (doctor.rules.evidence), one module per topic.
+
+``default_rules()`` is every rule of these modules, in their order; the analysis runs exactly
+those.
+"""
 
 from __future__ import annotations
 
-from doctor.rules import compute, distributed, gpu, host, input, other  # noqa: F401  (registration)
+from doctor.rules import compute, distributed, gpu, host, input, other, trace
+from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
+from doctor.rules.evidence import Evidence, JobFacts
+
+MODULES = (compute, distributed, gpu, host, input, other, trace)
+
+__all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
+           "run_rules"]
+
+
+def default_rules() -> list[Rule]:
+    return [obj for module in MODULES for obj in vars(module).values() if isinstance(obj, Rule)]

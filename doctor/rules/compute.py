@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from doctor.rules.base import RuleInputs, rule
+from doctor.rules.base import rule
+from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 COMPUTE_BOUND = 0.5
 
 
 @rule("compute.bound", needs=("ledger",))
-def compute_bound(inputs: RuleInputs) -> list[Finding]:
-    ledger = inputs.ledger
+def compute_bound(ev: Evidence) -> list[Finding]:
+    ledger = ev.ledger
     assert ledger is not None
     wall = float(ledger["wall_s"].sum())
     share = float(ledger["compute"].sum()) / wall if wall > 0 else 0.0
     if share < COMPUTE_BOUND:
         return []
-    device = inputs.meta.get("device", "cpu")
-    threads = inputs.meta.get("torch_threads")
-    cores = int(inputs.meta.get("cores") or 1)
+    device = ev.job.device
+    threads = ev.job.torch_threads
+    cores = ev.job.cores
     evidence = {
         "compute_share": share,
         "backward_share": float(ledger["backward_s"].sum()) / wall,
@@ -37,7 +38,7 @@ def compute_bound(inputs: RuleInputs) -> list[Finding]:
             code="with torch.autocast('cpu', dtype=torch.bfloat16):\n"
                  "    loss = loss_fn(model(x), y)",
         ))
-        if threads is not None and threads < cores:
+        if threads is not None and cores is not None and threads < cores:
             fixes.append(Fix(
                 title=f"torch uses {threads} of {cores} cores",
                 why="Intra-op threads below the core count leave cores idle in compute.",

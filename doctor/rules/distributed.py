@@ -1,30 +1,26 @@
 """Distributed jobs: a straggler rank that the other ranks wait for in collectives.
 
-The numbers come from doctor.analyse.distributed.find_stragglers; this module words the finding and
-picks fixes that fit the slow rank's likely cause (its own input pipeline, its compute, or the
-CPU it shares with other work).
+The numbers come from the straggler search (doctor.analyse.distributed, in the evidence as
+``stragglers``); this module words the finding and picks fixes that fit the slow rank's likely
+cause (its own input pipeline, its compute, or the CPU it shares with other work).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from doctor.analyse.distributed import HOST_CONTENTION, Straggler, search_stragglers
-from doctor.rules.base import RuleInputs, RuleSkipped, rule
+from doctor.rules.base import RuleSkipped, rule
+from doctor.rules.evidence import HOST_CONTENTION, Evidence, Straggler
+from doctor.rules.input import main_loader
 from doctor.verdict import Finding, Fix
 
 MAX_NAMED = 8  # slow ranks named in the title and evidence; the rest are counted
 
 
-@rule("distributed.straggler", needs=("ledger",))
-def straggler(inputs: RuleInputs) -> list[Finding]:
-    ledger = inputs.ledger
-    assert ledger is not None
-    if ledger["rank"].nunique() < 2:
-        raise RuleSkipped("one rank")
-    pids = inputs.meta.get("rank_pids")
-    rank_pids = {int(k): int(v) for k, v in pids.items()} if isinstance(pids, dict) else None
-    search = search_stragglers(ledger, inputs.host, rank_pids)
+@rule("distributed.straggler", needs=("stragglers",))
+def straggler(ev: Evidence) -> list[Finding]:
+    search = ev.stragglers
+    assert search is not None
     found = search.stragglers
     if not found and search.window_only:
         rank, extra = next(iter(search.window_only.items()))
@@ -34,10 +30,10 @@ def straggler(inputs: RuleInputs) -> list[Finding]:
     if not found:
         return []
     first = found[0]
-    return [_finding(first, found, inputs.meta)]
+    return [_finding(first, found, ev)]
 
 
-def _finding(s: Straggler, found: list[Straggler], meta: dict[str, Any]) -> Finding:
+def _finding(s: Straggler, found: list[Straggler], ev: Evidence) -> Finding:
     share = s.extra_s / s.step_s if s.step_s > 0 else 0.0
     cause = _cause_words(s)
     waiting = sorted(s.waiting)
@@ -72,7 +68,7 @@ def _finding(s: Straggler, found: list[Straggler], meta: dict[str, Any]) -> Find
     return Finding(
         id="distributed.straggler", category=_category(s),
         severity="critical" if share >= 0.2 else "warning",
-        title=title, evidence=evidence, fixes=_fixes(s, meta),
+        title=title, evidence=evidence, fixes=_fixes(s, ev),
         estimated_speedup=s.step_s / (s.step_s - s.extra_s) if s.step_s > s.extra_s else None,
     )
 
@@ -99,13 +95,12 @@ def _ranks_words(ranks: list[int]) -> str:
     return f"ranks {shown}{rest}"
 
 
-def _fixes(s: Straggler, meta: dict[str, Any]) -> tuple[Fix, ...]:
+def _fixes(s: Straggler, ev: Evidence) -> tuple[Fix, ...]:
     r = s.rank
     if s.cause == "input":
-        loader = meta.get("loader") or {}
-        workers = loader.get("num_workers")
-        cores = int(meta.get("cores") or 1)
-        ranks_here = max(1, int(meta.get("ranks_here") or 1))
+        workers = main_loader(ev.loaders).get("num_workers")
+        cores = ev.job.cores or 1
+        ranks_here = max(1, ev.job.ranks_here)
         want = max(1, cores // ranks_here - 1)
         return (
             Fix(

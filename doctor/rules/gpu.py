@@ -1,7 +1,7 @@
 """GPU-side rules: copies, host syncs, launch overhead, Tensor Cores, communication, fragmentation.
 
-They read ``inputs.gpu_steps`` (one row per profiled step, doctor.trace.steps.STEP_COLUMNS) and
-``inputs.memory`` (CUDA allocator snapshots). Figures in evidence are per-step means (seconds) or
+They read ``window`` (one row per profiled step, doctor.trace.steps.STEP_COLUMNS) and ``memory``
+(CUDA allocator snapshots) of the evidence. Figures in evidence are per-step means (seconds) or
 fractions of the mean step (``*_share``). ``estimated_speedup`` is the mean step time over the
 step time with the finding's share removed (or overlapped), as DESIGN.md defines it.
 """
@@ -9,27 +9,20 @@ step time with the finding's share removed (or overlapped), as DESIGN.md defines
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from doctor.rules.base import RuleInputs, RuleSkipped, rule
+from doctor.rules.base import RuleSkipped, rule
+from doctor.rules.evidence import Evidence
+from doctor.rules.input import main_loader
 from doctor.verdict import Finding, Fix
-
-__all__ = ["GPU_RULE_IDS"]
-
-GPU_RULE_IDS: tuple[str, ...] = (
-    "gpu.pageable_copy", "gpu.transfer_exposed", "gpu.host_sync", "gpu.launch_bound",
-    "gpu.no_tensor_cores", "comm.exposed", "memory.fragmentation",
-)
 
 MIB = 1 << 20
 
 
-def _steps(inputs: RuleInputs, device: str | None = "cuda") -> pd.DataFrame:
-    frame = inputs.gpu_steps
+def _steps(ev: Evidence, device: str | None = "cuda") -> pd.DataFrame:
+    frame = ev.window
     if frame is None or frame.empty:
         raise RuleSkipped("no profiled steps")
     if "analyzed" in frame:
@@ -57,16 +50,9 @@ def _severity(share: float, critical: float = 0.2, warning: float = 0.05) -> str
     return "critical" if share >= critical else "warning" if share >= warning else "info"
 
 
-def _loader_setting(meta: Mapping[str, Any], key: str) -> Any:
-    loader = meta.get("loader")
-    if isinstance(loader, Mapping):
-        return loader.get(key)
-    return None
-
-
-@rule("gpu.pageable_copy", needs=("gpu_steps",))
-def pageable_copy(inputs: RuleInputs) -> list[Finding]:
-    f = _steps(inputs)
+@rule("gpu.pageable_copy", needs=("window",))
+def pageable_copy(ev: Evidence) -> list[Finding]:
+    f = _steps(ev)
     pageable = _mean(f, "htod_pageable_count")
     if pageable <= 0:
         return []
@@ -74,11 +60,11 @@ def pageable_copy(inputs: RuleInputs) -> list[Finding]:
     exposed = _mean(f, "transfer_exposed_s")
     htod = _mean(f, "htod_s")
     share = exposed / step
-    pin = _loader_setting(inputs.meta, "pin_memory")
+    pin = main_loader(ev.loaders).get("pin_memory")
     why_pin = (
         "the DataLoader already has pin_memory=True, so these copies come from tensors made "
         "outside it: pin them with tensor.pin_memory() or keep them on the GPU"
-        if pin is True else
+        if pin else
         "pageable host memory is staged through a bounce buffer and blocks the host; pinned "
         "batches copy by DMA and can overlap compute"
     )
@@ -120,9 +106,9 @@ def pageable_copy(inputs: RuleInputs) -> list[Finding]:
     )]
 
 
-@rule("gpu.transfer_exposed", needs=("gpu_steps",))
-def transfer_exposed(inputs: RuleInputs) -> list[Finding]:
-    f = _steps(inputs)
+@rule("gpu.transfer_exposed", needs=("window",))
+def transfer_exposed(ev: Evidence) -> list[Finding]:
+    f = _steps(ev)
     step = _mean(f, "dur_s")
     total = _mean(f, "transfer_s")
     exposed = _mean(f, "transfer_exposed_s")
@@ -173,9 +159,9 @@ def transfer_exposed(inputs: RuleInputs) -> list[Finding]:
     )]
 
 
-@rule("gpu.host_sync", needs=("gpu_steps",))
-def host_sync(inputs: RuleInputs) -> list[Finding]:
-    f = _steps(inputs)
+@rule("gpu.host_sync", needs=("window",))
+def host_sync(ev: Evidence) -> list[Finding]:
+    f = _steps(ev)
     count = _mean(f, "sync_count")
     bubble = _mean(f, "sync_bubble_s")
     step = _mean(f, "dur_s")
@@ -219,9 +205,9 @@ def host_sync(inputs: RuleInputs) -> list[Finding]:
     )]
 
 
-@rule("gpu.launch_bound", needs=("gpu_steps",))
-def launch_bound(inputs: RuleInputs) -> list[Finding]:
-    f = _steps(inputs)
+@rule("gpu.launch_bound", needs=("window",))
+def launch_bound(ev: Evidence) -> list[Finding]:
+    f = _steps(ev)
     step = _mean(f, "dur_s")
     idle_host = _mean(f, "gpu_idle_host_s")
     share = idle_host / step
@@ -266,9 +252,9 @@ def launch_bound(inputs: RuleInputs) -> list[Finding]:
     )]
 
 
-@rule("gpu.no_tensor_cores", needs=("gpu_steps",))
-def no_tensor_cores(inputs: RuleInputs) -> list[Finding]:
-    f = _steps(inputs)
+@rule("gpu.no_tensor_cores", needs=("window",))
+def no_tensor_cores(ev: Evidence) -> list[Finding]:
+    f = _steps(ev)
     gemm = _mean(f, "gemm_s")
     tc = _mean(f, "gemm_tensor_core_s")
     busy = _mean(f, "gpu_busy_s")
@@ -333,16 +319,16 @@ def no_tensor_cores(inputs: RuleInputs) -> list[Finding]:
     )]
 
 
-@rule("comm.exposed", needs=("gpu_steps",))
-def exposed_communication(inputs: RuleInputs) -> list[Finding]:
-    f = _steps(inputs, device=None)
+@rule("comm.exposed", needs=("window",))
+def exposed_communication(ev: Evidence) -> list[Finding]:
+    f = _steps(ev, device=None)
     step = _mean(f, "dur_s")
     comm = _mean(f, "comm_s")
     exposed = _mean(f, "comm_exposed_s")
     share = exposed / step
     if share < 0.05:
         return []
-    world = inputs.meta.get("world_size")
+    world = ev.job.world_size
     overlapped = 1.0 - exposed / comm if comm > 0 else 0.0
     on_gpu = bool((f["device"] == "cuda").any()) if "device" in f else True
     ddp_devices = " device_ids=[local_rank]," if on_gpu else ""
@@ -401,8 +387,8 @@ def exposed_communication(inputs: RuleInputs) -> list[Finding]:
 
 
 @rule("memory.fragmentation", needs=("memory",))
-def fragmentation(inputs: RuleInputs) -> list[Finding]:
-    m = inputs.memory
+def fragmentation(ev: Evidence) -> list[Finding]:
+    m = ev.memory
     assert m is not None  # guaranteed by needs
     cols = ("allocated_bytes", "reserved_bytes", "inactive_split_bytes")
     missing = [c for c in cols if c not in m]

@@ -12,17 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from doctor.rules.base import RuleInputs, RuleSkipped, rule
+from doctor.rules.base import RuleSkipped, rule
+from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 OVERSUBSCRIBED = 1.5  # runnable threads per core, sustained, that we call contention
 
 
 @rule("host.contention", needs=("system",))
-def host_contention(inputs: RuleInputs) -> list[Finding]:
-    system = inputs.system
+def host_contention(ev: Evidence) -> list[Finding]:
+    system = ev.system
     assert system is not None
-    cores = int(inputs.meta.get("cores") or system["cores"].max())
+    cores = int(ev.job.cores or system["cores"].max())
     runnable = system["runnable"].to_numpy(dtype=float) - 1.0  # less the sampler reading it
     runnable = runnable[np.isfinite(runnable)]
     if len(runnable) < 4:
@@ -31,11 +32,11 @@ def host_contention(inputs: RuleInputs) -> list[Finding]:
     if per_core < OVERSUBSCRIBED:
         return []
     busy = float(np.nanmedian(system["busy_cores"]))
-    job_cores = _job_cores(inputs)
+    job_cores = _job_cores(ev)
     other_cores = max(0.0, busy - job_cores) if job_cores is not None else None
-    threads = inputs.meta.get("torch_threads")
-    procs = max(1, int(inputs.meta.get("ranks_here") or 1))
-    workers = int(inputs.meta.get("worker_processes") or 0)
+    threads = ev.job.torch_threads
+    procs = max(1, ev.job.ranks_here)
+    workers = ev.job.worker_processes
     evidence: dict[str, Any] = {
         "cores": cores, "runnable_threads_median": float(np.median(runnable)),
         "runnable_per_core": per_core, "busy_cores_median": busy,
@@ -76,8 +77,8 @@ def host_contention(inputs: RuleInputs) -> list[Finding]:
     )]
 
 
-def _job_cores(inputs: RuleInputs) -> float | None:
-    host = inputs.host
+def _job_cores(ev: Evidence) -> float | None:
+    host = ev.host
     if host is None or host.empty:
         return None
     per_tick = host.groupby("t_s")["cpu_pct"].sum(min_count=1).dropna()

@@ -19,7 +19,8 @@ from typing import Any
 import pandas as pd
 
 from doctor.categories import INPUT_STAGES
-from doctor.rules.base import RuleInputs, RuleSkipped, rule
+from doctor.rules.base import RuleSkipped, rule
+from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 MIN_SHARE = 0.10
@@ -49,11 +50,11 @@ def main_loader(loaders: pd.DataFrame | None) -> dict[str, Any]:
     return {str(k): v for k, v in loaders.iloc[0].to_dict().items()}
 
 
-def batch_handoff(loader: dict[str, Any], meta: dict[str, Any]) -> float:
+def batch_handoff(loader: dict[str, Any], fd_handoff_s: float | None) -> float:
     """Seconds the training process blocks taking one batch from a worker: a round trip per
     tensor under torch's default ``file_descriptor`` sharing, in the training thread unless a
     pin-memory thread takes the batches. 0 where not measured."""
-    per_tensor, tensors = meta.get("fd_handoff_s"), _count(loader.get("batch_tensors"))
+    per_tensor, tensors = fd_handoff_s, _count(loader.get("batch_tensors"))
     if per_tensor is None or tensors is None or pd.isna(per_tensor):
         return 0.0
     if loader.get("pin_memory") or \
@@ -73,8 +74,8 @@ def _severity(share: float) -> str:
 class _Input:
     """The numbers every input rule starts from."""
 
-    def __init__(self, inputs: RuleInputs) -> None:
-        ledger = inputs.ledger
+    def __init__(self, ev: Evidence) -> None:
+        ledger = ev.ledger
         assert ledger is not None
         self.wall = float(ledger["wall_s"].sum())
         if self.wall <= 0:
@@ -85,18 +86,20 @@ class _Input:
             else pd.Series(0.0, index=ledger.index)
         self.share = self.wait_share + float(contention.sum()) / self.wall
         self.step = float(ledger["wall_s"].median())
+        self.mean_step = self.wall / len(ledger)
         self.wait = float(ledger["wait_s"].median())
         self.rest = max(self.step - self.wait, 0.0)
-        self.cores = int(inputs.meta.get("cores") or 1)
-        self.loader = main_loader(inputs.loaders)
+        self.cores = ev.job.cores or 1
+        self.loader = main_loader(ev.loaders)
         self.workers = int(self.loader.get("num_workers") or 0)
-        split = inputs.meta.get("input_split") or {}
-        self.measured = bool(split.get("measured"))
-        self.stage_shares: dict[str, float] = dict(split.get("stage_shares") or {})
-        self.top: dict[str, list[str]] = dict(split.get("top") or {})
-        self.collate_share = split.get("collate_share_of_fetch")
+        split = ev.input_split
+        self.measured = split is not None
+        self.stage_shares: dict[str, float] = dict(split.stage_shares) if split else {}
+        self.top: dict[str, list[str]] = {k: list(v) for k, v in split.top.items()} if split \
+            else {}
+        self.collate_share = split.collate_share_of_fetch if split else None
         self.load = self.wait if self.workers == 0 else self.step * self.workers
-        worker_cores = inputs.meta.get("worker_cpu_cores")
+        worker_cores = ev.worker_cpu_cores
         if self.workers and worker_cores:
             # one batch per step: the workers' CPU seconds per step are the loading's CPU work;
             # the time in reads (io), mostly spent blocked, comes on top
@@ -106,7 +109,7 @@ class _Input:
         # With workers, the rest of the step shares the cores with them: its wall time is
         # inflated by the time it waited for a core the workers held (the contention). Without
         # that wait it takes at least its own CPU time, and more where it also blocks.
-        main_cores = inputs.meta.get("main_cpu_cores")
+        main_cores = ev.main_cpu_cores
         self.contention = float(contention.median())
         self.rest_alone = self.rest
         if self.workers and main_cores:
@@ -114,7 +117,7 @@ class _Input:
             self.rest_alone = min(self.rest, max(own, self.rest - self.contention))
         # Taking each batch from a worker costs the training process a round trip per tensor,
         # hidden in the wait while the workers are slow; it stays when they keep up.
-        handoff = batch_handoff(self.loader, inputs.meta)
+        handoff = batch_handoff(self.loader, ev.fd_handoff_s)
         self.handoff = min(handoff, self.wait) if self.workers else handoff
 
     def step_after(self, load: float, workers: int) -> float:
@@ -127,10 +130,10 @@ class _Input:
         return max(self.stage_shares, key=lambda s: self.stage_shares[s])
 
 
-@rule("input.loader", needs=("ledger",))
-def input_loader(inputs: RuleInputs) -> list[Finding]:
+@rule("input.loader", needs=("ledger", "loaders"))
+def input_loader(ev: Evidence) -> list[Finding]:
     """The loop waits for batches: settings of the DataLoader that would hide the wait."""
-    x = _Input(inputs)
+    x = _Input(ev)
     if x.share < MIN_SHARE:
         return []
     evidence: dict[str, Any] = {
@@ -143,7 +146,7 @@ def input_loader(inputs: RuleInputs) -> list[Finding]:
     }
     fixes: list[Fix] = []
     speedup = None
-    busy = inputs.meta.get("worker_cpu_cores")  # summed over workers, during analysed steps
+    busy = ev.worker_cpu_cores  # summed over workers, during analysed steps
     evidence["worker_busy_cores"] = busy
     if x.workers == 0:
         k = suggested_workers(x.cores)
@@ -199,24 +202,41 @@ def input_loader(inputs: RuleInputs) -> list[Finding]:
 
 
 @rule("input.unsplit", needs=("ledger",))
-def input_unsplit(inputs: RuleInputs) -> list[Finding]:
-    """Input wait that could not be split: say so, and why."""
-    x = _Input(inputs)
+def input_unsplit(ev: Evidence) -> list[Finding]:
+    """Input wait that could not be split: say so, why, and how to split it. Where the loader's
+    settings are unknown (a trace), the estimate is the bound of hiding the wait entirely;
+    otherwise input.loader estimates from the settings."""
+    x = _Input(ev)
     if x.share < MIN_SHARE or x.measured:
         return []
-    why = inputs.meta.get("stacks_reason") or "no stack samples of the loading code were taken"
+    why = ev.unsplit_reason or "no stack samples of the loading code were taken"
+    fixes = [Fix(
+        title="Let doctor split the wait",
+        why="a trace cannot see inside the loading code; `doctor run -- python train.py` splits "
+            "this wait into io, decode and preprocess and names the fix",
+    ) if ev.traces is not None else Fix(
+        title="Run long enough for the profiling window",
+        why="The split comes from stack samples taken during the window that opens after "
+            "warm-up (step 8 by default): run 20 steps or more, or move it with "
+            "--window START,STEPS.",
+    )]
+    known = ev.loaders is not None and not ev.loaders.empty
+    if not known:
+        fixes.append(Fix(
+            title="Load batches in worker processes, ahead of the step",
+            why="with num_workers=0 the main process loads every batch while the step waits",
+            code="loader = torch.utils.data.DataLoader(\n"
+                 "    dataset, batch_size=batch_size, num_workers=4, pin_memory=True,\n"
+                 "    persistent_workers=True, prefetch_factor=4,\n)"))
     return [Finding(
-        id="input.unsplit", category="input", severity="warning",
+        id="input.unsplit", category="input",
+        severity="critical" if x.share >= 0.2 else "warning",
         title=f"Input time ({x.share:.0%} of the step) could not be split into io, decode and "
               "preprocess",
-        evidence={"input_wait_share": x.share, "reason": why},
-        fixes=(Fix(
-            title="Run long enough for the profiling window",
-            why="The split comes from stack samples taken during the window that opens after "
-                "warm-up (step 8 by default): run 20 steps or more, or move it with "
-                "--window START,STEPS.",
-            code="",
-        ),),
+        evidence={"input_wait_share": x.share, "input_s_per_step": x.share * x.mean_step,
+                  "step_s": x.mean_step, "reason": why},
+        fixes=tuple(fixes),
+        estimated_speedup=None if known else 1.0 / max(1.0 - x.share, 0.05),
     )]
 
 
@@ -224,10 +244,10 @@ _STAGE_WORDS = {"io": "reading data from storage", "decode": "decoding samples",
                 "preprocess": "transforms, augmentation and collation"}
 
 
-@rule("input.stage", needs=("ledger",))
-def input_stage(inputs: RuleInputs) -> list[Finding]:
+@rule("input.stage", needs=("ledger", "input_split"))
+def input_stage(ev: Evidence) -> list[Finding]:
     """One finding per loading stage that costs a real share of the step."""
-    x = _Input(inputs)
+    x = _Input(ev)
     if not x.measured or x.share < MIN_SHARE:
         return []
     findings = []
@@ -245,23 +265,23 @@ def input_stage(inputs: RuleInputs) -> list[Finding]:
             "cores": x.cores, "batch_handoff_s": x.handoff if x.workers else None,
         }
         if stage == "io":
-            evidence["read_mb_per_s"] = _read_rate(inputs)
+            evidence["read_mb_per_s"] = _read_rate(ev)
         if stage == "preprocess":
             evidence["collate_share_of_loading"] = x.collate_share
         findings.append(Finding(
             id=f"input.{stage}", category=stage, severity=_severity(share),
             title=f"{share:.0%} of the step goes to {_STAGE_WORDS[stage]}",
-            evidence=evidence, fixes=_stage_fixes(stage, x, inputs),
+            evidence=evidence, fixes=_stage_fixes(stage, x),
             estimated_speedup=x.step / new_step,
         ))
     return findings
 
 
-@rule("input.handoff", needs=("ledger",))
-def input_handoff(inputs: RuleInputs) -> list[Finding]:
+@rule("input.handoff", needs=("ledger", "loaders"))
+def input_handoff(ev: Evidence) -> list[Finding]:
     """Workers keep up, but taking each batch from them costs the training process a round trip
     per tensor: fewer tensors per batch, or a sharing strategy without the round trip."""
-    x = _Input(inputs)
+    x = _Input(ev)
     share = x.handoff / x.step if x.workers else 0.0
     if share < MIN_SHARE:
         return []
@@ -285,7 +305,7 @@ def input_handoff(inputs: RuleInputs) -> list[Finding]:
             "leave files in /dev/shm).",
         code="import torch.multiprocessing\n"
              "torch.multiprocessing.set_sharing_strategy('file_system')"))
-    if inputs.meta.get("device") == "cuda":
+    if ev.job.device == "cuda":
         fixes.append(Fix(
             title="pin_memory=True: a thread takes the batches off the training thread",
             why="The pin-memory thread receives each batch from the workers and pins it, "
@@ -296,14 +316,14 @@ def input_handoff(inputs: RuleInputs) -> list[Finding]:
         title=f"{share:.0%} of the step takes batches from the workers: {tensors} tensors, "
               "a round trip to the worker each",
         evidence={"share_of_step": share, "batch_handoff_s": x.handoff,
-                  "batch_tensors": tensors, "fd_handoff_s": inputs.meta.get("fd_handoff_s"),
+                  "batch_tensors": tensors, "fd_handoff_s": ev.fd_handoff_s,
                   "median_wait_s": x.wait, "median_step_s": x.step, "num_workers": x.workers},
         fixes=tuple(fixes),
         estimated_speedup=x.step / (x.step - saved) if saved > 0 else None,
     )]
 
 
-def _stage_fixes(stage: str, x: _Input, inputs: RuleInputs) -> tuple[Fix, ...]:
+def _stage_fixes(stage: str, x: _Input) -> tuple[Fix, ...]:
     if stage == "io":
         more = min(32, max(2 * x.cores, x.workers * 2, 4))
         return (
@@ -363,9 +383,9 @@ def _stage_fixes(stage: str, x: _Input, inputs: RuleInputs) -> tuple[Fix, ...]:
     return tuple(fixes)
 
 
-def _read_rate(inputs: RuleInputs) -> float | None:
+def _read_rate(ev: Evidence) -> float | None:
     """MB/s read from storage by the job's processes, from the host probe."""
-    host = inputs.host
+    host = ev.host
     if host is None or host.empty or "read_bytes" not in host:
         return None
     g = host.groupby("pid")
@@ -374,16 +394,16 @@ def _read_rate(inputs: RuleInputs) -> float | None:
     return float(read) / span / 1e6 if span > 0 else None
 
 
-@rule("input.outside_loader", needs=("ledger",))
-def input_outside_loader(inputs: RuleInputs) -> list[Finding]:
+@rule("input.outside_loader", needs=("ledger", "outside_loader"))
+def input_outside_loader(ev: Evidence) -> list[Finding]:
     """Batches built in the training loop itself (no DataLoader): nothing overlaps them."""
-    outside = inputs.meta.get("outside_loader") or {}
-    shares: dict[str, float] = dict(outside.get("stage_shares_of_step") or {})
+    assert ev.outside_loader is not None
+    shares: dict[str, float] = dict(ev.outside_loader.stage_shares_of_step)
     share = sum(shares.values())
     if share < MIN_SHARE:
         return []
     stage = max(shares, key=lambda s: shares[s])
-    top = list(outside.get("top") or [])
+    top = list(ev.outside_loader.top)
     return [Finding(
         id="input.outside_loader", category=stage, severity=_severity(share),
         title=f"{share:.0%} of the step builds batches in the training loop, outside a "

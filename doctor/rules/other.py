@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from doctor.rules.base import RuleInputs, rule
+from doctor.rules.base import rule
+from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 OTHER_SHARE = 0.2
@@ -12,8 +13,8 @@ SPIKE = 3.0  # a step this many times the median is a spike (checkpoint, evaluat
 
 
 @rule("steps.other", needs=("ledger",))
-def other_time(inputs: RuleInputs) -> list[Finding]:
-    ledger = inputs.ledger
+def other_time(ev: Evidence) -> list[Finding]:
+    ledger = ev.ledger
     assert ledger is not None
     wall = ledger["wall_s"].to_numpy(dtype=float)
     total = float(wall.sum())

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,35 +72,6 @@ def read_run_record(run_dir: Path) -> dict[str, Any]:
                 "record the job again with this version's doctor run")
         raise RunDirError(f"{path} is not a doctor run record (schema {schema!r})")
     return dict(record)
-
-
-@dataclass
-class ProcessRecord:
-    """What one process of the job left in its folder."""
-
-    path: Path
-    rank: int
-    role: str
-    pid: int
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def ring_path(self, name: str) -> Path:
-        return layout.ring_path(self.path, name)
-
-    @property
-    def trace(self) -> Path | None:
-        return layout.trace_of(self.path)
-
-
-def list_processes(run_dir: Path) -> list[ProcessRecord]:
-    out = []
-    for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
-        try:
-            meta = json.loads((proc_dir / layout.META).read_text())
-        except (OSError, json.JSONDecodeError):
-            meta = {}
-        out.append(ProcessRecord(proc_dir, rank, role, pid, meta))
-    return out
 
 
 def gzip_traces(run_dir: Path) -> None:

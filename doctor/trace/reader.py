@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from doctor.errors import TraceError
 
-__all__ = ["TraceError", "TraceMeta", "TraceStream", "iter_events", "read_metadata"]
+__all__ = ["TraceError", "TraceMeta", "TraceStream", "iter_events"]
 
 CHUNK_CHARS = 1 << 20
 #: A single event or metadata value larger than this is taken for invalid JSON, not read on.
@@ -252,12 +252,3 @@ class TraceStream:
 def iter_events(path: str | Path, chunk_chars: int = CHUNK_CHARS) -> Iterator[dict[str, Any]]:
     """Yield every event (a dict) of the trace at ``path``, streaming; TraceError if broken."""
     yield from TraceStream(path, chunk_chars)
-
-
-def read_metadata(path: str | Path) -> TraceMeta:
-    """The top-level metadata of a trace (rank, world size, devices), reading it once through."""
-    stream = TraceStream(path)
-    for _ in stream:
-        if "distributedInfo" in stream.top_level and "deviceProperties" in stream.top_level:
-            break  # what callers need is known: stop without decoding the rest
-    return stream.meta

@@ -1,0 +1,85 @@
+"""Cores the job's processes used, and the training process's wait for a core.
+
+From the parent's samples of each process (doctor.store.samples): CPU seconds and the kernel's
+run-queue delay (``/proc/PID/schedstat``: time runnable but not running), as rates over the span
+of the analysed steps. With DataLoader workers on few cores, the training process waits for
+cores the workers hold; that wait is the loading's cost too (the ledger counts it as input).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from doctor.analyse.steps import RankSteps
+
+MIN_CONTENTION = 0.02  # of the step's time outside the wait, below which it is noise
+Span = tuple[float, float]
+
+
+def analysed_span(steps: pd.DataFrame) -> Span | None:
+    """(first start, last end) of the analysed steps, seconds from the run's start."""
+    if steps.empty:
+        return None
+    return float(steps["start_s"].min()), float((steps["start_s"] + steps["wall_s"]).max())
+
+
+def within(frame: pd.DataFrame, span: Span | None) -> pd.DataFrame:
+    """The host or machine samples taken during ``span`` (seconds, the ledger's clock)."""
+    if span is None or frame.empty or "t_s" not in frame:
+        return frame
+    return frame[(frame["t_s"] >= span[0]) & (frame["t_s"] <= span[1])]
+
+
+def loading_contention(host: pd.DataFrame, system: pd.DataFrame, steps: pd.DataFrame,
+                       workers: dict[int, list[int]], ranks: dict[int, RankSteps],
+                       span: Span | None) -> dict[int, float]:
+    """Per rank with DataLoader workers (``workers``: rank -> their pids): the fraction of its
+    analysed steps' time outside the input wait that the training process spent runnable but
+    without a core (the kernel's run-queue delay), times the workers' part of the CPU load
+    competing with it."""
+    if span is None or host.empty or host["run_delay_s"].isna().all():
+        return {}
+    machine = within(system, span)
+    out: dict[int, float] = {}
+    for rank, main in ranks.items():
+        mine = steps[(steps["rank"] == rank) & steps["analyzed"]]
+        delayed = per_wall(host, [main.pid], span, "run_delay_s")
+        if not workers.get(rank) or delayed is None or mine.empty:
+            continue
+        rest = 1.0 - float(mine["wait_s"].sum()) / max(float(mine["wall_s"].sum()), 1e-12)
+        if rest <= 0:
+            continue
+        of_rest = min(1.0, delayed / rest)
+        loading = cores_used(host, workers[rank], span, total=True) or 0.0
+        training = cores_used(host, [main.pid], span) or 0.0
+        busy = float(machine["busy_cores"].median()) if not machine.empty else loading + training
+        competing = max(busy - training, loading, 1e-9)
+        frac = of_rest * loading / competing
+        if frac >= MIN_CONTENTION:
+            out[rank] = frac
+    return out
+
+
+def cores_used(host: pd.DataFrame, pids: list[int], span: Span | None,
+               total: bool = False) -> float | None:
+    """Cores the processes kept busy (CPU seconds over wall seconds) during ``span``: the mean
+    per process, or their sum."""
+    return per_wall(host, pids, span, "cpu_s", total)
+
+
+def per_wall(host: pd.DataFrame, pids: list[int], span: Span | None, counter: str,
+             total: bool = False) -> float | None:
+    """Seconds a per-process counter (``cpu_s``, ``run_delay_s``) grew per wall second over
+    ``span``: the mean per process, or their sum; None without two samples of one."""
+    if host.empty or not pids:
+        return None
+    rows = within(host[host["pid"].isin(pids)].dropna(subset=[counter]), span)
+    per_pid = []
+    for _pid, g in rows.groupby("pid"):
+        wall = float(g["t_s"].max() - g["t_s"].min())
+        if wall > 0:
+            per_pid.append(float(g[counter].max() - g[counter].min()) / wall)
+    if not per_pid:
+        return None
+    return sum(per_pid) if total else sum(per_pid) / len(per_pid)
+

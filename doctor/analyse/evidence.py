@@ -1,0 +1,87 @@
+"""The evidence stage: what the rules read (doctor.rules.evidence.Evidence), from the run and
+the stages before it. Nothing here decides anything; it gathers and types."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from doctor.analyse.contention import Span, cores_used, within
+from doctor.analyse.distributed import search_stragglers
+from doctor.analyse.split import OutsideShares, StageSplit, outside_evidence, split_evidence
+from doctor.analyse.steps import WINDOW, RankSteps, analysed, worker_pids
+from doctor.rules.evidence import Evidence, JobFacts
+from doctor.store.rundata import TRACE, RunData, of_process, of_processes
+
+
+def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -> JobFacts:
+    procs = run.processes
+    mains = of_processes(procs, (r.process for r in ranks.values()))
+    first = mains.sort_values("rank").iloc[0] if not mains.empty else None
+    workers = procs[procs["role"].astype(str).str.startswith("worker")]
+    worlds = mains["world_size"].dropna()
+    world = int(worlds.max()) if len(worlds) else (len(ranks) or None) \
+        if run.record.job_seen else None
+    cores = run.record.cores or (_int(first["cores"]) if first is not None else None)
+    cuda = bool(mains["cuda"].fillna(False).astype(bool).any()) or \
+        bool((window["device"] == "cuda").any())
+    return JobFacts(
+        kind=run.record.kind, device="cuda" if cuda else "cpu",
+        cores=cores if cores or not run.record.job_seen else 1,
+        torch_threads=_int(first["torch_threads"]) if first is not None else None,
+        torch_version=first["torch_version"] if first is not None else None,
+        world_size=world, ranks=len(ranks), ranks_here=max(len(ranks), 1),
+        worker_processes=len(workers),
+        rank_pids={rank: r.pid for rank, r in ranks.items()},
+        main_pids=tuple(r.pid for r in ranks.values()),
+        worker_pids=tuple(int(p) for p in workers["pid"]),
+    )
+
+
+def _int(value: object) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)  # type: ignore[call-overload]
+
+
+def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
+                   ledger: pd.DataFrame, window: pd.DataFrame, splits: dict[int, StageSplit],
+                   outside: dict[int, OutsideShares], span: Span | None, ranged: bool,
+                   unsplit_reason: str) -> Evidence:
+    steady = analysed(ledger)
+    host = within(run.host, span) if ranged else run.host
+    system = within(run.system, span) if ranged else run.system
+    mains = {r.pid for r in ranks.values()}
+    return Evidence(
+        job=job, ledger=steady, host=host, system=system,
+        window=_window_analysed(window, ranks, ledger),
+        memory=of_processes(run.memory, (r.process for r in ranks.values())),
+        loaders=_loaders(run, ranks),
+        input_split=split_evidence(splits), unsplit_reason=unsplit_reason,
+        outside_loader=outside_evidence(outside),
+        stragglers=search_stragglers(steady, host, job.rank_pids) if len(ranks) > 1 else None,
+        fd_handoff_s=run.record.fd_handoff_s,
+        main_cpu_cores=cores_used(run.host, list(mains), span),
+        worker_cpu_cores=cores_used(run.host, [p for r in ranks.values()
+                                               for p in worker_pids(run, r)], span, total=True),
+        traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
+    )
+
+
+def _loaders(run: RunData, ranks: dict[int, RankSteps]) -> pd.DataFrame:
+    """The DataLoader settings the training processes recorded (lowest rank first)."""
+    rows = of_processes(run.loaders, (r.process for r in ranks.values()))
+    return rows.sort_values(["rank", "id"], kind="stable").drop(columns=["node", "pid"]) \
+        .reset_index(drop=True)
+
+
+def _window_analysed(window: pd.DataFrame, ranks: dict[int, RankSteps],
+                     ledger: pd.DataFrame) -> pd.DataFrame:
+    """The window's steps, each marked analysed: all of a window beside the steps it profiled;
+    for steps that are the window's own, as the ledger marks them (warm-up left out)."""
+    out = window.assign(analyzed=True)
+    for rank, steps in ranks.items():
+        if steps.kind != WINDOW:
+            continue
+        flags = ledger.loc[ledger["rank"] == rank, "analyzed"].to_numpy()
+        mine = out.index.isin(of_process(out, steps.process).index)
+        if mine.sum() == len(flags):
+            out.loc[mine, "analyzed"] = flags
+    return out

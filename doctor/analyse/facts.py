@@ -1,0 +1,174 @@
+"""What the verdict says about the run itself: which probes ran (and why the others did not),
+the job's details, and the notes on how the job ran and what the figures rest on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from doctor.analyse.steps import WINDOW, RankSteps
+from doctor.probes import JOB, probes_of
+from doctor.rules.evidence import JobFacts
+from doctor.store.rundata import TRACE, RunData, of_process, of_processes
+from doctor.verdict import ProbeStatus
+
+NO_WINDOW_HINT = "run 15 steps or more, or set --window START,STEPS"
+TRACE_HAS_NO_LOADER = "a trace has no view of the loading code"
+
+
+def probe_table(run: RunData, ranks: dict[int, RankSteps],
+                window_problems: dict[int, str]) -> dict[str, ProbeStatus]:
+    """Every probe: whether it ran, and if not why, with what to do."""
+    if run.record.kind == TRACE:
+        bad = run.window_status[~run.window_status["ok"]]
+        return {"trace": ProbeStatus(True) if bad.empty or len(bad) < len(run.window_status)
+                else ProbeStatus(False, str(bad["reason"].iloc[0]))}
+    probes: dict[str, ProbeStatus] = {}
+    errors = run.record.bootstrap_errors
+    if errors:
+        probes["bootstrap"] = ProbeStatus(
+            False, f"{len(errors)} process(es) could not start doctor: {errors[0]}",
+            "is doctor installed in the Python that runs the job?")
+    first = min(ranks.values(), key=lambda r: r.rank) if ranks else None
+    mine = of_process(run.probe_status, first.process) if first else run.probe_status.iloc[0:0]
+    for spec in probes_of(JOB):
+        row = mine[mine["probe"] == spec.name]
+        if not row.empty:
+            probes[spec.name] = ProbeStatus(bool(row["ok"].iloc[0]), str(row["reason"].iloc[0]),
+                                            str(row["hint"].iloc[0]))
+        else:
+            probes[spec.name] = ProbeStatus(False, "no status recorded" if ranks
+                                            else "torch was never imported by the job")
+    if first is not None and probes["dataloader"].ok and not _iterated_a_loader(run, first):
+        probes["dataloader"] = ProbeStatus(True, "no DataLoader was iterated")
+    if ranks:
+        windows = [window_status(run, r, window_problems.get(rank))
+                   for rank, r in ranks.items()]
+        failed = [s for s in windows if not s.ok]
+        probes["torch_ops"] = failed[0] if failed else ProbeStatus(True)
+    probes.update(run.record.probes)
+    stacks = probes.get("stacks")
+    if ranks and stacks is not None and stacks.ok and run.stack_spans.empty:
+        probes["stacks"] = ProbeStatus(False, stacks_reason(run, ranks), NO_WINDOW_HINT)
+    return probes
+
+
+def _iterated_a_loader(run: RunData, main: RankSteps) -> bool:
+    return not of_process(run.loaders, main.process).empty
+
+
+def window_status(run: RunData, main: RankSteps, problem: str | None) -> ProbeStatus:
+    """Whether the rank's profiler window gave its split, and if not why."""
+    proc = of_process(run.processes, main.process).iloc[0]
+    read = of_process(run.window_status, main.process)
+    state = proc["window_state"]
+    if state is None or pd.isna(state):
+        own = of_process(run.probe_status, main.process)
+        own = own[own["probe"] == "torch_ops"]
+        if not own.empty and not bool(own["ok"].iloc[0]):
+            return ProbeStatus(False, str(own["reason"].iloc[0]), str(own["hint"].iloc[0]))
+        if main.kind != WINDOW:
+            return ProbeStatus(False, "the job ended before the profiler window opened",
+                               NO_WINDOW_HINT)
+    if state == "failed":
+        return ProbeStatus(False, f"torch.profiler failed: {proc['window_reason']}",
+                           "the verdict uses step timings only")
+    if read.empty:
+        return ProbeStatus(False, "the job ended inside the profiler window",
+                           "run more steps, or move the window with --window START,STEPS")
+    if not bool(read["ok"].iloc[0]):
+        return ProbeStatus(False, str(read["reason"].iloc[0]))
+    if problem:
+        return ProbeStatus(False, problem)
+    return ProbeStatus(True)
+
+
+def stacks_reason(run: RunData, ranks: dict[int, RankSteps]) -> str:
+    """Why no stack samples split the input wait ('' when some did)."""
+    if run.record.kind == TRACE:
+        return TRACE_HAS_NO_LOADER
+    status = run.record.probes.get("stacks")
+    if status is not None and not status.ok:
+        return status.reason or "the stacks probe did not run"
+    if of_processes(run.stack_spans, (r.process for r in ranks.values())).empty:
+        return "no stack samples were taken: the job ended before the profiling window"
+    return ""
+
+
+def job_dict(run: RunData, job: JobFacts) -> dict[str, Any]:
+    """The job's details for the verdict (what is not known is left out)."""
+    r = run.record
+    out: dict[str, Any] = {
+        "argv": list(r.argv), "exit_code": r.exit_code, "ranks": job.ranks,
+        "world_size": job.world_size, "device": job.device, "host": r.host,
+        "cores": job.cores, "torch_version": job.torch_version, "python": r.python,
+        "started": r.started, "duration_s": r.duration_s,
+    }
+    if len(r.nodes) > 1:
+        out["nodes"] = list(r.nodes)
+    return {k: v for k, v in out.items() if v is not None or k == "exit_code"}
+
+
+def exit_notes(run: RunData) -> tuple[bool, list[str]]:
+    """(whether the figures are partial, why): a job that did not end well."""
+    r = run.record
+    if not r.job_seen:
+        return False, []
+    if r.exit_code is None:
+        return True, ["doctor did not see the job end: the verdict covers what was recorded."]
+    if r.signal:
+        return True, [f"The job was stopped by signal {r.signal} (exit status {r.exit_code}): "
+                      "the verdict covers the steps it ran."]
+    if r.exit_code != 0:
+        return True, [f"The job exited with status {r.exit_code}: the verdict covers the steps "
+                      "it ran."]
+    return False, []
+
+
+def crash_notes(run: RunData) -> list[str]:
+    """Which ranks died of an exception, the first one first: the others usually died of it
+    (a peer's connection closed), so they are marked as following it."""
+    procs = run.processes
+    crashed = procs[procs["crashed"].notna() & ~procs["role"].astype(str).str.startswith("worker")]
+    rows = sorted((float(c) if pd.notna(c) else 0.0, int(rank), str(why))
+                  for c, rank, why in zip(crashed["crashed_ns"], crashed["rank"],
+                                          crashed["crashed"], strict=True))
+    notes = []
+    for i, (_t, rank, why) in enumerate(rows):
+        after = f" (after rank {rows[0][1]} failed)" if i and len(rows) > 1 else ""
+        notes.append(f"Rank {rank} failed{after}: {why}")
+    return notes
+
+
+def range_notes(ledger: pd.DataFrame, step_range: tuple[int, int]) -> list[str]:
+    first, last = step_range
+    count = int(ledger["step"].max()) if len(ledger) else 0
+    notes = [f"Only steps {first}-{min(last, count)} of {count} per rank are analysed "
+             "(--steps)."]
+    sampled = ledger[ledger["sampled"]]
+    if not sampled.empty:
+        outside = int((~sampled["in_range"]).sum())
+        where = f"steps {int(sampled['step'].min())}-{int(sampled['step'].max())}"
+        if outside == len(sampled):
+            notes.append(f"The input split comes from stack samples taken during {where}, "
+                         "outside the range: open the profiler window inside it (doctor run "
+                         "--window START,STEPS) to sample there.")
+        elif outside:
+            notes.append(f"The input split comes from stack samples taken during {where}, "
+                         "partly outside the range.")
+    return notes
+
+
+def source_notes(ranks: dict[int, RankSteps], window: pd.DataFrame, split: bool) -> list[str]:
+    """What the split of the time outside the input wait rests on."""
+    notes = []
+    if any(r.kind != WINDOW for r in ranks.values()) and not split:
+        notes.append("No torch.profiler window was recorded, so compute includes any Python "
+                     "between steps (logging, checkpoints): run 25 steps or more for the split.")
+    own = of_processes(window, (r.process for r in ranks.values() if r.kind == WINDOW))
+    kinds = set(own["boundary"]) - {"profiler_step"}
+    if kinds:
+        notes.append("no ProfilerStep#N in the trace: steps taken from "
+                     + ", ".join(sorted(kinds)).replace("_", " "))
+    return notes

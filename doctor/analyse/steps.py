@@ -1,0 +1,277 @@
+"""The step table: which process of each rank trained, where its steps begin and end, and which
+steps the shares are taken over.
+
+Step boundaries come from the strongest evidence a process left: ``doctor.step()`` calls, else
+optimizer steps (of the optimizer that steps most), else ``backward()`` calls, else the
+DataLoader's cadence (a step from one batch request to the next). A process with none of those
+but a profiler window (a trace analysed on its own) has the window's own steps, each with its
+own split of the time (``own_*`` columns); the window's steps carry profiling cost, but they are
+then all there is.
+
+Not analysed (kept in the table): warm-up steps (the first steps, lazy imports, compilation);
+fragments (a step shorter than FRAGMENT of the median, a stray boundary); the steps of the
+profiler window (doctor's own profiling cost, its export most of all); the steps during stack
+sampling (py-spy pauses the processes 50 times a second) when at least MIN_UNSAMPLED_STEPS others
+remain; and the steps outside a step range (``doctor report --steps A:B``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from doctor.errors import UsageError
+from doctor.record.session import (
+    EVENT_WINDOW_START,
+    EVENT_WINDOW_STOP_BEGIN,
+    EVENT_WINDOW_STOP_END,
+    STEP_KIND_NAMES,
+    STEP_MANUAL,
+)
+from doctor.store.rundata import Process, RunData, of_process
+from doctor.trace.intervals import overlap_per_span
+from doctor.trace.shares import EXCLUSIVE_COLUMNS
+
+NS = 1e-9
+MIN_UNSAMPLED_STEPS = 10
+MIN_WARMUP_STEPS = 3
+MAX_WARMUP_STEPS = 10
+FRAGMENT = 0.05
+WINDOW = "window"  # steps that are the profiler window's own
+STRENGTH = {"manual": 4, "optimizer": 3, "backward": 2, "dataloader": 1, WINDOW: 0.5, "none": 0}
+#: Columns of a window-sourced step that carry its own split (seconds), then the device's
+#: compute (GPU kernels; on a CPU trace, its compute).
+OWN_COLUMNS = (*(f"own_{c}_s" for c in EXCLUSIVE_COLUMNS), "own_device_compute_s")
+STEP_TABLE_COLUMNS = (
+    "rank", "step", "start_s", "wall_s", "wait_s", "backward_s", "optimizer_s", "fetch_s",
+    "warmup", "window_close", "in_window", "sampled", "in_range", "analyzed", *OWN_COLUMNS,
+)
+
+
+@dataclass(frozen=True)
+class RankSteps:
+    """One rank's training process and its step boundaries (ns on its node's clock, or on the
+    trace's clock for the window's own steps)."""
+
+    rank: int
+    node: int
+    pid: int
+    kind: str  # manual | optimizer | backward | dataloader | window
+    starts_ns: np.ndarray
+    ends_ns: np.ndarray
+    window_ns: tuple[int, int, int] | None = None  # start, stop begin, stop end
+    sampled_ns: tuple[int, int] | None = None  # the stack sampler's span
+
+    @property
+    def process(self) -> Process:
+        return self.node, self.rank, self.pid
+
+
+def training_processes(run: RunData) -> dict[int, RankSteps]:
+    """Per rank, the process that trained: the one with the strongest, most numerous steps."""
+    best: dict[int, tuple[tuple[float, int], RankSteps]] = {}
+    procs = run.processes
+    for node, rank, role, pid in zip(procs["node"], procs["rank"], procs["role"], procs["pid"],
+                                     strict=True):
+        if str(role).startswith("worker"):
+            continue
+        steps = _rank_steps(run, (int(node), int(rank), int(pid)))
+        score = (STRENGTH[steps.kind], len(steps.ends_ns))
+        if score[0] > 0 and (steps.rank not in best or score > best[steps.rank][0]):
+            best[steps.rank] = (score, steps)
+    return {rank: steps for rank, (_score, steps) in sorted(best.items())}
+
+
+def intervals_of(run: RunData, process: Process, name: str
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(t0_ns, t1_ns, key) of one process's intervals of ``name``, sorted by start."""
+    rows = of_process(run.intervals, process)
+    rows = rows[rows["name"] == name].sort_values("t0_ns", kind="stable")
+    return (rows["t0_ns"].to_numpy(np.int64), rows["t1_ns"].to_numpy(np.int64),
+            rows["key"].to_numpy(np.int64))
+
+
+def _rank_steps(run: RunData, process: Process) -> RankSteps:
+    kind, starts, ends = _boundaries(run, process)
+    if kind == "none":
+        own = of_process(run.window, process)
+        if not own.empty:
+            starts = (own["start_us"].to_numpy(np.float64) * 1e3).astype(np.int64)
+            ends = starts + (own["dur_s"].to_numpy(np.float64) * 1e9).astype(np.int64)
+            kind = WINDOW
+    node, rank, pid = process
+    return RankSteps(rank, node, pid, kind, starts, ends, _window_span(run, process),
+                     _sampled_span(run, process))
+
+
+def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.ndarray]:
+    empty = np.zeros(0, dtype=np.int64)
+    marks = of_process(run.marks, process)
+    manual = np.sort(marks.loc[marks["kind"] == STEP_MANUAL, "t_ns"].to_numpy(np.int64))
+    if len(manual) >= 2:
+        return STEP_KIND_NAMES[STEP_MANUAL], manual[:-1], manual[1:]
+    _t0, t1, key = intervals_of(run, process, "optimizer")
+    if len(t1) >= 2:
+        keys, counts = np.unique(key, return_counts=True)
+        top = keys[counts == counts.max()]
+        # several optimizers stepping equally often (a GAN): the one that steps last closes it
+        chosen = top[0] if len(top) == 1 else key[np.argmax(t1 * np.isin(key, top))]
+        ends = np.sort(t1[key == chosen])
+        return "optimizer", ends[:-1], ends[1:]
+    _t0, t1, _ = intervals_of(run, process, "backward")
+    if len(t1) >= 2:
+        ends = np.sort(t1)
+        return "backward", ends[:-1], ends[1:]
+    t0, _t1, _ = intervals_of(run, process, "loader_wait")
+    if len(t0) >= 2:
+        starts = np.sort(t0)
+        return "dataloader", starts[:-1], starts[1:]
+    return "none", empty, empty
+
+
+def _window_span(run: RunData, process: Process) -> tuple[int, int, int] | None:
+    events = of_process(run.events, process)
+    found = {}
+    for event in (EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END):
+        hits = events.loc[events["event"] == event, "t_ns"]
+        if len(hits):
+            found[event] = int(hits.iloc[0])
+    if len(found) < 3:
+        return None
+    return found[EVENT_WINDOW_START], found[EVENT_WINDOW_STOP_BEGIN], found[EVENT_WINDOW_STOP_END]
+
+
+def _sampled_span(run: RunData, process: Process) -> tuple[int, int] | None:
+    """When the stacks probe sampled this process, or None."""
+    spans = of_process(run.stack_spans, process)
+    if spans.empty:
+        return None
+    start, end = int(spans["start_ns"].iloc[0]), int(spans["end_ns"].iloc[0])
+    return (start, end) if end > start else None
+
+
+def worker_pids(run: RunData, main: RankSteps) -> list[int]:
+    """The DataLoader worker processes that the training process ``main`` started."""
+    p = run.processes
+    mine = p[(p["node"] == main.node) & (p["rank"] == main.rank)
+             & p["role"].astype(str).str.startswith("worker") & (p["ppid"] == main.pid)]
+    return [int(pid) for pid in mine["pid"]]
+
+
+def step_range(steps: tuple[int | None, int | None] | None, ranks: dict[int, RankSteps]
+               ) -> tuple[int, int] | None:
+    """``steps`` with its open ends closed; UsageError when no rank has a step in it."""
+    if steps is None or steps == (None, None):
+        return None
+    most = max((len(r.ends_ns) for r in ranks.values()), default=0)
+    first, last = steps[0] or 1, steps[1] or most
+    if first > most:
+        raise UsageError(f"--steps from step {first}: the run has {most} steps per rank")
+    if first < 1 or last < first:
+        raise UsageError(f"--steps {first}:{last} is not a range of steps (first:last, from 1)")
+    return first, last
+
+
+def step_table(run: RunData, ranks: dict[int, RankSteps],
+               in_range: tuple[int, int] | None = None) -> pd.DataFrame:
+    """One row per (rank, step): its time, its waits, and whether it is analysed."""
+    windowed = [r for r in ranks.values() if r.kind == WINDOW and len(r.starts_ns)]
+    trace_origin = min((int(r.starts_ns.min()) for r in windowed), default=0)
+    frames = []
+    for r in ranks.values():
+        origin = trace_origin if r.kind == WINDOW else run.record.t0_ns.get(r.node, 0)
+        frame = _rank_table(run, r, origin, in_range)
+        if not frame.empty:
+            frames.append(frame)
+    if not frames:
+        return empty_step_table()
+    return pd.concat(frames, ignore_index=True)
+
+
+def empty_step_table() -> pd.DataFrame:
+    flags = ("warmup", "window_close", "in_window", "sampled", "in_range", "analyzed")
+    return pd.DataFrame({c: pd.Series(dtype="bool" if c in flags else "int64"
+                                      if c in ("rank", "step") else "float64")
+                         for c in STEP_TABLE_COLUMNS})
+
+
+def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
+                in_range: tuple[int, int] | None) -> pd.DataFrame:
+    n = len(r.ends_ns)
+    if n == 0:
+        return empty_step_table()
+    s = r.starts_ns.astype(np.float64)
+    e = r.ends_ns.astype(np.float64)
+    wall = (e - s) * NS
+
+    def overlap(name: str) -> np.ndarray:
+        t0, t1, _ = intervals_of(run, r.process, name)
+        return overlap_per_span(t0, t1, s, e) * NS
+
+    out = pd.DataFrame({"rank": np.full(n, r.rank, dtype=np.int64),
+                        "step": np.arange(1, n + 1, dtype=np.int64),
+                        "start_s": (s - origin_ns) * NS, "wall_s": wall})
+    if r.kind == WINDOW:
+        own = of_process(run.window, r.process)
+        for category, source in EXCLUSIVE_COLUMNS.items():
+            out[f"own_{category}_s"] = own[source].to_numpy(np.float64)
+        out["own_device_compute_s"] = np.where(own["device"] == "cuda", own["kernel_s"],
+                                               own[EXCLUSIVE_COLUMNS["compute"]])
+        out["wait_s"] = out["own_input_s"]
+        for col in ("backward_s", "optimizer_s", "fetch_s"):
+            out[col] = 0.0
+    else:
+        out["wait_s"] = np.minimum(overlap("loader_wait"), wall)
+        out["backward_s"] = overlap("backward")
+        out["optimizer_s"] = overlap("optimizer")
+        out["fetch_s"] = overlap("fetch")
+        for col in OWN_COLUMNS:
+            out[col] = np.nan
+    first, last = in_range or (1, n)
+    number = out["step"].to_numpy()
+    inside_range = (number >= first) & (number <= last)
+    fragment = wall < FRAGMENT * float(np.median(wall[inside_range])) if inside_range.any() \
+        else np.zeros(n, dtype=bool)
+    # warm-up counts whole steps, up to the range's end (what follows has no say in it)
+    whole = np.flatnonzero(~fragment & (number <= last))
+    warm = np.isin(np.arange(n), whole[:warmup_steps(wall[whole])])
+    closing = np.zeros(n, dtype=bool)
+    inside = np.zeros(n, dtype=bool)
+    if r.window_ns is not None:
+        start, stop_begin, stop_end = r.window_ns
+        closing = (e > stop_begin) & (s < stop_end)
+        inside = (e > start) & (s < stop_end)
+    sampled = np.zeros(n, dtype=bool)
+    if r.sampled_ns is not None:
+        sampled = (e > r.sampled_ns[0]) & (s < r.sampled_ns[1])
+    analyzed = inside_range & ~warm & ~fragment & ~inside
+    if (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
+        analyzed = analyzed & ~sampled
+    out["warmup"] = warm
+    out["window_close"] = closing
+    out["in_window"] = inside
+    out["sampled"] = sampled
+    out["in_range"] = inside_range
+    out["analyzed"] = analyzed
+    return out[list(STEP_TABLE_COLUMNS)]
+
+
+def warmup_steps(wall: np.ndarray) -> int:
+    """How many leading steps are warm-up: a few always, more while they stay slow."""
+    n = len(wall)
+    if n <= MIN_WARMUP_STEPS:
+        return 0 if n < 2 else 1
+    base = min(MIN_WARMUP_STEPS, n // 4)
+    steady = float(np.median(wall[base:]))
+    k = base
+    while k < min(MAX_WARMUP_STEPS, n // 2) and wall[k] > 2.0 * steady:
+        k += 1
+    return k
+
+
+def analysed(table: pd.DataFrame) -> pd.DataFrame:
+    """The analysed steps, or every step of the range when too few to leave warm-up out."""
+    rows = table[table["analyzed"]]
+    return rows if not rows.empty else table[table["in_range"]]

@@ -1,0 +1,42 @@
+"""The tables a report shows beside the verdict: per rank, per process, the loaders, where the
+loading time went by function, and the profiled steps. Each is a frame, or absent when empty."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from doctor.analyse.distributed import rank_table
+from doctor.analyse.split import OutsideShares, StageSplit, top_functions
+
+
+def report_tables(ledger: pd.DataFrame, window: pd.DataFrame, loaders: pd.DataFrame,
+                  host: pd.DataFrame, processes: pd.DataFrame,
+                  splits: dict[int, StageSplit], outside: dict[int, OutsideShares]
+                  ) -> dict[str, pd.DataFrame]:
+    tables = {
+        "top_functions": top_functions(splits, outside),
+        "ranks": rank_table(ledger, window),
+        "loaders": loaders,
+        "processes": process_table(host, processes),
+        "gpu_steps": window.drop(columns=["node", "pid"], errors="ignore"),
+    }
+    return {name: frame for name, frame in tables.items() if not frame.empty}
+
+
+def process_table(host: pd.DataFrame, processes: pd.DataFrame) -> pd.DataFrame:
+    """CPU, memory and reads of each process the parent sampled."""
+    if host.empty:
+        return pd.DataFrame()
+    roles = {int(pid): f"rank {rank} {role}" for pid, rank, role
+             in zip(processes["pid"], processes["rank"], processes["role"], strict=True)}
+    g = host.groupby("pid")
+    table = pd.DataFrame({
+        "cpu_pct_mean": g["cpu_pct"].mean(),
+        "cpu_pct_max": g["cpu_pct"].max(),
+        "rss_mb_max": g["rss_bytes"].max() / 2**20,
+        "read_mb": (g["read_bytes"].max() - g["read_bytes"].min()) / 2**20,
+        "threads_max": g["threads"].max(),
+    }).reset_index()
+    table.insert(1, "process", [roles.get(int(pid), "other") for pid in table["pid"]])
+    return table.replace({np.nan: None}).round(1)

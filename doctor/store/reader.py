@@ -1,0 +1,184 @@
+"""``load_run(dirs) -> RunData``: the one reader of run directories.
+
+Each directory is one node's ``doctor run`` (or ``doctor.watch``); several are combined into one
+job. Nothing here interprets what was recorded (which process trained, where steps begin): that
+is the analysis's. A ring that is not one of ours, or cannot be read, is a one-line error; a
+process folder whose meta.json is missing (a process killed at birth) reads as what its files
+say.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from doctor.errors import RingFormatError, RunDirError, WindowUnavailable
+from doctor.record.ringbuffer import read_ring
+from doctor.store import layout
+from doctor.store.rundata import (
+    FRAME_COLUMNS,
+    INTERVAL_RINGS,
+    RUN,
+    RunData,
+    RunRecord,
+    combine,
+    empty_frames,
+    typed,
+)
+from doctor.store.rundir import read_run_record
+from doctor.store.samples import read_gpu, read_host, read_memory
+from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
+from doctor.store.windows import read_window
+from doctor.verdict import ProbeStatus
+
+
+def load_run(dirs: Path | Sequence[Path]) -> RunData:
+    """The run recorded in ``dirs`` (one per node of a multi-node job)."""
+    paths = [dirs] if isinstance(dirs, Path) else list(dirs)
+    return combine([_load_node(Path(d)) for d in paths])
+
+
+def _load_node(run_dir: Path) -> RunData:
+    raw = read_run_record(run_dir)
+    procs: list[dict[str, Any]] = []
+    statuses: list[dict[str, Any]] = []
+    loaders: list[dict[str, Any]] = []
+    marks: list[pd.DataFrame] = []
+    intervals: list[pd.DataFrame] = []
+    events: list[pd.DataFrame] = []
+    stacks: list[dict[str, Any]] = []
+    spans: list[dict[str, Any]] = []
+    windows: list[pd.DataFrame] = []
+    window_status: list[dict[str, Any]] = []
+    dirs_of: dict[int, Path] = {}
+    for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
+        meta = _meta(proc_dir)
+        who = {"node": 0, "rank": rank, "pid": pid}
+        procs.append(_process_row(who, role, proc_dir, meta))
+        statuses += [{**who, "probe": name, "ok": bool(s.get("ok")),
+                      "reason": s.get("reason", ""), "hint": s.get("hint", "")}
+                     for name, s in (meta.get("probes") or {}).items() if isinstance(s, dict)]
+        counts = meta.get("batch_tensors") or {}
+        loaders += [{**who, **lo, "batch_tensors": counts.get(str(lo.get("id")))}
+                    for lo in meta.get("loaders") or []]
+        marks.append(_ring(proc_dir, "steps", who))
+        for name in INTERVAL_RINGS:
+            intervals.append(_ring(proc_dir, name, who).assign(name=name))
+        events.append(_ring(proc_dir, "events", who))
+        samples = read_stacks(proc_dir)
+        if samples is not None:
+            stacks += [{**who, "stack": s, "count": n} for s, n in samples.stacks.items()]
+        taken = read_stacks_meta(proc_dir)
+        if taken is not None:
+            spans.append({**who, "recorder": str(taken.get("recorder", "?")),
+                          "rate_hz": float(taken.get("rate_hz", DEFAULT_RATE_HZ)),
+                          "start_ns": _int(taken.get("start_ns")),
+                          "end_ns": _int(taken.get("end_ns")), "taken": _int(taken.get("taken"))})
+        trace = layout.trace_of(proc_dir)
+        if trace is not None and not role.startswith("worker"):
+            try:
+                windows.append(read_window(trace, rank).assign(node=0, pid=pid))
+                window_status.append({**who, "ok": True, "reason": ""})
+            except WindowUnavailable as err:
+                window_status.append({**who, "ok": False, "reason": f"trace unreadable: {err}"})
+        if not role.startswith("worker"):
+            dirs_of[pid] = proc_dir
+    host, system = read_host(run_dir)
+    memory = read_memory(dirs_of)
+    rank_of = {p["pid"]: p["rank"] for p in procs}
+    memory["rank"] = [rank_of.get(int(p), -1) for p in memory["pid"]]
+    parts: dict[str, Any] = {
+        "processes": procs, "probe_status": statuses, "loaders": loaders,
+        "marks": _concat(marks), "intervals": _concat(intervals), "events": _concat(events),
+        "stacks": stacks, "stack_spans": spans, "host": host.assign(node=0),
+        "system": system.assign(node=0), "gpu": read_gpu(run_dir).assign(node=0),
+        "memory": memory.assign(node=0), "window": _concat(windows),
+        "window_status": window_status,
+    }
+    frames = empty_frames()
+    for name, rows in parts.items():
+        if len(rows):
+            frames[name] = typed(rows, FRAME_COLUMNS[name])
+    return RunData(record=_record(run_dir, raw), **frames)
+
+
+def _record(run_dir: Path, raw: dict[str, Any]) -> RunRecord:
+    errors = tuple(_first_line(p) for p in layout.bootstrap_errors(run_dir))
+    probes = {str(k): ProbeStatus(bool(v.get("ok")), str(v.get("reason", "")),
+                                  str(v.get("hint", "")))
+              for k, v in (raw.get("probes") or {}).items() if isinstance(v, dict)}
+    return RunRecord(
+        kind=str(raw.get("mode") or RUN), source=str(run_dir),
+        argv=tuple(str(a) for a in raw.get("argv") or ()),
+        exit_code=raw.get("exit_code"), signal=raw.get("signal"),
+        cores=int(raw["cores"]) if raw.get("cores") else None,
+        host=raw.get("host"), python=raw.get("python"), started=raw.get("started"),
+        duration_s=raw.get("duration_s"), fd_handoff_s=raw.get("fd_handoff_s"), probes=probes,
+        nodes=(raw.get("host"),),
+        t0_ns={0: int(float(raw.get("t0_monotonic_s", 0.0)) * 1e9)},
+        bootstrap_errors=errors,
+    )
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _first_line(path: Path) -> str:
+    try:
+        return path.read_text().strip().splitlines()[0]
+    except (OSError, IndexError):
+        return "no message"
+
+
+def _meta(proc_dir: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((proc_dir / layout.META).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str, Any]
+                 ) -> dict[str, Any]:
+    window = meta.get("window")
+    window = window if isinstance(window, dict) else {}
+    return {**who, "role": role, "path": str(proc_dir), "ppid": meta.get("ppid"),
+            "started_ns": meta.get("started_ns"), "ended_ns": meta.get("ended_ns"),
+            "cores": meta.get("cores"), "world_size": meta.get("world_size"),
+            "torch_version": meta.get("torch_version"), "torch_threads": meta.get("torch_threads"),
+            "cuda": meta.get("cuda"), "crashed": meta.get("crashed"),
+            "crashed_ns": meta.get("crashed_ns"), "window_state": window.get("state"),
+            "window_reason": window.get("reason")}
+
+
+def _ring(proc_dir: Path, name: str, who: dict[str, Any]) -> pd.DataFrame:
+    """One ring's records, oldest first, as a frame (empty when the process has no such ring)."""
+    path = layout.ring_path(proc_dir, name)
+    if not path.is_file():
+        return pd.DataFrame()
+    try:
+        records, _written = read_ring(path)
+    except RingFormatError:
+        raise
+    except OSError as err:
+        raise RunDirError(f"{path} is unreadable: {err.strerror or err}") from err
+    frame = pd.DataFrame({n: records[n] for n in records.dtype.names or ()})
+    for key, value in who.items():
+        frame[key] = value
+    return frame
+
+
+def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    kept = [p for p in parts if not p.empty]
+    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
+
+
+__all__ = ["load_run"]

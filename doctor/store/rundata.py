@@ -1,0 +1,219 @@
+"""RunData: everything one run recorded, as typed frames, read once and never changed.
+
+A run directory (doctor.store.reader.load_run) and torch.profiler traces analysed on their own
+(doctor.store.traces.load_traces) load into the same record, so the analysis is one function of
+it. Times are integers of nanoseconds on each node's monotonic clock (``*_ns``) or seconds from
+the node's run start (``*_s``); every frame has a ``node`` column (the index of the run
+directory it came from; several nodes of one job are combined into one RunData) and an empty
+frame still has every column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from doctor.store.samples import GPU_COLUMNS, MEMORY_COLUMNS, PROC_COLUMNS, SYSTEM_COLUMNS
+from doctor.trace.steps import STEP_COLUMNS
+from doctor.verdict import ProbeStatus
+
+RUN, WATCH, TRACE = "run", "watch", "trace"  # what recorded it: doctor run, doctor.watch, a trace
+
+#: Columns of each frame and their dtypes ("object" for text and tuples).
+PROCESS_COLUMNS: dict[str, str] = {
+    "node": "int64", "rank": "int64", "role": "object", "pid": "int64", "ppid": "float64",
+    "path": "object", "started_ns": "float64", "ended_ns": "float64", "cores": "float64",
+    "world_size": "float64", "torch_version": "object", "torch_threads": "float64",
+    "cuda": "object", "crashed": "object", "crashed_ns": "float64", "window_state": "object",
+    "window_reason": "object",
+}
+PROBE_STATUS_COLUMNS: dict[str, str] = {
+    "node": "int64", "rank": "int64", "pid": "int64", "probe": "object", "ok": "bool",
+    "reason": "object", "hint": "object",
+}
+LOADER_COLUMNS: dict[str, str] = {
+    "node": "int64", "rank": "int64", "pid": "int64", "id": "int64", "num_workers": "int64",
+    "batch_size": "object", "pin_memory": "bool", "prefetch_factor": "object",
+    "persistent_workers": "bool", "dataset": "object", "dataset_len": "object",
+    "collate_fn": "object", "sharing_strategy": "object", "batch_tensors": "object",
+}
+MARK_COLUMNS: dict[str, str] = {
+    "node": "int64", "rank": "int64", "pid": "int64", "t_ns": "int64", "kind": "int64",
+    "key": "int64",
+}
+INTERVAL_COLUMNS: dict[str, str] = {
+    "node": "int64", "rank": "int64", "pid": "int64", "name": "object", "t0_ns": "int64",
+    "t1_ns": "int64", "key": "int64",
+}
+EVENT_COLUMNS: dict[str, str] = {
+    "node": "int64", "rank": "int64", "pid": "int64", "t_ns": "int64", "event": "int64",
+    "value": "int64",
+}
+STACK_COLUMNS: dict[str, str] = {
+    "node": "int64", "rank": "int64", "pid": "int64", "stack": "object", "count": "int64",
+}
+STACK_SPAN_COLUMNS: dict[str, str] = {
+    "node": "int64", "rank": "int64", "pid": "int64", "recorder": "object", "rate_hz": "float64",
+    "start_ns": "int64", "end_ns": "int64", "taken": "int64",
+}
+WINDOW_STATUS_COLUMNS: dict[str, str] = {
+    "node": "int64", "rank": "int64", "pid": "int64", "ok": "bool", "reason": "object",
+}
+#: The profiler window's steps: the trace's step frame, and which process recorded it.
+WINDOW_COLUMNS: dict[str, str] = {**STEP_COLUMNS, "node": "int64", "pid": "int64"}
+#: Interval rings a process may hold (step hooks, the DataLoader probe).
+INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate")
+
+
+def typed(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, columns: Mapping[str, str]
+          ) -> pd.DataFrame:
+    """A frame with exactly ``columns``, in that order and of those dtypes (missing: NaN/None)."""
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    frame = frame.reset_index(drop=True)
+    n = len(frame)
+    missing: dict[str, Any] = {"object": None, "float64": float("nan"), "bool": False}
+    out: dict[str, Any] = {}
+    for name, dtype in columns.items():
+        col = frame[name] if name in frame else pd.Series([missing.get(dtype, 0)] * n)
+        if dtype == "float64":
+            col = pd.to_numeric(col, errors="coerce")
+        out[name] = col.astype(dtype)  # type: ignore[call-overload]
+    return pd.DataFrame(out, index=range(n))
+
+
+Process = tuple[int, int, int]  # (node, rank, pid): one process of the job, on any node
+
+
+def of_process(frame: pd.DataFrame, process: Process) -> pd.DataFrame:
+    """The rows of ``frame`` that one process recorded."""
+    node, rank, pid = process
+    return frame[(frame["node"] == node) & (frame["rank"] == rank) & (frame["pid"] == pid)]
+
+
+def of_processes(frame: pd.DataFrame, processes: Iterable[Process]) -> pd.DataFrame:
+    """The rows of ``frame`` that the ``processes`` recorded."""
+    wanted = set(processes)
+    mask = np.fromiter(((int(n), int(r), int(p)) in wanted for n, r, p
+                        in zip(frame["node"], frame["rank"], frame["pid"], strict=True)),
+                       dtype=bool, count=len(frame))
+    return frame[mask]
+
+
+def empty(columns: Mapping[str, str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
+
+
+def _floats(columns: Iterable[str], *extra: str) -> dict[str, str]:
+    return {**dict.fromkeys(columns, "float64"), **dict.fromkeys(extra, "float64")}
+
+
+#: Every frame of a RunData and its columns.
+FRAME_COLUMNS: dict[str, dict[str, str]] = {
+    "processes": PROCESS_COLUMNS, "probe_status": PROBE_STATUS_COLUMNS,
+    "loaders": LOADER_COLUMNS, "marks": MARK_COLUMNS, "intervals": INTERVAL_COLUMNS,
+    "events": EVENT_COLUMNS, "stacks": STACK_COLUMNS, "stack_spans": STACK_SPAN_COLUMNS,
+    "host": {**_floats(PROC_COLUMNS, "cpu_pct"), "pid": "int64", "ppid": "int64",
+             "node": "int64"},
+    "system": {**_floats(SYSTEM_COLUMNS), "node": "int64"},
+    "gpu": {**_floats(GPU_COLUMNS), "gpu": "int64", "node": "int64"},
+    "memory": {**_floats(MEMORY_COLUMNS, "t_s"), "tag": "object", "pid": "int64",
+               "rank": "int64", "node": "int64"},
+    "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
+}
+
+
+def empty_frames() -> dict[str, pd.DataFrame]:
+    """An empty frame, with every column, for each frame of a RunData."""
+    return {name: empty(columns) for name, columns in FRAME_COLUMNS.items()}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The job as a whole: what ran, where, how it ended, and the parent's probes."""
+
+    kind: str  # RUN, WATCH or TRACE
+    source: str  # the run directories or trace files, for the report
+    argv: tuple[str, ...] = ()
+    exit_code: int | None = None
+    signal: int | None = None
+    cores: int | None = None
+    host: str | None = None
+    python: str | None = None
+    started: str | None = None
+    duration_s: float | None = None
+    fd_handoff_s: float | None = None
+    probes: Mapping[str, ProbeStatus] = field(default_factory=dict)  # parent-side
+    nodes: tuple[str | None, ...] = ()  # one host per node, when several were combined
+    t0_ns: Mapping[int, int] = field(default_factory=dict)  # node -> its run's start
+    bootstrap_errors: tuple[str, ...] = ()  # one line per process that could not start doctor
+
+    @property
+    def job_seen(self) -> bool:
+        """Whether doctor ran the job (a trace alone says nothing of its exit)."""
+        return self.kind != TRACE
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Every frame of one run (see the module docstring and the ``*_COLUMNS`` above).
+
+    - ``processes``: one row per process folder (or per trace file);
+    - ``probe_status``: the in-process probes each process started, or why not;
+    - ``loaders``: DataLoader settings seen, one row per loader of each process;
+    - ``marks``: ``doctor.step()`` calls; ``intervals``: DataLoader waits, backward and optimizer
+      calls, worker fetches and collates; ``events``: the profiler window's start and stop;
+    - ``stacks``/``stack_spans``: stack samples of each sampled process and how they were taken;
+    - ``host``/``system``/``gpu``: the parent's samples (doctor.store.samples columns);
+    - ``memory``: CUDA allocator snapshots;
+    - ``window``: one row per step the profiler recorded (doctor.trace.steps.STEP_COLUMNS,
+      with ``node`` and ``pid``), and ``window_status`` whether each process's trace was read.
+    """
+
+    record: RunRecord
+    processes: pd.DataFrame
+    probe_status: pd.DataFrame
+    loaders: pd.DataFrame
+    marks: pd.DataFrame
+    intervals: pd.DataFrame
+    events: pd.DataFrame
+    stacks: pd.DataFrame
+    stack_spans: pd.DataFrame
+    host: pd.DataFrame
+    system: pd.DataFrame
+    gpu: pd.DataFrame
+    memory: pd.DataFrame
+    window: pd.DataFrame
+    window_status: pd.DataFrame
+
+    @property
+    def frames(self) -> dict[str, pd.DataFrame]:
+        return {k: v for k, v in vars(self).items() if isinstance(v, pd.DataFrame)}
+
+
+def combine(runs: list[RunData]) -> RunData:
+    """Several nodes of one job as one run: frames stacked with each node's index, one record
+    (the first node's, with the first failure's exit status and every node's host)."""
+    if len(runs) == 1:
+        return runs[0]
+    frames: dict[str, pd.DataFrame] = {}
+    for name in runs[0].frames:
+        parts = [getattr(r, name).assign(node=i) for i, r in enumerate(runs)]
+        kept = [p for p in parts if not p.empty]
+        frames[name] = pd.concat(kept, ignore_index=True) if kept else parts[0]
+    records = [r.record for r in runs]
+    first = records[0]
+    failed = [r for r in records if r.job_seen and (r.exit_code is None or r.exit_code != 0)]
+    record = replace(
+        first,
+        source=", ".join(r.source for r in records),
+        exit_code=failed[0].exit_code if failed else first.exit_code,
+        signal=failed[0].signal if failed else first.signal,
+        nodes=tuple(r.host for r in records),
+        t0_ns={i: r.t0_ns.get(0, 0) for i, r in enumerate(records)},
+        bootstrap_errors=tuple(e for r in records for e in r.bootstrap_errors),
+    )
+    return RunData(record=record, **frames)
