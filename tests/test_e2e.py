@@ -29,6 +29,14 @@ def finding_ids(verdict: dict[str, Any]) -> list[str]:
     return [f["id"] for f in verdict["findings"]]
 
 
+def window_trace_verdict(run_dir: Path) -> dict[str, Any]:
+    """``doctor report`` of the run's own profiler window, as a trace on its own."""
+    [trace] = run_dir.glob("rank-0/main-*/trace.json.gz")
+    result = doctor_cmd("report", str(trace), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
 def test_compute_bound_job(tmp_path: Path) -> None:
     verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "compute_bound.py"),
                       "--steps", "40")
@@ -40,7 +48,7 @@ def test_compute_bound_job(tmp_path: Path) -> None:
     assert verdict["probes"]["gpu"]["ok"] is False and verdict["probes"]["gpu"]["reason"]
     assert verdict["steps"]["count"] == 39
     assert "compute.bound" in finding_ids(verdict)
-    assert list((tmp_path / "run").glob("rank-0/main-*/trace.json.gz"))
+    assert window_trace_verdict(tmp_path / "run")["bottleneck"] == "compute"  # the other door
 
 
 def test_input_bound_job(tmp_path: Path) -> None:
@@ -56,6 +64,9 @@ def test_input_bound_job(tmp_path: Path) -> None:
     assert loader["evidence"]["num_workers"] == 0
     assert "num_workers=" in loader["fixes"][0]["code"]
     assert loader["estimated_speedup"] > 1.3
+    alone = window_trace_verdict(tmp_path / "run")  # the other door: input, not split by stage
+    assert alone["bottleneck"] == "input"
+    assert "input.unsplit" in finding_ids(alone)
 
 
 def test_removing_the_input_bottleneck_removes_the_verdict(tmp_path: Path) -> None:
@@ -128,6 +139,10 @@ def test_watch_decorator_and_context_manager(tmp_path: Path) -> None:
         assert verdict["bottleneck"] == "compute", name
         assert verdict["shares"]["compute"] > 0.5
         assert verdict["partial"] is False
+        # watch samples no GPU: it says so, it does not claim the probe
+        assert verdict["probes"]["gpu"] == {
+            "ok": False, "reason": "doctor.watch does not sample the GPU",
+            "hint": "doctor run samples it from outside the job: doctor run train.py"}
     failed = json.loads((tmp_path / "fails" / "verdict.json").read_text())
     assert failed["partial"] is True
     assert failed["steps"]["count"] == 24

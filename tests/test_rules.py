@@ -155,6 +155,8 @@ def test_a_broken_rule_is_recorded_not_raised() -> None:
     outcome = run_rules(Evidence(), [broken, skips])
     assert outcome.skipped["test.broken"].startswith("rule failed: ZeroDivisionError")
     assert outcome.skipped["test.skips"] == "not enough samples"
+    # a rule made here runs only where it is given: never in the analysis's own list
+    assert not {"test.broken", "test.skips"} & {r.id for r in default_rules()}
 
 
 def test_every_fix_is_valid_python() -> None:

@@ -177,6 +177,20 @@ def test_a_broken_trace_raises_trace_error(tmp_path: Path) -> None:
     ({"communication": 0.26, "compute": 0.4, "other": 0.34}, 0.2, "communication"),
     ({"communication": 0.1, "compute": 0.0, "other": 0.9}, 0.0, "communication"),
     ({"compute": 0.0, "other": 1.0}, 0.0, "unknown"),
+    # the input pipeline is one stall, named by its largest stage
+    ({"io": 0.18, "preprocess": 0.34, "compute": 0.48}, 0.48, "preprocess"),
+    ({"io": 0.05, "decode": 0.06, "preprocess": 0.05, "compute": 0.5, "other": 0.34}, 0.5,
+     "compute"),
+    ({"transfer": 0.25, "compute": 0.60, "other": 0.15}, 0.60, "transfer"),
+    # communication from 30 %, or from 20 % when at least the device's own compute
+    ({"communication": 0.31, "compute": 0.6, "other": 0.09}, 0.6, "communication"),
+    ({"communication": 0.22, "compute": 0.7, "other": 0.08}, 0.6, "compute"),
+    # the larger of two qualifying stalls
+    ({"input": 0.25, "transfer": 0.3, "compute": 0.45}, 0.45, "transfer"),
 ])
 def test_bottleneck_policy(shares: dict[str, float], device_compute: float, expected: str) -> None:
-    assert choose_bottleneck(shares, device_compute)[0] == expected
+    bottleneck, share = choose_bottleneck(shares, device_compute)
+    assert bottleneck == expected
+    if expected in ("io", "decode", "preprocess", "input") and share >= 0.2:
+        assert share == pytest.approx(sum(shares.get(c, 0.0) for c in
+                                          ("io", "decode", "preprocess", "input")))
