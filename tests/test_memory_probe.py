@@ -9,7 +9,7 @@ from typing import Any
 from doctor.probes.memory import MemoryProbe
 from doctor.record.session import Session
 from doctor.rules import Evidence
-from doctor.rules.gpu import fragmentation
+from doctor.rules.memory import fragmentation
 from doctor.store.samples import read_memory
 from tests.loops import FakeClock
 

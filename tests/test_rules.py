@@ -6,14 +6,8 @@ import pytest
 from doctor.rules import Evidence, RuleSkipped, default_rules, rule, run_rules
 from doctor.rules.compute import compute_bound
 from doctor.rules.host import host_contention
-from doctor.rules.input import (
-    estimate_with_workers,
-    input_handoff,
-    input_loader,
-    input_stage,
-    input_unsplit,
-    suggested_workers,
-)
+from doctor.rules.input import input_handoff, input_loader, input_stage, input_unsplit
+from doctor.rules.input_model import estimate_with_workers, suggested_workers
 from doctor.rules.other import other_time
 from doctor.verdict import CATEGORIES
 from tests.evidence import evidence

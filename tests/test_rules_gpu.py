@@ -7,13 +7,15 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from doctor.rules import Evidence, Rule, gpu, run_rules
+from doctor.rules import Evidence, Rule, communication, gpu, run_rules
+from doctor.rules import memory as memory_rules
 from doctor.trace.steps import STEP_COLUMNS, empty_step_frame
 from doctor.verdict import Finding
 from tests.evidence import evidence
 
-#: The rules of doctor.rules.gpu, the ones under test here.
-GPU_RULES = [r for r in vars(gpu).values() if isinstance(r, Rule)]
+#: The rules over the profiler window and the allocator, the ones under test here.
+GPU_RULES = [r for module in (gpu, communication, memory_rules) for r in vars(module).values()
+             if isinstance(r, Rule)]
 GPU_RULE_IDS = {r.id for r in GPU_RULES}
 
 GIB = 1 << 30
@@ -169,7 +171,7 @@ def test_fragmentation_out_of_memory_is_critical() -> None:
 
 def test_no_fragmentation_no_finding_and_missing_columns_skip() -> None:
     assert run(memory=memory(inactive_split_bytes=[0, 1 << 20, 0])) == []
-    outcome = run_rules(Evidence(memory=pd.DataFrame({"t_s": [0.0]})), [gpu.fragmentation])
+    outcome = run_rules(Evidence(memory=pd.DataFrame({"t_s": [0.0]})), [memory_rules.fragmentation])
     assert "lack" in outcome.skipped["memory.fragmentation"]
 
 

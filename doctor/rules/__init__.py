@@ -6,11 +6,21 @@ those.
 
 from __future__ import annotations
 
-from doctor.rules import compute, distributed, gpu, host, input, other, trace
+from doctor.rules import (
+    communication,
+    compute,
+    distributed,
+    gpu,
+    host,
+    input,
+    memory,
+    other,
+    trace,
+)
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 from doctor.rules.evidence import Evidence, JobFacts
 
-MODULES = (compute, distributed, gpu, host, input, other, trace)
+MODULES = (compute, distributed, gpu, communication, memory, host, input, other, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from doctor.rules.base import RuleSkipped, rule
 from doctor.rules.evidence import HOST_CONTENTION, Evidence, Straggler
-from doctor.rules.input import main_loader
+from doctor.rules.input_model import main_loader
 from doctor.verdict import Finding, Fix
 
 MAX_NAMED = 8  # slow ranks named in the title and evidence; the rest are counted

@@ -1,64 +1,30 @@
-"""GPU-side rules: copies, host syncs, launch overhead, Tensor Cores, communication, fragmentation.
+"""GPU-side rules over the profiler window: copies, host syncs, launch overhead, Tensor Cores.
 
-They read ``window`` (one row per profiled step, doctor.trace.steps.STEP_COLUMNS) and ``memory``
-(CUDA allocator snapshots) of the evidence. Figures in evidence are per-step means (seconds) or
-fractions of the mean step (``*_share``). ``estimated_speedup`` is the mean step time over the
-step time with the finding's share removed (or overlapped), as DESIGN.md defines it.
+They read ``window`` (one row per profiled step, doctor.trace.steps.STEP_COLUMNS) of the evidence.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-import pandas as pd
-
-from doctor.rules.base import RuleSkipped, rule
+from doctor.rules.base import rule
 from doctor.rules.evidence import Evidence
-from doctor.rules.input import main_loader
+from doctor.rules.input_model import main_loader
+from doctor.rules.window import mean, severity, speedup, window_steps
 from doctor.verdict import Finding, Fix
 
 MIB = 1 << 20
 
 
-def _steps(ev: Evidence, device: str | None = "cuda") -> pd.DataFrame:
-    frame = ev.window
-    if frame is None or frame.empty:
-        raise RuleSkipped("no profiled steps")
-    if "analyzed" in frame:
-        frame = frame[frame["analyzed"].astype(bool)]
-    if device is not None and "device" in frame:
-        frame = frame[frame["device"] == device]
-    if frame.empty or float(frame["dur_s"].sum()) <= 0:
-        raise RuleSkipped(f"no {device} steps with time in them" if device else "no steps")
-    return frame
-
-
-def _mean(frame: pd.DataFrame, col: str) -> float:
-    if col not in frame:
-        return 0.0
-    value = float(frame[col].astype("float64").mean())
-    return 0.0 if math.isnan(value) else value
-
-
-def _speedup(step_s: float, removed_s: float) -> float:
-    removed_s = min(max(removed_s, 0.0), step_s * 0.95)
-    return step_s / (step_s - removed_s) if step_s > 0 else 1.0
-
-
-def _severity(share: float, critical: float = 0.2, warning: float = 0.05) -> str:
-    return "critical" if share >= critical else "warning" if share >= warning else "info"
-
-
 @rule("gpu.pageable_copy", needs=("window",))
 def pageable_copy(ev: Evidence) -> list[Finding]:
-    f = _steps(ev)
-    pageable = _mean(f, "htod_pageable_count")
+    f = window_steps(ev)
+    pageable = mean(f, "htod_pageable_count")
     if pageable <= 0:
         return []
-    step = _mean(f, "dur_s")
-    exposed = _mean(f, "transfer_exposed_s")
-    htod = _mean(f, "htod_s")
+    step = mean(f, "dur_s")
+    exposed = mean(f, "transfer_exposed_s")
+    htod = mean(f, "htod_s")
     share = exposed / step
     pin = main_loader(ev.loaders).get("pin_memory")
     why_pin = (
@@ -69,13 +35,13 @@ def pageable_copy(ev: Evidence) -> list[Finding]:
         "batches copy by DMA and can overlap compute"
     )
     return [Finding(
-        id="gpu.pageable_copy", category="transfer", severity=_severity(share, 0.15, 0.03),
+        id="gpu.pageable_copy", category="transfer", severity=severity(share, 0.15, 0.03),
         title=f"{pageable:.0f} host-to-device copies per step come from pageable memory",
         evidence={
             "htod_pageable_per_step": pageable,
-            "htod_pinned_per_step": _mean(f, "htod_pinned_count"),
+            "htod_pinned_per_step": mean(f, "htod_pinned_count"),
             "htod_s_per_step": htod,
-            "htod_mb_per_step": _mean(f, "htod_bytes") / MIB,
+            "htod_mb_per_step": mean(f, "htod_bytes") / MIB,
             "transfer_exposed_s_per_step": exposed,
             "transfer_exposed_share": share,
             "step_s": step,
@@ -102,21 +68,21 @@ def pageable_copy(ev: Evidence) -> list[Finding]:
                 ),
             ),
         ),
-        estimated_speedup=_speedup(step, exposed),
+        estimated_speedup=speedup(step, exposed),
     )]
 
 
 @rule("gpu.transfer_exposed", needs=("window",))
 def transfer_exposed(ev: Evidence) -> list[Finding]:
-    f = _steps(ev)
-    step = _mean(f, "dur_s")
-    total = _mean(f, "transfer_s")
-    exposed = _mean(f, "transfer_exposed_s")
-    if _mean(f, "htod_pageable_count") > 0 or total / step < 0.05 or exposed / step < 0.01:
+    f = window_steps(ev)
+    step = mean(f, "dur_s")
+    total = mean(f, "transfer_s")
+    exposed = mean(f, "transfer_exposed_s")
+    if mean(f, "htod_pageable_count") > 0 or total / step < 0.05 or exposed / step < 0.01:
         return []  # pageable copies have their own finding; small copies cost nothing
     return [Finding(
         id="gpu.transfer_exposed", category="transfer",
-        severity=_severity(exposed / step, 0.15, 0.05),
+        severity=severity(exposed / step, 0.15, 0.05),
         title=(
             f"Host-device copies take {total / step:.0%} of the step, {exposed / step:.0%} "
             "with no kernel running beside them"
@@ -126,8 +92,8 @@ def transfer_exposed(ev: Evidence) -> list[Finding]:
             "transfer_share": total / step,
             "transfer_exposed_share": exposed / step,
             "overlapped_fraction": 1.0 - exposed / total if total > 0 else 0.0,
-            "htod_mb_per_step": _mean(f, "htod_bytes") / MIB,
-            "htod_pinned_per_step": _mean(f, "htod_pinned_count"),
+            "htod_mb_per_step": mean(f, "htod_bytes") / MIB,
+            "htod_pinned_per_step": mean(f, "htod_pinned_count"),
             "step_s": step,
         },
         fixes=(
@@ -155,16 +121,16 @@ def transfer_exposed(ev: Evidence) -> list[Finding]:
                 code="correct += (logits.argmax(dim=1) == targets).sum()  # read once per epoch",
             ),
         ),
-        estimated_speedup=_speedup(step, exposed),
+        estimated_speedup=speedup(step, exposed),
     )]
 
 
 @rule("gpu.host_sync", needs=("window",))
 def host_sync(ev: Evidence) -> list[Finding]:
-    f = _steps(ev)
-    count = _mean(f, "sync_count")
-    bubble = _mean(f, "sync_bubble_s")
-    step = _mean(f, "dur_s")
+    f = window_steps(ev)
+    count = mean(f, "sync_count")
+    bubble = mean(f, "sync_bubble_s")
+    step = mean(f, "dur_s")
     share = bubble / step
     if count <= 0 or share < 0.01:
         return []
@@ -172,11 +138,11 @@ def host_sync(ev: Evidence) -> list[Finding]:
     source = max(set(sources), key=sources.count) if sources else ""
     where = f" (most of them: {source})" if source else ""
     return [Finding(
-        id="gpu.host_sync", category="compute", severity=_severity(share, 0.15, 0.03),
+        id="gpu.host_sync", category="compute", severity=severity(share, 0.15, 0.03),
         title=f"{count:.0f} host syncs per step drain the GPU queue{where}",
         evidence={
             "syncs_per_step": count,
-            "sync_s_per_step": _mean(f, "sync_s"),
+            "sync_s_per_step": mean(f, "sync_s"),
             "gpu_idle_after_sync_s_per_step": bubble,
             "gpu_idle_after_sync_share": share,
             "source": source,
@@ -201,32 +167,32 @@ def host_sync(ev: Evidence) -> list[Finding]:
                 ),
             ),
         ),
-        estimated_speedup=_speedup(step, bubble),
+        estimated_speedup=speedup(step, bubble),
     )]
 
 
 @rule("gpu.launch_bound", needs=("window",))
 def launch_bound(ev: Evidence) -> list[Finding]:
-    f = _steps(ev)
-    step = _mean(f, "dur_s")
-    idle_host = _mean(f, "gpu_idle_host_s")
+    f = window_steps(ev)
+    step = mean(f, "dur_s")
+    idle_host = mean(f, "gpu_idle_host_s")
     share = idle_host / step
-    kernels = _mean(f, "kernel_count")
-    median_us = _mean(f, "kernel_median_us")
+    kernels = mean(f, "kernel_count")
+    median_us = mean(f, "kernel_median_us")
     if share < 0.2 or kernels < 50:
         return []
     return [Finding(
-        id="gpu.launch_bound", category="compute", severity=_severity(share, 0.4, 0.2),
+        id="gpu.launch_bound", category="compute", severity=severity(share, 0.4, 0.2),
         title=(
             f"The GPU idles {share:.0%} of the step while the host launches work "
             f"({kernels:.0f} kernels per step, median {median_us:.0f} us)"
         ),
         evidence={
-            "gpu_busy_share": _mean(f, "gpu_busy_s") / step,
+            "gpu_busy_share": mean(f, "gpu_busy_s") / step,
             "gpu_idle_host_share": share,
             "kernels_per_step": kernels,
             "kernel_median_us": median_us,
-            "launches_per_step": _mean(f, "launch_count"),
+            "launches_per_step": mean(f, "launch_count"),
             "step_s": step,
         },
         fixes=(
@@ -248,17 +214,17 @@ def launch_bound(ev: Evidence) -> list[Finding]:
                 code="optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)",
             ),
         ),
-        estimated_speedup=_speedup(step, idle_host),
+        estimated_speedup=speedup(step, idle_host),
     )]
 
 
 @rule("gpu.no_tensor_cores", needs=("window",))
 def no_tensor_cores(ev: Evidence) -> list[Finding]:
-    f = _steps(ev)
-    gemm = _mean(f, "gemm_s")
-    tc = _mean(f, "gemm_tensor_core_s")
-    busy = _mean(f, "gpu_busy_s")
-    step = _mean(f, "dur_s")
+    f = window_steps(ev)
+    gemm = mean(f, "gemm_s")
+    tc = mean(f, "gemm_tensor_core_s")
+    busy = mean(f, "gpu_busy_s")
+    step = mean(f, "dur_s")
     cc = float(f["gpu_cc"].iloc[0]) if "gpu_cc" in f else float("nan")
     name = str(f["gpu_name"].iloc[0]) if "gpu_name" in f else ""
     if busy <= 0 or gemm / busy < 0.2 or tc > 0.1 * gemm:
@@ -269,7 +235,7 @@ def no_tensor_cores(ev: Evidence) -> list[Finding]:
         return []  # ROCm kernel names do not say whether matrix cores ran
     tf32 = math.isnan(cc) or cc >= 8.0
     # Tensor Cores run fp32-shaped GEMMs 2x-8x faster: count on halving GEMM time.
-    gained = 0.5 * min(gemm, _mean(f, "kernel_s") or gemm)
+    gained = 0.5 * min(gemm, mean(f, "kernel_s") or gemm)
     fixes = [
         Fix(
             title="Mixed precision (bf16 autocast)" if tf32 else "Mixed precision (fp16 autocast)",
@@ -304,7 +270,7 @@ def no_tensor_cores(ev: Evidence) -> list[Finding]:
             ),
         ))
     return [Finding(
-        id="gpu.no_tensor_cores", category="compute", severity=_severity(gemm / step, 0.4, 0.15),
+        id="gpu.no_tensor_cores", category="compute", severity=severity(gemm / step, 0.4, 0.15),
         title=f"GEMM/convolution kernels take {gemm / busy:.0%} of GPU time without Tensor Cores",
         evidence={
             "gemm_s_per_step": gemm,
@@ -315,131 +281,5 @@ def no_tensor_cores(ev: Evidence) -> list[Finding]:
             "step_s": step,
         },
         fixes=tuple(fixes),
-        estimated_speedup=_speedup(step, gained),
-    )]
-
-
-@rule("comm.exposed", needs=("window",))
-def exposed_communication(ev: Evidence) -> list[Finding]:
-    f = _steps(ev, device=None)
-    step = _mean(f, "dur_s")
-    comm = _mean(f, "comm_s")
-    exposed = _mean(f, "comm_exposed_s")
-    share = exposed / step
-    if share < 0.05:
-        return []
-    world = ev.job.world_size
-    overlapped = 1.0 - exposed / comm if comm > 0 else 0.0
-    on_gpu = bool((f["device"] == "cuda").any()) if "device" in f else True
-    ddp_devices = " device_ids=[local_rank]," if on_gpu else ""
-    return [Finding(
-        id="comm.exposed", category="communication", severity=_severity(share, 0.2, 0.05),
-        title=(
-            f"Collectives take {share:.0%} of the step with no compute beside them "
-            f"({overlapped:.0%} of communication is overlapped)"
-        ),
-        evidence={
-            "comm_s_per_step": comm,
-            "comm_exposed_s_per_step": exposed,
-            "comm_exposed_share": share,
-            "comm_overlapped_fraction": overlapped,
-            "world_size": world if isinstance(world, int) else None,
-            "step_s": step,
-        },
-        fixes=(
-            Fix(
-                title="Tune DDP's gradient buckets",
-                why="all-reduce starts when a bucket fills; smaller buckets start earlier in "
-                    "backward and overlap more, larger ones cost fewer launches (default 25 MB)",
-                code=(
-                    "model = torch.nn.parallel.DistributedDataParallel(\n"
-                    f"    model,{ddp_devices}\n"
-                    "    bucket_cap_mb=50, gradient_as_bucket_view=True, static_graph=True,\n"
-                    ")"
-                ),
-            ),
-            Fix(
-                title="Accumulate gradients locally with no_sync()",
-                why="with gradient accumulation, only the last micro-batch needs an all-reduce",
-                code=(
-                    "import contextlib\n"
-                    "for i, (inputs, targets) in enumerate(loader):\n"
-                    "    last = (i + 1) % accumulation_steps == 0\n"
-                    "    ctx = contextlib.nullcontext() if last else model.no_sync()\n"
-                    "    with ctx:\n"
-                    "        loss_fn(model(inputs), targets).backward()\n"
-                    "    if last:\n"
-                    "        optimizer.step()\n"
-                    "        optimizer.zero_grad()"
-                ),
-            ),
-            Fix(
-                title="Compress gradients before the all-reduce",
-                why="halving the bytes on the wire halves bandwidth-bound collectives",
-                code=(
-                    "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
-                    "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"
-                ),
-            ),
-        ),
-        estimated_speedup=_speedup(step, exposed),
-    )]
-
-
-@rule("memory.fragmentation", needs=("memory",))
-def fragmentation(ev: Evidence) -> list[Finding]:
-    m = ev.memory
-    assert m is not None  # guaranteed by needs
-    cols = ("allocated_bytes", "reserved_bytes", "inactive_split_bytes")
-    missing = [c for c in cols if c not in m]
-    if missing:
-        raise RuleSkipped(f"memory snapshots lack {', '.join(missing)}")
-    reserved = np.nan_to_num(m["reserved_bytes"].to_numpy(dtype="float64"))
-    allocated = np.nan_to_num(m["allocated_bytes"].to_numpy(dtype="float64"))
-    split = float(np.nan_to_num(m["inactive_split_bytes"].to_numpy(dtype="float64")).max())
-    retries = int(np.nan_to_num(m["alloc_retries"].to_numpy(dtype="float64")).max()) if (
-        "alloc_retries" in m) else 0
-    ooms = int(np.nan_to_num(m["num_ooms"].to_numpy(dtype="float64")).max()) if (
-        "num_ooms" in m) else 0
-    peak = int(np.argmax(reserved))
-    peak_reserved = float(reserved[peak])
-    slack = float((reserved - allocated).max())
-    frag_share = split / peak_reserved if peak_reserved > 0 else 0.0
-    if not (retries > 0 or ooms > 0 or (split >= 256 * MIB and frag_share >= 0.1)):
-        return []
-    severity = "critical" if ooms > 0 else "warning" if retries > 0 or frag_share >= 0.2 else "info"
-    return [Finding(
-        id="memory.fragmentation", category="compute", severity=severity,
-        title=(
-            f"The CUDA caching allocator holds {split / MIB:.0f} MiB in split blocks it cannot "
-            f"reuse ({frag_share:.0%} of reserved)"
-            + (f"; {retries} allocation retries" if retries else "")
-            + (f"; {ooms} out-of-memory errors" if ooms else "")
-        ),
-        evidence={
-            "peak_reserved_bytes": int(peak_reserved),
-            "allocated_at_peak_bytes": int(allocated[peak]),
-            "inactive_split_bytes": int(split),
-            "reserved_minus_allocated_bytes": int(slack),
-            "would_free_bytes": int(split),
-            "fragmented_share_of_reserved": frag_share,
-            "alloc_retries": retries,
-            "num_ooms": ooms,
-        },
-        fixes=(
-            Fix(
-                title="Expandable segments",
-                why=(
-                    f"segments that grow in place leave no split blocks: about {split / MIB:.0f} "
-                    "MiB back, and no cache flushes on retries; set it before CUDA starts "
-                    "(or in the shell: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
-                ),
-                code=(
-                    "import os\n"
-                    "os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\"\n"
-                    "import torch  # after setting it: the allocator reads it once"
-                ),
-            ),
-        ),
-        estimated_speedup=None,
+        estimated_speedup=speedup(step, gained),
     )]

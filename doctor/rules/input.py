@@ -1,26 +1,16 @@
 """Input rules: how long the loop waits for batches, which stage of loading costs it (io, decode,
-preprocess), and the loader settings or stage changes that fit this job.
-
-Speedup model. Loading of one batch takes ``load`` seconds of work and overlaps the rest of the
-step (``rest``) in ``k`` worker processes on ``cores`` cores:
-
-    step ~ max(rest, load / k, (load + rest) / cores)
-
-``load`` is the wait itself with num_workers=0, and about ``workers x step`` when ``workers``
-processes together deliver one batch per step. Making a stage cheaper removes its fraction of
-``load``. With workers, ``rest`` includes the training process's handoff of each batch: one
-round trip to the worker per tensor (doctor.probes.handoff), which no cheaper stage removes.
+preprocess), and the loader settings or stage changes that fit this job. The estimates come from
+the loading model of doctor.rules.input_model.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-
 from doctor.categories import INPUT_STAGES
-from doctor.rules.base import RuleSkipped, rule
+from doctor.rules.base import rule
 from doctor.rules.evidence import Evidence
+from doctor.rules.input_model import InputFacts, count_of, suggested_workers
 from doctor.verdict import Finding, Fix
 
 MIN_SHARE = 0.10
@@ -32,108 +22,14 @@ STAGES = INPUT_STAGES
 KEEP_UP_HANDOFF = 0.3
 
 
-def suggested_workers(cores: int) -> int:
-    """Workers to try: one per core, leaving one for the training loop on larger machines."""
-    return max(1, min(8, cores if cores <= 2 else cores - 1))
-
-
-def estimate_with_workers(load: float, rest: float, cores: int, workers: int) -> float:
-    """Step time once building a batch (``load`` s) overlaps the rest of the step (``rest`` s)
-    in ``workers`` processes on ``cores`` cores."""
-    return max(rest, load / max(workers, 1), (load + rest) / max(cores, 1), 1e-9)
-
-
-def main_loader(loaders: pd.DataFrame | None) -> dict[str, Any]:
-    """The settings of the loader the job iterated (the first one recorded)."""
-    if loaders is None or loaders.empty:
-        return {}
-    return {str(k): v for k, v in loaders.iloc[0].to_dict().items()}
-
-
-def batch_handoff(loader: dict[str, Any], fd_handoff_s: float | None) -> float:
-    """Seconds the training process blocks taking one batch from a worker: a round trip per
-    tensor under torch's default ``file_descriptor`` sharing, in the training thread unless a
-    pin-memory thread takes the batches. 0 where not measured."""
-    per_tensor, tensors = fd_handoff_s, _count(loader.get("batch_tensors"))
-    if per_tensor is None or tensors is None or pd.isna(per_tensor):
-        return 0.0
-    if loader.get("pin_memory") or \
-            (loader.get("sharing_strategy") or "file_descriptor") != "file_descriptor":
-        return 0.0
-    return float(per_tensor) * tensors
-
-
-def _count(value: Any) -> int | None:
-    return None if value is None or pd.isna(value) else int(value)
-
-
 def _severity(share: float) -> str:
     return "critical" if share >= 0.5 else "warning" if share >= 0.2 else "info"
-
-
-class _Input:
-    """The numbers every input rule starts from."""
-
-    def __init__(self, ev: Evidence) -> None:
-        ledger = ev.ledger
-        assert ledger is not None
-        self.wall = float(ledger["wall_s"].sum())
-        if self.wall <= 0:
-            raise RuleSkipped("no step time")
-        self.wait_share = float(ledger["wait_s"].sum()) / self.wall
-        # with workers, the training's wait for cores the workers hold is input's too
-        contention: pd.Series = ledger["contention_s"] if "contention_s" in ledger \
-            else pd.Series(0.0, index=ledger.index)
-        self.share = self.wait_share + float(contention.sum()) / self.wall
-        self.step = float(ledger["wall_s"].median())
-        self.mean_step = self.wall / len(ledger)
-        self.wait = float(ledger["wait_s"].median())
-        self.rest = max(self.step - self.wait, 0.0)
-        self.cores = ev.job.cores or 1
-        self.loader = main_loader(ev.loaders)
-        self.workers = int(self.loader.get("num_workers") or 0)
-        split = ev.input_split
-        self.measured = split is not None
-        self.stage_shares: dict[str, float] = dict(split.stage_shares) if split else {}
-        self.top: dict[str, list[str]] = {k: list(v) for k, v in split.top.items()} if split \
-            else {}
-        self.collate_share = split.collate_share_of_fetch if split else None
-        self.load = self.wait if self.workers == 0 else self.step * self.workers
-        worker_cores = ev.worker_cpu_cores
-        if self.workers and worker_cores:
-            # one batch per step: the workers' CPU seconds per step are the loading's CPU work;
-            # the time in reads (io), mostly spent blocked, comes on top
-            reads = float(self.stage_shares.get("io", 0.0)) if self.measured else 0.0
-            cpu = worker_cores * self.step
-            self.load = min(self.load, cpu / max(1.0 - reads, 0.05))
-        # With workers, the rest of the step shares the cores with them: its wall time is
-        # inflated by the time it waited for a core the workers held (the contention). Without
-        # that wait it takes at least its own CPU time, and more where it also blocks.
-        main_cores = ev.main_cpu_cores
-        self.contention = float(contention.median())
-        self.rest_alone = self.rest
-        if self.workers and main_cores:
-            own = max(main_cores * self.step, 1e-9)
-            self.rest_alone = min(self.rest, max(own, self.rest - self.contention))
-        # Taking each batch from a worker costs the training process a round trip per tensor,
-        # hidden in the wait while the workers are slow; it stays when they keep up.
-        handoff = batch_handoff(self.loader, ev.fd_handoff_s)
-        self.handoff = min(handoff, self.wait) if self.workers else handoff
-
-    def step_after(self, load: float, workers: int) -> float:
-        """Step time with ``workers`` workers building batches of ``load`` seconds."""
-        return estimate_with_workers(load, self.rest_alone + self.handoff, self.cores, workers)
-
-    def dominant(self) -> str:
-        if not self.measured or not self.stage_shares:
-            return "input"
-        return max(self.stage_shares, key=lambda s: self.stage_shares[s])
 
 
 @rule("input.loader", needs=("ledger", "loaders"))
 def input_loader(ev: Evidence) -> list[Finding]:
     """The loop waits for batches: settings of the DataLoader that would hide the wait."""
-    x = _Input(ev)
+    x = InputFacts(ev)
     if x.share < MIN_SHARE:
         return []
     evidence: dict[str, Any] = {
@@ -142,7 +38,7 @@ def input_loader(ev: Evidence) -> list[Finding]:
         "cores": x.cores, "num_workers": x.workers, "batch_size": x.loader.get("batch_size"),
         "persistent_workers": x.loader.get("persistent_workers"),
         "prefetch_factor": x.loader.get("prefetch_factor"),
-        "batch_tensors": _count(x.loader.get("batch_tensors")), "batch_handoff_s": x.handoff,
+        "batch_tensors": count_of(x.loader.get("batch_tensors")), "batch_handoff_s": x.handoff,
     }
     fixes: list[Fix] = []
     speedup = None
@@ -206,7 +102,7 @@ def input_unsplit(ev: Evidence) -> list[Finding]:
     """Input wait that could not be split: say so, why, and how to split it. Where the loader's
     settings are unknown (a trace), the estimate is the bound of hiding the wait entirely;
     otherwise input.loader estimates from the settings."""
-    x = _Input(ev)
+    x = InputFacts(ev)
     if x.share < MIN_SHARE or x.measured:
         return []
     why = ev.unsplit_reason or "no stack samples of the loading code were taken"
@@ -247,7 +143,7 @@ _STAGE_WORDS = {"io": "reading data from storage", "decode": "decoding samples",
 @rule("input.stage", needs=("ledger", "input_split"))
 def input_stage(ev: Evidence) -> list[Finding]:
     """One finding per loading stage that costs a real share of the step."""
-    x = _Input(ev)
+    x = InputFacts(ev)
     if not x.measured or x.share < MIN_SHARE:
         return []
     findings = []
@@ -281,11 +177,11 @@ def input_stage(ev: Evidence) -> list[Finding]:
 def input_handoff(ev: Evidence) -> list[Finding]:
     """Workers keep up, but taking each batch from them costs the training process a round trip
     per tensor: fewer tensors per batch, or a sharing strategy without the round trip."""
-    x = _Input(ev)
+    x = InputFacts(ev)
     share = x.handoff / x.step if x.workers else 0.0
     if share < MIN_SHARE:
         return []
-    tensors = _count(x.loader.get("batch_tensors")) or 1
+    tensors = count_of(x.loader.get("batch_tensors")) or 1
     per_tensor = x.handoff / tensors
     saved = x.handoff * (tensors - 1) / tensors  # packed into one tensor
     fixes = []
@@ -323,7 +219,7 @@ def input_handoff(ev: Evidence) -> list[Finding]:
     )]
 
 
-def _stage_fixes(stage: str, x: _Input) -> tuple[Fix, ...]:
+def _stage_fixes(stage: str, x: InputFacts) -> tuple[Fix, ...]:
     if stage == "io":
         more = min(32, max(2 * x.cores, x.workers * 2, 4))
         return (

@@ -1,0 +1,45 @@
+"""What the rules over the profiler window share: its analysed steps, per-step means, and the
+speedup and severity of a share of the step.
+
+Figures in evidence are per-step means (seconds) or fractions of the mean step (``*_share``).
+``estimated_speedup`` is the mean step time over the step time with the finding's share removed
+(or overlapped), as DESIGN.md defines it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from doctor.rules.base import RuleSkipped
+from doctor.rules.evidence import Evidence
+
+
+def window_steps(ev: Evidence, device: str | None = "cuda") -> pd.DataFrame:
+    frame = ev.window
+    if frame is None or frame.empty:
+        raise RuleSkipped("no profiled steps")
+    if "analyzed" in frame:
+        frame = frame[frame["analyzed"].astype(bool)]
+    if device is not None and "device" in frame:
+        frame = frame[frame["device"] == device]
+    if frame.empty or float(frame["dur_s"].sum()) <= 0:
+        raise RuleSkipped(f"no {device} steps with time in them" if device else "no steps")
+    return frame
+
+
+def mean(frame: pd.DataFrame, col: str) -> float:
+    if col not in frame:
+        return 0.0
+    value = float(frame[col].astype("float64").mean())
+    return 0.0 if math.isnan(value) else value
+
+
+def speedup(step_s: float, removed_s: float) -> float:
+    removed_s = min(max(removed_s, 0.0), step_s * 0.95)
+    return step_s / (step_s - removed_s) if step_s > 0 else 1.0
+
+
+def severity(share: float, critical: float = 0.2, warning: float = 0.05) -> str:
+    return "critical" if share >= critical else "warning" if share >= warning else "info"
