@@ -4,16 +4,38 @@ from __future__ import annotations
 
 from doctor.rules.base import rule
 from doctor.rules.evidence import Evidence
-from doctor.rules.window import mean, severity, speedup, window_steps
+from doctor.rules.window import means, window_finding, window_steps
 from doctor.verdict import Finding, Fix
+
+NO_SYNC = Fix(
+    title="Accumulate gradients locally with no_sync()",
+    why="with gradient accumulation, only the last micro-batch needs an all-reduce",
+    code=(
+        "import contextlib\n"
+        "for i, (inputs, targets) in enumerate(loader):\n"
+        "    last = (i + 1) % accumulation_steps == 0\n"
+        "    ctx = contextlib.nullcontext() if last else model.no_sync()\n"
+        "    with ctx:\n"
+        "        loss_fn(model(inputs), targets).backward()\n"
+        "    if last:\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()"
+    ),
+)
+COMPRESS = Fix(
+    title="Compress gradients before the all-reduce",
+    why="halving the bytes on the wire halves bandwidth-bound collectives",
+    code=(
+        "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+        "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"
+    ),
+)
 
 
 @rule("comm.exposed", needs=("window",))
 def exposed_communication(ev: Evidence) -> list[Finding]:
     f = window_steps(ev, device=None)
-    step = mean(f, "dur_s")
-    comm = mean(f, "comm_s")
-    exposed = mean(f, "comm_exposed_s")
+    step, comm, exposed = means(f, "dur_s", "comm_s", "comm_exposed_s")
     share = exposed / step
     if share < 0.05:
         return []
@@ -21,20 +43,15 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
     overlapped = 1.0 - exposed / comm if comm > 0 else 0.0
     on_gpu = bool((f["device"] == "cuda").any()) if "device" in f else True
     ddp_devices = " device_ids=[local_rank]," if on_gpu else ""
-    return [Finding(
-        id="comm.exposed", category="communication", severity=severity(share, 0.2, 0.05),
+    return [window_finding(
+        "comm.exposed", "communication", share=share, bands=(0.2, 0.05),
         title=(
             f"Collectives take {share:.0%} of the step with no compute beside them "
             f"({overlapped:.0%} of communication is overlapped)"
         ),
-        evidence={
-            "comm_s_per_step": comm,
-            "comm_exposed_s_per_step": exposed,
-            "comm_exposed_share": share,
-            "comm_overlapped_fraction": overlapped,
-            "world_size": world if isinstance(world, int) else None,
-            "step_s": step,
-        },
+        evidence=dict(comm_s_per_step=comm, comm_exposed_s_per_step=exposed,
+                      comm_exposed_share=share, comm_overlapped_fraction=overlapped,
+                      world_size=world if isinstance(world, int) else None),
         fixes=(
             Fix(
                 title="Tune DDP's gradient buckets",
@@ -47,29 +64,8 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
                     ")"
                 ),
             ),
-            Fix(
-                title="Accumulate gradients locally with no_sync()",
-                why="with gradient accumulation, only the last micro-batch needs an all-reduce",
-                code=(
-                    "import contextlib\n"
-                    "for i, (inputs, targets) in enumerate(loader):\n"
-                    "    last = (i + 1) % accumulation_steps == 0\n"
-                    "    ctx = contextlib.nullcontext() if last else model.no_sync()\n"
-                    "    with ctx:\n"
-                    "        loss_fn(model(inputs), targets).backward()\n"
-                    "    if last:\n"
-                    "        optimizer.step()\n"
-                    "        optimizer.zero_grad()"
-                ),
-            ),
-            Fix(
-                title="Compress gradients before the all-reduce",
-                why="halving the bytes on the wire halves bandwidth-bound collectives",
-                code=(
-                    "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
-                    "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"
-                ),
-            ),
+            NO_SYNC,
+            COMPRESS,
         ),
-        estimated_speedup=speedup(step, exposed),
+        step_s=step, removed_s=exposed,
     )]

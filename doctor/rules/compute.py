@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from doctor.rules.base import rule
 from doctor.rules.evidence import Evidence
+from doctor.rules.host import set_threads
 from doctor.verdict import Finding, Fix
 
 COMPUTE_BOUND = 0.5
@@ -39,13 +40,8 @@ def compute_bound(ev: Evidence) -> list[Finding]:
                  "    loss = loss_fn(model(x), y)",
         ))
         if threads is not None and cores is not None and threads < cores:
-            fixes.append(Fix(
-                title=f"torch uses {threads} of {cores} cores",
-                why="Intra-op threads below the core count leave cores idle in compute.",
-                code=f"torch.set_num_threads({cores})",
-            ))
-    return [Finding(
-        id="compute.bound", category="compute", severity="info",
-        title=f"Compute-bound: the model's own work takes {share:.0%} of the step",
-        evidence=evidence, fixes=tuple(fixes),
-    )]
+            fixes.append(set_threads(
+                f"torch uses {threads} of {cores} cores",
+                "Intra-op threads below the core count leave cores idle in compute.", cores))
+    title = f"Compute-bound: the model's own work takes {share:.0%} of the step"
+    return [Finding("compute.bound", "compute", "info", title, evidence, tuple(fixes))]

@@ -10,21 +10,97 @@ import math
 from doctor.rules.base import rule
 from doctor.rules.evidence import Evidence
 from doctor.rules.input_model import main_loader
-from doctor.rules.window import mean, severity, speedup, window_steps
+from doctor.rules.window import mean, means, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 
 MIB = 1 << 20
 
 
+NON_BLOCKING = Fix(
+    title="Copy without blocking the host",
+    why="with pinned memory, non_blocking=True lets the copy overlap the previous "
+        "step's kernels instead of stalling the stream",
+    code=(
+        "for inputs, targets in loader:\n"
+        "    inputs = inputs.to(device, non_blocking=True)\n"
+        "    targets = targets.to(device, non_blocking=True)"
+    ),
+)
+PREFETCH_ON_A_STREAM = Fix(
+    title="Copy the next batch while this one computes",
+    why="a copy on its own stream, issued a step ahead, overlaps the kernels "
+        "instead of running between them",
+    code=(
+        "copy_stream = torch.cuda.Stream()\n"
+        "def prefetch(batch):\n"
+        "    with torch.cuda.stream(copy_stream):\n"
+        "        return [t.to(device, non_blocking=True) for t in batch]\n"
+        "batches = iter(loader)\n"
+        "nxt = prefetch(next(batches))\n"
+        "for batch in batches:\n"
+        "    torch.cuda.current_stream().wait_stream(copy_stream)\n"
+        "    current, nxt = nxt, prefetch(batch)\n"
+        "    train_step(current)"
+    ),
+)
+KEEP_RESULTS_ON_GPU = Fix(
+    title="Keep results on the GPU",
+    why="device-to-host copies (.cpu(), .numpy(), .tolist()) inside the step wait "
+        "for the GPU and cost a copy; gather metrics on the device",
+    code="correct += (logits.argmax(dim=1) == targets).sum()  # read once per epoch",
+)
+FIND_SYNCS = Fix(
+    title="Find the syncs",
+    why="torch reports every synchronising call (.item(), .cpu(), printing a "
+        "tensor, boolean masks, blocking copies) with its Python line",
+    code='torch.cuda.set_sync_debug_mode("warn")',
+)
+READ_SCALARS_RARELY = Fix(
+    title="Read scalars every N steps, not every step",
+    why="loss.item() waits for the whole step to finish; keep the running value "
+        "on the GPU and read it rarely",
+    code=(
+        "running_loss += loss.detach()\n"
+        "if step % 100 == 0:\n"
+        "    print(f\"loss {running_loss.item() / 100:.4f}\")\n"
+        "    running_loss.zero_()"
+    ),
+)
+LARGER_BATCH = Fix(
+    title="Fewer, larger kernels: a larger batch",
+    why="each launch costs the host microseconds whatever the kernel's size; a "
+        "larger batch does more work per launch (scale the learning rate with it)",
+    code="loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size)",
+)
+COMPILE_REDUCE_OVERHEAD = Fix(
+    title="Compile the model (fusion, and CUDA graphs with reduce-overhead)",
+    why="torch.compile fuses elementwise kernels; mode='reduce-overhead' replays "
+        "the step as a CUDA graph, one launch instead of thousands",
+    code='model = torch.compile(model, mode="reduce-overhead")',
+)
+FUSED_OPTIMIZER = Fix(
+    title="Fused optimizer",
+    why="the foreach/fused implementations update all parameters in a few kernels",
+    code="optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)",
+)
+ALLOW_TF32 = Fix(
+title="Allow TF32 for fp32 matmuls and convolutions",
+why="on Ampere and later, TF32 keeps fp32 storage and runs on Tensor Cores; "
+"one line, no other code change",
+code=(
+"torch.backends.cuda.matmul.allow_tf32 = True\n"
+"torch.backends.cudnn.allow_tf32 = True"
+),
+)
+
+
 @rule("gpu.pageable_copy", needs=("window",))
 def pageable_copy(ev: Evidence) -> list[Finding]:
     f = window_steps(ev)
-    pageable = mean(f, "htod_pageable_count")
+    pageable, step, exposed, htod = means(f, "htod_pageable_count", "dur_s",
+                                          "transfer_exposed_s", "htod_s")
     if pageable <= 0:
         return []
-    step = mean(f, "dur_s")
-    exposed = mean(f, "transfer_exposed_s")
-    htod = mean(f, "htod_s")
     share = exposed / step
     pin = main_loader(ev.loaders).get("pin_memory")
     why_pin = (
@@ -34,18 +110,13 @@ def pageable_copy(ev: Evidence) -> list[Finding]:
         "pageable host memory is staged through a bounce buffer and blocks the host; pinned "
         "batches copy by DMA and can overlap compute"
     )
-    return [Finding(
-        id="gpu.pageable_copy", category="transfer", severity=severity(share, 0.15, 0.03),
+    return [window_finding(
+        "gpu.pageable_copy", "transfer", share=share, bands=(0.15, 0.03),
         title=f"{pageable:.0f} host-to-device copies per step come from pageable memory",
-        evidence={
-            "htod_pageable_per_step": pageable,
-            "htod_pinned_per_step": mean(f, "htod_pinned_count"),
-            "htod_s_per_step": htod,
-            "htod_mb_per_step": mean(f, "htod_bytes") / MIB,
-            "transfer_exposed_s_per_step": exposed,
-            "transfer_exposed_share": share,
-            "step_s": step,
-        },
+        evidence=dict(htod_pageable_per_step=pageable,
+                      htod_pinned_per_step=mean(f, "htod_pinned_count"), htod_s_per_step=htod,
+                      htod_mb_per_step=mean(f, "htod_bytes") / MIB,
+                      transfer_exposed_s_per_step=exposed, transfer_exposed_share=share),
         fixes=(
             Fix(
                 title="Pin the DataLoader's batches",
@@ -57,174 +128,81 @@ def pageable_copy(ev: Evidence) -> list[Finding]:
                     ")"
                 ),
             ),
-            Fix(
-                title="Copy without blocking the host",
-                why="with pinned memory, non_blocking=True lets the copy overlap the previous "
-                    "step's kernels instead of stalling the stream",
-                code=(
-                    "for inputs, targets in loader:\n"
-                    "    inputs = inputs.to(device, non_blocking=True)\n"
-                    "    targets = targets.to(device, non_blocking=True)"
-                ),
-            ),
+            NON_BLOCKING,
         ),
-        estimated_speedup=speedup(step, exposed),
+        step_s=step, removed_s=exposed,
     )]
 
 
 @rule("gpu.transfer_exposed", needs=("window",))
 def transfer_exposed(ev: Evidence) -> list[Finding]:
     f = window_steps(ev)
-    step = mean(f, "dur_s")
-    total = mean(f, "transfer_s")
-    exposed = mean(f, "transfer_exposed_s")
+    step, total, exposed = means(f, "dur_s", "transfer_s", "transfer_exposed_s")
     if mean(f, "htod_pageable_count") > 0 or total / step < 0.05 or exposed / step < 0.01:
         return []  # pageable copies have their own finding; small copies cost nothing
-    return [Finding(
-        id="gpu.transfer_exposed", category="transfer",
-        severity=severity(exposed / step, 0.15, 0.05),
+    return [window_finding(
+        "gpu.transfer_exposed", "transfer", share=exposed / step, bands=(0.15, 0.05),
         title=(
             f"Host-device copies take {total / step:.0%} of the step, {exposed / step:.0%} "
             "with no kernel running beside them"
         ),
-        evidence={
-            "transfer_s_per_step": total,
-            "transfer_share": total / step,
-            "transfer_exposed_share": exposed / step,
-            "overlapped_fraction": 1.0 - exposed / total if total > 0 else 0.0,
-            "htod_mb_per_step": mean(f, "htod_bytes") / MIB,
-            "htod_pinned_per_step": mean(f, "htod_pinned_count"),
-            "step_s": step,
-        },
-        fixes=(
-            Fix(
-                title="Copy the next batch while this one computes",
-                why="a copy on its own stream, issued a step ahead, overlaps the kernels "
-                    "instead of running between them",
-                code=(
-                    "copy_stream = torch.cuda.Stream()\n"
-                    "def prefetch(batch):\n"
-                    "    with torch.cuda.stream(copy_stream):\n"
-                    "        return [t.to(device, non_blocking=True) for t in batch]\n"
-                    "batches = iter(loader)\n"
-                    "nxt = prefetch(next(batches))\n"
-                    "for batch in batches:\n"
-                    "    torch.cuda.current_stream().wait_stream(copy_stream)\n"
-                    "    current, nxt = nxt, prefetch(batch)\n"
-                    "    train_step(current)"
-                ),
-            ),
-            Fix(
-                title="Keep results on the GPU",
-                why="device-to-host copies (.cpu(), .numpy(), .tolist()) inside the step wait "
-                    "for the GPU and cost a copy; gather metrics on the device",
-                code="correct += (logits.argmax(dim=1) == targets).sum()  # read once per epoch",
-            ),
-        ),
-        estimated_speedup=speedup(step, exposed),
+        evidence=dict(transfer_s_per_step=total, transfer_share=total / step,
+                      transfer_exposed_share=exposed / step,
+                      overlapped_fraction=1.0 - exposed / total if total > 0 else 0.0,
+                      htod_mb_per_step=mean(f, "htod_bytes") / MIB,
+                      htod_pinned_per_step=mean(f, "htod_pinned_count")),
+        fixes=(PREFETCH_ON_A_STREAM, KEEP_RESULTS_ON_GPU),
+        step_s=step, removed_s=exposed,
     )]
 
 
 @rule("gpu.host_sync", needs=("window",))
 def host_sync(ev: Evidence) -> list[Finding]:
     f = window_steps(ev)
-    count = mean(f, "sync_count")
-    bubble = mean(f, "sync_bubble_s")
-    step = mean(f, "dur_s")
+    count, bubble, step = means(f, "sync_count", "sync_bubble_s", "dur_s")
     share = bubble / step
     if count <= 0 or share < 0.01:
         return []
     sources = [s for s in f["sync_source"].astype(str) if s] if "sync_source" in f else []
     source = max(set(sources), key=sources.count) if sources else ""
     where = f" (most of them: {source})" if source else ""
-    return [Finding(
-        id="gpu.host_sync", category="compute", severity=severity(share, 0.15, 0.03),
+    return [window_finding(
+        "gpu.host_sync", "compute", share=share, bands=(0.15, 0.03),
         title=f"{count:.0f} host syncs per step drain the GPU queue{where}",
-        evidence={
-            "syncs_per_step": count,
-            "sync_s_per_step": mean(f, "sync_s"),
-            "gpu_idle_after_sync_s_per_step": bubble,
-            "gpu_idle_after_sync_share": share,
-            "source": source,
-            "step_s": step,
-        },
-        fixes=(
-            Fix(
-                title="Find the syncs",
-                why="torch reports every synchronising call (.item(), .cpu(), printing a "
-                    "tensor, boolean masks, blocking copies) with its Python line",
-                code='torch.cuda.set_sync_debug_mode("warn")',
-            ),
-            Fix(
-                title="Read scalars every N steps, not every step",
-                why="loss.item() waits for the whole step to finish; keep the running value "
-                    "on the GPU and read it rarely",
-                code=(
-                    "running_loss += loss.detach()\n"
-                    "if step % 100 == 0:\n"
-                    "    print(f\"loss {running_loss.item() / 100:.4f}\")\n"
-                    "    running_loss.zero_()"
-                ),
-            ),
-        ),
-        estimated_speedup=speedup(step, bubble),
+        evidence=dict(syncs_per_step=count, sync_s_per_step=mean(f, "sync_s"),
+                      gpu_idle_after_sync_s_per_step=bubble, gpu_idle_after_sync_share=share,
+                      source=source),
+        fixes=(FIND_SYNCS, READ_SCALARS_RARELY),
+        step_s=step, removed_s=bubble,
     )]
 
 
 @rule("gpu.launch_bound", needs=("window",))
 def launch_bound(ev: Evidence) -> list[Finding]:
     f = window_steps(ev)
-    step = mean(f, "dur_s")
-    idle_host = mean(f, "gpu_idle_host_s")
+    step, idle_host, kernels, median_us = means(f, "dur_s", "gpu_idle_host_s", "kernel_count",
+                                                "kernel_median_us")
     share = idle_host / step
-    kernels = mean(f, "kernel_count")
-    median_us = mean(f, "kernel_median_us")
     if share < 0.2 or kernels < 50:
         return []
-    return [Finding(
-        id="gpu.launch_bound", category="compute", severity=severity(share, 0.4, 0.2),
+    return [window_finding(
+        "gpu.launch_bound", "compute", share=share, bands=(0.4, 0.2),
         title=(
             f"The GPU idles {share:.0%} of the step while the host launches work "
             f"({kernels:.0f} kernels per step, median {median_us:.0f} us)"
         ),
-        evidence={
-            "gpu_busy_share": mean(f, "gpu_busy_s") / step,
-            "gpu_idle_host_share": share,
-            "kernels_per_step": kernels,
-            "kernel_median_us": median_us,
-            "launches_per_step": mean(f, "launch_count"),
-            "step_s": step,
-        },
-        fixes=(
-            Fix(
-                title="Fewer, larger kernels: a larger batch",
-                why="each launch costs the host microseconds whatever the kernel's size; a "
-                    "larger batch does more work per launch (scale the learning rate with it)",
-                code="loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size)",
-            ),
-            Fix(
-                title="Compile the model (fusion, and CUDA graphs with reduce-overhead)",
-                why="torch.compile fuses elementwise kernels; mode='reduce-overhead' replays "
-                    "the step as a CUDA graph, one launch instead of thousands",
-                code='model = torch.compile(model, mode="reduce-overhead")',
-            ),
-            Fix(
-                title="Fused optimizer",
-                why="the foreach/fused implementations update all parameters in a few kernels",
-                code="optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)",
-            ),
-        ),
-        estimated_speedup=speedup(step, idle_host),
+        evidence=dict(gpu_busy_share=mean(f, "gpu_busy_s") / step, gpu_idle_host_share=share,
+                      kernels_per_step=kernels, kernel_median_us=median_us,
+                      launches_per_step=mean(f, "launch_count")),
+        fixes=(LARGER_BATCH, COMPILE_REDUCE_OVERHEAD, FUSED_OPTIMIZER),
+        step_s=step, removed_s=idle_host,
     )]
 
 
 @rule("gpu.no_tensor_cores", needs=("window",))
 def no_tensor_cores(ev: Evidence) -> list[Finding]:
     f = window_steps(ev)
-    gemm = mean(f, "gemm_s")
-    tc = mean(f, "gemm_tensor_core_s")
-    busy = mean(f, "gpu_busy_s")
-    step = mean(f, "dur_s")
+    gemm, tc, busy, step = means(f, "gemm_s", "gemm_tensor_core_s", "gpu_busy_s", "dur_s")
     cc = float(f["gpu_cc"].iloc[0]) if "gpu_cc" in f else float("nan")
     name = str(f["gpu_name"].iloc[0]) if "gpu_name" in f else ""
     if busy <= 0 or gemm / busy < 0.2 or tc > 0.1 * gemm:
@@ -260,26 +238,13 @@ def no_tensor_cores(ev: Evidence) -> list[Finding]:
         ),
     ]
     if tf32:
-        fixes.append(Fix(
-            title="Allow TF32 for fp32 matmuls and convolutions",
-            why="on Ampere and later, TF32 keeps fp32 storage and runs on Tensor Cores; "
-                "one line, no other code change",
-            code=(
-                "torch.backends.cuda.matmul.allow_tf32 = True\n"
-                "torch.backends.cudnn.allow_tf32 = True"
-            ),
-        ))
-    return [Finding(
-        id="gpu.no_tensor_cores", category="compute", severity=severity(gemm / step, 0.4, 0.15),
+        fixes.append(ALLOW_TF32)
+    return [window_finding(
+        "gpu.no_tensor_cores", "compute", share=gemm / step, bands=(0.4, 0.15),
         title=f"GEMM/convolution kernels take {gemm / busy:.0%} of GPU time without Tensor Cores",
-        evidence={
-            "gemm_s_per_step": gemm,
-            "gemm_share_of_gpu_busy": gemm / busy,
-            "tensor_core_share_of_gemm": tc / gemm if gemm else 0.0,
-            "compute_capability": cc,
-            "gpu": name,
-            "step_s": step,
-        },
+        evidence=dict(gemm_s_per_step=gemm, gemm_share_of_gpu_busy=gemm / busy,
+                      tensor_core_share_of_gemm=tc / gemm if gemm else 0.0, compute_capability=cc,
+                      gpu=name),
         fixes=tuple(fixes),
-        estimated_speedup=speedup(step, gained),
+        step_s=step, removed_s=gained,
     )]

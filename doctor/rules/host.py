@@ -48,12 +48,11 @@ def host_contention(ev: Evidence) -> list[Finding]:
     speedup = None
     want = max(1, cores // (procs + workers)) if workers else max(1, cores // procs)
     if threads and threads * procs + workers > cores:
-        fixes.append(Fix(
-            title=f"{procs} process(es) x {threads} torch threads + {workers} workers on "
-                  f"{cores} cores: use {want} thread(s) per process",
-            why="Threads beyond the cores wait for each other; fewer threads run faster.",
-            code=f"import torch\ntorch.set_num_threads({want})  # or: OMP_NUM_THREADS={want}",
-        ))
+        fixes.append(set_threads(
+            f"{procs} process(es) x {threads} torch threads + {workers} workers on {cores} "
+            f"cores: use {want} thread(s) per process",
+            "Threads beyond the cores wait for each other; fewer threads run faster.", want,
+            env=True))
     if other_cores is not None and other_cores >= 0.5:
         if job_cores:
             speedup = min(cores, max(job_cores, 1.0) + other_cores) / job_cores
@@ -65,16 +64,20 @@ def host_contention(ev: Evidence) -> list[Finding]:
                  "# then stop them, move them to other cores (taskset), or renice them",
         ))
     if not fixes:
-        fixes.append(Fix(
-            title=f"Keep runnable threads at or below {cores}",
-            why="The machine had more runnable threads than cores for most of the run.",
-            code=f"import torch\ntorch.set_num_threads({want})",
-        ))
+        fixes.append(set_threads(
+            f"Keep runnable threads at or below {cores}",
+            "The machine had more runnable threads than cores for most of the run.", want))
     return [Finding(
         id="host.contention", category="compute", severity="warning",
         title=f"{per_core:.1f} runnable threads per core: the job competes for the CPU",
         evidence=evidence, fixes=tuple(fixes), estimated_speedup=speedup,
     )]
+
+
+def set_threads(title: str, why: str, threads: int, env: bool = False) -> Fix:
+    """The fix that sets torch's intra-op threads (and, with ``env``, says the variable)."""
+    also = f"  # or: OMP_NUM_THREADS={threads}" if env else ""
+    return Fix(title=title, why=why, code=f"import torch\ntorch.set_num_threads({threads}){also}")
 
 
 def _job_cores(ev: Evidence) -> float | None:

@@ -9,11 +9,14 @@ Figures in evidence are per-step means (seconds) or fractions of the mean step (
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
 from doctor.rules.base import RuleSkipped
 from doctor.rules.evidence import Evidence
+from doctor.verdict import Finding, Fix
 
 
 def window_steps(ev: Evidence, device: str | None = "cuda") -> pd.DataFrame:
@@ -34,6 +37,21 @@ def mean(frame: pd.DataFrame, col: str) -> float:
         return 0.0
     value = float(frame[col].astype("float64").mean())
     return 0.0 if math.isnan(value) else value
+
+
+def means(frame: pd.DataFrame, *cols: str) -> list[float]:
+    """The per-step mean of each column (0 where absent), in order."""
+    return [mean(frame, col) for col in cols]
+
+
+def window_finding(rule_id: str, category: str, *, share: float, bands: tuple[float, float],
+                   title: str, evidence: Mapping[str, Any], fixes: Sequence[Fix],
+                   step_s: float, removed_s: float) -> Finding:
+    """A finding about a share of the window's step: critical and warning from ``bands``, the
+    speedup of removing ``removed_s`` seconds of each ``step_s``."""
+    return Finding(id=rule_id, category=category, severity=severity(share, *bands), title=title,
+                   evidence={**evidence, "step_s": step_s}, fixes=tuple(fixes),
+                   estimated_speedup=speedup(step_s, removed_s))
 
 
 def speedup(step_s: float, removed_s: float) -> float:

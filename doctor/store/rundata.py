@@ -23,46 +23,40 @@ from doctor.verdict import ProbeStatus
 
 RUN, WATCH, TRACE = "run", "watch", "trace"  # what recorded it: doctor run, doctor.watch, a trace
 
-#: Columns of each frame and their dtypes ("object" for text and tuples).
-PROCESS_COLUMNS: dict[str, str] = {
-    "node": "int64", "rank": "int64", "role": "object", "pid": "int64", "ppid": "float64",
-    "path": "object", "started_ns": "float64", "ended_ns": "float64", "cores": "float64",
-    "world_size": "float64", "torch_version": "object", "torch_threads": "float64",
-    "cuda": "object", "crashed": "object", "crashed_ns": "float64", "window_state": "object",
-    "window_reason": "object",
-}
-PROBE_STATUS_COLUMNS: dict[str, str] = {
-    "node": "int64", "rank": "int64", "pid": "int64", "probe": "object", "ok": "bool",
-    "reason": "object", "hint": "object",
-}
-LOADER_COLUMNS: dict[str, str] = {
-    "node": "int64", "rank": "int64", "pid": "int64", "id": "int64", "num_workers": "int64",
-    "batch_size": "object", "pin_memory": "bool", "prefetch_factor": "object",
-    "persistent_workers": "bool", "dataset": "object", "dataset_len": "object",
-    "collate_fn": "object", "sharing_strategy": "object", "batch_tensors": "object",
-}
-MARK_COLUMNS: dict[str, str] = {
-    "node": "int64", "rank": "int64", "pid": "int64", "t_ns": "int64", "kind": "int64",
-    "key": "int64",
-}
-INTERVAL_COLUMNS: dict[str, str] = {
-    "node": "int64", "rank": "int64", "pid": "int64", "name": "object", "t0_ns": "int64",
-    "t1_ns": "int64", "key": "int64",
-}
-EVENT_COLUMNS: dict[str, str] = {
-    "node": "int64", "rank": "int64", "pid": "int64", "t_ns": "int64", "event": "int64",
-    "value": "int64",
-}
-STACK_COLUMNS: dict[str, str] = {
-    "node": "int64", "rank": "int64", "pid": "int64", "stack": "object", "count": "int64",
-}
-STACK_SPAN_COLUMNS: dict[str, str] = {
-    "node": "int64", "rank": "int64", "pid": "int64", "recorder": "object", "rate_hz": "float64",
-    "start_ns": "int64", "end_ns": "int64", "taken": "int64",
-}
-WINDOW_STATUS_COLUMNS: dict[str, str] = {
-    "node": "int64", "rank": "int64", "pid": "int64", "ok": "bool", "reason": "object",
-}
+
+def columns(spec: str) -> dict[str, str]:
+    """Column names and dtypes from ``"a b:int64 c:object"``: each name takes the dtype that
+    follows it (so ``a`` and ``b`` are int64)."""
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    for word in spec.split():
+        name, _, dtype = word.partition(":")
+        pending.append(name)
+        if dtype:
+            out.update(dict.fromkeys(pending, dtype))
+            pending = []
+    assert not pending, f"no dtype for {pending}"
+    return out
+
+
+#: Columns of each frame and their dtypes ("object" for text and tuples). Every row of the
+#: process frames says which process wrote it: node, rank, pid.
+WHO = "node rank pid:int64"
+PROCESS_COLUMNS = columns(
+    f"{WHO} role path:object ppid started_ns ended_ns cores world_size:float64 "
+    "torch_version:object torch_threads:float64 cuda crashed:object crashed_ns:float64 "
+    "window_state window_reason:object")
+PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
+LOADER_COLUMNS = columns(
+    f"{WHO} id num_workers:int64 batch_size:object pin_memory:bool prefetch_factor:object "
+    "persistent_workers:bool dataset dataset_len collate_fn sharing_strategy "
+    "batch_tensors:object")
+MARK_COLUMNS = columns(f"{WHO} t_ns kind key:int64")
+INTERVAL_COLUMNS = columns(f"{WHO} name:object t0_ns t1_ns key:int64")
+EVENT_COLUMNS = columns(f"{WHO} t_ns event value:int64")
+STACK_COLUMNS = columns(f"{WHO} stack:object count:int64")
+STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns end_ns taken:int64")
+WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object")
 #: The profiler window's steps: the trace's step frame, and which process recorded it.
 WINDOW_COLUMNS: dict[str, str] = {**STEP_COLUMNS, "node": "int64", "pid": "int64"}
 #: Interval rings a process may hold (step hooks, the DataLoader probe).
