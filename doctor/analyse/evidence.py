@@ -42,18 +42,19 @@ def _int(value: object) -> int | None:
 
 
 def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
-                   ledger: pd.DataFrame, window: pd.DataFrame, splits: dict[int, StageSplit],
-                   outside: dict[int, OutsideShares], span: Span | None, ranged: bool,
-                   unsplit_reason: str) -> Evidence:
+                   ledger: pd.DataFrame, window: pd.DataFrame, loaders: pd.DataFrame,
+                   splits: dict[int, StageSplit], outside: dict[int, OutsideShares],
+                   span: Span | None, ranged: bool, unsplit_reason: str) -> Evidence:
+    """The evidence of the run; ``window`` marked analysed (window_analysed), ``loaders`` of
+    the training processes (training_loaders)."""
     steady = analysed(ledger)
     host = within(run.host, span) if ranged else run.host
     system = within(run.system, span) if ranged else run.system
     mains = {r.pid for r in ranks.values()}
     return Evidence(
         job=job, ledger=steady, host=host, system=system,
-        window=_window_analysed(window, ranks, ledger),
-        memory=of_processes(run.memory, (r.process for r in ranks.values())),
-        loaders=_loaders(run, ranks),
+        window=window, memory=of_processes(run.memory, (r.process for r in ranks.values())),
+        loaders=loaders,
         input_split=split_evidence(splits), unsplit_reason=unsplit_reason,
         outside_loader=outside_evidence(outside),
         stragglers=search_stragglers(steady, host, job.rank_pids) if len(ranks) > 1 else None,
@@ -65,15 +66,15 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
     )
 
 
-def _loaders(run: RunData, ranks: dict[int, RankSteps]) -> pd.DataFrame:
+def training_loaders(run: RunData, ranks: dict[int, RankSteps]) -> pd.DataFrame:
     """The DataLoader settings the training processes recorded (lowest rank first)."""
     rows = of_processes(run.loaders, (r.process for r in ranks.values()))
     return rows.sort_values(["rank", "id"], kind="stable").drop(columns=["node", "pid"]) \
         .reset_index(drop=True)
 
 
-def _window_analysed(window: pd.DataFrame, ranks: dict[int, RankSteps],
-                     ledger: pd.DataFrame) -> pd.DataFrame:
+def window_analysed(window: pd.DataFrame, ranks: dict[int, RankSteps],
+                    ledger: pd.DataFrame) -> pd.DataFrame:
     """The window's steps, each marked analysed: all of a window beside the steps it profiled;
     for steps that are the window's own, as the ledger marks them (warm-up left out)."""
     out = window.assign(analyzed=True)

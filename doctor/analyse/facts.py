@@ -141,6 +141,34 @@ def crash_notes(run: RunData) -> list[str]:
     return notes
 
 
+def contention_notes(contention: dict[int, float], cores: int | None) -> list[str]:
+    if not contention:
+        return []
+    rank, frac = max(contention.items(), key=lambda kv: kv[1])
+    return [f"With DataLoader workers on {cores} cores, the training process of rank {rank} "
+            f"waited for a core the workers held for {frac:.0%} of its step time outside the "
+            "input wait; that time counts as input, split by stage like the wait."]
+
+
+def rule_notes(skipped: dict[str, str]) -> list[str]:
+    """A rule that failed is said (one that lacked evidence is only listed in the verdict)."""
+    return [f"Rule {rule_id} was skipped: {why}." for rule_id, why in sorted(skipped.items())
+            if why.startswith("rule failed")]
+
+
+def no_steps_reason(run: RunData, ranks: dict[int, RankSteps]) -> str:
+    """Why there are no steps to analyse."""
+    if run.record.kind == TRACE:
+        reasons = [r for r in run.window_status["reason"] if r]
+        return reasons[0] if reasons else "the steps have no duration"
+    if run.processes.empty:
+        return "no Python process of the job recorded anything"
+    if not ranks:
+        return ("the job's processes recorded no optimizer step, backward() call or DataLoader "
+                "batch")
+    return "the steps have no duration"
+
+
 def range_notes(ledger: pd.DataFrame, step_range: tuple[int, int]) -> list[str]:
     first, last = step_range
     count = int(ledger["step"].max()) if len(ledger) else 0

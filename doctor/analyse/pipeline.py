@@ -9,12 +9,12 @@ only in the RunData they load; everything after that is this one function.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from doctor.analyse import facts
 from doctor.analyse.contention import analysed_span, loading_contention
-from doctor.analyse.evidence import build_evidence, job_facts
+from doctor.analyse.evidence import build_evidence, job_facts, training_loaders, window_analysed
 from doctor.analyse.ledger import build_ledger
 from doctor.analyse.split import outside_loader, rank_split
 from doctor.analyse.steps import (
@@ -52,49 +52,28 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                           {r: f for r, s in splits.items() if (f := s.fractions) is not None},
                           {r: o.shares for r, o in outside.items()}, contention)
     job = job_facts(run, ranks, window)
-    evidence = build_evidence(run, job, ranks, ledger, window, splits, outside, span,
+    window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
+    evidence = build_evidence(run, job, ranks, ledger, window, loaders, splits, outside, span,
                               in_range is not None, facts.stacks_reason(run, ranks))
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)
     findings = list(outcome.findings)
     if summary.bottleneck == "unknown":
-        findings.insert(0, no_steps_finding(_no_steps_why(run, ranks), run.record.kind == TRACE))
+        findings.insert(0, no_steps_finding(facts.no_steps_reason(run, ranks),
+                                            run.record.kind == TRACE))
     partial, notes = facts.exit_notes(run)
-    notes += facts.source_notes(ranks, window, bool(windows))
-    if contention:
-        rank, frac = max(contention.items(), key=lambda kv: kv[1])
-        notes.append(f"With DataLoader workers on {job.cores} cores, the training process of "
-                     f"rank {rank} waited for a core the workers held for {frac:.0%} of its "
-                     "step time outside the input wait; that time counts as input, split by "
-                     "stage like the wait.")
-    if in_range is not None:
-        notes += facts.range_notes(ledger, in_range)
-    notes += summary.notes
-    notes += [f"Rule {rule_id} was skipped: {why}." for rule_id, why in
-              sorted(outcome.skipped.items()) if why.startswith("rule failed")]
-    notes += facts.crash_notes(run)
+    notes += [*facts.source_notes(ranks, window, bool(windows)),
+              *facts.contention_notes(contention, job.cores),
+              *(facts.range_notes(ledger, in_range) if in_range else []), *summary.notes,
+              *facts.rule_notes(outcome.skipped), *facts.crash_notes(run)]
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, ranks, window_problems),
         job=facts.job_dict(run, job), partial=partial, notes=notes,
         extra={"bottleneck_share": summary.bottleneck_share, "rules_skipped": outcome.skipped},
     )
-    tables = report_tables(ledger, evidence.window if evidence.window is not None else window,
-                           evidence.loaders if evidence.loaders is not None else run.loaders,
-                           run.host, run.processes, splits, outside)
+    tables = report_tables(ledger, window, loaders, run.host, run.processes, splits, outside)
     return Analysis(verdict=verdict, ledger=ledger, source=run.record.source, tables=tables)
-
-
-def _no_steps_why(run: RunData, ranks: Mapping[int, object]) -> str:
-    if run.record.kind == TRACE:
-        reasons = [r for r in run.window_status["reason"] if r]
-        return reasons[0] if reasons else "the steps have no duration"
-    if run.processes.empty:
-        return "no Python process of the job recorded anything"
-    if not ranks:
-        return "the job's processes recorded no optimizer step, backward() call or DataLoader " \
-               "batch"
-    return "the steps have no duration"
 
 
 def analyze_run(run_dirs: Path | Sequence[Path],
