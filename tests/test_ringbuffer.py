@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor.record.ringbuffer import RingFormatError, RingWriter, read_ring
+from doctor.store.ringbuffer import RingFormatError, RingWriter, read_ring
 
 
 def test_records_come_back_in_order(tmp_path: Path) -> None:

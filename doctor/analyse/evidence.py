@@ -3,6 +3,7 @@ the stages before it. Nothing here decides anything; it gathers and types."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from doctor.analyse.contention import Span, cores_used, within
@@ -19,14 +20,15 @@ def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -
     first = mains.sort_values("rank").iloc[0] if not mains.empty else None
     workers = procs[procs["role"].astype(str).str.startswith("worker")]
     worlds = mains["world_size"].dropna()
-    world = int(worlds.max()) if len(worlds) else (len(ranks) or None) \
-        if run.record.job_seen else None
+    if len(worlds):
+        world: int | None = int(worlds.max())
+    else:  # one process of a job doctor ran is a world of one; a trace alone may not say
+        world = (len(ranks) or None) if run.record.job_seen else None
     cores = run.record.cores or (_int(first["cores"]) if first is not None else None)
-    cuda = bool(mains["cuda"].fillna(False).astype(bool).any()) or \
+    cuda = any(isinstance(c, bool | np.bool_) and bool(c) for c in mains["cuda"]) or \
         bool((window["device"] == "cuda").any())
     return JobFacts(
-        kind=run.record.kind, device="cuda" if cuda else "cpu",
-        cores=cores if cores or not run.record.job_seen else 1,
+        kind=run.record.kind, device="cuda" if cuda else "cpu", cores=cores,
         torch_threads=_int(first["torch_threads"]) if first is not None else None,
         torch_version=first["torch_version"] if first is not None else None,
         world_size=world, ranks=len(ranks), ranks_here=max(len(ranks), 1),

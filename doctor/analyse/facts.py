@@ -92,7 +92,11 @@ def stacks_reason(run: RunData, ranks: dict[int, RankSteps]) -> str:
     if status is not None and not status.ok:
         return status.reason or "the stacks probe did not run"
     if of_processes(run.stack_spans, (r.process for r in ranks.values())).empty:
-        return "no stack samples were taken: the job ended before the profiling window"
+        window = of_processes(run.probe_status, (r.process for r in ranks.values()))
+        off = window[(window["probe"] == "torch_ops") & ~window["ok"]]
+        why = str(off["reason"].iloc[0]) if not off.empty else \
+            "the job ended before the profiling window"
+        return f"no stack samples were taken: {why}"
     return ""
 
 

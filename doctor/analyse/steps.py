@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from doctor.errors import UsageError
-from doctor.record.session import (
+from doctor.store.records import (
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
     EVENT_WINDOW_STOP_END,

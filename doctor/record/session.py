@@ -28,29 +28,26 @@ from pathlib import Path
 from typing import Any
 
 from doctor.record.machine import usable_cores
-from doctor.record.ringbuffer import RingWriter
 from doctor.record.tracer import allow_parent_tracer
 from doctor.store.process import ProcessWriter
-
-# Step kinds, from the weakest evidence of a step boundary to the strongest.
-STEP_DATALOADER = 0
-STEP_BACKWARD = 1
-STEP_OPTIMIZER = 2
-STEP_MANUAL = 3
-STEP_KIND_NAMES = {STEP_DATALOADER: "dataloader", STEP_BACKWARD: "backward",
-                   STEP_OPTIMIZER: "optimizer", STEP_MANUAL: "manual"}
-
-# Events in the events ring.
-EVENT_WINDOW_START = 1
-EVENT_WINDOW_STOP_BEGIN = 2
-EVENT_WINDOW_STOP_END = 3
+from doctor.store.records import (  # noqa: F401  (the step kinds and events probes record)
+    EVENT_RECORD,
+    EVENT_WINDOW_START,
+    EVENT_WINDOW_STOP_BEGIN,
+    EVENT_WINDOW_STOP_END,
+    INTERVAL_RECORD,
+    STEP_BACKWARD,
+    STEP_DATALOADER,
+    STEP_KIND_NAMES,
+    STEP_MANUAL,
+    STEP_OPTIMIZER,
+    STEPS_RECORD,
+)
+from doctor.store.ringbuffer import RingWriter
 
 # Events between probes (``on``/``emit``).
 WINDOW_START, WINDOW_END, CLOSE = "window_start", "window_end", "close"
 
-STEPS_RECORD = ("<qii", ("t_ns", "kind", "key"))
-INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
-EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
 RING_CAPACITY = 1 << 17  # records per ring: about 3 MB a ring, whatever the run's length
 
 Clock = Callable[[], int]

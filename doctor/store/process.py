@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from doctor.record.ringbuffer import RingWriter
 from doctor.store import layout
+from doctor.store.ringbuffer import RingWriter
 from doctor.store.samples import append_memory
 
 

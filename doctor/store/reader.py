@@ -17,11 +17,11 @@ from typing import Any
 import pandas as pd
 
 from doctor.errors import RingFormatError, RunDirError, WindowUnavailable
-from doctor.record.ringbuffer import read_ring
 from doctor.store import layout
+from doctor.store.records import INTERVAL_RINGS
+from doctor.store.ringbuffer import read_ring
 from doctor.store.rundata import (
     FRAME_COLUMNS,
-    INTERVAL_RINGS,
     RUN,
     RunData,
     RunRecord,

@@ -59,8 +59,6 @@ STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns en
 WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object")
 #: The profiler window's steps: the trace's step frame, and which process recorded it.
 WINDOW_COLUMNS: dict[str, str] = {**STEP_COLUMNS, "node": "int64", "pid": "int64"}
-#: Interval rings a process may hold (step hooks, the DataLoader probe).
-INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate")
 
 
 def typed(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, columns: Mapping[str, str]

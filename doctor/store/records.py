@@ -1,0 +1,27 @@
+"""What the rings of a process folder hold: the record formats, and the codes in them.
+
+The Session (doctor.record.session) writes these records; the reader (doctor.store.reader) turns
+them into frames and the analysis reads the codes back.
+"""
+
+from __future__ import annotations
+
+# Step kinds in the ``steps`` ring, from the weakest evidence of a step boundary to the strongest.
+STEP_DATALOADER = 0
+STEP_BACKWARD = 1
+STEP_OPTIMIZER = 2
+STEP_MANUAL = 3
+STEP_KIND_NAMES = {STEP_DATALOADER: "dataloader", STEP_BACKWARD: "backward",
+                   STEP_OPTIMIZER: "optimizer", STEP_MANUAL: "manual"}
+
+# Events in the ``events`` ring.
+EVENT_WINDOW_START = 1
+EVENT_WINDOW_STOP_BEGIN = 2
+EVENT_WINDOW_STOP_END = 3
+
+#: (struct format, field names) of each kind of ring.
+STEPS_RECORD = ("<qii", ("t_ns", "kind", "key"))
+INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
+EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
+#: Interval rings a process may hold (step hooks, the DataLoader probe).
+INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate")
