@@ -263,3 +263,24 @@ def test_a_batch_of_many_tensors_is_named_for_its_handoff(tmp_path: Path) -> Non
     assert handoff["estimated_speedup"] > 1.1
     assert "instead of 32" in handoff["fixes"][0]["title"]
     assert "workers keep up" in found["input.loader"]["fixes"][0]["title"]
+
+
+def test_doctor_brings_nothing_heavy_into_the_job(tmp_path: Path) -> None:
+    """The probes start with torch, but what they import is the recorder's: no pandas, no
+    analysis, no report code, in any process of the job."""
+    job = tmp_path / "train.py"
+    job.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(12):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        heavy = ("pandas", "matplotlib", "jinja2", "doctor.analyse", "doctor.reports")
+        print(sorted(m for m in sys.modules if m.split(".")[0] in heavy or m in heavy))
+        print("doctor.record.session" in sys.modules)
+    """))
+    result = doctor_cmd("run", "--out", str(tmp_path / "run"), "--window", "off", str(job))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[]", "True"]  # recorded, and nothing heavy

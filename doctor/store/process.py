@@ -1,4 +1,6 @@
-"""One process folder of a run, as the job's Session writes it (layout in doctor.store.layout)."""
+"""One process folder of a run, as the job's Session writes it (layout in doctor.store.layout).
+
+This runs inside every process of the job: it imports no more than it writes with (no pandas)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from typing import Any
 
 from doctor.store import layout
 from doctor.store.ringbuffer import RingWriter
-from doctor.store.samples import append_memory
 
 
 class ProcessWriter:
@@ -32,7 +33,9 @@ class ProcessWriter:
         return RingWriter(layout.ring_path(self.path, name), fmt, names, capacity)
 
     def append_memory(self, row: Mapping[str, Any]) -> None:
-        append_memory(self.path, row)
+        """One allocator snapshot, a line of JSON (doctor.store.samples reads them)."""
+        with open(self.path / layout.MEMORY, "a") as f:
+            f.write(json.dumps(dict(row)) + "\n")
 
     def trace_path(self) -> Path:
         """Where the profiler window exports its trace (compressed after the job)."""

@@ -80,11 +80,6 @@ def read_gpu(run_dir: Path) -> pd.DataFrame:
     return frame
 
 
-def append_memory(proc_dir: Path, row: Mapping[str, Any]) -> None:
-    with open(proc_dir / MEMORY, "a") as f:
-        f.write(json.dumps(dict(row)) + "\n")
-
-
 def read_memory(proc_dirs: Mapping[int, Path]) -> pd.DataFrame:
     """Every snapshot the process folders (pid -> folder) hold, with ``pid`` and ``t_s`` (from
     the first snapshot); an empty frame when none."""
