@@ -2,7 +2,9 @@
 
 A probe is a small object with ``name`` and
 
-- ``check()``: never raises; a ProbeStatus that says why the probe is off and what to do;
+- ``check()``: never raises; a ProbeStatus that says why the probe is off and what to do. It
+  may be asked again (after the run, for the report): the answer stays once decided, except
+  where the probe changed how it runs (the stacks probe falling back to its in-process sampler);
 - ``start()``: patch, hook or open what it measures;
 - ``sample()``: one tick of a sampler that runs from outside the job (a no-op inside the job);
 - ``stop()``: unhook, and hand what it recorded to the store.

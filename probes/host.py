@@ -46,6 +46,7 @@ class HostSampler:
         self._sys_cols: dict[str, array] = {c: array("d") for c in SYSTEM_COLUMNS}
         self._last_cpu: np.ndarray | None = None
         self._cores = usable_cores()
+        self._status: ProbeStatus | None = None
 
     @classmethod
     def for_run(cls, context: ParentContext) -> HostSampler:
@@ -53,12 +54,16 @@ class HostSampler:
                    t0=context.t0)
 
     def check(self) -> ProbeStatus:
-        try:
-            psutil.Process(self.root_pid).cpu_times()
-        except (psutil.Error, OSError) as err:
-            return ProbeStatus(False, f"cannot read the job's process ({err})",
-                               "run doctor as the same user as the job")
-        return ProbeStatus(True)
+        """Whether the job's process can be read; decided once (the job may be gone when it is
+        asked again, after the run)."""
+        if self._status is None:
+            try:
+                psutil.Process(self.root_pid).cpu_times()
+                self._status = ProbeStatus(True)
+            except (psutil.Error, OSError) as err:
+                self._status = ProbeStatus(False, f"cannot read the job's process ({err})",
+                                           "run doctor as the same user as the job")
+        return self._status
 
     def _scan(self) -> None:
         try:

@@ -46,6 +46,7 @@ def test_compute_bound_job(tmp_path: Path) -> None:
     assert verdict["probes"]["torch_ops"]["ok"] is True
     assert verdict["probes"]["steps"]["ok"] is True
     assert verdict["probes"]["gpu"]["ok"] is False and verdict["probes"]["gpu"]["reason"]
+    assert verdict["probes"]["host"] == {"ok": True}  # asked again after the job has gone
     assert verdict["steps"]["count"] == 39
     assert "compute.bound" in finding_ids(verdict)
     assert window_trace_verdict(tmp_path / "run")["bottleneck"] == "compute"  # the other door

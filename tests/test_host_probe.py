@@ -65,3 +65,15 @@ def test_rows_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     sampler.stop()
     procs, system = read_host(tmp_path)
     assert len(procs) <= 11 and len(system) <= 11
+
+
+def test_the_answer_stays_once_the_job_is_gone(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sampler = HostSampler(job.pid, run_dir=tmp_path)
+    assert sampler.check().ok
+    job.kill()
+    job.wait()
+    assert sampler.check().ok  # doctor run asks again for the report, after the job exited
