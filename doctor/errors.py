@@ -31,6 +31,14 @@ class RingFormatError(RunDirError, ValueError):
     """A ring file that is not one of ours, or is truncated."""
 
 
+class RingVersionError(RingFormatError):
+    """A ring written by another version of doctor (its records are laid out differently)."""
+
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
 class TraceError(DoctorError, ValueError):
     """A trace file that cannot be read: missing, truncated, or not Chrome-trace JSON."""
 

@@ -209,12 +209,22 @@ def test_a_broken_doctor_in_the_job_does_not_stop_it(tmp_path: Path) -> None:
     assert errors and "broken" in errors[0].read_text()
 
 
-def test_a_run_directory_of_an_older_format_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_a_run_directory_an_older_doctor_recorded_is_refused_in_one_line(tmp_path: Path) -> None:
+    from tests.loops import record_loop, write_record
+
     old = tmp_path / "old"
-    old.mkdir()
-    (old / "run.json").write_text(json.dumps({"schema": "doctor.run/1", "argv": ["train.py"]}))
+    session = record_loop(old, 10)
+    write_record(old)
+    ring = session.directory / "optimizer.ring"
+    data = bytearray(ring.read_bytes())
+    data[4:8] = (1).to_bytes(4, "little")  # the header of doctor's first ring format
+    ring.write_bytes(bytes(data))
     result = doctor_cmd("report", str(old), "--format", "json")
     assert result.returncode == 2
     assert result.stdout == ""
     [line] = result.stderr.strip().splitlines()
-    assert "recorded in format doctor.run/1" in line and "doctor run" in line
+    assert "was recorded by another doctor (its rings are version 1" in line
+    assert "record the job again" in line
+    (old / "run.json").write_text(json.dumps({"schema": "doctor.run/0"}))
+    [line] = doctor_cmd("report", str(old)).stderr.strip().splitlines()
+    assert "recorded in format doctor.run/0; this doctor reads doctor.run/1 and" in line

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor.errors import RingFormatError, RunFormatError
+from doctor.errors import RunFormatError
 from doctor.store.control import post_stacks_mode, post_window, read_control
 from doctor.store.reader import load_run
 from doctor.store.rundata import FRAME_COLUMNS, combine
@@ -51,17 +51,31 @@ def test_nodes_combine_into_one_run(tmp_path: Path) -> None:
     assert set(run.intervals["node"]) == {0, 1}
 
 
-def test_a_corrupt_ring_is_a_one_line_error(tmp_path: Path) -> None:
-    session = record_loop(tmp_path, 5)
+def test_a_damaged_ring_is_left_out_and_said(tmp_path: Path) -> None:
+    """A process killed as it made a ring leaves a file without a header: the rest is read."""
+    from doctor.analyse.pipeline import analyze_run
+
+    session = record_loop(tmp_path, 30, wait_s=0.001, compute_s=0.02)
     write_record(tmp_path)
-    (session.directory / "backward.ring").write_bytes(b"not a ring")
-    with pytest.raises(RingFormatError, match="too short"):
-        load_run(tmp_path)
+    (session.directory / "backward.ring").write_bytes(b"")
+    run = load_run(tmp_path)
+    assert (run.intervals["name"] == "backward").sum() == 0
+    assert (run.intervals["name"] == "optimizer").sum() == 30
+    [problem] = run.record.problems
+    assert "backward.ring: too short for a ring header: left out" in problem
+    verdict = analyze_run(tmp_path).verdict
+    assert verdict.bottleneck == "compute" and verdict.partial
+    assert any(n.startswith("Not read: ") and "backward.ring" in n for n in verdict.notes)
 
 
-def test_an_older_format_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "run.json").write_text(json.dumps({"schema": "doctor.run/1"}))
-    with pytest.raises(RunFormatError, match=r"format doctor\.run/1"):
+def test_formats_this_doctor_reads_and_refuses(tmp_path: Path) -> None:
+    record_loop(tmp_path, 5)
+    write_record(tmp_path)
+    record = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps({**record, "schema": "doctor.run/1"}))
+    assert len(load_run(tmp_path).processes) == 1  # the previous format reads as it is
+    (tmp_path / "run.json").write_text(json.dumps({**record, "schema": "doctor.run/7"}))
+    with pytest.raises(RunFormatError, match=r"format doctor\.run/7"):
         load_run(tmp_path)
 
 

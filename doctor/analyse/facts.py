@@ -115,7 +115,15 @@ def job_dict(run: RunData, job: JobFacts) -> dict[str, Any]:
 
 
 def exit_notes(run: RunData) -> tuple[bool, list[str]]:
-    """(whether the figures are partial, why): a job that did not end well."""
+    """(whether the figures are partial, why): a job that did not end well, or records that
+    could not be read."""
+    r = run.record
+    read = [f"Not read: {p}." for p in r.problems]
+    partial, notes = _exit_notes(run)
+    return partial or bool(read), [*notes, *read]
+
+
+def _exit_notes(run: RunData) -> tuple[bool, list[str]]:
     r = run.record
     if not r.job_seen:
         return False, []

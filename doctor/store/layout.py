@@ -22,8 +22,11 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-#: The run directory format this doctor writes and reads (``schema`` in run.json).
+#: The run directory format this doctor writes (``schema`` in run.json), and those it reads: /1
+#: differs only in how doctor run and the job talked while it ran (no control file), which
+#: nothing reads afterwards. A ring written by an older doctor is refused on its own.
 FORMAT = "doctor.run/2"
+READS = ("doctor.run/1", FORMAT)
 
 RUN_RECORD = "run.json"
 CONTROL = "control.jsonl"

@@ -16,9 +16,16 @@ from typing import Any
 
 import pandas as pd
 
-from doctor.errors import RingFormatError, RunDirError, WindowUnavailable
+from doctor.errors import (
+    RingFormatError,
+    RingVersionError,
+    RunDirError,
+    RunFormatError,
+    WindowUnavailable,
+)
 from doctor.store import layout
 from doctor.store.records import INTERVAL_RINGS
+from doctor.store.ringbuffer import VERSION as RING_VERSION
 from doctor.store.ringbuffer import read_ring
 from doctor.store.rundata import (
     FRAME_COLUMNS,
@@ -55,6 +62,7 @@ def _load_node(run_dir: Path) -> RunData:
     windows: list[pd.DataFrame] = []
     window_status: list[dict[str, Any]] = []
     dirs_of: dict[int, Path] = {}
+    problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
         meta = _meta(proc_dir)
         who = {"node": 0, "rank": rank, "pid": pid}
@@ -65,10 +73,10 @@ def _load_node(run_dir: Path) -> RunData:
         counts = meta.get("batch_tensors") or {}
         loaders += [{**who, **lo, "batch_tensors": counts.get(str(lo.get("id")))}
                     for lo in meta.get("loaders") or []]
-        marks.append(_ring(proc_dir, "steps", who))
+        marks.append(_ring(proc_dir, "steps", who, problems))
         for name in INTERVAL_RINGS:
-            intervals.append(_ring(proc_dir, name, who).assign(name=name))
-        events.append(_ring(proc_dir, "events", who))
+            intervals.append(_ring(proc_dir, name, who, problems).assign(name=name))
+        events.append(_ring(proc_dir, "events", who, problems))
         samples = read_stacks(proc_dir)
         if samples is not None:
             stacks += [{**who, "stack": s, "count": n} for s, n in samples.stacks.items()]
@@ -103,10 +111,10 @@ def _load_node(run_dir: Path) -> RunData:
     for name, rows in parts.items():
         if len(rows):
             frames[name] = typed(rows, FRAME_COLUMNS[name])
-    return RunData(record=_record(run_dir, raw), **frames)
+    return RunData(record=_record(run_dir, raw, problems), **frames)
 
 
-def _record(run_dir: Path, raw: dict[str, Any]) -> RunRecord:
+def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecord:
     errors = tuple(_first_line(p) for p in layout.bootstrap_errors(run_dir))
     probes = {str(k): ProbeStatus(bool(v.get("ok")), str(v.get("reason", "")),
                                   str(v.get("hint", "")))
@@ -120,7 +128,7 @@ def _record(run_dir: Path, raw: dict[str, Any]) -> RunRecord:
         duration_s=raw.get("duration_s"), fd_handoff_s=raw.get("fd_handoff_s"), probes=probes,
         nodes=(raw.get("host"),),
         t0_ns={0: int(float(raw.get("t0_monotonic_s", 0.0)) * 1e9)},
-        bootstrap_errors=errors,
+        bootstrap_errors=errors, problems=tuple(problems),
     )
 
 
@@ -159,15 +167,24 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str,
             "window_reason": window.get("reason")}
 
 
-def _ring(proc_dir: Path, name: str, who: dict[str, Any]) -> pd.DataFrame:
-    """One ring's records, oldest first, as a frame (empty when the process has no such ring)."""
+def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -> pd.DataFrame:
+    """One ring's records, oldest first, as a frame (empty when the process has no such ring).
+    A ring of another doctor's layout stops the read (RunFormatError: the run must be recorded
+    again); a damaged one (a process killed as it made it) is left out, and ``problems`` says
+    so."""
     path = layout.ring_path(proc_dir, name)
     if not path.is_file():
         return pd.DataFrame()
     try:
         records, _written = read_ring(path)
-    except RingFormatError:
-        raise
+    except RingVersionError as err:
+        raise RunFormatError(
+            f"{proc_dir.parent.parent} was recorded by another doctor (its rings are version "
+            f"{err.version}, this doctor reads {RING_VERSION}): record the job again with this "
+            "version's doctor run") from err
+    except RingFormatError as err:
+        problems.append(f"{err}: left out")
+        return pd.DataFrame()
     except OSError as err:
         raise RunDirError(f"{path} is unreadable: {err.strerror or err}") from err
     frame = pd.DataFrame({n: records[n] for n in records.dtype.names or ()})

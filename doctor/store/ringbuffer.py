@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from doctor.errors import RingFormatError
+from doctor.errors import RingFormatError, RingVersionError
 
-__all__ = ["RingFormatError", "RingWriter", "read_ring"]
+__all__ = ["VERSION", "RingFormatError", "RingVersionError", "RingWriter", "read_ring"]
 
 MAGIC = b"DRB1"
 HEADER_SIZE = 256
@@ -79,8 +79,11 @@ def read_ring(path: Path) -> tuple[np.ndarray, int]:
     if len(data) < HEADER_SIZE:
         raise RingFormatError(f"{path}: too short for a ring header")
     magic, version, capacity, _unused, fmt_raw, names_raw = _HEAD.unpack_from(data, 0)
-    if magic != MAGIC or version != VERSION:
-        raise RingFormatError(f"{path}: not a doctor ring buffer (version {VERSION})")
+    if magic != MAGIC:
+        raise RingFormatError(f"{path}: not a doctor ring buffer")
+    if version != VERSION:
+        raise RingVersionError(f"{path}: ring version {version}, this doctor reads {VERSION}",
+                               version)
     fmt = fmt_raw.rstrip(b"\0").decode()
     names = names_raw.rstrip(b"\0").decode().split(",")
     dtype = _dtype(fmt, names)

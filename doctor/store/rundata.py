@@ -142,6 +142,7 @@ class RunRecord:
     nodes: tuple[str | None, ...] = ()  # one host per node, when several were combined
     t0_ns: Mapping[int, int] = field(default_factory=dict)  # node -> its run's start
     bootstrap_errors: tuple[str, ...] = ()  # one line per process that could not start doctor
+    problems: tuple[str, ...] = ()  # records that could not be read and were left out
 
     @property
     def job_seen(self) -> bool:
@@ -207,5 +208,6 @@ def combine(runs: list[RunData]) -> RunData:
         nodes=tuple(r.host for r in records),
         t0_ns={i: r.t0_ns.get(0, 0) for i, r in enumerate(records)},
         bootstrap_errors=tuple(e for r in records for e in r.bootstrap_errors),
+        problems=tuple(p for r in records for p in r.problems),
     )
     return RunData(record=record, **frames)

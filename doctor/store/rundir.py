@@ -2,7 +2,8 @@
 what is done to one after the job (compress its traces, measure it, write the outputs).
 
 The layout is doctor.store.layout's. The run record carries the format (``schema``): a run
-directory of another format is refused in one line that says what to do, not read as empty.
+directory of a format this doctor does not read is refused in one line that says what to do,
+not read as empty.
 """
 
 from __future__ import annotations
@@ -65,11 +66,12 @@ def read_run_record(run_dir: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as err:
         raise RunDirError(f"{path} is unreadable: {err}") from err
     schema = record.get("schema") if isinstance(record, dict) else None
-    if schema != layout.FORMAT:
+    if schema not in layout.READS:
         if isinstance(schema, str) and schema.startswith("doctor.run/"):
             raise RunFormatError(
-                f"{run_dir} was recorded in format {schema}; this doctor reads {layout.FORMAT}: "
-                "record the job again with this version's doctor run")
+                f"{run_dir} was recorded in format {schema}; this doctor reads "
+                f"{' and '.join(layout.READS)}: record the job again with this doctor run, or "
+                "report it with the doctor that recorded it")
         raise RunDirError(f"{path} is not a doctor run record (schema {schema!r})")
     return dict(record)
 
