@@ -171,6 +171,13 @@ def test_two_run_directories_merge_into_one_job(tmp_path: Path) -> None:
     assert s.evidence["waiting_ranks"] == [0, 1, 2]
     assert "Balance the work" in s.fixes[0].title
     assert analysis.source.count("node-") == 2
+    from doctor.analyse.evidence import job_facts
+    from doctor.analyse.steps import training_processes
+    from doctor.store.reader import load_run
+
+    run = load_run([node_a, node_b])
+    job = job_facts(run, training_processes(run), run.window)
+    assert (job.ranks, job.ranks_here) == (4, 2)  # two ranks share each node's cores
 
 
 def test_a_rank_that_crashed_is_named_and_the_report_is_partial(tmp_path: Path) -> None:

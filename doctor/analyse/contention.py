@@ -33,25 +33,26 @@ def within(frame: pd.DataFrame, span: Span | None) -> pd.DataFrame:
 def loading_contention(host: pd.DataFrame, system: pd.DataFrame, steps: pd.DataFrame,
                        workers: dict[int, list[int]], ranks: dict[int, RankSteps],
                        span: Span | None) -> dict[int, float]:
-    """Per rank with DataLoader workers (``workers``: rank -> their pids): the fraction of its
-    analysed steps' time outside the input wait that the training process spent runnable but
-    without a core (the kernel's run-queue delay), times the workers' part of the CPU load
-    competing with it."""
+    """Per rank with DataLoader workers (``workers``: rank -> their pids, on the rank's node):
+    the fraction of its analysed steps' time outside the input wait that the training process
+    spent runnable but without a core (the kernel's run-queue delay), times the workers' part
+    of the CPU load competing with it."""
     if span is None or host.empty or host["run_delay_s"].isna().all():
         return {}
-    machine = within(system, span)
     out: dict[int, float] = {}
     for rank, main in ranks.items():
         mine = steps[(steps["rank"] == rank) & steps["analyzed"]]
-        delayed = per_wall(host, [main.pid], span, "run_delay_s")
+        delayed = per_wall(host, [(main.node, main.pid)], span, "run_delay_s")
         if not workers.get(rank) or delayed is None or mine.empty:
             continue
         rest = 1.0 - float(mine["wait_s"].sum()) / max(float(mine["wall_s"].sum()), 1e-12)
         if rest <= 0:
             continue
         of_rest = min(1.0, delayed / rest)
-        loading = cores_used(host, workers[rank], span, total=True) or 0.0
-        training = cores_used(host, [main.pid], span) or 0.0
+        loading = cores_used(host, [(main.node, p) for p in workers[rank]], span,
+                             total=True) or 0.0
+        training = cores_used(host, [(main.node, main.pid)], span) or 0.0
+        machine = within(system[system["node"] == main.node], span)
         busy = float(machine["busy_cores"].median()) if not machine.empty else loading + training
         competing = max(busy - training, loading, 1e-9)
         frac = of_rest * loading / competing
@@ -60,22 +61,25 @@ def loading_contention(host: pd.DataFrame, system: pd.DataFrame, steps: pd.DataF
     return out
 
 
-def cores_used(host: pd.DataFrame, pids: list[int], span: Span | None,
+def cores_used(host: pd.DataFrame, procs: list[tuple[int, int]], span: Span | None,
                total: bool = False) -> float | None:
-    """Cores the processes kept busy (CPU seconds over wall seconds) during ``span``: the mean
-    per process, or their sum."""
-    return per_wall(host, pids, span, "cpu_s", total)
+    """Cores the processes ((node, pid) pairs) kept busy (CPU seconds over wall seconds) during
+    ``span``: the mean per process, or their sum."""
+    return per_wall(host, procs, span, "cpu_s", total)
 
 
-def per_wall(host: pd.DataFrame, pids: list[int], span: Span | None, counter: str,
+def per_wall(host: pd.DataFrame, procs: list[tuple[int, int]], span: Span | None, counter: str,
              total: bool = False) -> float | None:
     """Seconds a per-process counter (``cpu_s``, ``run_delay_s``) grew per wall second over
-    ``span``: the mean per process, or their sum; None without two samples of one."""
-    if host.empty or not pids:
+    ``span``, for the processes ((node, pid) pairs): the mean per process, or their sum; None
+    without two samples of one."""
+    if host.empty or not procs:
         return None
-    rows = within(host[host["pid"].isin(pids)].dropna(subset=[counter]), span)
+    wanted = set(procs)
+    mask = [(int(n), int(p)) in wanted for n, p in zip(host["node"], host["pid"], strict=True)]
+    rows = within(host[mask].dropna(subset=[counter]), span)
     per_pid = []
-    for _pid, g in rows.groupby("pid"):
+    for _key, g in rows.groupby(["node", "pid"]):
         wall = float(g["t_s"].max() - g["t_s"].min())
         if wall > 0:
             per_pid.append(float(g[counter].max() - g[counter].min()) / wall)

@@ -3,6 +3,8 @@ the stages before it. Nothing here decides anything; it gathers and types."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 
@@ -31,11 +33,9 @@ def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -
         kind=run.record.kind, device="cuda" if cuda else "cpu", cores=cores,
         torch_threads=_int(first["torch_threads"]) if first is not None else None,
         torch_version=first["torch_version"] if first is not None else None,
-        world_size=world, ranks=len(ranks), ranks_here=max(len(ranks), 1),
-        worker_processes=len(workers),
-        rank_pids={rank: r.pid for rank, r in ranks.items()},
-        main_pids=tuple(r.pid for r in ranks.values()),
-        worker_pids=tuple(int(p) for p in workers["pid"]),
+        world_size=world, ranks=len(ranks),
+        ranks_here=max(Counter(r.node for r in ranks.values()).values(), default=1),
+        worker_processes=len(workers), rank_pids={rank: r.pid for rank, r in ranks.items()},
     )
 
 
@@ -52,7 +52,6 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
     steady = analysed(ledger)
     host = within(run.host, span) if ranged else run.host
     system = within(run.system, span) if ranged else run.system
-    mains = {r.pid for r in ranks.values()}
     return Evidence(
         job=job, ledger=steady, host=host, system=system,
         window=window, memory=of_processes(run.memory, (r.process for r in ranks.values())),
@@ -61,8 +60,8 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
         outside_loader=outside_evidence(outside),
         stragglers=search_stragglers(steady, host, job.rank_pids) if len(ranks) > 1 else None,
         fd_handoff_s=run.record.fd_handoff_s,
-        main_cpu_cores=cores_used(run.host, list(mains), span),
-        worker_cpu_cores=cores_used(run.host, [p for r in ranks.values()
+        main_cpu_cores=cores_used(run.host, [(r.node, r.pid) for r in ranks.values()], span),
+        worker_cpu_cores=cores_used(run.host, [(r.node, p) for r in ranks.values()
                                                for p in worker_pids(run, r)], span, total=True),
         traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
     )

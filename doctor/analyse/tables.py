@@ -28,9 +28,10 @@ def process_table(host: pd.DataFrame, processes: pd.DataFrame) -> pd.DataFrame:
     """CPU, memory and reads of each process the parent sampled."""
     if host.empty:
         return pd.DataFrame()
-    roles = {int(pid): f"rank {rank} {role}" for pid, rank, role
-             in zip(processes["pid"], processes["rank"], processes["role"], strict=True)}
-    g = host.groupby("pid")
+    roles = {(int(node), int(pid)): f"rank {rank} {role}" for node, pid, rank, role
+             in zip(processes["node"], processes["pid"], processes["rank"], processes["role"],
+                    strict=True)}
+    g = host.groupby(["node", "pid"])
     table = pd.DataFrame({
         "cpu_pct_mean": g["cpu_pct"].mean(),
         "cpu_pct_max": g["cpu_pct"].max(),
@@ -38,5 +39,8 @@ def process_table(host: pd.DataFrame, processes: pd.DataFrame) -> pd.DataFrame:
         "read_mb": (g["read_bytes"].max() - g["read_bytes"].min()) / 2**20,
         "threads_max": g["threads"].max(),
     }).reset_index()
-    table.insert(1, "process", [roles.get(int(pid), "other") for pid in table["pid"]])
+    table.insert(2, "process", [roles.get((int(n), int(p)), "other")
+                                for n, p in zip(table["node"], table["pid"], strict=True)])
+    if table["node"].nunique() == 1:
+        table = table.drop(columns=["node"])
     return table.replace({np.nan: None}).round(1)

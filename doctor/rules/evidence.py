@@ -27,11 +27,9 @@ class JobFacts:
     torch_version: str | None = None
     world_size: int | None = None  # ranks of the job, when known
     ranks: int = 1  # ranks analysed
-    ranks_here: int = 1  # training processes on this machine
+    ranks_here: int = 1  # training processes on one machine (the most on any node)
     worker_processes: int = 0  # DataLoader workers seen
     rank_pids: Mapping[int, int] = field(default_factory=dict)  # rank -> training process
-    main_pids: tuple[int, ...] = ()
-    worker_pids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -284,7 +284,7 @@ def _read_rate(ev: Evidence) -> float | None:
     host = ev.host
     if host is None or host.empty or "read_bytes" not in host:
         return None
-    g = host.groupby("pid")
+    g = host.groupby([c for c in ("node", "pid") if c in host])  # a process is (node, pid)
     read = (g["read_bytes"].max() - g["read_bytes"].min()).sum()
     span = float(host["t_s"].max() - host["t_s"].min())
     return float(read) / span / 1e6 if span > 0 else None
