@@ -164,3 +164,18 @@ def test_a_trace_loads_into_the_same_record_as_a_run(tmp_path: Path) -> None:
     assert from_trace.host.empty and from_trace.stacks.empty  # a trace has neither
     assert len(from_trace.window) == 6
     assert analyse(from_trace).verdict.bottleneck == "transfer"
+
+
+def test_a_trace_keeps_its_step_numbers_and_an_idle_one_says_what_it_saw(tmp_path: Path) -> None:
+    events = [_ev("user_annotation", f"ProfilerStep#{n}", (n - 3) * STEP_US, STEP_US)
+              for n in range(3, 9)]  # a schedule that began profiling at step 3
+    path = tmp_path / "idle.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    analysis = analyze_traces([path])
+    assert list(analysis.ledger["step"]) == [3, 4, 5, 6, 7, 8]
+    verdict = analysis.verdict
+    assert verdict.bottleneck == "unknown"  # every step is time outside any recorded op
+    assert verdict.shares["other"] == pytest.approx(1.0)
+    ids = [f.id for f in verdict.findings]
+    assert "steps.none" not in ids  # steps were seen: the finding says where the time went
+    assert "steps.other" in ids

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor.analyse.frames import _MAIN_SCOPE, _WORKER_SCOPE, classify, load_rules
+from doctor.analyse.frames import MAIN_SCOPE, WORKER_SCOPE, classify, load_rules
 from doctor.analyse.split import StageSplit, rank_split
 from doctor.analyse.steps import training_processes
 from doctor.errors import FrameRulesError
@@ -35,25 +35,25 @@ WORKER = ("_worker_loop (torch/utils/data/_utils/worker.py:349)",
 def test_decoders_are_decode() -> None:
     stack = (*MAIN, "Dataset.__getitem__ (train.py:30)", "Image.convert (PIL/Image.py:995)",
              "ImageFile.load (PIL/ImageFile.py:300)")
-    assert classify(stack, _MAIN_SCOPE) == ("decode", "ImageFile.load (PIL/ImageFile.py:300)")
+    assert classify(stack, MAIN_SCOPE) == ("decode", "ImageFile.load (PIL/ImageFile.py:300)")
 
 
 def test_innermost_rule_wins_so_reads_inside_a_decoder_are_io() -> None:
     stack = (*WORKER, "Dataset.__getitem__ (train.py:30)", "Image.open (PIL/Image.py:3400)",
              "FileIO.readinto (socket.py:700)")
-    assert classify(stack, _WORKER_SCOPE)[0] == "io"  # type: ignore[index]
+    assert classify(stack, WORKER_SCOPE)[0] == "io"  # type: ignore[index]
 
 
 def test_numpy_and_torch_loaders_are_io() -> None:
     for frame in ("load (numpy/lib/_npyio_impl.py:455)", "load (torch/serialization.py:1400)"):
-        assert classify((*WORKER, "ds.__getitem__ (x.py:1)", frame), _WORKER_SCOPE)[0] == "io"  # type: ignore[index]
+        assert classify((*WORKER, "ds.__getitem__ (x.py:1)", frame), WORKER_SCOPE)[0] == "io"  # type: ignore[index]
 
 
 def test_collate_and_unknown_user_code_are_preprocess() -> None:
     collate = (*WORKER, "default_collate (torch/utils/data/_utils/collate.py:398)")
-    assert classify(collate, _WORKER_SCOPE)[0] == "preprocess"  # type: ignore[index]
+    assert classify(collate, WORKER_SCOPE)[0] == "preprocess"  # type: ignore[index]
     user = (*WORKER, "MyDataset.__getitem__ (/home/me/train.py:30)", "augment (/home/me/aug.py:9)")
-    assert classify(user, _WORKER_SCOPE) == ("preprocess", "augment (/home/me/aug.py:9)")
+    assert classify(user, WORKER_SCOPE) == ("preprocess", "augment (/home/me/aug.py:9)")
 
 
 def test_calls_into_c_are_classified_by_their_source_line(tmp_path: Path) -> None:
@@ -65,15 +65,15 @@ def test_calls_into_c_are_classified_by_their_source_line(tmp_path: Path) -> Non
             return img * 2
     """))
     at = lambda line: (*WORKER, f"get ({src}:{line})")  # noqa: E731
-    assert classify(at(2), _WORKER_SCOPE)[0] == "io"  # type: ignore[index]
-    assert classify(at(3), _WORKER_SCOPE)[0] == "decode"  # type: ignore[index]
-    assert classify(at(4), _WORKER_SCOPE)[0] == "preprocess"  # type: ignore[index]
+    assert classify(at(2), WORKER_SCOPE)[0] == "io"  # type: ignore[index]
+    assert classify(at(3), WORKER_SCOPE)[0] == "decode"  # type: ignore[index]
+    assert classify(at(4), WORKER_SCOPE)[0] == "preprocess"  # type: ignore[index]
 
 
 def test_samples_outside_loading_and_doctors_own_are_set_apart() -> None:
-    assert classify(("<module> (train.py:1)", "forward (model.py:3)"), _MAIN_SCOPE) is None
+    assert classify(("<module> (train.py:1)", "forward (model.py:3)"), MAIN_SCOPE) is None
     own = (*MAIN, "Session.record_interval (doctor/record/session.py:166)")
-    assert classify(own, _MAIN_SCOPE)[0] == "doctor"  # type: ignore[index]
+    assert classify(own, MAIN_SCOPE)[0] == "doctor"  # type: ignore[index]
 
 
 def test_extra_rules_extend_the_table_without_code(tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_extra_rules_extend_the_table_without_code(tmp_path: Path) -> None:
         {"category": "decode", "function": "^parse_record$"}]}))
     rules = load_rules([extra, Path(__file__).parents[1] / "doctor/analyse/data/input_frames.json"])
     stack = (*WORKER, "parse_record (/srv/mydata.py:10)")
-    assert classify(stack, _WORKER_SCOPE, rules)[0] == "decode"  # type: ignore[index]
+    assert classify(stack, WORKER_SCOPE, rules)[0] == "decode"  # type: ignore[index]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rules": [{"category": "network", "file": "x"}]}))
     with pytest.raises(FrameRulesError, match="unknown category"):
@@ -120,7 +120,7 @@ def test_loading_is_split_by_sample_counts_running_or_blocked() -> None:
     split = StageSplit()
     decode = (*WORKER, "ImageFile.load (PIL/ImageFile.py:300)")
     read = (*WORKER, "Dataset.__getitem__ (train.py:30)", "FileIO.readinto (socket.py:700)")
-    split.add(samples({decode: 40, read: 160}), scope=_WORKER_SCOPE)
+    split.add(samples({decode: 40, read: 160}), scope=WORKER_SCOPE)
     assert split.fractions == pytest.approx({"io": 0.8, "decode": 0.2, "preprocess": 0.0})
     assert split.seconds["io"] == pytest.approx(160 / 50)
 
@@ -130,7 +130,7 @@ def test_samples_outside_the_loading_scope_do_not_count() -> None:
     decode = (*WORKER, "ImageFile.load (PIL/ImageFile.py:300)")
     aug = (*WORKER, "MyDataset.__getitem__ (/x/train.py:30)")
     idle_wait = ("_worker_loop (torch/utils/data/_utils/worker.py:300)", "Queue.get (q.py:1)")
-    split.add(samples({decode: 60, aug: 90, idle_wait: 500}), scope=_WORKER_SCOPE)
+    split.add(samples({decode: 60, aug: 90, idle_wait: 500}), scope=WORKER_SCOPE)
     assert split.fractions == pytest.approx({"io": 0.0, "decode": 0.4, "preprocess": 0.6})
 
 
@@ -143,8 +143,8 @@ def test_a_read_inside_a_decoder_is_io_by_its_source_line(tmp_path: Path) -> Non
                       "def load(self):\n    n, err = decoder.decode(b)\n")
     reading = (*WORKER, "Dataset.__getitem__ (/x/train.py:30)", f"load_read ({plugin}:2)")
     decoding = (*WORKER, "Dataset.__getitem__ (/x/train.py:30)", f"load ({plugin}:4)")
-    assert classify(reading, _WORKER_SCOPE)[0] == "io"  # type: ignore[index]
-    assert classify(decoding, _WORKER_SCOPE)[0] == "decode"  # type: ignore[index]
+    assert classify(reading, WORKER_SCOPE)[0] == "io"  # type: ignore[index]
+    assert classify(decoding, WORKER_SCOPE)[0] == "decode"  # type: ignore[index]
 
 
 def test_rank_split_reads_the_main_process_samples(tmp_path: Path) -> None:

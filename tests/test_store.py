@@ -99,3 +99,13 @@ def test_the_control_file_takes_signals_from_many_processes_at_once(tmp_path: Pa
     assert len(control.open_windows()) == 800
     assert (control.stacks_mode, control.stacks_reason) == ("in-process", "ptrace refused")
     assert read_control(tmp_path / "none").stacks_mode is None
+
+
+def test_typed_frames_fill_what_a_row_lacks() -> None:
+    from doctor.store.rundata import columns, typed
+
+    frame = typed([{"ok": True, "n": 3}, {"reason": "x"}],
+                  columns("ok:bool n:float64 reason:object"))
+    assert frame["ok"].tolist() == [True, False]  # a missing flag is False, never NaN-True
+    assert frame["n"].isna().tolist() == [False, True]
+    assert frame["reason"].tolist() == [None, "x"]

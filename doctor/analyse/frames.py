@@ -31,8 +31,8 @@ ENV_EXTRA_RULES = "DOCTOR_FRAME_RULES"
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _SITE = re.compile(r".*/(site|dist)-packages/|.*/lib/python\d+(\.\d+)?/")
 _OWN = re.compile(r"(^|/)(doctor/record|doctor/store|probes)/\w+\.py$")  # doctor's bookkeeping
-_MAIN_SCOPE = re.compile(r"(^|/)torch/utils/data/dataloader\.py$")
-_WORKER_SCOPE = re.compile(r"(^|/)torch/utils/data/_utils/fetch\.py$")
+MAIN_SCOPE = re.compile(r"(^|/)torch/utils/data/dataloader\.py$")
+WORKER_SCOPE = re.compile(r"(^|/)torch/utils/data/_utils/fetch\.py$")
 _COMPUTE = re.compile(r"(^|/)torch/(nn/modules|nn/parallel|autograd|optim|_tensor\.py)")
 
 
@@ -126,7 +126,7 @@ def classify_outside_loader(stack: tuple[str, ...], rules: Iterable[FrameRule] |
     """(stage, function) for a main-process sample inside a batch-building function that runs
     outside a DataLoader and outside forward/backward/optimizer; None otherwise."""
     frames = [Frame.parse(f) for f in stack]
-    if any(_MAIN_SCOPE.search(f.file) or _COMPUTE.search(f.file) or _OWN.search(f.file)
+    if any(MAIN_SCOPE.search(f.file) or _COMPUTE.search(f.file) or _OWN.search(f.file)
            for f in frames):
         return None
     pattern = batch_functions()

@@ -4,7 +4,10 @@
           -> verdict
 
 A run directory (``analyze_run``) and traces analysed on their own (``analyze_traces``) differ
-only in the RunData they load; everything after that is this one function.
+only in the RunData they load; everything after that is this one function. What a trace lacks
+(stacks, host samples, the loader's settings, an exit status) is absent from its RunData, and
+the stages and rules that need it are skipped; its record says it is a trace, for the few words
+that say so (a fix to run doctor run instead, no exit status).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)
     findings = list(outcome.findings)
-    if summary.bottleneck == "unknown":
+    if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, ranks),
                                             run.record.kind == TRACE))
     partial, notes = facts.exit_notes(run)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from doctor.analyse.frames import (
-    _MAIN_SCOPE,
-    _WORKER_SCOPE,
+    MAIN_SCOPE,
+    WORKER_SCOPE,
     FrameRule,
     classify,
     classify_outside_loader,
@@ -122,7 +122,7 @@ def rank_split(run: RunData, main: RankSteps, rules: Iterable[FrameRule] | None 
     for pid in loading:
         split.fetch_s += _total_seconds(run, (main.node, main.rank, pid), "fetch")
         split.collate_s += _total_seconds(run, (main.node, main.rank, pid), "collate")
-    scope = _MAIN_SCOPE if workers == 0 else _WORKER_SCOPE
+    scope = MAIN_SCOPE if workers == 0 else WORKER_SCOPE
     for pid in loading:
         samples = stack_samples(run, (main.node, main.rank, pid))
         if samples is not None:

@@ -213,8 +213,9 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
     out = pd.DataFrame({"rank": np.full(n, r.rank, dtype=np.int64),
                         "step": np.arange(1, n + 1, dtype=np.int64),
                         "start_s": (s - origin_ns) * NS, "wall_s": wall})
-    if r.kind == WINDOW:
+    if r.kind == WINDOW:  # the trace's own steps keep its numbers (ProfilerStep#N)
         own = of_process(run.window, r.process)
+        out["step"] = own["step"].to_numpy(np.int64)
         for category, source in EXCLUSIVE_COLUMNS.items():
             out[f"own_{category}_s"] = own[source].to_numpy(np.float64)
         out["own_device_compute_s"] = np.where(own["device"] == "cuda", own["kernel_s"],
@@ -230,7 +231,7 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
         for col in OWN_COLUMNS:
             out[col] = np.nan
     first, last = in_range or (1, n)
-    number = out["step"].to_numpy()
+    number = np.arange(1, n + 1)  # a range counts steps from the first, whatever their numbers
     inside_range = (number >= first) & (number <= last)
     fragment = wall < FRAGMENT * float(np.median(wall[inside_range])) if inside_range.any() \
         else np.zeros(n, dtype=bool)

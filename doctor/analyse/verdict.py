@@ -69,6 +69,11 @@ class Summary:
     bottleneck_share: float
     notes: list[str]
 
+    @property
+    def no_steps(self) -> bool:
+        """No analysed step had any time: nothing to split (not a run of all 'other')."""
+        return not any(self.shares.values())
+
 
 def summarise(ledger: pd.DataFrame) -> Summary:
     """Shares over the analysed steps, the bottleneck, and notes on which steps count."""

@@ -7,8 +7,9 @@ the folder's layout belongs to doctor.store.
 
 What probes use (and nothing else):
 
-- hot path: ``mark_step``, ``record_optimizer_start``/``_end``, ``record_interval``,
-  ``record_event`` and ``count_step`` write fixed-size records and never allocate;
+- hot path: ``mark_step``, ``record_optimizer_start``/``_end``, ``record_interval`` and
+  ``record_event`` write fixed-size records into ring buffers; ``count_step`` counts a step
+  boundary (the one listener, the profiler window, acts only at its start and end);
 - ``on_step(callback)``: called with the count of steady steps at each step boundary of the
   strongest kind seen so far (the profiler window counts its steps with it);
 - ``on(event, callback)`` / ``emit(event)`` for the rare events between probes

@@ -2,8 +2,9 @@
 
 A run directory (doctor.store.reader.load_run) and torch.profiler traces analysed on their own
 (doctor.store.traces.load_traces) load into the same record, so the analysis is one function of
-it. Times are integers of nanoseconds on each node's monotonic clock (``*_ns``) or seconds from
-the node's run start (``*_s``); every frame has a ``node`` column (the index of the run
+it. Times are nanoseconds on each node's monotonic clock (``*_ns``: int64 from the rings,
+float64 from meta.json, where they may be missing) or seconds from the node's run start
+(``*_s``); every frame has a ``node`` column (the index of the run
 directory it came from; several nodes of one job are combined into one RunData) and an empty
 frame still has every column.
 """
@@ -73,6 +74,10 @@ def typed(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, columns: Mapping[str
         col = frame[name] if name in frame else pd.Series([missing.get(dtype, 0)] * n)
         if dtype == "float64":
             col = pd.to_numeric(col, errors="coerce")
+        elif dtype == "bool":  # a row without it is False, not NaN (which astype makes True)
+            col = col.astype(object).where(col.notna(), False)
+        elif dtype == "object":  # a row without it is None, whatever pandas filled in
+            col = col.astype(object).where(col.notna(), None)
         out[name] = col.astype(dtype)  # type: ignore[call-overload]
     return pd.DataFrame(out, index=range(n))
 
