@@ -173,7 +173,8 @@ class Session:
         """A step boundary seen now (end of a step)."""
         if self.closed:
             return
-        self.ring("steps", *STEPS_RECORD).write(self.clock(), kind, key)
+        ring = self._rings.get("steps") or self.ring("steps", *STEPS_RECORD)
+        ring.write(self.clock(), kind, key)
         self.count_step(kind, key)
 
     def record_optimizer_start(self) -> None:
