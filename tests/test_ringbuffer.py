@@ -51,3 +51,13 @@ def test_rejects_foreign_files(tmp_path: Path) -> None:
 def test_names_must_match_format(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         RingWriter(tmp_path / "a.ring", "<qi", ("only_one",), capacity=4)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 8, 9, 15, 16, 17, 40])
+def test_any_fill_reads_back_whole_and_in_order(tmp_path: Path, count: int) -> None:
+    ring = RingWriter(tmp_path / "a.ring", "<qi", ("t_ns", "kind"), capacity=16)
+    for i in range(count):
+        ring.write(i, 0)
+    rec, written = read_ring(tmp_path / "a.ring")
+    assert written == count
+    assert list(rec["t_ns"]) == list(range(max(0, count - 16), count))

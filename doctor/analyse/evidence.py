@@ -11,7 +11,7 @@ import pandas as pd
 from doctor.analyse.contention import Span, cores_used, within
 from doctor.analyse.distributed import search_stragglers
 from doctor.analyse.split import OutsideShares, StageSplit, outside_evidence, split_evidence
-from doctor.analyse.steps import WINDOW, RankSteps, analysed, worker_pids
+from doctor.analyse.steps import WINDOW, RankSteps, analysed
 from doctor.rules.evidence import Evidence, JobFacts
 from doctor.store.rundata import TRACE, RunData, of_process, of_processes
 
@@ -44,11 +44,13 @@ def _int(value: object) -> int | None:
 
 
 def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
-                   ledger: pd.DataFrame, window: pd.DataFrame, loaders: pd.DataFrame,
+                   workers: dict[int, list[int]], ledger: pd.DataFrame, window: pd.DataFrame,
+                   loaders: pd.DataFrame,
                    splits: dict[int, StageSplit], outside: dict[int, OutsideShares],
                    span: Span | None, ranged: bool, unsplit_reason: str) -> Evidence:
-    """The evidence of the run; ``window`` marked analysed (window_analysed), ``loaders`` of
-    the training processes (training_loaders)."""
+    """The evidence of the run; ``workers`` the DataLoader workers of each rank, ``window``
+    marked analysed (window_analysed), ``loaders`` of the training processes
+    (training_loaders)."""
     steady = analysed(ledger)
     host = within(run.host, span) if ranged else run.host
     system = within(run.system, span) if ranged else run.system
@@ -61,8 +63,8 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
         stragglers=search_stragglers(steady, host, job.rank_pids) if len(ranks) > 1 else None,
         fd_handoff_s=run.record.fd_handoff_s,
         main_cpu_cores=cores_used(run.host, [(r.node, r.pid) for r in ranks.values()], span),
-        worker_cpu_cores=cores_used(run.host, [(r.node, p) for r in ranks.values()
-                                               for p in worker_pids(run, r)], span, total=True),
+        worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
+                                               for p in workers[rank]], span, total=True),
         traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
     )
 

@@ -10,7 +10,7 @@ import pandas as pd
 from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.probes import JOB, probes_of
 from doctor.rules.evidence import JobFacts
-from doctor.store.rundata import TRACE, RunData, of_process, of_processes
+from doctor.store.rundata import TRACE, RunData, of_processes
 from doctor.verdict import ProbeStatus
 
 NO_WINDOW_HINT = "run 15 steps or more, or set --window START,STEPS"
@@ -31,7 +31,7 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
             False, f"{len(errors)} process(es) could not start doctor: {errors[0]}",
             "is doctor installed in the Python that runs the job?")
     first = min(ranks.values(), key=lambda r: r.rank) if ranks else None
-    mine = of_process(run.probe_status, first.process) if first else run.probe_status.iloc[0:0]
+    mine = run.rows("probe_status", first.process) if first else run.probe_status.iloc[0:0]
     for spec in probes_of(JOB):
         row = mine[mine["probe"] == spec.name]
         if not row.empty:
@@ -55,16 +55,16 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
 
 
 def _iterated_a_loader(run: RunData, main: RankSteps) -> bool:
-    return not of_process(run.loaders, main.process).empty
+    return not run.rows("loaders", main.process).empty
 
 
 def window_status(run: RunData, main: RankSteps, problem: str | None) -> ProbeStatus:
     """Whether the rank's profiler window gave its split, and if not why."""
-    proc = of_process(run.processes, main.process).iloc[0]
-    read = of_process(run.window_status, main.process)
+    proc = run.rows("processes", main.process).iloc[0]
+    read = run.rows("window_status", main.process)
     state = proc["window_state"]
     if state is None or pd.isna(state):
-        own = of_process(run.probe_status, main.process)
+        own = run.rows("probe_status", main.process)
         own = own[own["probe"] == "torch_ops"]
         if not own.empty and not bool(own["ok"].iloc[0]):
             return ProbeStatus(False, str(own["reason"].iloc[0]), str(own["hint"].iloc[0]))

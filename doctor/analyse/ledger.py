@@ -96,13 +96,12 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
             want = want - moved
     on_device = window.device_compute * (rest - contended) if window and window.device == "cuda" \
         else data["compute"]
-    out = rows[["rank", "step", "start_s", "wall_s"]].reset_index(drop=True)
-    for c in CATEGORIES:
-        out[c] = data[c]
+    out = {c: rows[c].to_numpy() for c in ("rank", "step", "start_s", "wall_s", "wait_s",
+                                           "backward_s", "optimizer_s", "fetch_s", "warmup",
+                                           "analyzed", *FLAGS)}
+    out.update(data)
     out[UNSPLIT_INPUT] = unsplit
     out["contention_s"] = contended
     out["device_compute_s"] = np.where(has_own, own[:, -1], on_device)
-    for c in ("wait_s", "backward_s", "optimizer_s", "fetch_s", "warmup", "analyzed", *FLAGS):
-        out[c] = rows[c].to_numpy()
-    return out[[*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS]]
+    return pd.DataFrame({c: out[c] for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS)})
 

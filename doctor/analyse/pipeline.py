@@ -25,7 +25,7 @@ from doctor.analyse.steps import (
     step_range,
     step_table,
     training_processes,
-    worker_pids,
+    workers_by_parent,
 )
 from doctor.analyse.tables import report_tables
 from doctor.analyse.verdict import no_steps_finding, summarise
@@ -45,19 +45,20 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     table = step_table(run, ranks, in_range)
     window = window_frame(run, ranks)
     windows, window_problems = window_splits(window, ranks)
-    splits = {rank: rank_split(run, main) for rank, main in ranks.items()}
+    children = workers_by_parent(run)
+    workers = {rank: children.get(main.process, []) for rank, main in ranks.items()}
+    splits = {rank: rank_split(run, main, workers[rank]) for rank, main in ranks.items()}
     outside = outside_loader(run, ranks)
     span = analysed_span(analysed(table))
-    contention = loading_contention(run.host, run.system, table,
-                                    {r: worker_pids(run, m) for r, m in ranks.items()}, ranks,
-                                    span)
+    contention = loading_contention(run.host, run.system, table, workers, ranks, span)
     ledger = build_ledger(table, windows,
                           {r: f for r, s in splits.items() if (f := s.fractions) is not None},
                           {r: o.shares for r, o in outside.items()}, contention)
     job = job_facts(run, ranks, window)
     window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
-    evidence = build_evidence(run, job, ranks, ledger, window, loaders, splits, outside, span,
-                              in_range is not None, facts.stacks_reason(run, ranks))
+    evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
+                              outside, span, in_range is not None,
+                              facts.stacks_reason(run, ranks))
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)
     findings = list(outcome.findings)

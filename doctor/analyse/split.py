@@ -30,7 +30,7 @@ from doctor.analyse.frames import (
 from doctor.analyse.steps import RankSteps, intervals_of, worker_pids
 from doctor.categories import INPUT_STAGES
 from doctor.rules.evidence import InputSplit, OutsideLoader
-from doctor.store.rundata import Process, RunData, of_process
+from doctor.store.rundata import Process, RunData
 from doctor.store.stacks import StackSamples
 
 OUTSIDE_MIN = 0.02  # below this share of the step, input outside a DataLoader is noise
@@ -82,8 +82,8 @@ class OutsideShares:
 
 def stack_samples(run: RunData, process: Process) -> StackSamples | None:
     """One process's samples from the run's stack frames, or None."""
-    spans = of_process(run.stack_spans, process)
-    rows = of_process(run.stacks, process)
+    spans = run.rows("stack_spans", process)
+    rows = run.rows("stacks", process)
     if spans.empty or rows.empty:
         return None
     span = spans.iloc[0]
@@ -109,20 +109,23 @@ def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | No
 
 def loader_workers(run: RunData, main: RankSteps) -> int:
     """num_workers of the first DataLoader the training process iterated (0 without one)."""
-    mine = of_process(run.loaders, main.process)
+    mine = run.rows("loaders", main.process)
     return int(mine["num_workers"].iloc[0]) if not mine.empty else 0
 
 
-def rank_split(run: RunData, main: RankSteps, rules: Iterable[FrameRule] | None = None
-               ) -> StageSplit:
-    """Where rank ``main``'s loading work went: in the main process or in its workers."""
-    workers = loader_workers(run, main)
-    loading = [main.pid] if workers == 0 else worker_pids(run, main)
+def rank_split(run: RunData, main: RankSteps, workers: list[int] | None = None,
+               rules: Iterable[FrameRule] | None = None) -> StageSplit:
+    """Where rank ``main``'s loading work went: in the main process or in its DataLoader
+    workers (``workers``: their pids, found when not given)."""
+    in_main = loader_workers(run, main) == 0
+    if workers is None:
+        workers = worker_pids(run, main)
+    loading = [main.pid] if in_main else workers
     split = StageSplit()
     for pid in loading:
         split.fetch_s += _total_seconds(run, (main.node, main.rank, pid), "fetch")
         split.collate_s += _total_seconds(run, (main.node, main.rank, pid), "collate")
-    scope = MAIN_SCOPE if workers == 0 else WORKER_SCOPE
+    scope = MAIN_SCOPE if in_main else WORKER_SCOPE
     for pid in loading:
         samples = stack_samples(run, (main.node, main.rank, pid))
         if samples is not None:

@@ -30,7 +30,7 @@ from doctor.store.records import (
     STEP_KIND_NAMES,
     STEP_MANUAL,
 )
-from doctor.store.rundata import Process, RunData, of_process
+from doctor.store.rundata import Process, RunData
 from doctor.trace.intervals import overlap_per_span
 from doctor.trace.shares import EXCLUSIVE_COLUMNS
 
@@ -87,16 +87,13 @@ def training_processes(run: RunData) -> dict[int, RankSteps]:
 def intervals_of(run: RunData, process: Process, name: str
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(t0_ns, t1_ns, key) of one process's intervals of ``name``, sorted by start."""
-    rows = of_process(run.intervals, process)
-    rows = rows[rows["name"] == name].sort_values("t0_ns", kind="stable")
-    return (rows["t0_ns"].to_numpy(np.int64), rows["t1_ns"].to_numpy(np.int64),
-            rows["key"].to_numpy(np.int64))
+    return run.intervals_of(process, name)
 
 
 def _rank_steps(run: RunData, process: Process) -> RankSteps:
     kind, starts, ends = _boundaries(run, process)
     if kind == "none":
-        own = of_process(run.window, process)
+        own = run.rows("window", process)
         if not own.empty:
             starts = (own["start_us"].to_numpy(np.float64) * 1e3).astype(np.int64)
             ends = starts + (own["dur_s"].to_numpy(np.float64) * 1e9).astype(np.int64)
@@ -108,7 +105,7 @@ def _rank_steps(run: RunData, process: Process) -> RankSteps:
 
 def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.ndarray]:
     empty = np.zeros(0, dtype=np.int64)
-    marks = of_process(run.marks, process)
+    marks = run.rows("marks", process)
     manual = np.sort(marks.loc[marks["kind"] == STEP_MANUAL, "t_ns"].to_numpy(np.int64))
     if len(manual) >= 2:
         return STEP_KIND_NAMES[STEP_MANUAL], manual[:-1], manual[1:]
@@ -132,12 +129,13 @@ def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.nda
 
 
 def _window_span(run: RunData, process: Process) -> tuple[int, int, int] | None:
-    events = of_process(run.events, process)
+    events = run.rows("events", process)
+    codes, times = events["event"].to_numpy(), events["t_ns"].to_numpy()
     found = {}
     for event in (EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END):
-        hits = events.loc[events["event"] == event, "t_ns"]
+        hits = times[codes == event]
         if len(hits):
-            found[event] = int(hits.iloc[0])
+            found[event] = int(hits[0])
     if len(found) < 3:
         return None
     return found[EVENT_WINDOW_START], found[EVENT_WINDOW_STOP_BEGIN], found[EVENT_WINDOW_STOP_END]
@@ -145,19 +143,28 @@ def _window_span(run: RunData, process: Process) -> tuple[int, int, int] | None:
 
 def _sampled_span(run: RunData, process: Process) -> tuple[int, int] | None:
     """When the stacks probe sampled this process, or None."""
-    spans = of_process(run.stack_spans, process)
+    spans = run.rows("stack_spans", process)
     if spans.empty:
         return None
     start, end = int(spans["start_ns"].iloc[0]), int(spans["end_ns"].iloc[0])
     return (start, end) if end > start else None
 
 
+def workers_by_parent(run: RunData) -> dict[Process, list[int]]:
+    """The DataLoader worker processes of each process that started some: (node, rank, pid) of
+    the parent -> the workers' pids."""
+    p = run.processes
+    workers = p[p["role"].astype(str).str.startswith("worker") & p["ppid"].notna()]
+    out: dict[Process, list[int]] = {}
+    for node, rank, ppid, pid in zip(workers["node"], workers["rank"], workers["ppid"],
+                                     workers["pid"], strict=True):
+        out.setdefault((int(node), int(rank), int(ppid)), []).append(int(pid))
+    return out
+
+
 def worker_pids(run: RunData, main: RankSteps) -> list[int]:
     """The DataLoader worker processes that the training process ``main`` started."""
-    p = run.processes
-    mine = p[(p["node"] == main.node) & (p["rank"] == main.rank)
-             & p["role"].astype(str).str.startswith("worker") & (p["ppid"] == main.pid)]
-    return [int(pid) for pid in mine["pid"]]
+    return workers_by_parent(run).get(main.process, [])
 
 
 def step_range(steps: tuple[int | None, int | None] | None, ranks: dict[int, RankSteps]
@@ -210,11 +217,11 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
         t0, t1, _ = intervals_of(run, r.process, name)
         return overlap_per_span(t0, t1, s, e) * NS
 
-    out = pd.DataFrame({"rank": np.full(n, r.rank, dtype=np.int64),
-                        "step": np.arange(1, n + 1, dtype=np.int64),
-                        "start_s": (s - origin_ns) * NS, "wall_s": wall})
+    out: dict[str, np.ndarray] = {"rank": np.full(n, r.rank, dtype=np.int64),
+                                  "step": np.arange(1, n + 1, dtype=np.int64),
+                                  "start_s": (s - origin_ns) * NS, "wall_s": wall}
     if r.kind == WINDOW:  # the trace's own steps keep its numbers (ProfilerStep#N)
-        own = of_process(run.window, r.process)
+        own = run.rows("window", r.process)
         out["step"] = own["step"].to_numpy(np.int64)
         for category, source in EXCLUSIVE_COLUMNS.items():
             out[f"own_{category}_s"] = own[source].to_numpy(np.float64)
@@ -222,14 +229,14 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
                                                own[EXCLUSIVE_COLUMNS["compute"]])
         out["wait_s"] = out["own_input_s"]
         for col in ("backward_s", "optimizer_s", "fetch_s"):
-            out[col] = 0.0
+            out[col] = np.zeros(n)
     else:
         out["wait_s"] = np.minimum(overlap("loader_wait"), wall)
         out["backward_s"] = overlap("backward")
         out["optimizer_s"] = overlap("optimizer")
         out["fetch_s"] = overlap("fetch")
         for col in OWN_COLUMNS:
-            out[col] = np.nan
+            out[col] = np.full(n, np.nan)
     first, last = in_range or (1, n)
     number = np.arange(1, n + 1)  # a range counts steps from the first, whatever their numbers
     inside_range = (number >= first) & (number <= last)
@@ -250,13 +257,9 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
     analyzed = inside_range & ~warm & ~fragment & ~inside
     if (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
         analyzed = analyzed & ~sampled
-    out["warmup"] = warm
-    out["window_close"] = closing
-    out["in_window"] = inside
-    out["sampled"] = sampled
-    out["in_range"] = inside_range
-    out["analyzed"] = analyzed
-    return out[list(STEP_TABLE_COLUMNS)]
+    out.update(warmup=warm, window_close=closing, in_window=inside, sampled=sampled,
+               in_range=inside_range, analyzed=analyzed)
+    return pd.DataFrame({c: out[c] for c in STEP_TABLE_COLUMNS})
 
 
 def warmup_steps(wall: np.ndarray) -> int:

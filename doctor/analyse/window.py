@@ -11,6 +11,7 @@ CPU, and its compute is the compute fraction).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -18,7 +19,7 @@ import pandas as pd
 from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.categories import NON_INPUT
 from doctor.errors import WindowUnavailable
-from doctor.store.rundata import RunData, of_process, of_processes
+from doctor.store.rundata import RunData, of_processes
 from doctor.trace.shares import category_seconds
 
 
@@ -42,9 +43,11 @@ def window_splits(window: pd.DataFrame, ranks: dict[int, RankSteps]
     windows could not be used). Ranks whose steps are the window's own need no split."""
     splits: dict[int, WindowSplit] = {}
     problems: dict[int, str] = {}
+    by_process = {tuple(int(v) for v in cast(tuple[int, int, int], key)): rows
+                  for key, rows in window.groupby(["node", "rank", "pid"], sort=False)}
     for rank, steps in ranks.items():
-        rows = of_process(window, steps.process)
-        if rows.empty or steps.kind == WINDOW:
+        rows = by_process.get(steps.process)
+        if rows is None or steps.kind == WINDOW:
             continue
         try:
             splits[rank] = window_split(rows)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from doctor.errors import (
@@ -187,10 +188,9 @@ def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -
         return pd.DataFrame()
     except OSError as err:
         raise RunDirError(f"{path} is unreadable: {err.strerror or err}") from err
-    frame = pd.DataFrame({n: records[n] for n in records.dtype.names or ()})
-    for key, value in who.items():
-        frame[key] = value
-    return frame
+    n = len(records)
+    return pd.DataFrame({**{k: np.full(n, v, dtype=np.int64) for k, v in who.items()},
+                         **{k: records[k] for k in records.dtype.names or ()}})
 
 
 def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:

@@ -74,11 +74,16 @@ class RingWriter:
 
 
 def read_ring(path: Path) -> tuple[np.ndarray, int]:
-    """Return (records oldest first as a structured array, total records ever written)."""
-    data = path.read_bytes()
-    if len(data) < HEADER_SIZE:
+    """Return (records oldest first as a structured array, total records ever written).
+
+    Until a ring wraps, its records fill the slots in order from the first, so only the filled
+    slots are read (found by bisection on the sequence numbers, in the mapped file): a ring of a
+    short run costs what it holds, not its capacity."""
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SIZE)
+    if len(head) < HEADER_SIZE:
         raise RingFormatError(f"{path}: too short for a ring header")
-    magic, version, capacity, _unused, fmt_raw, names_raw = _HEAD.unpack_from(data, 0)
+    magic, version, capacity, _unused, fmt_raw, names_raw = _HEAD.unpack_from(head, 0)
     if magic != MAGIC:
         raise RingFormatError(f"{path}: not a doctor ring buffer")
     if version != VERSION:
@@ -87,11 +92,23 @@ def read_ring(path: Path) -> tuple[np.ndarray, int]:
     fmt = fmt_raw.rstrip(b"\0").decode()
     names = names_raw.rstrip(b"\0").decode().split(",")
     dtype = _dtype(fmt, names)
-    if len(data) < HEADER_SIZE + capacity * dtype.itemsize:
+    if path.stat().st_size < HEADER_SIZE + capacity * dtype.itemsize:
         raise RingFormatError(f"{path}: truncated")
-    body = np.frombuffer(data, dtype=dtype, count=capacity, offset=HEADER_SIZE)
-    used = body[body["seq"] > 0]
-    records = used[np.argsort(used["seq"], kind="stable")]
+    body = np.memmap(path, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(capacity,))
+    seq = body["seq"]
+    if capacity and seq[capacity - 1] == 0:  # not wrapped: a filled prefix, in order
+        lo, hi = 0, capacity - 1  # the first empty slot is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if seq[mid] > 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        records = np.array(body[:lo])
+    else:
+        used = np.array(body[seq > 0])
+        records = used[np.argsort(used["seq"], kind="stable")]
+    del body, seq
     written = int(records["seq"][-1]) if len(records) else 0
     return records[[n for n in names if n != "seq"]].copy(), written
 

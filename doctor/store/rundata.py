@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -186,10 +186,45 @@ class RunData:
     memory: pd.DataFrame
     window: pd.DataFrame
     window_status: pd.DataFrame
+    _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def frames(self) -> dict[str, pd.DataFrame]:
         return {k: v for k, v in vars(self).items() if isinstance(v, pd.DataFrame)}
+
+    def intervals_of(self, process: Process, name: str
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(t0_ns, t1_ns, key) of one process's intervals of ``name``, sorted by start (split
+        by process and name once, on first use)."""
+        if not self._by_ring and not self.intervals.empty:
+            for key, group in self.intervals.groupby(["node", "rank", "pid", "name"], sort=False):
+                node, rank, pid, ring = cast(tuple[int, int, int, str], key)
+                self._by_ring[(int(node), int(rank), int(pid), str(ring))] = group
+        rows = self._by_ring.get((*process, name))
+        if rows is None:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        t0 = rows["t0_ns"].to_numpy(np.int64)
+        order = np.argsort(t0, kind="stable")
+        return (t0[order], rows["t1_ns"].to_numpy(np.int64)[order],
+                rows["key"].to_numpy(np.int64)[order])
+
+    def rows(self, name: str, process: Process) -> pd.DataFrame:
+        """The rows of frame ``name`` that one process recorded. Each frame is split by process
+        once, on first use: a run of hundreds of ranks asks for every process's rows."""
+        index = self._by_process.get(name)
+        if index is None:
+            frame = self.frames[name]
+            index = {}
+            for key, rows in frame.groupby(["node", "rank", "pid"], sort=False):
+                node, rank, pid = cast(tuple[int, int, int], key)
+                index[(int(node), int(rank), int(pid))] = rows
+            self._by_process[name] = index
+        found = index.get(process)
+        return found if found is not None else self.frames[name].iloc[0:0]
 
 
 def combine(runs: list[RunData]) -> RunData:
