@@ -27,7 +27,7 @@ from doctor.analyse.frames import (
     classify,
     classify_outside_loader,
 )
-from doctor.analyse.steps import RankSteps, intervals_of, worker_pids
+from doctor.analyse.steps import RankSteps, worker_pids
 from doctor.categories import INPUT_STAGES
 from doctor.rules.evidence import InputSplit, OutsideLoader
 from doctor.store.rundata import Process, RunData
@@ -147,7 +147,7 @@ def outside_loader(run: RunData, ranks: dict[int, RankSteps]) -> dict[int, Outsi
 
 
 def _total_seconds(run: RunData, process: Process, name: str) -> float:
-    t0, t1, _ = intervals_of(run, process, name)
+    t0, t1, _ = run.intervals_of(process, name)
     return float((t1 - t0).sum()) * 1e-9
 
 

@@ -84,12 +84,6 @@ def training_processes(run: RunData) -> dict[int, RankSteps]:
     return {rank: steps for rank, (_score, steps) in sorted(best.items())}
 
 
-def intervals_of(run: RunData, process: Process, name: str
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(t0_ns, t1_ns, key) of one process's intervals of ``name``, sorted by start."""
-    return run.intervals_of(process, name)
-
-
 def _rank_steps(run: RunData, process: Process) -> RankSteps:
     kind, starts, ends = _boundaries(run, process)
     if kind == "none":
@@ -109,7 +103,7 @@ def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.nda
     manual = np.sort(marks.loc[marks["kind"] == STEP_MANUAL, "t_ns"].to_numpy(np.int64))
     if len(manual) >= 2:
         return STEP_KIND_NAMES[STEP_MANUAL], manual[:-1], manual[1:]
-    _t0, t1, key = intervals_of(run, process, "optimizer")
+    _t0, t1, key = run.intervals_of(process, "optimizer")
     if len(t1) >= 2:
         keys, counts = np.unique(key, return_counts=True)
         top = keys[counts == counts.max()]
@@ -117,11 +111,11 @@ def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.nda
         chosen = top[0] if len(top) == 1 else key[np.argmax(t1 * np.isin(key, top))]
         ends = np.sort(t1[key == chosen])
         return "optimizer", ends[:-1], ends[1:]
-    _t0, t1, _ = intervals_of(run, process, "backward")
+    _t0, t1, _ = run.intervals_of(process, "backward")
     if len(t1) >= 2:
         ends = np.sort(t1)
         return "backward", ends[:-1], ends[1:]
-    t0, _t1, _ = intervals_of(run, process, "loader_wait")
+    t0, _t1, _ = run.intervals_of(process, "loader_wait")
     if len(t0) >= 2:
         starts = np.sort(t0)
         return "dataloader", starts[:-1], starts[1:]
@@ -214,7 +208,7 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
     wall = (e - s) * NS
 
     def overlap(name: str) -> np.ndarray:
-        t0, t1, _ = intervals_of(run, r.process, name)
+        t0, t1, _ = run.intervals_of(r.process, name)
         return overlap_per_span(t0, t1, s, e) * NS
 
     out: dict[str, np.ndarray] = {"rank": np.full(n, r.rank, dtype=np.int64),

@@ -11,7 +11,6 @@ CPU, and its compute is the compute fraction).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -37,17 +36,15 @@ def window_frame(run: RunData, ranks: dict[int, RankSteps]) -> pd.DataFrame:
     return of_processes(run.window, (r.process for r in ranks.values())).reset_index(drop=True)
 
 
-def window_splits(window: pd.DataFrame, ranks: dict[int, RankSteps]
+def window_splits(run: RunData, ranks: dict[int, RankSteps]
                   ) -> tuple[dict[int, WindowSplit], dict[int, str]]:
     """(the split of each rank whose window has time outside the input wait, why the others'
     windows could not be used). Ranks whose steps are the window's own need no split."""
     splits: dict[int, WindowSplit] = {}
     problems: dict[int, str] = {}
-    by_process = {tuple(int(v) for v in cast(tuple[int, int, int], key)): rows
-                  for key, rows in window.groupby(["node", "rank", "pid"], sort=False)}
     for rank, steps in ranks.items():
-        rows = by_process.get(steps.process)
-        if rows is None or steps.kind == WINDOW:
+        rows = run.rows("window", steps.process)
+        if rows.empty or steps.kind == WINDOW:
             continue
         try:
             splits[rank] = window_split(rows)

@@ -78,10 +78,10 @@ def _load_node(run_dir: Path) -> RunData:
         for name in INTERVAL_RINGS:
             intervals.append(_ring(proc_dir, name, who, problems).assign(name=name))
         events.append(_ring(proc_dir, "events", who, problems))
-        samples = read_stacks(proc_dir)
+        taken = read_stacks_meta(proc_dir)
+        samples = read_stacks(proc_dir, taken) if taken is not None else None
         if samples is not None:
             stacks += [{**who, "stack": s, "count": n} for s, n in samples.stacks.items()]
-        taken = read_stacks_meta(proc_dir)
         if taken is not None:
             spans.append({**who, "recorder": str(taken.get("recorder", "?")),
                           "rate_hz": float(taken.get("rate_hz", DEFAULT_RATE_HZ)),

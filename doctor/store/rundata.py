@@ -85,6 +85,16 @@ def typed(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, columns: Mapping[str
 Process = tuple[int, int, int]  # (node, rank, pid): one process of the job, on any node
 
 
+def split_by(frame: pd.DataFrame, *columns: str) -> dict[Any, pd.DataFrame]:
+    """The rows of ``frame`` for each value of ``columns`` (a tuple of Python ints and str),
+    in one pass."""
+    out: dict[Any, pd.DataFrame] = {}
+    for key, rows in frame.groupby(list(columns), sort=False):
+        out[tuple(v.item() if isinstance(v, np.generic) else v
+                  for v in cast(tuple[Any, ...], key))] = rows
+    return out
+
+
 def of_process(frame: pd.DataFrame, process: Process) -> pd.DataFrame:
     """The rows of ``frame`` that one process recorded."""
     node, rank, pid = process
@@ -200,9 +210,7 @@ class RunData:
         """(t0_ns, t1_ns, key) of one process's intervals of ``name``, sorted by start (split
         by process and name once, on first use)."""
         if not self._by_ring and not self.intervals.empty:
-            for key, group in self.intervals.groupby(["node", "rank", "pid", "name"], sort=False):
-                node, rank, pid, ring = cast(tuple[int, int, int, str], key)
-                self._by_ring[(int(node), int(rank), int(pid), str(ring))] = group
+            self._by_ring.update(split_by(self.intervals, "node", "rank", "pid", "name"))
         rows = self._by_ring.get((*process, name))
         if rows is None:
             empty = np.zeros(0, dtype=np.int64)
@@ -217,12 +225,7 @@ class RunData:
         once, on first use: a run of hundreds of ranks asks for every process's rows."""
         index = self._by_process.get(name)
         if index is None:
-            frame = self.frames[name]
-            index = {}
-            for key, rows in frame.groupby(["node", "rank", "pid"], sort=False):
-                node, rank, pid = cast(tuple[int, int, int], key)
-                index[(int(node), int(rank), int(pid))] = rows
-            self._by_process[name] = index
+            index = self._by_process[name] = split_by(self.frames[name], "node", "rank", "pid")
         found = index.get(process)
         return found if found is not None else self.frames[name].iloc[0:0]
 

@@ -42,10 +42,11 @@ def stacks_output(proc_dir: Path) -> Path:
     return proc_dir / STACKS_TXT
 
 
-def read_stacks(proc_dir: Path) -> StackSamples | None:
-    """The samples a process folder holds, or None."""
+def read_stacks(proc_dir: Path, meta: dict[str, Any] | None = None) -> StackSamples | None:
+    """The samples a process folder holds (``meta``: its stacks.json, when already read), or
+    None."""
     txt = proc_dir / STACKS_TXT
-    meta = read_stacks_meta(proc_dir)
+    meta = read_stacks_meta(proc_dir) if meta is None else meta
     if meta is None or not txt.is_file():
         return None
     try:
