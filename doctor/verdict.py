@@ -27,11 +27,35 @@ SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 
 @dataclass(frozen=True)
 class Fix:
-    """One change the user can make: what, why it fits this job, and the code."""
+    """One change the user can make: what, why it fits this job, and the code.
+
+    ``apply``: the settings ``doctor try`` can change for it without code (doctor.tuning), or
+    None where it needs code; ``estimated_speedup``: the step speedup of this fix alone, where
+    the rule can estimate it; ``verified``: what a ``doctor try`` of it measured.
+    """
 
     title: str
     why: str
     code: str = ""
+    apply: Mapping[str, Mapping[str, Any]] | None = None
+    estimated_speedup: float | None = None
+    verified: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"title": self.title, "why": self.why, "code": self.code}
+        if self.apply is not None:
+            out["apply"] = _plain(self.apply)
+        if self.estimated_speedup is not None:
+            out["estimated_speedup"] = round(float(self.estimated_speedup), 2)
+        if self.verified is not None:
+            out["verified"] = _plain(self.verified)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fix:
+        return cls(title=data["title"], why=data.get("why", ""), code=data.get("code", ""),
+                   apply=data.get("apply"), estimated_speedup=data.get("estimated_speedup"),
+                   verified=data.get("verified"))
 
 
 @dataclass(frozen=True)
@@ -53,7 +77,7 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["evidence"] = {k: _plain(v) for k, v in self.evidence.items()}
-        out["fixes"] = [asdict(f) for f in self.fixes]
+        out["fixes"] = [f.to_dict() for f in self.fixes]
         if self.estimated_speedup is not None:
             out["estimated_speedup"] = round(float(self.estimated_speedup), 2)
         return out
@@ -116,7 +140,7 @@ class Verdict:
                 Finding(
                     id=f["id"], category=f["category"], severity=f["severity"],
                     title=f["title"], evidence=dict(f.get("evidence", {})),
-                    fixes=tuple(Fix(**fx) for fx in f.get("fixes", [])),
+                    fixes=tuple(Fix.from_dict(fx) for fx in f.get("fixes", [])),
                     estimated_speedup=f.get("estimated_speedup"),
                 )
                 for f in data["findings"]

@@ -317,3 +317,39 @@ def test_workers_that_keep_up_still_hand_over_each_tensor() -> None:
     assert single.estimated_speedup is None  # one tensor: nothing to pack
     assert [("file_system" in f.code, "pin_memory" in f.code) for f in single.fixes] == \
         [(True, False), (False, True)]
+
+
+def test_fixes_that_need_no_code_say_the_settings_doctor_try_applies() -> None:
+    [finding] = input_loader(evidence(ledger=ledger(wait=0.09, compute=0.01),
+                                      loaders=loaders(), cores=16))
+    fix = finding.fixes[0]
+    assert fix.apply == {"dataloader": {"num_workers": 8, "persistent_workers": True}}
+    assert fix.estimated_speedup == finding.estimated_speedup
+    io = {f.id: f for f in input_stage(evidence(
+        ledger=ledger(wait=0.08, compute=0.02), loaders=loaders(), cores=2,
+        split={"io": 0.75, "decode": 0.05, "preprocess": 0.2}))}["input.io"]
+    more = next(f for f in io.fixes if f.apply)
+    # reads block without a core: 4 workers overlap them beyond the 2 cores' bound
+    assert more.apply == {"dataloader": {"num_workers": 4, "persistent_workers": True}}
+    assert more.estimated_speedup is not None and more.estimated_speedup > 2.0
+    assert all(f.apply is None for f in io.fixes if f is not more)  # caching needs code
+
+
+def test_every_apply_is_one_doctor_try_can_set() -> None:
+    from doctor.tuning import normalize
+
+    inputs = [
+        evidence(ledger=ledger(wait=0.09), loaders=loaders(), cores=4),
+        evidence(ledger=ledger(wait=0.05, compute=0.01), loaders=loaders(num_workers=2),
+                 cores=8, worker_cpu_cores=1.9),
+        evidence(ledger=ledger(compute=0.1), device="cpu", cores=4, torch_threads=1),
+        evidence(system=system(runnable=9), cores=2, torch_threads=8),
+        evidence(ledger=ledger(wait=0.02, compute=0.03),
+                 loaders=loaders(num_workers=2, batch_tensors=4),
+                 cores=2, device="cuda", fd_handoff_s=0.005),
+    ]
+    applies = [fix.apply for i in inputs for f in run_rules(i, default_rules()).findings
+               for fix in f.fixes if fix.apply is not None]
+    assert len(applies) >= 5
+    for apply in applies:
+        assert normalize(apply)

@@ -63,6 +63,8 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
                     "    bucket_cap_mb=50, gradient_as_bucket_view=True, static_graph=True,\n"
                     ")"
                 ),
+                # static_graph is left to the user: it breaks a model whose graph changes
+                apply={"ddp": {"bucket_cap_mb": 50, "gradient_as_bucket_view": True}},
             ),
             NO_SYNC,
             COMPRESS,

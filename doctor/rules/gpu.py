@@ -6,6 +6,7 @@ They read ``window`` (one row per profiled step, doctor.trace.steps.STEP_COLUMNS
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from doctor.rules.base import rule
 from doctor.rules.evidence import Evidence
@@ -84,13 +85,14 @@ FUSED_OPTIMIZER = Fix(
     code="optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)",
 )
 ALLOW_TF32 = Fix(
-title="Allow TF32 for fp32 matmuls and convolutions",
-why="on Ampere and later, TF32 keeps fp32 storage and runs on Tensor Cores; "
-"one line, no other code change",
-code=(
-"torch.backends.cuda.matmul.allow_tf32 = True\n"
-"torch.backends.cudnn.allow_tf32 = True"
-),
+    title="Allow TF32 for fp32 matmuls and convolutions",
+    why="on Ampere and later, TF32 keeps fp32 storage and runs on Tensor Cores; "
+        "one line, no other code change",
+    code=(
+        "torch.backends.cuda.matmul.allow_tf32 = True\n"
+        "torch.backends.cudnn.allow_tf32 = True"
+    ),
+    apply={"torch": {"allow_tf32": True}},
 )
 
 
@@ -127,6 +129,8 @@ def pageable_copy(ev: Evidence) -> list[Finding]:
                     "    pin_memory=True,\n"
                     ")"
                 ),
+                apply=None if pin or ev.loaders is None or ev.loaders.empty
+                else {"dataloader": {"pin_memory": True}},
             ),
             NON_BLOCKING,
         ),
@@ -238,7 +242,7 @@ def no_tensor_cores(ev: Evidence) -> list[Finding]:
         ),
     ]
     if tf32:
-        fixes.append(ALLOW_TF32)
+        fixes.append(replace(ALLOW_TF32, estimated_speedup=step / max(step - gained, 1e-9)))
     return [window_finding(
         "gpu.no_tensor_cores", "compute", share=gemm / step, bands=(0.4, 0.15),
         title=f"GEMM/convolution kernels take {gemm / busy:.0%} of GPU time without Tensor Cores",

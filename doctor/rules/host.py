@@ -77,7 +77,8 @@ def host_contention(ev: Evidence) -> list[Finding]:
 def set_threads(title: str, why: str, threads: int, env: bool = False) -> Fix:
     """The fix that sets torch's intra-op threads (and, with ``env``, says the variable)."""
     also = f"  # or: OMP_NUM_THREADS={threads}" if env else ""
-    return Fix(title=title, why=why, code=f"import torch\ntorch.set_num_threads({threads}){also}")
+    return Fix(title=title, why=why, code=f"import torch\ntorch.set_num_threads({threads}){also}",
+               apply={"torch": {"num_threads": threads}})
 
 
 def _job_cores(ev: Evidence) -> float | None:

@@ -55,6 +55,8 @@ def input_loader(ev: Evidence) -> list[Finding]:
             code=(f"loader = DataLoader(dataset, batch_size={x.loader.get('batch_size')}, "
                   f"num_workers={k},\n                    persistent_workers=True, "
                   "prefetch_factor=4)"),
+            apply={"dataloader": {"num_workers": k, "persistent_workers": True}},
+            estimated_speedup=speedup,
         ))
     elif x.handoff > 0 and x.handoff >= KEEP_UP_HANDOFF * x.wait:
         fixes.append(Fix(
@@ -73,6 +75,8 @@ def input_loader(ev: Evidence) -> list[Finding]:
             why="The workers cannot keep up and cores are idle: more workers load more "
                 "batches at once.",
             code=f"loader = DataLoader(dataset, num_workers={k}, persistent_workers=True)",
+            apply={"dataloader": {"num_workers": k, "persistent_workers": True}},
+            estimated_speedup=speedup,
         ))
     else:
         fixes.append(Fix(
@@ -86,6 +90,7 @@ def input_loader(ev: Evidence) -> list[Finding]:
             title="persistent_workers=False: keep workers between epochs",
             why="Each epoch otherwise starts its workers again, a stall at every epoch.",
             code=f"DataLoader(dataset, num_workers={x.workers}, persistent_workers=True)",
+            apply={"dataloader": {"persistent_workers": True}},
         ))
     category = x.dominant()
     return [Finding(
@@ -167,7 +172,7 @@ def input_stage(ev: Evidence) -> list[Finding]:
         findings.append(Finding(
             id=f"input.{stage}", category=stage, severity=_severity(share),
             title=f"{share:.0%} of the step goes to {_STAGE_WORDS[stage]}",
-            evidence=evidence, fixes=_stage_fixes(stage, x),
+            evidence=evidence, fixes=_stage_fixes(stage, x, frac),
             estimated_speedup=x.step / new_step,
         ))
     return findings
@@ -184,6 +189,7 @@ def input_handoff(ev: Evidence) -> list[Finding]:
     tensors = count_of(x.loader.get("batch_tensors")) or 1
     per_tensor = x.handoff / tensors
     saved = x.handoff * (tensors - 1) / tensors  # packed into one tensor
+    off_thread = x.step / max(x.step - x.handoff, 1e-9)  # no round trip on the training thread
     fixes = []
     if tensors > 1:
         fixes.append(Fix(
@@ -200,13 +206,15 @@ def input_handoff(ev: Evidence) -> list[Finding]:
             "file_system opens shared memory by name instead (a process killed mid-batch can "
             "leave files in /dev/shm).",
         code="import torch.multiprocessing\n"
-             "torch.multiprocessing.set_sharing_strategy('file_system')"))
+             "torch.multiprocessing.set_sharing_strategy('file_system')",
+        apply={"torch": {"sharing_strategy": "file_system"}}, estimated_speedup=off_thread))
     if ev.job.device == "cuda":
         fixes.append(Fix(
             title="pin_memory=True: a thread takes the batches off the training thread",
             why="The pin-memory thread receives each batch from the workers and pins it, "
                 "overlapping the handoff with the step.",
-            code=f"DataLoader(dataset, num_workers={x.workers}, pin_memory=True)"))
+            code=f"DataLoader(dataset, num_workers={x.workers}, pin_memory=True)",
+            apply={"dataloader": {"pin_memory": True}}, estimated_speedup=off_thread))
     return [Finding(
         id="input.handoff", category=x.dominant(), severity=_severity(share),
         title=f"{share:.0%} of the step takes batches from the workers: {tensors} tensors, "
@@ -219,9 +227,11 @@ def input_handoff(ev: Evidence) -> list[Finding]:
     )]
 
 
-def _stage_fixes(stage: str, x: InputFacts) -> tuple[Fix, ...]:
+def _stage_fixes(stage: str, x: InputFacts, frac: float) -> tuple[Fix, ...]:
     if stage == "io":
         more = min(32, max(2 * x.cores, x.workers * 2, 4))
+        # reads wait rather than compute: only the rest of the loading shares the cores
+        more_reads = x.step / x.step_after(x.load, more, waiting=frac)
         return (
             Fix(title="Keep the data close: cache it on local disk or in memory",
                 why="Reads that miss the page cache wait on storage; a local copy (or "
@@ -232,7 +242,9 @@ def _stage_fixes(stage: str, x: InputFacts) -> tuple[Fix, ...]:
                 why="Workers blocked in reads use little CPU: more of them than cores keeps "
                     "more reads in flight (remote and network storage especially).",
                 code=f"DataLoader(dataset, num_workers={more}, prefetch_factor=4, "
-                     "persistent_workers=True)"),
+                     "persistent_workers=True)",
+                apply={"dataloader": {"num_workers": more, "persistent_workers": True}},
+                estimated_speedup=more_reads),
             Fix(title="Store samples in large sequential shards",
                 why="One file per sample means one open and one random read each; tar shards "
                     "(WebDataset-style) are read sequentially.",

@@ -26,10 +26,13 @@ def suggested_workers(cores: int) -> int:
     return max(1, min(8, cores if cores <= 2 else cores - 1))
 
 
-def estimate_with_workers(load: float, rest: float, cores: int, workers: int) -> float:
+def estimate_with_workers(load: float, rest: float, cores: int, workers: int,
+                          waiting: float = 0.0) -> float:
     """Step time once building a batch (``load`` s) overlaps the rest of the step (``rest`` s)
-    in ``workers`` processes on ``cores`` cores."""
-    return max(rest, load / max(workers, 1), (load + rest) / max(cores, 1), 1e-9)
+    in ``workers`` processes on ``cores`` cores; the ``waiting`` fraction of the loading
+    (reads from storage) blocks without holding a core."""
+    cpu = load * (1.0 - min(max(waiting, 0.0), 1.0))
+    return max(rest, load / max(workers, 1), (cpu + rest) / max(cores, 1), 1e-9)
 
 
 def main_loader(loaders: pd.DataFrame | None) -> dict[str, Any]:
@@ -106,9 +109,11 @@ class InputFacts:
         handoff = batch_handoff(self.loader, ev.fd_handoff_s)
         self.handoff = min(handoff, self.wait) if self.workers else handoff
 
-    def step_after(self, load: float, workers: int) -> float:
-        """Step time with ``workers`` workers building batches of ``load`` seconds."""
-        return estimate_with_workers(load, self.rest_alone + self.handoff, self.cores, workers)
+    def step_after(self, load: float, workers: int, waiting: float = 0.0) -> float:
+        """Step time with ``workers`` workers building batches of ``load`` seconds (of which
+        the ``waiting`` fraction blocks in reads)."""
+        return estimate_with_workers(load, self.rest_alone + self.handoff, self.cores, workers,
+                                     waiting)
 
     def dominant(self) -> str:
         if not self.measured or not self.stage_shares:

@@ -64,6 +64,7 @@ def fragmentation(ev: Evidence) -> list[Finding]:
                     "os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\"\n"
                     "import torch  # after setting it: the allocator reads it once"
                 ),
+                apply={"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
             ),
         ),
         estimated_speedup=None,
