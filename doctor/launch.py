@@ -15,11 +15,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 from doctor.command import JobCommand
 from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW
@@ -40,10 +40,12 @@ class JobResult:
     signal: int | None
     duration_s: float
     probes: dict[str, ProbeStatus]
+    timed_out: bool = False
 
 
-def job_environment(run_dir: Path, window: str | None) -> dict[str, str]:
-    env = dict(os.environ)
+def job_environment(run_dir: Path, window: str | None,
+                    base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + path if path else "")
     env[ENV_RUN_DIR] = str(run_dir)
@@ -55,16 +57,32 @@ def job_environment(run_dir: Path, window: str | None) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How ``doctor try`` starts a job instead of as typed (``doctor run`` uses the defaults):
+    the environment it starts from, where it runs, where its output goes, and how long it may
+    take before it is stopped (SIGTERM, then SIGKILL)."""
+
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    stdout: IO[Any] | None = None
+    stderr: IO[Any] | None = None
+    timeout_s: float | None = None
+
+
 def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
-            clock: Callable[[], float] = time.monotonic) -> JobResult:
+            clock: Callable[[], float] = time.monotonic, launch: Launch = Launch()
+            ) -> JobResult:
     from doctor.probes import PARENT, ParentContext, probes_of
 
     started = time.time()
     t0 = clock()
+    env = job_environment(run_dir, window, launch.env)
     write_run_record(run_dir, run_record(command.argv, command.name, started, t0,
-                                         exit_code=None))
+                                         exit_code=None, cwd=launch.cwd, env=env))
     try:
-        proc = subprocess.Popen(command.argv, env=job_environment(run_dir, window))
+        proc = subprocess.Popen(command.argv, env=env, cwd=launch.cwd, stdout=launch.stdout,
+                                stderr=launch.stderr)
     except OSError as err:
         from doctor.errors import UsageError
 
@@ -72,6 +90,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
 
     restore = _forward_signals(proc)
     samplers = ParentProbes(ParentContext(run_dir, proc.pid, clock, t0), probes_of(PARENT))
+    deadline = t0 + launch.timeout_s if launch.timeout_s else None
     try:
         next_tick = clock()
         while True:
@@ -80,6 +99,9 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if deadline is not None and clock() > deadline:
+                rc = _terminate(proc)
+                break
             samplers.sample()
             next_tick += SAMPLE_INTERVAL_S
             if next_tick < clock():  # fell behind (suspended laptop, loaded host): skip ahead
@@ -91,12 +113,27 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     handoff = _measure_handoff()
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
+    timed_out = deadline is not None and clock() > deadline
     record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,
                         signal=sig, duration_s=duration,
                         probes={k: v.to_dict() for k, v in probes.items()},
-                        fd_handoff_s=handoff)
+                        fd_handoff_s=handoff, cwd=launch.cwd, env=env,
+                        **({"timed_out": True} if timed_out else {}))
     write_run_record(run_dir, record)
-    return JobResult(exit_code, sig, duration, probes)
+    return JobResult(exit_code, sig, duration, probes, timed_out)
+
+
+def _terminate(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int:
+    """Stop a job that ran past its time: SIGTERM, then SIGKILL after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            proc.send_signal(sig)
+            return proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        except OSError:
+            break
+    return proc.wait()
 
 
 class ParentProbes:
@@ -159,11 +196,37 @@ def _measure_handoff() -> float | None:
         return None
 
 
+#: The environment that shapes how a training job runs, kept in run.json so that doctor try
+#: re-runs the job as it ran (the rest is taken from the shell doctor try runs in).
+RECORDED_ENV = ("CUDA_", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTORCH_",
+                "TORCH_", "TORCHINDUCTOR_", "NVIDIA_", "MASTER_", "PYTHONHASHSEED",
+                "PYTHONPATH", "WORLD_SIZE", "RANK", "LOCAL_RANK", "TOKENIZERS_")
+_SECRET = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+
+
+def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``env`` that run.json keeps (never anything that looks like a secret)."""
+    return {k: v for k, v in env.items()
+            if k.startswith(RECORDED_ENV) and not any(s in k.upper() for s in _SECRET)}
+
+
 def run_record(argv: list[str], name: str, started: float, t0: float,
+               cwd: str | None = None, env: Mapping[str, str] | None = None,
                **extra: Any) -> dict[str, Any]:
-    """The run.json record: the job, the machine, and (at the end) its exit and probes."""
+    """The run.json record: the job, the machine, and (at the end) its exit and probes. Its
+    ``env`` is the job's environment as doctor try needs it (recorded_env), before doctor's
+    own variables went in."""
+    job_env = recorded_env({k: v for k, v in (env or os.environ).items()
+                            if not k.startswith("DOCTOR_")})
+    path = job_env.get("PYTHONPATH", "").split(os.pathsep)
+    if path and path[0] == str(BOOTSTRAP_DIR):
+        path = path[1:]
+        if path:
+            job_env["PYTHONPATH"] = os.pathsep.join(path)
+        else:
+            job_env.pop("PYTHONPATH")
     return {
-        "argv": argv, "name": name, "cwd": os.getcwd(),
+        "argv": argv, "name": name, "cwd": os.path.abspath(cwd or os.getcwd()), "env": job_env,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "t0_monotonic_s": t0, "host": socket.gethostname(), "cores": usable_cores(),
         "doctor_version": __version__, "python": sys.version.split()[0], **extra,

@@ -4,6 +4,7 @@ lives."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -34,6 +35,7 @@ def fit_job(args: argparse.Namespace, switched: bool, make_loader: Callable[[boo
     workers see the side they serve."""
     timer, sides = plan(args.steps, args.ablate, switched, args.switch_after)
     loaders = {side: make_loader(side) for side in {s for s, _ in sides}}
+    print_settings(loaders[sides[0][0]])
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for side, length in sides:
         batches = iter(loaders[side])
@@ -46,6 +48,18 @@ def fit_job(args: argparse.Namespace, switched: bool, make_loader: Callable[[boo
             timer.step()
         del batches  # shuts its workers down before the other side's start
     return timer
+
+
+def print_settings(loader: Loader) -> None:
+    """One JSON line with the settings the job runs with, as the job itself sees them (what a
+    ``doctor try`` changed shows here)."""
+    print(json.dumps({"settings": {
+        "num_workers": getattr(loader, "num_workers", None),
+        "pin_memory": getattr(loader, "pin_memory", None),
+        "persistent_workers": getattr(loader, "persistent_workers", None),
+        "torch_threads": torch.get_num_threads(),
+        "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),
+    }}), flush=True)
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: list[Any],

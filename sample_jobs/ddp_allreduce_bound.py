@@ -12,6 +12,7 @@ communication share can be measured by ablation.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -51,6 +52,10 @@ def main() -> None:
     # all-reduce itself and the optimizer's pass over the table
     model = DistributedDataParallel(Model(args.rows, args.dim, args.small_grads),
                                     gradient_as_bucket_view=True)
+    if rank == 0:  # the settings as the job runs with them (what a doctor try changed shows)
+        print(json.dumps({"settings": {
+            "bucket_cap_mb": model.bucket_bytes_cap / 2**20,
+            "gradient_as_bucket_view": model.gradient_as_bucket_view}}), flush=True)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
     gen = torch.Generator().manual_seed(rank)
     batches = [(torch.randint(0, args.rows, (args.batch, 8), generator=gen),

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from doctor.record import overrides, stop
 from doctor.record import session as session_mod
 from doctor.record.session import Session
 from doctor.record.tracer import allow_parent_tracer
@@ -33,7 +34,8 @@ def start_from_env() -> Session | None:
         return None
     start, steps = parse_window(os.environ.get(ENV_WINDOW, ""))
     allow_parent_tracer()
-    probes = start_session(Path(run_dir), window_start=start, window_steps=steps)
+    probes = start_session(Path(run_dir), window_start=start, window_steps=steps,
+                           tried=True)
     atexit.register(probes.close)
     _note_uncaught_exceptions(probes.session)
     return probes.session
@@ -67,12 +69,17 @@ def parse_window(text: str) -> tuple[int, int]:
         return 8, 5
 
 
-def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5
-                  ) -> JobProbes:
-    """Install a Session for this process; its probes start with (or after) torch."""
+def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5,
+                  tried: bool = False) -> JobProbes:
+    """Install a Session for this process; its probes start with (or after) torch. With
+    ``tried`` (under ``doctor run`` and ``doctor try``), the settings of a try and its stop
+    after N steps come from the environment (doctor.record.overrides, doctor.record.stop)."""
     session = session_mod.install(
         Session(run_dir, window_start=window_start, window_steps=window_steps))
     starter = JobProbes(session)
+    if tried:
+        starter.overrides = overrides.from_env(session)
+        stop.from_env(session)
     if "torch" in sys.modules:
         starter.start()
     else:
@@ -87,10 +94,13 @@ class JobProbes:
     def __init__(self, session: Session) -> None:
         self.session = session
         self.probes: list[Any] = []
+        self.overrides: overrides.Overrides | None = None
 
     def start(self) -> None:
         from doctor.probes import JOB, probes_of
 
+        if self.overrides is not None:  # the settings a try changes come before user code
+            self.overrides.start()
         status: dict[str, dict[str, Any]] = {}
         for spec in probes_of(JOB):
             try:
@@ -113,6 +123,8 @@ class JobProbes:
             except Exception:  # at exit, a probe that cannot unpatch is harmless
                 pass
         self.probes = []
+        if self.overrides is not None:
+            self.overrides.stop()
         session_mod.uninstall(self.session)
 
 

@@ -1,0 +1,225 @@
+"""Inside a job run by ``doctor try``: apply the settings being tried (doctor.tuning), in every
+process, without touching the job's code.
+
+- ``dataloader`` and ``ddp`` settings override the keyword arguments of every DataLoader and
+  DistributedDataParallel the job builds (in its script or in a library), at construction;
+- ``torch`` settings are set right after ``import torch``, before user code goes on; a later
+  call of the job's own (``torch.set_num_threads(4)``) keeps the tried value in the training
+  process, and torch's own calls in DataLoader workers pass through;
+- ``env`` was set by ``doctor try`` for the whole job before it started.
+
+Each change is said once on stderr (``doctor try: DataLoader(num_workers 0 -> 2)``, by rank 0),
+and what the job had or asked for, beside what was tried, goes to the process's meta
+(``tried``) so that ``doctor try`` can tell "changed nothing: the job already had it" and
+"never reached: the job built no DataLoader" from a real change. A failure here is noted there
+and never stops the job.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from doctor.record.session import CLOSE, Session
+from doctor.tuning import WHERE, Apply, normalize
+
+ENV_APPLY = "DOCTOR_TRY_APPLY"  # the apply record, JSON
+MAX_SEEN = 20  # job values kept per setting
+
+
+def from_env(session: Session) -> Overrides | None:
+    text = os.environ.get(ENV_APPLY)
+    if not text:
+        return None
+    try:
+        apply = normalize(json.loads(text))
+    except (ValueError, TypeError) as err:
+        overrides = Overrides({}, session)
+        overrides.errors.append(f"unreadable {ENV_APPLY}: {err}")
+        return overrides
+    return Overrides(apply, session)
+
+
+class Overrides:
+    """The settings of one try, applied in this process (``start`` once torch is imported)."""
+
+    def __init__(self, apply: Apply, session: Session,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.apply = apply
+        self.session = session
+        self.say = say or _say_on_stderr
+        self.seen: dict[str, dict[str, Any]] = {}
+        self.errors: list[str] = []
+        self._said: set[str] = set()
+        self._restore: list[tuple[Any, str, Any]] = []
+        session.on(CLOSE, self.save)
+
+    # ----- what the job had, beside what is tried ----------------------------------------
+    def note(self, setting: str, job_value: Any, tried: Any, applied: bool = True) -> None:
+        entry = self.seen.setdefault(setting, {"tried": tried, "job": [], "applied": 0})
+        if len(entry["job"]) < MAX_SEEN:
+            entry["job"].append(job_value)
+        entry["applied"] += int(applied)
+
+    def asked(self, setting: str, job_value: Any) -> None:
+        """The job itself asked for ``job_value`` later (kept at the tried value)."""
+        entry = self.seen.get(setting)
+        if entry is not None:
+            entry["asked"] = job_value
+
+    def tell(self, text: str) -> None:
+        if text in self._said:
+            return
+        self._said.add(text)
+        if os.environ.get("RANK", "0") == "0":
+            self.say(f"doctor try: {text}")
+
+    def save(self) -> None:
+        """Into the process's meta, where the process recorded anything (the training ones)."""
+        if not self.session.recording or not (self.seen or self.errors):
+            return
+        try:
+            self.session.update_meta(tried=self.seen, tried_errors=self.errors)
+        except OSError:
+            pass
+
+    # ----- applying -----------------------------------------------------------------------
+    def start(self) -> None:
+        for section, step in (("torch", self._torch), ("dataloader", self._dataloader),
+                              ("ddp", self._ddp)):
+            if section in self.apply:
+                try:
+                    step(self.apply[section])
+                except Exception as err:  # the job runs on; the try says what was not applied
+                    self.errors.append(f"{section}: {type(err).__name__}: {err}")
+        if self.session.recording:
+            self.save()
+
+    def stop(self) -> None:
+        for owner, name, orig in reversed(self._restore):
+            setattr(owner, name, orig)
+        self._restore = []
+
+    def _patch(self, owner: Any, name: str, new: Any) -> None:
+        self._restore.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    def _torch(self, values: dict[str, Any]) -> None:
+        import torch
+
+        setters: dict[str, tuple[Any, str, Callable[[], Any]]] = {
+            "num_threads": (torch, "set_num_threads", torch.get_num_threads),
+            "num_interop_threads": (torch, "set_num_interop_threads",
+                                    torch.get_num_interop_threads),
+            "matmul_precision": (torch, "set_float32_matmul_precision",
+                                 torch.get_float32_matmul_precision),
+            "sharing_strategy": (torch.multiprocessing, "set_sharing_strategy",
+                                 torch.multiprocessing.get_sharing_strategy),
+        }
+        for key, value in values.items():
+            setting = f"torch.{key}"
+            if key in setters:
+                owner, name, getter = setters[key]
+                before = getter()
+                getattr(owner, name)(value)
+                self.note(setting, before, value)
+                self.tell(f"{name}({before} -> {value})")
+                self._keep(owner, name, setting, value)
+            elif key == "allow_tf32":
+                before = bool(torch.backends.cuda.matmul.allow_tf32)
+                torch.backends.cuda.matmul.allow_tf32 = value
+                torch.backends.cudnn.allow_tf32 = value
+                self.note(setting, before, value)
+                self.tell(f"allow_tf32 {before} -> {value}")
+            elif key == "cudnn_benchmark":
+                before = bool(torch.backends.cudnn.benchmark)
+                torch.backends.cudnn.benchmark = value
+                self.note(setting, before, value)
+                self.tell(f"cudnn.benchmark {before} -> {value}")
+
+    def _keep(self, owner: Any, name: str, setting: str, value: Any) -> None:
+        """Later calls of ``owner.name`` by the training process keep the tried value; a
+        DataLoader worker's (torch sets one thread in each) pass through."""
+        orig = getattr(owner, name)
+        session = self.session
+
+        @functools.wraps(orig)
+        def kept(asked: Any, *args: Any, **kwargs: Any) -> Any:
+            if session.role != "main":
+                return orig(asked, *args, **kwargs)
+            self.asked(setting, asked)
+            if asked != value:
+                self.tell(f"the job's {name}({asked}) kept at {value}")
+            return None
+
+        self._patch(owner, name, kept)
+
+    def _dataloader(self, values: dict[str, Any]) -> None:
+        from torch.utils.data import DataLoader, IterableDataset
+
+        def adjust(arguments: dict[str, Any], job: dict[str, Any]) -> list[str]:
+            notes = []
+            if arguments.get("num_workers", 0) == 0:
+                # settings that torch refuses without workers
+                for key, off in (("persistent_workers", False), ("prefetch_factor", None)):
+                    if arguments.get(key, off) != off:
+                        arguments[key] = off
+                        notes.append(f"{key} needs workers: left at {off}")
+            elif isinstance(arguments.get("dataset"), IterableDataset) and \
+                    job.get("num_workers", 0) == 0:
+                notes.append("an IterableDataset in workers: each worker iterates it unless it "
+                             "shards by get_worker_info()")
+            return notes
+
+        self._override_init(DataLoader, "dataloader", values, adjust)
+
+    def _ddp(self, values: dict[str, Any]) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        self._override_init(DistributedDataParallel, "ddp", values)
+
+    def _override_init(self, cls: type, section: str, values: dict[str, Any],
+                       adjust: Callable[[dict[str, Any], dict[str, Any]], list[str]]
+                       | None = None) -> None:
+        orig = cls.__init__  # type: ignore[misc]
+        signature = inspect.signature(orig)
+        params = signature.parameters
+        known = {k: v for k, v in values.items() if k in params}
+        for key in set(values) - set(known):
+            self.errors.append(f"{WHERE[section]} of this torch has no {key}")
+        overrides = self
+
+        @functools.wraps(orig)
+        def __init__(this: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                bound = signature.bind(this, *args, **kwargs)
+            except TypeError:  # the job's own mistake: let torch say it
+                return orig(this, *args, **kwargs)
+            arguments = bound.arguments
+            job = {k: arguments.get(k, params[k].default) for k in known}
+            arguments.update(known)
+            notes = adjust(arguments, job) if adjust else []
+            changes = []
+            for key in known:
+                now = arguments.get(key, params[key].default)
+                overrides.note(f"{section}.{key}", job[key], now, applied=now == known[key])
+                if job[key] != now:
+                    changes.append(f"{key} {job[key]} -> {now}")
+            overrides.tell(f"{WHERE[section]}({', '.join(changes) or 'nothing to change'})"
+                           + "".join(f"; {n}" for n in notes))
+            overrides.save()
+            return orig(*bound.args, **bound.kwargs)
+
+        self._patch(cls, "__init__", __init__)
+
+
+def _say_on_stderr(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass

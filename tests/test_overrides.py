@@ -1,0 +1,125 @@
+"""The settings of a try, applied inside the job's process: DataLoader and DDP arguments at
+construction, torch settings kept against the job's own later calls, each change said once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from doctor.record.overrides import Overrides
+from doctor.record.session import Session
+
+DATA = TensorDataset(torch.zeros(8, 2))
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[Session]:
+    threads = torch.get_num_threads()
+    s = Session(tmp_path / "run", rank=0)
+    yield s
+    s.close()
+    torch.set_num_threads(threads)
+
+
+def started(session: Session, apply: dict) -> tuple[Overrides, list[str]]:
+    said: list[str] = []
+    o = Overrides(apply, session, say=said.append)
+    o.start()
+    return o, said
+
+
+def test_dataloader_arguments_are_overridden_where_it_is_built(session: Session) -> None:
+    o, said = started(session, {"dataloader": {"num_workers": 2, "persistent_workers": True}})
+    try:
+        loader = DataLoader(DATA, 4, False, None, None, 0)  # num_workers given by position
+        assert (loader.num_workers, loader.persistent_workers) == (2, True)
+        assert loader.batch_size == 4  # the rest as the job gave it
+        DataLoader(DATA, batch_size=2)
+    finally:
+        o.stop()
+    assert DataLoader(DATA).num_workers == 0  # restored
+    assert said == ["doctor try: DataLoader(num_workers 0 -> 2, persistent_workers False -> "
+                    "True)"]  # said once for the two loaders
+    assert o.seen["dataloader.num_workers"]["job"] == [0, 0]
+    assert o.seen["dataloader.num_workers"]["applied"] == 2
+
+
+def test_settings_torch_refuses_without_workers_are_left_off(session: Session) -> None:
+    o, said = started(session, {"dataloader": {"num_workers": 0}})
+    try:
+        loader = DataLoader(DATA, num_workers=2, persistent_workers=True, prefetch_factor=4)
+        assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor) == \
+            (0, False, None)
+    finally:
+        o.stop()
+    assert "persistent_workers needs workers" in said[0]
+
+
+def test_iterable_dataset_in_workers_is_warned(session: Session) -> None:
+    class Stream(IterableDataset):
+        def __iter__(self) -> Iterator[int]:
+            yield from range(3)
+
+    o, said = started(session, {"dataloader": {"num_workers": 2}})
+    try:
+        DataLoader(Stream())
+    finally:
+        o.stop()
+    assert "IterableDataset" in said[0]
+
+
+def test_a_value_the_job_already_has_is_noted_as_such(session: Session) -> None:
+    o, said = started(session, {"dataloader": {"num_workers": 2}})
+    try:
+        DataLoader(DATA, num_workers=2)
+    finally:
+        o.stop()
+    assert said == ["doctor try: DataLoader(nothing to change)"]
+    assert o.seen["dataloader.num_workers"]["job"] == [2]
+
+
+def test_thread_count_is_kept_against_the_jobs_own_call(session: Session) -> None:
+    o, said = started(session, {"torch": {"num_threads": 1}})
+    try:
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(3)  # the job's own call, after doctor's
+        assert torch.get_num_threads() == 1
+        assert o.seen["torch.num_threads"]["asked"] == 3
+        session.role = "worker0"  # torch's call in a DataLoader worker passes through
+        torch.set_num_threads(2)
+        assert torch.get_num_threads() == 2
+    finally:
+        o.stop()
+        session.role = "main"
+    assert any("kept at 1" in s for s in said)
+
+
+def test_ddp_arguments_are_overridden(session: Session, tmp_path: Path) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    o, said = started(session, {"ddp": {"bucket_cap_mb": 5, "gradient_as_bucket_view": True}})
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        model = DistributedDataParallel(torch.nn.Linear(2, 2))
+        assert model.bucket_bytes_cap == 5 * 2**20
+        assert model.gradient_as_bucket_view
+    finally:
+        dist.destroy_process_group()
+        o.stop()
+    assert said == ["doctor try: DistributedDataParallel(bucket_cap_mb None -> 5, "
+                    "gradient_as_bucket_view False -> True)"]
+
+
+def test_a_setting_this_torch_lacks_is_noted_and_the_job_goes_on(session: Session) -> None:
+    o, _ = started(session, {"dataloader": {"no_such_argument": 1, "num_workers": 1}})
+    try:
+        assert DataLoader(DATA).num_workers == 1
+    finally:
+        o.stop()
+    assert o.errors == ["DataLoader of this torch has no no_such_argument"]
