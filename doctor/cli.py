@@ -104,6 +104,11 @@ def report(sources: tuple[Path, ...], fmt: str, output: Path | None,
         text, target = render_json(analysis), output
     else:
         text, target = render_text(analysis, full=True), output
+    _emit(text, target)
+
+
+def _emit(text: str, target: Path | None) -> None:
+    """``text`` to stdout, or into ``target`` (whose path is then printed)."""
     if target is None:
         click.echo(text, nl=not text.endswith("\n"))
         return
@@ -147,6 +152,76 @@ def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = Non
             raise UsageError("--steps applies to run directories, not to traces")
         return analyze_traces(traces), Path(traces[0].name.split(".")[0] + ".report.html")
     return analyze_run(dirs, steps), report_path(dirs[0])
+
+
+@cli.command("try")
+@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
+@click.option("--fix", "fixes", multiple=True, metavar="ID",
+              help="A fix of the run to try (ID from the plan, e.g. input.loader:1, or a "
+                   "finding id for its fixes); repeatable. Default: every fix that needs no "
+                   "code, alone, then the compatible ones together.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="A setting to try, e.g. num_workers=4, pin_memory=true, num_threads=1, "
+                   "bucket_cap_mb=50, PYTORCH_CUDA_ALLOC_CONF=...; several values sweep them "
+                   "(num_workers=0,2,4,8); repeatable.")
+@click.option("--steps", type=int, default=30, show_default=True,
+              help="Steady steps to measure each setting (and the baseline) over, in all.")
+@click.option("--repeat", type=int, default=2, show_default=True,
+              help="Rounds of baseline and settings, alternated so that load drift cancels.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before re-running the job.")
+@click.option("--dry-run", is_flag=True, help="Say what would run, and stop.")
+def try_(run_dir: Path | None, fixes: tuple[str, ...], sets: tuple[str, ...], steps: int,
+         repeat: int, yes: bool, dry_run: bool) -> None:
+    """Re-run the run's command with fixes applied (no code change), stop it after a few
+    steps, and measure the speedup against the estimate (default: the newest run)."""
+    from doctor.outputs import finalize_run
+    from doctor.reports.tries import render_try_html, render_try_text
+    from doctor.store import layout
+    from doctor.store.rundir import newest_run
+    from doctor.tries.runner import execute, plan_lines, prepare
+
+    run_dir = run_dir or newest_run()
+    if not (run_dir / layout.RUN_RECORD).is_file():
+        raise UsageError(f"{run_dir} is not a doctor run directory (no {layout.RUN_RECORD})")
+    prepared = prepare(run_dir, fixes, sets, steps, repeat)
+    for line in plan_lines(prepared):
+        click.echo(line, err=True)
+    if dry_run:
+        return
+    if not yes and sys.stdin.isatty():
+        click.confirm("The job will run again (it may write checkpoints or logs each time). "
+                      "Go on?", abort=True, err=True)
+    record = execute(prepared, lambda line: click.echo(line, err=True))
+    try_dir = Path(record["dir"])
+    (try_dir / layout.REPORT).write_text(render_try_html(record), encoding="utf-8")
+    try:
+        finalize_run(run_dir)  # the run's own verdict and report now say what was measured
+    except Exception as err:
+        click.echo(f"doctor: could not update the run's report: {type(err).__name__}: {err}",
+                   err=True)
+    click.echo(render_try_text(record, report=str(try_dir / layout.REPORT)), nl=False)
+
+
+@cli.command()
+@click.argument("run_a", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("run_b", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text",
+              show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Write here (default: stdout).")
+def compare(run_a: Path, run_b: Path, fmt: str, output: Path | None) -> None:
+    """Two runs side by side: step time, speedup (B against A) and shares."""
+    import json
+
+    from doctor.analyse.compare import compare as compare_runs
+    from doctor.analyse.pipeline import analyze_run
+    from doctor.reports.tries import render_compare_html, render_compare_text
+
+    comparison = compare_runs(analyze_run(run_a), analyze_run(run_b))
+    text = (render_compare_text(comparison) if fmt == "text" else
+            json.dumps(comparison, indent=2, default=str) + "\n" if fmt == "json" else
+            render_compare_html(comparison))
+    _emit(text, output)
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from doctor.reports.text import (
     partial_line,
     steps_line,
 )
+from doctor.reports.verified import verified_line
 from doctor.verdict import SCHEMA, Analysis, Finding
 
 #: Rows of a table shown in full; longer tables are cut and say how many rows were left out.
@@ -134,7 +135,8 @@ def _finding(finding: Finding) -> dict[str, Any]:
         "severity": finding.severity,
         "title": finding.title,
         "evidence": [(str(k), format_value(str(k), v)) for k, v in finding.evidence.items()],
-        "fixes": [{"title": f.title, "why": f.why, "code": f.code.rstrip("\n")}
+        "fixes": [{"title": f.title, "why": f.why, "code": f.code.rstrip("\n"),
+                   "verified": verified_line(f.verified) if f.verified else ""}
                   for f in finding.fixes],
         "speedup": format_speedup(finding.estimated_speedup),
     }

@@ -16,6 +16,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from doctor.reports.verified import verified_line
 from doctor.verdict import Analysis, Finding, Verdict
 
 #: The bottleneck in words, for headlines.
@@ -307,6 +308,8 @@ def _finding_lines(finding: Finding, width: int, *, all_fixes: bool) -> list[str
     fixes = finding.fixes if all_fixes else finding.fixes[:1]
     for fix in fixes:
         lines += _wrap(f"fix: {fix.title}", width, "    ", "      ")
+        if fix.verified:
+            lines += _wrap(verified_line(fix.verified), width, "      ", "        ")
         if fix.why:
             lines += _wrap(fix.why, width, "      ", "      ")
         for code_line in fix.code.rstrip().splitlines():

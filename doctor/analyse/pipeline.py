@@ -29,6 +29,7 @@ from doctor.analyse.steps import (
 )
 from doctor.analyse.tables import report_tables
 from doctor.analyse.verdict import no_steps_finding, summarise
+from doctor.analyse.verified import attach_verified
 from doctor.analyse.window import window_frame, window_splits
 from doctor.rules import default_rules, run_rules
 from doctor.store.reader import load_run
@@ -61,7 +62,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                               facts.stacks_reason(run, ranks))
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)
-    findings = list(outcome.findings)
+    findings = attach_verified(outcome.findings, run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, ranks),
                                             run.record.kind == TRACE))

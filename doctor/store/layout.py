@@ -11,6 +11,10 @@
         memory.jsonl                   CUDA allocator snapshots
         trace.json[.gz]                the torch.profiler window
     RUN_DIR/verdict.json, report.html
+    RUN_DIR/tries/<stamp>/             one doctor try of the run (doctor.store.tries):
+        try.json, report.html          what was tried and measured
+        <round>-<arm>/                 one attempt: a run directory, and the job's
+            stdout.txt, stderr.txt     output (their tails)
 
 The bootstrap's ``sitecustomize`` names ``bootstrap-errors`` itself: it writes there when doctor
 cannot be imported at all.
@@ -35,6 +39,11 @@ GPU = "gpu.npz"
 BOOTSTRAP_ERRORS = "bootstrap-errors"
 VERDICT = "verdict.json"
 REPORT = "report.html"
+
+TRIES = "tries"
+TRY_RECORD = "try.json"
+STDOUT = "stdout.txt"
+STDERR = "stderr.txt"
 
 META = "meta.json"
 STACKS_TXT = "stacks.txt"

@@ -40,6 +40,7 @@ from doctor.store.rundata import (
 from doctor.store.rundir import read_run_record
 from doctor.store.samples import read_gpu, read_host, read_memory
 from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
+from doctor.store.tries import read_tries
 from doctor.store.windows import read_window
 from doctor.verdict import ProbeStatus
 
@@ -129,7 +130,7 @@ def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecor
         duration_s=raw.get("duration_s"), fd_handoff_s=raw.get("fd_handoff_s"), probes=probes,
         nodes=(raw.get("host"),),
         t0_ns={0: int(float(raw.get("t0_monotonic_s", 0.0)) * 1e9)},
-        bootstrap_errors=errors, problems=tuple(problems),
+        bootstrap_errors=errors, problems=tuple(problems), tries=tuple(read_tries(run_dir)),
     )
 
 

@@ -158,6 +158,7 @@ class RunRecord:
     t0_ns: Mapping[int, int] = field(default_factory=dict)  # node -> its run's start
     bootstrap_errors: tuple[str, ...] = ()  # one line per process that could not start doctor
     problems: tuple[str, ...] = ()  # records that could not be read and were left out
+    tries: tuple[Mapping[str, Any], ...] = ()  # doctor try records of the run, oldest first
 
     @property
     def job_seen(self) -> bool:

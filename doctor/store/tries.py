@@ -1,0 +1,107 @@
+"""The tries of a run: ``RUN_DIR/tries/<stamp>/`` (layout in doctor.store.layout).
+
+``doctor try`` writes one folder per try, with its record (``try.json``, schema TRY_FORMAT) and
+one run directory per attempt; the job's output of each attempt is kept as its tail. The
+analysis of the original run reads the records back (``read_tries``) to say, beside each fix,
+what a try of it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from doctor.store import layout
+
+TRY_FORMAT = "doctor.try/1"
+OUTPUT_TAIL_BYTES = 64 * 1024  # of each attempt's stdout and stderr
+
+
+def new_try_dir(run_dir: Path) -> Path:
+    root = run_dir / layout.TRIES
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = root / stamp, 1
+    while out.exists():
+        n += 1
+        out = root / f"{stamp}-{n}"
+    out.mkdir(parents=True)
+    return out
+
+
+def attempt_dir(try_dir: Path, round_: int, arm: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in arm)[:60]
+    return try_dir / f"{round_}-{safe}"
+
+
+def output_paths(attempt: Path) -> tuple[Path, Path]:
+    return attempt / layout.STDOUT, attempt / layout.STDERR
+
+
+def keep_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> str:
+    """Cut a job's output file down to its last ``limit`` bytes; the text of that tail."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if size > limit:
+                f.seek(size - limit)
+            tail = f.read()
+        if size > limit:
+            path.write_bytes(tail)
+    except OSError:
+        return ""
+    return tail.decode("utf-8", "replace")
+
+
+def process_notes(run_dir: Path) -> dict[str, Any]:
+    """What the job's processes said of a try: the settings they met (``tried``, merged over the
+    processes), what could not be applied, whether doctor stopped them, and their pids."""
+    tried: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
+    stopped = False
+    pids: list[int] = []
+    for proc_dir, _rank, _role, pid in layout.process_dirs(run_dir):
+        pids.append(pid)
+        try:
+            meta = json.loads((proc_dir / layout.META).read_text())
+        except (OSError, ValueError):
+            continue
+        stopped = stopped or meta.get("stopped_at_step") is not None
+        errors += [e for e in meta.get("tried_errors") or [] if e not in errors]
+        for setting, entry in (meta.get("tried") or {}).items():
+            merged = tried.setdefault(setting, {"tried": entry.get("tried"), "job": [],
+                                                "applied": 0})
+            merged["job"] += list(entry.get("job") or [])
+            merged["applied"] += int(entry.get("applied") or 0)
+            if "asked" in entry:
+                merged["asked"] = entry["asked"]
+    return {"tried": tried, "errors": errors, "stopped": stopped, "pids": pids}
+
+
+def write_try(try_dir: Path, record: dict[str, Any]) -> Path:
+    path = try_dir / layout.TRY_RECORD
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"schema": TRY_FORMAT, **record}, indent=2, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def read_try(path: Path) -> dict[str, Any] | None:
+    """A try record, or None when it is unreadable or of another format."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("schema") == TRY_FORMAT else None
+
+
+def read_tries(run_dir: Path) -> list[dict[str, Any]]:
+    """Every readable try of the run, oldest first, each with ``dir`` (relative to the run)."""
+    out = []
+    for path in sorted((run_dir / layout.TRIES).glob(f"*/{layout.TRY_RECORD}")):
+        record = read_try(path)
+        if record is not None:
+            out.append({**record, "dir": str(path.parent.relative_to(run_dir))})
+    return out

@@ -1,0 +1,142 @@
+"""One attempt of a try: the run's own command, run again with a setting applied (or none, for
+the baseline), stopped after its steps, and its steps measured by the one analysis.
+
+The job runs as it was recorded (doctor.tries.attempt.RecordedJob): the same argv and working
+directory, and the environment of the shell doctor try runs in with the job-shaping variables
+of the run (run.json ``env``) put back as they were. Its output goes to the attempt's folder
+(the tail is kept); the profiler window is off, so that the steps measured are plain steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from doctor.analyse.pipeline import analyze_run
+from doctor.command import JobCommand
+from doctor.launch import Launch, recorded_env, run_job
+from doctor.record.overrides import ENV_APPLY
+from doctor.record.stop import ENV_STOP_AFTER
+from doctor.reports.json import render_json
+from doctor.store import layout
+from doctor.store.rundir import read_run_record
+from doctor.store.tries import keep_tail, output_paths, process_notes
+from doctor.tries.measure import AttemptResult
+from doctor.tuning import Apply
+
+STDERR_SHOWN = 2000  # characters of a failed attempt's stderr kept in try.json
+
+
+@dataclass(frozen=True)
+class RecordedJob:
+    """The job as the run recorded it, ready to start again."""
+
+    argv: list[str]
+    name: str
+    cwd: str
+    env: dict[str, str]
+    notes: list[str] = field(default_factory=list)  # how the environment differs from now
+
+
+def recorded_job(run_dir: Path, now: Mapping[str, str] | None = None) -> RecordedJob:
+    raw = read_run_record(run_dir)
+    env = dict(os.environ if now is None else now)
+    notes: list[str] = []
+    recorded = raw.get("env")
+    if isinstance(recorded, dict):
+        for key in list(env):
+            if recorded_env({key: env[key]}) and key not in recorded:
+                notes.append(f"{key} unset, as when the run was recorded (now {env[key]!r})")
+                del env[key]
+        for key, value in recorded.items():
+            if env.get(key) != value:
+                notes.append(f"{key}={value!r} as recorded (now {env.get(key)!r})")
+            env[key] = str(value)
+    else:
+        notes.append("the run did not record its environment: the job gets this shell's")
+    cwd = str(raw.get("cwd") or os.getcwd())
+    return RecordedJob([str(a) for a in raw.get("argv") or []], str(raw.get("name") or "job"),
+                       cwd, env, notes)
+
+
+def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, stop_at: int,
+                out: Path, timeout_s: float) -> AttemptResult:
+    """Run the job once into ``out`` with ``apply`` (None: as it is), stopped after
+    ``stop_at`` steps."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(job.env)
+    env_had: dict[str, str | None] = {}
+    if apply:
+        for key, value in apply.get("env", {}).items():
+            env_had[key] = env.get(key)
+            env[key] = value
+        rest = {k: v for k, v in apply.items() if k != "env"}
+        if rest:
+            env[ENV_APPLY] = json.dumps(rest)
+    env[ENV_STOP_AFTER] = str(stop_at)
+    stdout_path, stderr_path = output_paths(out)
+    started = time.monotonic()
+    with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
+        result = run_job(JobCommand(job.argv, job.name), out, window="off",
+                         launch=Launch(env=env, cwd=job.cwd, stdout=so, stderr=se,
+                                       timeout_s=timeout_s))
+    duration = time.monotonic() - started
+    keep_tail(stdout_path)
+    stderr = keep_tail(stderr_path)
+    notes = process_notes(out)
+    leftover = _stop_leftovers(notes["pids"], time.time() - duration)
+    attempt = AttemptResult(
+        arm=arm, round=round_, run_dir=str(out), exit_code=result.exit_code,
+        stopped=bool(notes["stopped"]), timed_out=result.timed_out,
+        tried=notes["tried"], errors=list(notes["errors"]), duration_s=duration)
+    if leftover:
+        attempt.errors.append(f"{leftover} process(es) of the job outlived it and were stopped")
+    try:
+        analysis = analyze_run(out)
+    except Exception as err:  # an attempt that left nothing readable is a failed attempt
+        attempt.errors.append(f"could not analyse the attempt: {type(err).__name__}: {err}")
+        attempt.exit_code = attempt.exit_code or 1
+        attempt.stopped = False
+    else:
+        (out / layout.VERDICT).write_text(render_json(analysis))
+        ledger = analysis.ledger
+        if not ledger.empty:
+            attempt.steps_run = len(ledger)
+            attempt.startup_s = max(0.0, float(ledger["start_s"].min()))
+            attempt.step_s = [float(x) for x in ledger.loc[ledger["analyzed"], "wall_s"]]
+        attempt.bottleneck = analysis.verdict.bottleneck
+        attempt.shares = dict(analysis.verdict.shares)
+    if attempt.failed:
+        attempt.stderr_tail = stderr[-STDERR_SHOWN:]
+    for key, had in env_had.items():  # what the job had of the variables the try set
+        attempt.tried[f"env.{key}"] = {"tried": env[key], "job": [had], "applied": 1}
+    return attempt
+
+
+def _stop_leftovers(pids: list[int], since: float, grace_s: float = 5.0) -> int:
+    """Processes of the job (started after ``since``, so not a pid reused by now) still
+    running after it ended, such as workers a job left behind: given a moment, then stopped.
+    How many there were."""
+    alive = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() >= since - 1.0 and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    if not alive:
+        return 0
+    _gone, still = psutil.wait_procs(alive, timeout=grace_s)
+    for proc in still:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return len(still)

@@ -1,0 +1,135 @@
+"""From the attempts of a try to its result: measured speedups and what each try came to.
+
+Pure: it reads the attempts' step times and what the job said it ran with, and never runs
+anything. The speedup of a candidate is the median step of all its baseline attempts over the
+median step of all its own (baseline over candidate: above 1 is faster); the spread is the
+lowest and highest of the same ratio round by round (each round runs the baseline, then every
+candidate, so that a machine that drifts moves both sides).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Below this change of the median step (either way) a try "changed nothing measurable",
+#: unless every round agrees on the direction.
+NOISE = 0.03
+
+
+@dataclass
+class AttemptResult:
+    """One run of the job, stopped after its steps (doctor.tries.attempt)."""
+
+    arm: str  # "baseline" or a candidate id
+    round: int
+    run_dir: str
+    exit_code: int
+    stopped: bool  # doctor stopped it at its steps (so its exit status is not an error)
+    timed_out: bool = False
+    step_s: list[float] = field(default_factory=list)  # the analysed steps' wall times
+    tried: dict[str, dict[str, Any]] = field(default_factory=dict)  # setting -> what the job had
+    errors: list[str] = field(default_factory=list)
+    stderr_tail: str = ""
+    duration_s: float = 0.0
+    steps_run: int = 0
+    startup_s: float = 0.0  # from its start to its first step
+    bottleneck: str = ""
+    shares: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.timed_out or (self.exit_code != 0 and not self.stopped)
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.step_s) if self.step_s else None
+
+
+@dataclass
+class Measured:
+    speedup: float | None
+    low: float | None
+    high: float | None
+    per_round: list[float]
+    baseline_s: float | None
+    candidate_s: float | None
+    steps: int  # candidate steps measured
+
+
+def measure(baseline: Sequence[AttemptResult], candidate: Sequence[AttemptResult]) -> Measured:
+    base_rounds = {a.round: a for a in baseline if not a.failed and a.step_s}
+    per_round = []
+    for a in candidate:
+        b = base_rounds.get(a.round)
+        if b is not None and not a.failed and a.step_s and b.median_s and a.median_s:
+            per_round.append(b.median_s / a.median_s)
+    b_steps = [s for a in base_rounds.values() for s in a.step_s]
+    c_steps = [s for a in candidate if not a.failed for s in a.step_s]
+    b_med = statistics.median(b_steps) if b_steps else None
+    c_med = statistics.median(c_steps) if c_steps else None
+    speedup = b_med / c_med if b_med and c_med else None
+    return Measured(speedup, min(per_round) if per_round else None,
+                    max(per_round) if per_round else None, per_round, b_med, c_med,
+                    len(c_steps))
+
+
+def reached(apply: Mapping[str, Mapping[str, Any]], attempts: Sequence[AttemptResult]
+            ) -> tuple[list[str], list[str]]:
+    """The settings no process of the job ever met (a DataLoader never built), and those it
+    already had as tried, in every process that met them."""
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for a in attempts:
+        for setting, entry in a.tried.items():
+            seen.setdefault(setting, []).append(entry)
+    never, already = [], []
+    for section, values in apply.items():  # env: doctor try noted what the job had
+        for key, value in values.items():
+            setting = f"{section}.{key}"
+            entries = seen.get(setting)
+            if not entries:
+                never.append(setting)
+                continue
+            had = []  # what the job would have run with: its own later call, else its value
+            for entry in entries:
+                had += [entry["asked"]] if "asked" in entry else list(entry.get("job", []))
+            if had and all(v == value for v in had):
+                already.append(f"{key}={value}")
+    return never, already
+
+
+def outcome(apply: Mapping[str, Mapping[str, Any]], attempts: Sequence[AttemptResult],
+            measured: Measured) -> tuple[str, str]:
+    """(outcome, why): failed | not applied | unchanged | faster | slower | no change."""
+    failed = [a for a in attempts if a.failed]
+    if failed:
+        a = failed[0]
+        what = "ran past its time and was stopped" if a.timed_out \
+            else f"exited with status {a.exit_code}"
+        return "failed", f"the job {what} with this setting ({len(failed)} of {len(attempts)} " \
+                         "tries); its stderr is kept"
+    never, already = reached(apply, attempts)
+    errors = sorted({e for a in attempts for e in a.errors})
+    if never:
+        return "not applied", (f"the job never built what {', '.join(never)} applies to"
+                               + (f" ({'; '.join(errors)})" if errors else ""))
+    total = sum(len(v) for v in apply.values())
+    if already and len(already) == total:
+        return "unchanged", f"the job already runs with {', '.join(already)}: nothing to try"
+    s, lo, hi = measured.speedup, measured.low, measured.high
+    if s is None:
+        return "no steps", "the tries recorded no steps to compare"
+    agree_up = lo is not None and lo > 1.0 and len(measured.per_round) > 1
+    agree_down = hi is not None and hi < 1.0 and len(measured.per_round) > 1
+    if s >= 1.0 + NOISE and (agree_up or len(measured.per_round) <= 1):
+        return "faster", f"measured {s:.2f}x"
+    if s <= 1.0 - NOISE and (agree_down or len(measured.per_round) <= 1):
+        return "slower", f"measured {s:.2f}x: the job is slower with it"
+    return "no change", f"measured {s:.2f}x: within the spread of the repeats"
+
+
+def ratio(measured: float | None, estimate: float | None) -> float | None:
+    """Measured over estimated speedup (1.0: the estimate was right)."""
+    return measured / estimate if measured and estimate else None

@@ -1,0 +1,90 @@
+"""Reports of ``doctor try`` and ``doctor compare``: text for the terminal, one self-contained
+HTML page, and the words beside a fix that a try verified. They format; the numbers were
+measured (doctor.tries) or compared (doctor.analyse.compare) already."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from doctor.reports.html import environment
+from doctor.reports.text import CATEGORY_WORDS
+from doctor.reports.verified import OUTCOME_WORDS, millis, times
+
+
+def try_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
+    rows = [{"id": "baseline", "setting": "the job as it is",
+             "median": millis(record["baseline"].get("median_step_s")), "measured": "",
+             "spread": "", "estimated": "", "ratio": "", "outcome": ""}]
+    for c in record.get("candidates", []):
+        lo, hi = c.get("low"), c.get("high")
+        rows.append({
+            "id": c["id"], "setting": c.get("label", ""), "median": millis(c.get("median_step_s")),
+            "measured": times(c.get("speedup")),
+            "spread": f"{lo:.2f}-{hi:.2f}" if lo and hi else "",
+            "estimated": times(c.get("estimate")) if c.get("estimate") else "not estimated",
+            "ratio": f"{c['ratio']:.2f}" if c.get("ratio") else "",
+            "outcome": OUTCOME_WORDS.get(c.get("outcome", ""), c.get("outcome", "")),
+        })
+    return rows
+
+
+def render_try_text(record: Mapping[str, Any], report: str | None = None) -> str:
+    lines = [f"doctor try: {record['repeat']} round(s), each job stopped after "
+             f"{record['steps_per_attempt']} steady steps (at step {record['stop_at_step']})"]
+    rows = try_rows(record)
+    heads = {"setting": "setting", "median": "median step", "measured": "measured",
+             "spread": "repeats", "estimated": "estimated", "ratio": "ratio",
+             "outcome": ""}
+    widths = {k: max(len(heads[k]), *(len(r[k]) for r in rows)) for k in heads}
+    lines.append("  " + "  ".join(heads[k].ljust(widths[k]) for k in heads).rstrip())
+    for r in rows:
+        lines.append("  " + "  ".join(r[k].ljust(widths[k]) for k in heads).rstrip())
+    for c in record.get("candidates", []):
+        if c.get("outcome") in ("failed", "unchanged", "not applied", "no steps"):
+            lines.append(f"  {c['label']}: {c.get('why', '')}")
+        for err in c.get("errors") or []:
+            lines.append(f"  {c['label']}: {err}")
+        if c.get("stderr_tail"):
+            tail = c["stderr_tail"].rstrip().splitlines()[-6:]
+            lines += ["    | " + t for t in tail]
+    if record.get("best"):
+        best = next(c for c in record["candidates"] if c["id"] == record["best"])
+        lines.append(f"Best: {best['label']} ({times(best['speedup'])})")
+    manual = record.get("manual") or []
+    if manual:
+        lines.append(f"Not tried (they need code): {', '.join(m['id'] for m in manual[:8])}"
+                     + (" ..." if len(manual) > 8 else ""))
+    for note in record.get("env_notes") or []:
+        lines.append(f"Environment: {note}")
+    cost = record.get("cost") or {}
+    if cost.get("wall_s"):
+        lines.append(f"It took {cost['wall_s']:.0f} s for {cost.get('attempts')} runs of the job.")
+    if report:
+        lines.append(f"Report: {report}")
+    return "\n".join(lines) + "\n"
+
+
+def render_try_html(record: Mapping[str, Any]) -> str:
+    return environment().get_template("try.html.j2").render(
+        kind="try", record=record, rows=try_rows(record))
+
+
+def render_compare_text(comparison: Mapping[str, Any]) -> str:
+    a, b = comparison["a"], comparison["b"]
+    lines = [f"A: {a['source']}", f"B: {b['source']}",
+             f"  median step   A {millis(a['median_step_s'])}   B {millis(b['median_step_s'])}   "
+             f"B is {times(comparison['speedup'])} the speed of A",
+             f"  bottleneck    A {a['bottleneck']}   B {b['bottleneck']}",
+             "  shares        A       B       B-A"]
+    for cat, row in comparison["shares"].items():
+        lines.append(f"    {cat:<13} {row['a']:>5.0%}   {row['b']:>5.0%}   {row['delta']:>+5.0%}")
+    for key, (va, vb) in comparison.get("settings", {}).items():
+        lines.append(f"  {key}: A {va}, B {vb}")
+    return "\n".join(lines) + "\n"
+
+
+def render_compare_html(comparison: Mapping[str, Any]) -> str:
+    return environment().get_template("try.html.j2").render(
+        kind="compare", comparison=comparison, words=CATEGORY_WORDS,
+        fmt={"ms": millis, "x": times})

@@ -1,0 +1,71 @@
+"""From attempts to results: speedups over the rounds, and what each try came to."""
+
+from __future__ import annotations
+
+import pytest
+
+from doctor.tries.measure import AttemptResult, measure, outcome, ratio
+
+APPLY = {"dataloader": {"num_workers": 2}}
+
+
+def attempt(arm: str, round_: int, step: float, n: int = 15, **kw: object) -> AttemptResult:
+    defaults: dict = {"exit_code": 0, "stopped": True,
+                      "tried": {"dataloader.num_workers": {"tried": 2, "job": [0]}}}
+    defaults.update(kw)
+    return AttemptResult(arm=arm, round=round_, run_dir=f"/x/{round_}-{arm}",
+                         step_s=[step] * n, **defaults)
+
+
+def test_speedup_is_baseline_over_candidate_with_the_rounds_as_spread() -> None:
+    base = [attempt("baseline", 1, 0.30), attempt("baseline", 2, 0.40)]
+    cand = [attempt("c", 1, 0.10), attempt("c", 2, 0.16)]
+    m = measure(base, cand)
+    assert m.per_round == pytest.approx([3.0, 2.5])
+    assert (m.low, m.high) == pytest.approx((2.5, 3.0))
+    assert m.speedup == pytest.approx(0.35 / 0.13)  # medians of the pooled steps
+    assert m.steps == 30
+    result, why = outcome(APPLY, cand, m)
+    assert result == "faster" and "2.69x" in why
+    assert ratio(m.speedup, 2.0) == pytest.approx(m.speedup / 2.0)
+
+
+def test_rounds_that_disagree_are_no_change() -> None:
+    base = [attempt("baseline", 1, 0.30), attempt("baseline", 2, 0.30)]
+    cand = [attempt("c", 1, 0.25), attempt("c", 2, 0.33)]
+    assert outcome(APPLY, cand, measure(base, cand))[0] == "no change"
+
+
+def test_slower_is_said() -> None:
+    base = [attempt("baseline", 1, 0.10), attempt("baseline", 2, 0.11)]
+    cand = [attempt("c", 1, 0.20), attempt("c", 2, 0.21)]
+    assert outcome(APPLY, cand, measure(base, cand))[0] == "slower"
+
+
+def test_a_job_that_fails_with_the_setting() -> None:
+    base = [attempt("baseline", 1, 0.30)]
+    cand = [attempt("c", 1, 0.10, exit_code=1, stopped=False)]
+    m = measure(base, cand)
+    assert m.speedup is None  # a failed attempt's steps are not measured
+    result, why = outcome(APPLY, cand, m)
+    assert result == "failed" and "status 1" in why
+
+
+def test_stopped_by_doctor_is_not_a_failure_whatever_the_status() -> None:
+    cand = [attempt("c", 1, 0.10, exit_code=1, stopped=True)]
+    assert not cand[0].failed
+
+
+def test_a_setting_the_job_already_has_or_never_meets() -> None:
+    base = [attempt("baseline", 1, 0.30)]
+    already = [attempt("c", 1, 0.30, tried={"dataloader.num_workers": {"tried": 2,
+                                                                     "job": [2, 2]}})]
+    result, why = outcome(APPLY, already, measure(base, already))
+    assert result == "unchanged" and "num_workers=2" in why
+    # the job asked for the value itself later (torch.set_num_threads(1) in its code)
+    threads = {"torch": {"num_threads": 1}}
+    asked = [attempt("c", 1, 0.3, tried={"torch.num_threads": {"tried": 1, "job": [2],
+                                                               "asked": 1}})]
+    assert outcome(threads, asked, measure(base, asked))[0] == "unchanged"
+    never = [attempt("c", 1, 0.30, tried={})]
+    assert outcome(APPLY, never, measure(base, never))[0] == "not applied"
