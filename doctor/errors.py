@@ -54,3 +54,9 @@ class WindowUnavailable(DoctorError):
 
 class FrameRulesError(DoctorError):
     """A frame rules file (DOCTOR_FRAME_RULES, or the built-in table) that cannot be used."""
+
+
+class Interrupted(DoctorError):
+    """The user stopped a command that runs their job (Ctrl-C during doctor try)."""
+
+    exit_code = 130

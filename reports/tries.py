@@ -33,7 +33,7 @@ def render_try_text(record: Mapping[str, Any], report: str | None = None) -> str
     lines = [f"doctor try: {record['repeat']} round(s), each job stopped after "
              f"{record['steps_per_attempt']} steady steps (at step {record['stop_at_step']})"]
     rows = try_rows(record)
-    heads = {"setting": "setting", "median": "median step", "measured": "measured",
+    heads = {"id": "fix", "setting": "setting", "median": "median step", "measured": "measured",
              "spread": "repeats", "estimated": "estimated", "ratio": "ratio",
              "outcome": ""}
     widths = {k: max(len(heads[k]), *(len(r[k]) for r in rows)) for k in heads}
@@ -48,6 +48,8 @@ def render_try_text(record: Mapping[str, Any], report: str | None = None) -> str
         if c.get("stderr_tail"):
             tail = c["stderr_tail"].rstrip().splitlines()[-6:]
             lines += ["    | " + t for t in tail]
+    if record.get("unsteady"):
+        lines.append(f"Unsure: {record['unsteady']}")
     if record.get("best"):
         best = next(c for c in record["candidates"] if c["id"] == record["best"])
         lines.append(f"Best: {best['label']} ({times(best['speedup'])})")

@@ -32,4 +32,6 @@ def verified_line(verified: Mapping[str, Any]) -> str:
         text += f", estimated {times(verified['estimated'])}"
     if outcome == "no change":
         text += ": no measurable change"
+    if verified.get("unsure"):
+        text += " (unsure: the machine's speed changed during the try)"
     return text

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loop import add_ablation_arg
+from _loop import add_ablation_arg, print_settings
 from _timing import plan
 
 
@@ -34,6 +34,7 @@ def main() -> None:
     n = args.batch * 16
     data = TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True)
+    print_settings(loader)
     timer, sides = plan(args.steps, args.ablate, args.small_model, args.switch_after)
     models = {small: mlp(args.width // 16 if small else args.width)
               for small in {s for s, _ in sides}}

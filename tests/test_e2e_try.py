@@ -6,6 +6,7 @@ the job. Proportions and outcomes only, never times."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -189,3 +190,18 @@ def test_ddp_bucket_size_under_torchrun(tmp_path: Path) -> None:
         meta = json.loads(next((try_dir / c["attempts"][0]).glob(
             f"rank-{rank}/main-*/meta.json")).read_text())
         assert meta["stopped_at_step"] == record["stop_at_step"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no thread count to raise")
+def test_the_thread_count_fix_of_a_compute_bound_job(tmp_path: Path) -> None:
+    run_dir, record = run_then_try(
+        tmp_path, ["python", str(SAMPLE_JOBS / "compute_bound.py"), "--steps", "30",
+                   "--threads", "1"],
+        "--fix", "compute.bound", "--steps", "10", "--repeat", "1")
+    [c] = [c for c in record["candidates"] if "num_threads" in c["label"]]
+    try_dir = run_dir / record["dir"].split(str(run_dir) + "/")[-1]
+    cores = json.loads((run_dir / "run.json").read_text())["cores"]
+    # the job calls torch.set_num_threads(1) itself; the try's value is the one it runs with
+    assert settings_seen(try_dir / c["attempts"][0])["torch_threads"] == cores
+    assert c["applied"]["torch.num_threads"]["asked"] == 1
+    assert c["speedup"] is not None

@@ -69,3 +69,14 @@ def test_a_setting_the_job_already_has_or_never_meets() -> None:
     assert outcome(threads, asked, measure(base, asked))[0] == "unchanged"
     never = [attempt("c", 1, 0.30, tried={})]
     assert outcome(APPLY, never, measure(base, never))[0] == "not applied"
+
+
+def test_a_machine_whose_speed_changed_makes_the_try_unsure() -> None:
+    from doctor.tries.measure import steadiness
+
+    steady = [attempt("baseline", 1, 0.050), attempt("baseline", 2, 0.052)]
+    assert steadiness(steady, steady) is None
+    drifting = [attempt("baseline", 1, 0.050), attempt("baseline", 2, 0.100)]
+    assert "50-100 ms" in (steadiness(drifting, drifting) or "")
+    stolen = [attempt("baseline", 1, 0.050, steal_share=0.2)]
+    assert "20%" in (steadiness(stolen, stolen) or "")

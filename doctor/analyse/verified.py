@@ -24,6 +24,7 @@ def attach_verified(findings: Sequence[Finding], tries: Sequence[Mapping[str, An
                 "outcome": c.get("outcome"), "why": c.get("why"), "speedup": c.get("speedup"),
                 "low": c.get("low"), "high": c.get("high"), "steps": c.get("steps"),
                 "repeat": record.get("repeat"), "try": record.get("dir"),
+                "unsure": record.get("unsteady"),
             }
     if not measured:
         return list(findings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import psutil
 
 from doctor.analyse.pipeline import analyze_run
 from doctor.command import JobCommand
+from doctor.errors import UsageError
 from doctor.launch import Launch, recorded_env, run_job
 from doctor.record.overrides import ENV_APPLY
 from doctor.record.stop import ENV_STOP_AFTER
@@ -61,8 +63,14 @@ def recorded_job(run_dir: Path, now: Mapping[str, str] | None = None) -> Recorde
     else:
         notes.append("the run did not record its environment: the job gets this shell's")
     cwd = str(raw.get("cwd") or os.getcwd())
-    return RecordedJob([str(a) for a in raw.get("argv") or []], str(raw.get("name") or "job"),
-                       cwd, env, notes)
+    argv = [str(a) for a in raw.get("argv") or []]
+    if raw.get("mode") == "watch":  # doctor.watch recorded the script's own sys.argv
+        if not argv or not argv[0].endswith(".py"):
+            raise UsageError(f"{run_dir} was recorded by doctor.watch in a process that was not "
+                             "started from a script: doctor try re-runs scripts; record it with "
+                             "doctor run")
+        argv = [sys.executable, *argv]
+    return RecordedJob(argv, str(raw.get("name") or "job"), cwd, env, notes)
 
 
 def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, stop_at: int,
@@ -81,12 +89,14 @@ def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, st
             env[ENV_APPLY] = json.dumps(rest)
     env[ENV_STOP_AFTER] = str(stop_at)
     stdout_path, stderr_path = output_paths(out)
+    cpu_before = _cpu_ticks()
     started = time.monotonic()
     with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
         result = run_job(JobCommand(job.argv, job.name), out, window="off",
                          launch=Launch(env=env, cwd=job.cwd, stdout=so, stderr=se,
                                        timeout_s=timeout_s))
     duration = time.monotonic() - started
+    steal = _steal_share(cpu_before, _cpu_ticks())
     keep_tail(stdout_path)
     stderr = keep_tail(stderr_path)
     notes = process_notes(out)
@@ -94,7 +104,8 @@ def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, st
     attempt = AttemptResult(
         arm=arm, round=round_, run_dir=str(out), exit_code=result.exit_code,
         stopped=bool(notes["stopped"]), timed_out=result.timed_out,
-        tried=notes["tried"], errors=list(notes["errors"]), duration_s=duration)
+        tried=notes["tried"], errors=list(notes["errors"]), duration_s=duration,
+        steal_share=steal)
     if leftover:
         attempt.errors.append(f"{leftover} process(es) of the job outlived it and were stopped")
     try:
@@ -117,6 +128,25 @@ def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, st
     for key, had in env_had.items():  # what the job had of the variables the try set
         attempt.tried[f"env.{key}"] = {"tried": env[key], "job": [had], "applied": 1}
     return attempt
+
+
+def _cpu_ticks(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(steal, total) CPU ticks of the machine so far; None where /proc/stat says nothing."""
+    try:
+        with open(path) as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def _steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None
+                 ) -> float | None:
+    """The share of the machine's CPU time that its hypervisor gave to others meanwhile (a
+    virtual machine whose host is busy runs the same job slower)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def _stop_leftovers(pids: list[int], since: float, grace_s: float = 5.0) -> int:

@@ -36,6 +36,7 @@ class AttemptResult:
     duration_s: float = 0.0
     steps_run: int = 0
     startup_s: float = 0.0  # from its start to its first step
+    steal_share: float | None = None  # of the machine's CPU time, taken by its hypervisor
     bottleneck: str = ""
     shares: dict[str, float] = field(default_factory=dict)
 
@@ -128,6 +129,30 @@ def outcome(apply: Mapping[str, Mapping[str, Any]], attempts: Sequence[AttemptRe
     if s <= 1.0 - NOISE and (agree_down or len(measured.per_round) <= 1):
         return "slower", f"measured {s:.2f}x: the job is slower with it"
     return "no change", f"measured {s:.2f}x: within the spread of the repeats"
+
+
+#: Baseline rounds further apart than this (slowest over fastest median step), or a
+#: hypervisor taking more than STOLEN of the CPU time, make a try "unsteady".
+UNSTEADY_SPREAD = 1.25
+STOLEN = 0.05
+
+
+def steadiness(baseline: Sequence[AttemptResult], attempts: Sequence[AttemptResult]
+               ) -> str | None:
+    """Why the machine's own speed changed during the try (its results are then unsure), or
+    None when it held still as far as can be seen."""
+    medians = [a.median_s for a in baseline if a.median_s]
+    why = []
+    if len(medians) > 1 and max(medians) > UNSTEADY_SPREAD * min(medians):
+        why.append(f"the job as it is ran at {min(medians) * 1e3:.0f}-{max(medians) * 1e3:.0f} "
+                   "ms a step from one round to the next")
+    stolen = max((a.steal_share or 0.0 for a in attempts), default=0.0)
+    if stolen > STOLEN:
+        why.append(f"the hypervisor took up to {stolen:.0%} of the CPU time from this machine")
+    if not why:
+        return None
+    return ("the machine's speed changed during the try (" + "; ".join(why) + "): the "
+            "measured speedups are unsure; run it again with more --repeat, on a quieter machine")
 
 
 def ratio(measured: float | None, estimate: float | None) -> float | None:

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from doctor.analyse.pipeline import analyze_run
-from doctor.errors import UsageError
+from doctor.errors import Interrupted, UsageError
 from doctor.store.tries import attempt_dir, new_try_dir, write_try
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
-from doctor.tries.measure import AttemptResult, measure, outcome, ratio
+from doctor.tries.measure import AttemptResult, measure, outcome, ratio, steadiness
 from doctor.tries.plan import Plan, plan_try
 
 DEFAULT_STEPS = 30  # steady steps each arm is measured over, in all
@@ -30,6 +30,7 @@ DEFAULT_REPEAT = 2
 MIN_ATTEMPT_STEPS = 10
 MIN_WARMUP = 3
 BASELINE = "baseline"
+INTERRUPTED = 130  # the job's status after SIGINT (128 + 2)
 
 
 @dataclass
@@ -113,6 +114,9 @@ def execute(p: Prepared, echo: Callable[[str], None]) -> dict[str, Any]:
             attempts.append(a)
             echo(_progress(done, p.attempts, round_, arm if apply is None
                            else _label(p, arm), a))
+            if a.exit_code == INTERRUPTED and not a.stopped:  # Ctrl-C reached the job too
+                write_try(try_dir, _record(p, try_dir, attempts, started))
+                raise Interrupted(f"interrupted: what was measured so far is in {try_dir}")
             if a.failed:
                 if arm == BASELINE:
                     record = _record(p, try_dir, attempts, started)
@@ -156,7 +160,9 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
             "applied": _merged_tried(mine), "errors": sorted({e for a in mine for e in a.errors}),
             "stderr_tail": failed.stderr_tail if failed else "",
             "attempts": [str(Path(a.run_dir).relative_to(try_dir)) for a in mine],
+            "steal_share": [a.steal_share for a in mine],
         })
+    unsteady = steadiness(base, attempts)
     measured = [r for r in rows if r["outcome"] == "faster" and r["speedup"]]
     best = max(measured, key=lambda r: r["speedup"])["id"] if measured else None
     base_steps = [s for a in base if not a.failed for s in a.step_s]
@@ -167,11 +173,12 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
         "run": str(p.run_dir), "dir": str(try_dir), "command": p.job.argv, "cwd": p.job.cwd,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "env_notes": p.notes,
         "steps": p.steps, "steps_per_attempt": p.per_attempt, "stop_at_step": p.stop_at,
-        "repeat": p.repeat, "sweep": p.plan.sweep, "best": best,
+        "repeat": p.repeat, "sweep": p.plan.sweep, "best": best, "unsteady": unsteady,
         "baseline": {
             "median_step_s": measure(base, base).baseline_s, "steps": len(base_steps),
             "original_median_step_s": p.original_step_s,
             "rounds": [{"round": a.round, "median_step_s": a.median_s, "steps": len(a.step_s),
+                        "steal_share": a.steal_share,
                         "dir": str(Path(a.run_dir).relative_to(try_dir))} for a in base],
         },
         "candidates": rows,
