@@ -37,7 +37,10 @@ JOBS: dict[str, list[str]] = {
     "preprocess_bound": ["--steps", "60"],
     "collate_bound": ["--steps", "60"],
     "compute_bound": ["--steps", "60", "--threads", "1"],
+    "ddp_allreduce_bound": ["--steps", "40"],
 }
+#: jobs that run under torchrun, with its arguments
+TORCHRUN = {"ddp_allreduce_bound": ["--nproc-per-node", "2"]}
 
 
 def doctor(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -48,7 +51,8 @@ def doctor(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.Completed
 def bench_job(job: str, args: list[str], repeat: int, steps: int, work: Path
               ) -> dict[str, Any]:
     run_dir = work / job
-    ran = doctor("run", "--out", str(run_dir), "--", sys.executable,
+    launcher = ["torchrun", *TORCHRUN[job]] if job in TORCHRUN else [sys.executable]
+    ran = doctor("run", "--out", str(run_dir), "--", *launcher,
                  str(SAMPLE_JOBS / f"{job}.py"), *args, cwd=work)
     if ran.returncode != 0:
         return {"job": job, "error": f"doctor run failed: {ran.stderr[-500:]}"}
@@ -67,14 +71,14 @@ def _x(v: Any) -> str:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    head = f"{'job':<17}{'fix':<22}{'setting':<40}{'est.':>7}{'measured':>10}" \
+    head = f"{'job':<20}{'fix':<22}{'setting':<40}{'est.':>7}{'measured':>10}" \
            f"{'rounds':>13}{'ratio':>7}  outcome"
     print(head)
     print("-" * len(head))
     inside = total = 0
     for r in results:
         if "error" in r:
-            print(f"{r['job']:<17}{r['error']}")
+            print(f"{r['job']:<20}{r['error']}")
             continue
         for c in r["record"]["candidates"]:
             lo, hi = c.get("low"), c.get("high")
@@ -83,20 +87,26 @@ def print_table(results: list[dict[str, Any]]) -> None:
             if ratio:
                 total += 1
                 inside += BAND[0] <= ratio <= BAND[1]
-            print(f"{r['job']:<17}{c['id']:<22}{c['label'][:39]:<40}{_x(c.get('estimate')):>7}"
+            print(f"{r['job']:<20}{c['id']:<22}{c['label'][:39]:<40}{_x(c.get('estimate')):>7}"
                   f"{_x(c.get('speedup')):>10}{rounds:>13}"
                   f"{(f'{ratio:.2f}' if ratio else '-'):>7}  {c['outcome']}")
     print(f"\nratios within {BAND[0]}-{BAND[1]}: {inside} of {total} estimated fixes")
-    print(f"\n{'job':<17}{'fixes':>6}{'attempts':>9}{'stepping/job steps':>20}"
-          f"{'per fix':>9}{'wall s':>8}{'start-ups s':>12}")
+    print(f"\n{'job':<20}{'fixes':>6}{'attempts':>9}{'stepping/job steps':>20}"
+          f"{'per fix':>9}{'wall s':>8}{'start-ups s':>12}  baseline rounds (ms)")
     for r in results:
         if "error" in r:
             continue
         cost = r["record"]["cost"]
         fixes = len(r["record"]["candidates"])
         ratio = cost.get("ratio_to_job_steps") or 0.0
-        print(f"{r['job']:<17}{fixes:>6}{cost['attempts']:>9}{ratio:>20.2f}"
-              f"{ratio / max(fixes, 1):>9.2f}{cost['wall_s']:>8.0f}{cost['startup_s']:>12.0f}")
+        print(f"{r['job']:<20}{fixes:>6}{cost['attempts']:>9}{ratio:>20.2f}"
+              f"{ratio / max(fixes, 1):>9.2f}{cost['wall_s']:>8.0f}{cost['startup_s']:>12.0f}"
+              f"  {rounds(r['record'])}{'  unsure' if r['record'].get('unsteady') else ''}")
+
+
+def rounds(record: dict[str, Any]) -> str:
+    return " ".join(f"{x['median_step_s'] * 1e3:.0f}" for x in record["baseline"]["rounds"]
+                    if x.get("median_step_s"))
 
 
 def main() -> None:

@@ -140,6 +140,12 @@ def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = Non
     missing = [s for s in sources if not s.exists()]
     if missing:
         raise UsageError(f"no such run directory or trace: {missing[0]}")
+    from doctor.store import layout
+
+    tries = [s for s in sources if (s / layout.TRY_RECORD).is_file()]
+    if tries:
+        raise UsageError(f"{tries[0]} is a doctor try, not a run: its report is "
+                         f"{tries[0] / layout.REPORT}, and each attempt in it is a run directory")
     dirs = [s for s in sources if s.is_dir()]
     traces = [s for s in sources if s.is_file()]
     if dirs and traces:

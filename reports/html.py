@@ -136,8 +136,10 @@ def _finding(finding: Finding) -> dict[str, Any]:
         "title": finding.title,
         "evidence": [(str(k), format_value(str(k), v)) for k, v in finding.evidence.items()],
         "fixes": [{"title": f.title, "why": f.why, "code": f.code.rstrip("\n"),
-                   "verified": verified_line(f.verified) if f.verified else ""}
-                  for f in finding.fixes],
+                   "verified": verified_line(f.verified) if f.verified else "",
+                   "try": f"doctor try --fix {finding.id}:{n}"
+                   if f.apply is not None and not f.verified else ""}
+                  for n, f in enumerate(finding.fixes, 1)],
         "speedup": format_speedup(finding.estimated_speedup),
     }
 

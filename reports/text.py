@@ -306,10 +306,12 @@ def _finding_lines(finding: Finding, width: int, *, all_fixes: bool) -> list[str
         evidence = "; ".join(f"{k} = {format_value(k, v)}" for k, v in finding.evidence.items())
         lines += _wrap(f"evidence: {evidence}", width, "    ", "      ")
     fixes = finding.fixes if all_fixes else finding.fixes[:1]
-    for fix in fixes:
+    for n, fix in enumerate(fixes, 1):
         lines += _wrap(f"fix: {fix.title}", width, "    ", "      ")
         if fix.verified:
             lines += _wrap(verified_line(fix.verified), width, "      ", "        ")
+        elif fix.apply is not None:
+            lines.append(f"      measure it: doctor try --fix {finding.id}:{n}")
         if fix.why:
             lines += _wrap(fix.why, width, "      ", "      ")
         for code_line in fix.code.rstrip().splitlines():

@@ -76,7 +76,7 @@ class Overrides:
         if text in self._said:
             return
         self._said.add(text)
-        if os.environ.get("RANK", "0") == "0":
+        if _speaks():
             self.say(f"doctor try: {text}")
 
     def save(self) -> None:
@@ -128,7 +128,8 @@ class Overrides:
                 before = getter()
                 getattr(owner, name)(value)
                 self.note(setting, before, value)
-                self.tell(f"{name}({before} -> {value})")
+                self.tell(f"torch.{name}({before} -> {value})" if before != value
+                          else f"torch.{name}: already {value}")
                 self._keep(owner, name, setting, value)
             elif key == "allow_tf32":
                 before = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -216,6 +217,16 @@ class Overrides:
             return orig(*bound.args, **bound.kwargs)
 
         self._patch(cls, "__init__", __init__)
+
+
+def _speaks() -> bool:
+    """Whether this process says the changes: rank 0, or a job without ranks (not the torchrun
+    launcher, whose ranks say them)."""
+    rank = os.environ.get("RANK")
+    if rank is not None:
+        return rank == "0"
+    launcher = sys.argv[0] if sys.argv else ""
+    return not launcher.endswith(("torchrun", os.path.join("distributed", "run.py")))
 
 
 def _say_on_stderr(text: str) -> None:

@@ -1,10 +1,11 @@
 """From the attempts of a try to its result: measured speedups and what each try came to.
 
 Pure: it reads the attempts' step times and what the job said it ran with, and never runs
-anything. The speedup of a candidate is the median step of all its baseline attempts over the
-median step of all its own (baseline over candidate: above 1 is faster); the spread is the
-lowest and highest of the same ratio round by round (each round runs the baseline, then every
-candidate, so that a machine that drifts moves both sides).
+anything. Each round runs the baseline, then every candidate, so that a machine that drifts
+moves both sides of a round alike: the speedup of a candidate in a round is the baseline's median
+step over the candidate's (above 1 is faster), its measured speedup the median over the rounds
+and its spread their lowest and highest. (The ratio of the medians of all the rounds' steps
+pooled, which a drifting machine skews towards its slow rounds, is kept as ``pooled``.)
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Measured:
     baseline_s: float | None
     candidate_s: float | None
     steps: int  # candidate steps measured
+    pooled: float | None = None  # the pooled steps' medians, baseline over candidate
 
 
 def measure(baseline: Sequence[AttemptResult], candidate: Sequence[AttemptResult]) -> Measured:
@@ -71,10 +73,11 @@ def measure(baseline: Sequence[AttemptResult], candidate: Sequence[AttemptResult
     c_steps = [s for a in candidate if not a.failed for s in a.step_s]
     b_med = statistics.median(b_steps) if b_steps else None
     c_med = statistics.median(c_steps) if c_steps else None
-    speedup = b_med / c_med if b_med and c_med else None
+    pooled = b_med / c_med if b_med and c_med else None
+    speedup = statistics.median(per_round) if per_round else pooled
     return Measured(speedup, min(per_round) if per_round else None,
                     max(per_round) if per_round else None, per_round, b_med, c_med,
-                    len(c_steps))
+                    len(c_steps), pooled)
 
 
 def reached(apply: Mapping[str, Mapping[str, Any]], attempts: Sequence[AttemptResult]
@@ -134,7 +137,7 @@ def outcome(apply: Mapping[str, Mapping[str, Any]], attempts: Sequence[AttemptRe
 #: Baseline rounds further apart than this (slowest over fastest median step), or a
 #: hypervisor taking more than STOLEN of the CPU time, make a try "unsteady".
 UNSTEADY_SPREAD = 1.25
-STOLEN = 0.05
+STOLEN = 0.15
 
 
 def steadiness(baseline: Sequence[AttemptResult], attempts: Sequence[AttemptResult]

@@ -155,7 +155,8 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
         failed = next((a for a in mine if a.failed), None)
         rows.append({
             **c.to_dict(), "outcome": result, "why": why, "speedup": m.speedup, "low": m.low,
-            "high": m.high, "per_round": m.per_round, "ratio": ratio(m.speedup, c.estimate),
+            "high": m.high, "per_round": m.per_round, "pooled": m.pooled,
+            "ratio": ratio(m.speedup, c.estimate),
             "median_step_s": m.candidate_s, "steps": m.steps,
             "applied": _merged_tried(mine), "errors": sorted({e for a in mine for e in a.errors}),
             "stderr_tail": failed.stderr_tail if failed else "",
