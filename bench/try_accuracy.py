@@ -101,10 +101,11 @@ def print_table(results: list[dict[str, Any]]) -> None:
         ratio = cost.get("ratio_to_job_steps") or 0.0
         print(f"{r['job']:<20}{fixes:>6}{cost['attempts']:>9}{ratio:>20.2f}"
               f"{ratio / max(fixes, 1):>9.2f}{cost['wall_s']:>8.0f}{cost['startup_s']:>12.0f}"
-              f"  {rounds(r['record'])}{'  unsure' if r['record'].get('unsteady') else ''}")
+              f"  {baseline_rounds(r['record'])}"
+              f"{'  unsure' if r['record'].get('unsteady') else ''}")
 
 
-def rounds(record: dict[str, Any]) -> str:
+def baseline_rounds(record: dict[str, Any]) -> str:
     return " ".join(f"{x['median_step_s'] * 1e3:.0f}" for x in record["baseline"]["rounds"]
                     if x.get("median_step_s"))
 
@@ -123,10 +124,10 @@ def main() -> None:
             t0 = time.monotonic()
             results.append(bench_job(job, JOBS[job], args.repeat, args.steps, Path(tmp)))
             print(f"  {job}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    print_table(results)
-    print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
+    print_table(results)
+    print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
