@@ -5,9 +5,9 @@ For each sample job (at the setting that gives it its bottleneck), ``doctor run`
 table gives, per fix: the estimate (the fix's own, from the run's verdict), the measured
 speedup (baseline median step over the fix's, the steps of all rounds pooled) with the lowest
 and highest round, their ratio (measured over estimated; the goal is 0.75-1.33) and the outcome.
-Below it, per job, the cost of the try: the time the attempts spent from their first step on
-over the job's own ``--steps`` steps (the budget: about 3x per fix tried, start-ups apart), and
-the whole wall time with start-ups and the analysis of every attempt.
+Below it, per job, the cost of the try: the time of every step the attempts ran (warm-up
+included) over the job's own ``--steps`` steps (the budget: about 3x per fix tried, start-ups
+apart), per fix, and the whole wall time, of which the start-ups and the exits of the attempts.
 
     python bench/try_accuracy.py                    # every job, --repeat 3
     python bench/try_accuracy.py --jobs input_bound --repeat 2 --json rows.json
@@ -91,16 +91,17 @@ def print_table(results: list[dict[str, Any]]) -> None:
                   f"{_x(c.get('speedup')):>10}{rounds:>13}"
                   f"{(f'{ratio:.2f}' if ratio else '-'):>7}  {c['outcome']}")
     print(f"\nratios within {BAND[0]}-{BAND[1]}: {inside} of {total} estimated fixes")
-    print(f"\n{'job':<20}{'fixes':>6}{'attempts':>9}{'stepping/job steps':>20}"
-          f"{'per fix':>9}{'wall s':>8}{'start-ups s':>12}  baseline rounds (ms)")
+    print(f"\n{'job':<20}{'fixes':>6}{'attempts':>9}{'steps/job steps':>17}"
+          f"{'per fix':>9}{'wall s':>8}{'start-ups s':>12}{'exits s':>9}  baseline rounds (ms)")
     for r in results:
         if "error" in r:
             continue
         cost = r["record"]["cost"]
         fixes = len(r["record"]["candidates"])
         ratio = cost.get("ratio_to_job_steps") or 0.0
-        print(f"{r['job']:<20}{fixes:>6}{cost['attempts']:>9}{ratio:>20.2f}"
+        print(f"{r['job']:<20}{fixes:>6}{cost['attempts']:>9}{ratio:>17.2f}"
               f"{ratio / max(fixes, 1):>9.2f}{cost['wall_s']:>8.0f}{cost['startup_s']:>12.0f}"
+              f"{cost.get('exit_s', 0.0):>9.0f}"
               f"  {baseline_rounds(r['record'])}"
               f"{'  unsure' if r['record'].get('unsteady') else ''}")
 

@@ -68,6 +68,7 @@ class Launch:
     stdout: IO[Any] | None = None
     stderr: IO[Any] | None = None
     timeout_s: float | None = None
+    measure_handoff: bool = True  # time the worker-to-training handoff after the job
 
 
 def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
@@ -110,7 +111,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
         restore()
     duration = clock() - t0
     probes = samplers.stop()
-    handoff = _measure_handoff()
+    handoff = _measure_handoff() if launch.measure_handoff else None
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
     timed_out = deadline is not None and clock() > deadline

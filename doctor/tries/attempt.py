@@ -94,7 +94,7 @@ def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, st
     with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
         result = run_job(JobCommand(job.argv, job.name), out, window="off",
                          launch=Launch(env=env, cwd=job.cwd, stdout=so, stderr=se,
-                                       timeout_s=timeout_s))
+                                       timeout_s=timeout_s, measure_handoff=False))
     duration = time.monotonic() - started
     steal = _steal_share(cpu_before, _cpu_ticks())
     keep_tail(stdout_path)
@@ -120,6 +120,7 @@ def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, st
         if not ledger.empty:
             attempt.steps_run = len(ledger)
             attempt.startup_s = max(0.0, float(ledger["start_s"].min()))
+            attempt.steps_time_s = float(ledger["wall_s"].sum())
             attempt.step_s = [float(x) for x in ledger.loc[ledger["analyzed"], "wall_s"]]
         attempt.bottleneck = analysis.verdict.bottleneck
         attempt.shares = dict(analysis.verdict.shares)

@@ -37,6 +37,7 @@ class AttemptResult:
     duration_s: float = 0.0
     steps_run: int = 0
     startup_s: float = 0.0  # from its start to its first step
+    steps_time_s: float = 0.0  # the time of all its steps, warm-up included
     steal_share: float | None = None  # of the machine's CPU time, taken by its hypervisor
     bottleneck: str = ""
     shares: dict[str, float] = field(default_factory=dict)

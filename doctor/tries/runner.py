@@ -169,7 +169,8 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
     base_steps = [s for a in base if not a.failed for s in a.step_s]
     wall = time.monotonic() - started
     own = p.steps * p.original_step_s  # the job's own tried steps
-    stepping = sum(max(0.0, a.duration_s - a.startup_s) for a in attempts)
+    stepping = sum(a.steps_time_s for a in attempts)
+    startups = sum(a.startup_s for a in attempts)
     return {
         "run": str(p.run_dir), "dir": str(try_dir), "command": p.job.argv, "cwd": p.job.cwd,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "env_notes": p.notes,
@@ -184,11 +185,13 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
         },
         "candidates": rows,
         "manual": [{"id": m.id, "title": m.title} for m in p.plan.manual],
-        # the budget: the attempts' time from their first step on, over the job's own
-        # ``steps`` steps; start-ups (and the analysis of each attempt) apart
+        # the budget: the time of every step the attempts ran (warm-up included) over the
+        # job's own ``steps`` steps; start-ups, exits and the analysis of each attempt apart
         "cost": {"wall_s": wall, "attempts": len(attempts),
-                 "steps_run": sum(a.steps_run for a in attempts),
-                 "startup_s": sum(a.startup_s for a in attempts), "stepping_s": stepping,
+                 "steps_run": sum(a.steps_run for a in attempts), "steps_s": stepping,
+                 "startup_s": startups,
+                 "exit_s": sum(max(0.0, a.duration_s - a.startup_s - a.steps_time_s)
+                               for a in attempts),
                  "job_steps_s": own, "ratio_to_job_steps": stepping / own if own else None},
     }
 
