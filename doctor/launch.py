@@ -92,6 +92,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     restore = _forward_signals(proc)
     samplers = ParentProbes(ParentContext(run_dir, proc.pid, clock, t0), probes_of(PARENT))
     deadline = t0 + launch.timeout_s if launch.timeout_s else None
+    timed_out = False
     try:
         next_tick = clock()
         while True:
@@ -101,6 +102,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
             except subprocess.TimeoutExpired:
                 pass
             if deadline is not None and clock() > deadline:
+                timed_out = True
                 rc = _terminate(proc)
                 break
             samplers.sample()
@@ -114,7 +116,6 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     handoff = _measure_handoff() if launch.measure_handoff else None
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
-    timed_out = deadline is not None and clock() > deadline
     record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,
                         signal=sig, duration_s=duration,
                         probes={k: v.to_dict() for k, v in probes.items()},

@@ -25,7 +25,8 @@ def verified_line(verified: Mapping[str, Any]) -> str:
     outcome = verified.get("outcome")
     if outcome in ("failed", "unchanged", "not applied", "no steps"):
         return f"tried: {verified.get('why') or OUTCOME_WORDS.get(str(outcome), outcome)}"
-    text = f"verified: measured {times(verified.get('speedup'))}"
+    word = "tried" if outcome in ("no change", "slower") else "verified"
+    text = f"{word}: measured {times(verified.get('speedup'))}"
     if verified.get("low") and verified.get("high"):
         text += f" ({float(verified['low']):.1f}-{float(verified['high']):.1f})"
     if verified.get("estimated"):

@@ -40,3 +40,13 @@ def test_a_watch_run_reruns_its_script_and_a_notebook_is_refused(tmp_path: Path)
     write_run_record(tmp_path, {"argv": ["-c"], "name": "x", "mode": "watch", "env": {}})
     with pytest.raises(UsageError, match="not started from a script"):
         recorded_job(tmp_path, now={})
+
+
+def test_a_job_past_its_time_is_stopped(tmp_path: Path) -> None:
+    from doctor.command import JobCommand
+    from doctor.launch import Launch, run_job
+
+    result = run_job(JobCommand([sys.executable, "-c", "import time; time.sleep(60)"], "sleep"),
+                     tmp_path, launch=Launch(timeout_s=1.0, measure_handoff=False))
+    assert result.timed_out
+    assert result.exit_code == 128 + 15  # SIGTERM was enough
