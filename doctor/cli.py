@@ -187,8 +187,6 @@ def try_(run_dir: Path | None, fixes: tuple[str, ...], sets: tuple[str, ...], st
     from doctor.tries.runner import execute, plan_lines, prepare
 
     run_dir = run_dir or newest_run()
-    if not (run_dir / layout.RUN_RECORD).is_file():
-        raise UsageError(f"{run_dir} is not a doctor run directory (no {layout.RUN_RECORD})")
     prepared = prepare(run_dir, fixes, sets, steps, repeat)
     for line in plan_lines(prepared):
         click.echo(line, err=True)

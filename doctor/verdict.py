@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["BOTTLENECKS", "CATEGORIES", "SCHEMA", "SEVERITIES", "Analysis", "Finding", "Fix",
-           "ProbeStatus", "Verdict", "VerdictSchemaError", "check_verdict"]
+           "ProbeStatus", "Verdict", "VerdictSchemaError", "check_verdict", "fix_id"]
 
 SCHEMA = "doctor.verdict/1"
 
@@ -56,6 +56,11 @@ class Fix:
         return cls(title=data["title"], why=data.get("why", ""), code=data.get("code", ""),
                    apply=data.get("apply"), estimated_speedup=data.get("estimated_speedup"),
                    verified=data.get("verified"))
+
+
+def fix_id(finding_id: str, n: int) -> str:
+    """The id of a finding's ``n``-th fix (from 1), as ``doctor try --fix`` takes it."""
+    return f"{finding_id}:{n}"
 
 
 @dataclass(frozen=True)

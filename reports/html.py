@@ -30,7 +30,7 @@ from doctor.reports.text import (
     steps_line,
 )
 from doctor.reports.verified import verified_line
-from doctor.verdict import SCHEMA, Analysis, Finding
+from doctor.verdict import SCHEMA, Analysis, Finding, fix_id
 
 #: Rows of a table shown in full; longer tables are cut and say how many rows were left out.
 MAX_TABLE_ROWS = 200
@@ -137,7 +137,7 @@ def _finding(finding: Finding) -> dict[str, Any]:
         "evidence": [(str(k), format_value(str(k), v)) for k, v in finding.evidence.items()],
         "fixes": [{"title": f.title, "why": f.why, "code": f.code.rstrip("\n"),
                    "verified": verified_line(f.verified) if f.verified else "",
-                   "try": f"doctor try --fix {finding.id}:{n}"
+                   "try": f"doctor try --fix {fix_id(finding.id, n)}"
                    if f.apply is not None and not f.verified else ""}
                   for n, f in enumerate(finding.fixes, 1)],
         "speedup": format_speedup(finding.estimated_speedup),

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from doctor.reports.verified import verified_line
-from doctor.verdict import Analysis, Finding, Verdict
+from doctor.verdict import Analysis, Finding, Verdict, fix_id
 
 #: The bottleneck in words, for headlines.
 BOTTLENECK_WORDS: dict[str, str] = {
@@ -311,7 +311,7 @@ def _finding_lines(finding: Finding, width: int, *, all_fixes: bool) -> list[str
         if fix.verified:
             lines += _wrap(verified_line(fix.verified), width, "      ", "        ")
         elif fix.apply is not None:
-            lines.append(f"      measure it: doctor try --fix {finding.id}:{n}")
+            lines.append(f"      measure it: doctor try --fix {fix_id(finding.id, n)}")
         if fix.why:
             lines += _wrap(fix.why, width, "      ", "      ")
         for code_line in fix.code.rstrip().splitlines():

@@ -1,6 +1,6 @@
-"""Reports of ``doctor try`` and ``doctor compare``: text for the terminal, one self-contained
-HTML page, and the words beside a fix that a try verified. They format; the numbers were
-measured (doctor.tries) or compared (doctor.analyse.compare) already."""
+"""Reports of ``doctor try`` and ``doctor compare``: text for the terminal and one
+self-contained HTML page (the words beside a verified fix are doctor.reports.verified's). They
+format; the numbers were measured (doctor.tries) or compared (doctor.analyse.compare) already."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from doctor.reports.html import environment
 from doctor.reports.text import CATEGORY_WORDS
-from doctor.reports.verified import OUTCOME_WORDS, millis, times
+from doctor.reports.verified import OUTCOME_WORDS, UNMEASURED, millis, times
 
 
 def try_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -41,7 +41,7 @@ def render_try_text(record: Mapping[str, Any], report: str | None = None) -> str
     for r in rows:
         lines.append("  " + "  ".join(r[k].ljust(widths[k]) for k in heads).rstrip())
     for c in record.get("candidates", []):
-        if c.get("outcome") in ("failed", "unchanged", "not applied", "no steps"):
+        if c.get("outcome") in UNMEASURED:
             lines.append(f"  {c['label']}: {c.get('why', '')}")
         for err in c.get("errors") or []:
             lines.append(f"  {c['label']}: {err}")

@@ -12,6 +12,10 @@ OUTCOME_WORDS = {
 }
 
 
+#: Outcomes of a try that measured no speedup: their reason is what is said.
+UNMEASURED = ("failed", "unchanged", "not applied", "no steps")
+
+
 def times(value: Any) -> str:
     return f"{float(value):.2f}x" if isinstance(value, int | float) and value else "-"
 
@@ -23,7 +27,7 @@ def millis(value: Any) -> str:
 def verified_line(verified: Mapping[str, Any]) -> str:
     """'verified: measured 2.9x (2.7-3.1), estimated 3.2x' (or what the try came to)."""
     outcome = verified.get("outcome")
-    if outcome in ("failed", "unchanged", "not applied", "no steps"):
+    if outcome in UNMEASURED:
         return f"tried: {verified.get('why') or OUTCOME_WORDS.get(str(outcome), outcome)}"
     word = "tried" if outcome in ("no change", "slower") else "verified"
     text = f"{word}: measured {times(verified.get('speedup'))}"

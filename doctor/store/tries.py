@@ -58,7 +58,7 @@ def keep_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> str:
 def process_notes(run_dir: Path) -> dict[str, Any]:
     """What the job's processes said of a try: the settings they met (``tried``, merged over the
     processes), what could not be applied, whether doctor stopped them, and their pids."""
-    tried: dict[str, dict[str, Any]] = {}
+    seen: list[dict[str, dict[str, Any]]] = []
     errors: list[str] = []
     stopped = False
     pids: list[int] = []
@@ -70,14 +70,23 @@ def process_notes(run_dir: Path) -> dict[str, Any]:
             continue
         stopped = stopped or meta.get("stopped_at_step") is not None
         errors += [e for e in meta.get("tried_errors") or [] if e not in errors]
-        for setting, entry in (meta.get("tried") or {}).items():
+        seen.append(meta.get("tried") or {})
+    return {"tried": merge_tried(seen), "errors": errors, "stopped": stopped, "pids": pids}
+
+
+def merge_tried(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Several processes' (or attempts') ``tried`` as one: per setting, the value tried, every
+    value the job had, how often it was applied, and the value the job itself asked for last."""
+    tried: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for setting, entry in part.items():
             merged = tried.setdefault(setting, {"tried": entry.get("tried"), "job": [],
                                                 "applied": 0})
             merged["job"] += list(entry.get("job") or [])
             merged["applied"] += int(entry.get("applied") or 0)
             if "asked" in entry:
                 merged["asked"] = entry["asked"]
-    return {"tried": tried, "errors": errors, "stopped": stopped, "pids": pids}
+    return tried
 
 
 def write_try(try_dir: Path, record: dict[str, Any]) -> Path:

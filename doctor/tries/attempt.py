@@ -122,8 +122,6 @@ def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, st
             attempt.startup_s = max(0.0, float(ledger["start_s"].min()))
             attempt.steps_time_s = float(ledger["wall_s"].sum())
             attempt.step_s = [float(x) for x in ledger.loc[ledger["analyzed"], "wall_s"]]
-        attempt.bottleneck = analysis.verdict.bottleneck
-        attempt.shares = dict(analysis.verdict.shares)
     if attempt.failed:
         attempt.stderr_tail = stderr[-STDERR_SHOWN:]
     for key, had in env_had.items():  # what the job had of the variables the try set

@@ -39,8 +39,6 @@ class AttemptResult:
     startup_s: float = 0.0  # from its start to its first step
     steps_time_s: float = 0.0  # the time of all its steps, warm-up included
     steal_share: float | None = None  # of the machine's CPU time, taken by its hypervisor
-    bottleneck: str = ""
-    shares: dict[str, float] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:

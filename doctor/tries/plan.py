@@ -15,7 +15,7 @@ from typing import Any
 
 from doctor.errors import UsageError
 from doctor.tuning import Apply, describe, key_of, merge, normalize, parse_set
-from doctor.verdict import Finding, Fix
+from doctor.verdict import Finding, Fix, fix_id
 
 MAX_CANDIDATES = 12
 COMBINED = "combined"
@@ -52,7 +52,7 @@ class Plan:
 
 
 def fix_ids(findings: Sequence[Finding]) -> list[tuple[str, Finding, Fix]]:
-    return [(f"{finding.id}:{n}", finding, fix)
+    return [(fix_id(finding.id, n), finding, fix)
             for finding in findings for n, fix in enumerate(finding.fixes, 1)]
 
 
@@ -63,12 +63,13 @@ def plan_try(findings: Sequence[Finding], wanted: Sequence[str] = (),
     together. UsageError for an id that names nothing, or a fix that needs code."""
     every = fix_ids(findings)
     manual = [ManualFix(i, fix.title) for i, _, fix in every if fix.apply is None]
+    tryable = [_from_fix(i, fx) for i, _, fx in every if fx.apply is not None]
     singles: list[Candidate] = []
     if wanted:
         for want in wanted:
             chosen = [(i, f, fx) for i, f, fx in every if i == want or f.id == want]
             if not chosen:
-                known = ", ".join(sorted({i for i, _, fx in every if fx.apply is not None}))
+                known = ", ".join(sorted(c.id for c in tryable))
                 raise UsageError(f"--fix {want}: this run has no such fix (those doctor try "
                                  f"can apply: {known or 'none'})")
             applicable = [c for c in chosen if c[2].apply is not None]
@@ -77,12 +78,11 @@ def plan_try(findings: Sequence[Finding], wanted: Sequence[str] = (),
                                  "code, which doctor try does not make")
             singles += [_from_fix(i, fx) for i, _, fx in applicable]
     elif not sets:
-        singles = [_from_fix(i, fx) for i, _, fx in every if fx.apply is not None]
+        singles = tryable
     candidates = _unique(singles)
     sweep = False
     if sets:
-        from_sets = _from_sets(sets, candidates + _unique(
-            [_from_fix(i, fx) for i, _, fx in every if fx.apply is not None]))
+        from_sets = _from_sets(sets, candidates + _unique(tryable))
         sweep = len(from_sets) > 1 and len({s.partition("=")[0] for s in sets}) == 1
         candidates = _unique(candidates + from_sets)
     elif not wanted and len(candidates) > 1:

@@ -12,6 +12,7 @@ each fix tried says what was measured.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 
 from doctor.analyse.pipeline import analyze_run
 from doctor.errors import Interrupted, UsageError
-from doctor.store.tries import attempt_dir, new_try_dir, write_try
+from doctor.store.tries import attempt_dir, merge_tried, new_try_dir, write_try
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
 from doctor.tries.measure import AttemptResult, measure, outcome, ratio, steadiness
 from doctor.tries.plan import Plan, plan_try
@@ -44,7 +45,6 @@ class Prepared:
     stop_at: int
     timeout_s: float
     original_step_s: float
-    startup_s: float
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -78,7 +78,7 @@ def prepare(run_dir: Path, fixes: tuple[str, ...] = (), sets: tuple[str, ...] = 
     startup = max(0.0, float(ledger["start_s"].min()))
     timeout = 3.0 * (startup + stop_at * step_s * 2.0) + 60.0
     return Prepared(run_dir, job, plan, steps, repeat, per_attempt, stop_at, timeout, step_s,
-                    startup, list(job.notes))
+                    list(job.notes))
 
 
 def plan_lines(p: Prepared) -> list[str]:
@@ -101,7 +101,7 @@ def execute(p: Prepared, echo: Callable[[str], None]) -> dict[str, Any]:
     try_dir = new_try_dir(p.run_dir)
     started = time.monotonic()
     attempts: list[AttemptResult] = []
-    given_up: dict[str, str] = {}
+    given_up: set[str] = set()
     arms = [(BASELINE, None), *((c.id, c.apply) for c in p.plan.candidates)]
     done = 0
     for round_ in range(1, p.repeat + 1):
@@ -124,7 +124,7 @@ def execute(p: Prepared, echo: Callable[[str], None]) -> dict[str, Any]:
                     raise UsageError(
                         f"the job fails even as it is (exit status {a.exit_code}), so nothing "
                         f"can be compared: see {Path(a.run_dir) / 'stderr.txt'}")
-                given_up[arm] = "failed"  # one failure says it: no more rounds of it
+                given_up.add(arm)  # one failure says it: no more rounds of it
     record = _record(p, try_dir, attempts, started)
     write_try(try_dir, record)
     return record
@@ -167,6 +167,7 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
     measured = [r for r in rows if r["outcome"] == "faster" and r["speedup"]]
     best = max(measured, key=lambda r: r["speedup"])["id"] if measured else None
     base_steps = [s for a in base if not a.failed for s in a.step_s]
+    base_median = statistics.median(base_steps) if base_steps else None
     wall = time.monotonic() - started
     own = p.steps * p.original_step_s  # the job's own tried steps
     stepping = sum(a.steps_time_s for a in attempts)
@@ -177,7 +178,7 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
         "steps": p.steps, "steps_per_attempt": p.per_attempt, "stop_at_step": p.stop_at,
         "repeat": p.repeat, "sweep": p.plan.sweep, "best": best, "unsteady": unsteady,
         "baseline": {
-            "median_step_s": measure(base, base).baseline_s, "steps": len(base_steps),
+            "median_step_s": base_median, "steps": len(base_steps),
             "original_median_step_s": p.original_step_s,
             "rounds": [{"round": a.round, "median_step_s": a.median_s, "steps": len(a.step_s),
                         "steal_share": a.steal_share,
@@ -197,11 +198,10 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
 
 
 def _merged_tried(attempts: list[AttemptResult]) -> dict[str, Any]:
+    """What the attempts' jobs had of each setting, each value once (as text, for try.json)."""
     out: dict[str, Any] = {}
-    for a in attempts:
-        for setting, entry in a.tried.items():
-            got = out.setdefault(setting, {"tried": entry.get("tried"), "job": []})
-            got["job"] = sorted({*map(str, got["job"]), *map(str, entry.get("job", []))})
-            if "asked" in entry:
-                got["asked"] = entry["asked"]
+    for setting, entry in merge_tried([a.tried for a in attempts]).items():
+        out[setting] = {"tried": entry["tried"], "job": sorted(set(map(str, entry["job"])))}
+        if "asked" in entry:
+            out[setting]["asked"] = entry["asked"]
     return out
