@@ -1,8 +1,11 @@
-"""GPU probe: utilisation, memory, PCIe throughput, clocks, power and throttling through NVML
-(``import pynvml``, provided by the maintained ``nvidia-ml-py``), sampled by the ``doctor run``
-parent at 1-5 Hz (NVML's counters refresh every 1/6 s to 1 s). Never spawns nvidia-smi.
-Every NVML call goes through one wrapper that degrades to NaN, so one unsupported counter does
-not cost the others.
+"""GPU probe: utilisation, memory, PCIe throughput, clocks, power, temperature and throttling
+through NVML (``import pynvml``, provided by the maintained ``nvidia-ml-py``), sampled by the
+``doctor run`` parent (or doctor.watch's sampler thread) at 1-5 Hz (NVML's counters refresh every
+1/6 s to 1 s); the GPM metrics where the GPU has them (doctor.probes.gpm); and, every few
+seconds, which processes run on each GPU (to map each rank to its GPU). What each GPU is (name,
+uuid, clock and power limits, PCIe link) is read once, into ``gpus.json``. Never spawns
+nvidia-smi. Every NVML call goes through one wrapper that degrades to NaN, so one unsupported
+counter does not cost the others.
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from doctor.store.samples import GPU_COLUMNS, save_gpu
+from doctor.probes.gpm import GpmReader
+from doctor.store.samples import GPU_COLUMNS, GPU_PROC_COLUMNS, save_gpu
 from doctor.verdict import ProbeStatus
 
 if TYPE_CHECKING:
     from doctor.probes import ParentContext
 
 MAX_ROWS = 200_000
+PROCS_EVERY_S = 2.0  # which processes each GPU runs: they change rarely
 
 NO_GPU_HINT = ("GPU metrics need an NVIDIA GPU with its driver; CPU jobs are analysed "
                "without them. In a container, run it with the GPU exposed (--gpus all).")
@@ -37,6 +42,10 @@ class GpuSampler:
         self._handles: list[Any] = []
         self._status: ProbeStatus | None = None
         self._cols: dict[str, array] = {c: array("d") for c in GPU_COLUMNS}
+        self._procs: dict[str, array] = {c: array("d") for c in GPU_PROC_COLUMNS}
+        self._gpm: list[GpmReader] = []
+        self._info: list[dict[str, Any]] = []
+        self._procs_at = -1e18
 
     @classmethod
     def for_run(cls, context: ParentContext) -> GpuSampler:
@@ -55,6 +64,7 @@ class GpuSampler:
             count = nvml.nvmlDeviceGetCount()
             self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
             self._nvml = nvml
+            self._describe()
             self._status = (ProbeStatus(True) if count else
                             ProbeStatus(False, "NVML found no GPU", NO_GPU_HINT))
         except ImportError:
@@ -73,6 +83,25 @@ class GpuSampler:
         except Exception:  # this counter is unsupported here: NaN, the others still count
             return None
 
+    def _describe(self) -> None:
+        """What each GPU is, once; GPM readers for those that have the metrics."""
+        nv = self._nvml
+        for i, h in enumerate(self._handles):
+            gpm = GpmReader(nv, h)
+            self._gpm.append(gpm)
+            mem = self._query("nvmlDeviceGetMemoryInfo", h)
+            self._info.append({
+                "index": i, "name": _text(self._query("nvmlDeviceGetName", h)),
+                "uuid": _text(self._query("nvmlDeviceGetUUID", h)),
+                "memory_total_bytes": _attr(mem, "total"),
+                "sm_clock_max_mhz": _num(self._query(
+                    "nvmlDeviceGetMaxClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))),
+                "power_limit_w": _num(self._query("nvmlDeviceGetEnforcedPowerLimit", h)) / 1000,
+                "pcie_gen_max": _num(self._query("nvmlDeviceGetMaxPcieLinkGeneration", h)),
+                "pcie_width_max": _num(self._query("nvmlDeviceGetMaxPcieLinkWidth", h)),
+                "gpm": gpm.supported, "gpm_reason": gpm.reason,
+            })
+
     def sample(self) -> None:
         if not self.check().ok:
             return
@@ -88,21 +117,46 @@ class GpuSampler:
             clock = self._query("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))
             power = self._query("nvmlDeviceGetPowerUsage", h)
             throttle = self._query("nvmlDeviceGetCurrentClocksEventReasons", h)
+            temp = self._query("nvmlDeviceGetTemperature", h,
+                               getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+            gpm = self._gpm[i].read() if i < len(self._gpm) else {}
             row = (t, i, _attr(util, "gpu"), _attr(util, "memory"), _attr(mem, "used"),
                    _attr(mem, "total"), _num(tx), _num(rx), _num(clock),
-                   _num(power) / 1000.0, _num(throttle))
+                   _num(power) / 1000.0, _num(throttle), _num(temp),
+                   gpm.get("gpm_sm_active_pct", float("nan")),
+                   gpm.get("gpm_tensor_active_pct", float("nan")),
+                   gpm.get("gpm_dram_bw_pct", float("nan")))
             for c, v in zip(GPU_COLUMNS, row, strict=True):
                 self._cols[c].append(float(v))
+        if t - self._procs_at >= PROCS_EVERY_S:
+            self._procs_at = t
+            self._sample_processes(t)
         if len(self._cols["t_s"]) > MAX_ROWS:
             self._cols = {c: array("d", v[::2]) for c, v in self._cols.items()}
+        if len(self._procs["t_s"]) > MAX_ROWS:
+            self._procs = {c: array("d", v[::2]) for c, v in self._procs.items()}
+
+    def _sample_processes(self, t: float) -> None:
+        for i, h in enumerate(self._handles):
+            for proc in self._query("nvmlDeviceGetComputeRunningProcesses", h) or ():
+                pid = getattr(proc, "pid", None)
+                if pid is None:
+                    continue
+                row = (t, i, float(pid), _num(getattr(proc, "usedGpuMemory", None)))
+                for c, v in zip(GPU_PROC_COLUMNS, row, strict=True):
+                    self._procs[c].append(float(v))
 
     def start(self) -> None:
         pass  # check() opened NVML
 
     def stop(self) -> None:
         """Hand the samples to the store (``gpu.npz``) and close NVML."""
+        for gpm in self._gpm:
+            gpm.close()
+        for info, gpm in zip(self._info, self._gpm, strict=True):
+            info.update(gpm=gpm.supported, gpm_reason=gpm.reason)
         if self.run_dir is not None:
-            save_gpu(self.run_dir, self._cols)
+            save_gpu(self.run_dir, self._cols, self._procs, self._info)
         if self._status is not None and self._status.ok:
             self._query("nvmlShutdown")
 
@@ -113,4 +167,13 @@ def _attr(obj: Any, name: str) -> float:
 
 
 def _num(value: Any) -> float:
-    return float(value) if value is not None else float("nan")
+    try:
+        return float(value) if value is not None else float("nan")
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value) if value is not None else ""

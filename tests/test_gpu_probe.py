@@ -4,8 +4,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+
 from doctor.probes.gpu import GpuSampler
-from doctor.store.samples import read_gpu
+from doctor.store.samples import read_gpu, read_gpu_info, read_gpu_procs
+from tests.fake_nvml import FakeGpu, NVMLError, sample_run
+from tests.fake_nvml import FakeNvml as ReplayNvml
 
 
 class FakeNvml:
@@ -87,3 +91,47 @@ def test_no_gpu_is_said() -> None:
 def test_on_this_machine_the_probe_says_why_it_is_off() -> None:
     status = GpuSampler().check()
     assert status.ok or status.reason  # a GPU box samples; anywhere else there is a reason
+
+
+def test_gpm_metrics_processes_and_what_each_gpu_is(tmp_path: Path) -> None:
+    nvml = ReplayNvml([FakeGpu(pids=(4242, 4343)), FakeGpu(gpm=False, name="NVIDIA A100")])
+    sample_run(tmp_path, nvml, seconds=5.0)
+    frame = read_gpu(tmp_path)
+    first = frame[frame["gpu"] == 0]
+    assert first["gpm_sm_active_pct"].isna().iloc[0]  # GPM needs two samples
+    assert first["gpm_sm_active_pct"].iloc[1:].eq(90.0).all()
+    assert first["gpm_dram_bw_pct"].iloc[1:].eq(30.0).all()
+    assert frame.loc[frame["gpu"] == 1, "gpm_sm_active_pct"].isna().all()
+    assert nvml.freed == 2  # the GPM samples of GPU 0 are given back
+    procs = read_gpu_procs(tmp_path)
+    assert set(procs["pid"]) == {4242, 4343} and set(procs["gpu"]) == {0}
+    assert 2 <= len(procs) / 2 <= 4  # every 2 s, not at every tick
+    info = read_gpu_info(tmp_path)
+    assert [g["name"] for g in info] == ["NVIDIA H100 80GB HBM3", "NVIDIA A100"]
+    assert info[0]["gpm"] and not info[1]["gpm"] and "no GPM" in info[1]["gpm_reason"]
+    assert info[0]["sm_clock_max_mhz"] == 1980 and info[0]["power_limit_w"] == 700
+    assert info[0]["pcie_gen_max"] == 5
+
+
+def test_gpm_that_fails_while_sampling_ends_once_with_its_reason(tmp_path: Path) -> None:
+    nvml = ReplayNvml([FakeGpu()])
+    calls = [0]
+
+    def failing(request: Any) -> Any:
+        calls[0] += 1
+        raise NVMLError("Unknown Error")
+
+    nvml.nvmlGpmMetricsGet = failing  # type: ignore[method-assign]
+    sample_run(tmp_path, nvml, seconds=3.0)
+    assert calls[0] == 1
+    assert read_gpu(tmp_path)["util_pct"].notna().all()  # the other counters go on
+    assert "failed while sampling" in read_gpu_info(tmp_path)[0]["gpm_reason"]
+
+
+def test_an_older_run_without_the_new_columns_reads_them_as_nan(tmp_path: Path) -> None:
+    old = ("t_s", "gpu", "util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes",
+           "pcie_tx_kbps", "pcie_rx_kbps", "sm_clock_mhz", "power_w", "throttle_reasons")
+    np.savez_compressed(tmp_path / "gpu.npz", **{c: np.ones(3) for c in old})
+    frame = read_gpu(tmp_path)
+    assert frame["temp_c"].isna().all() and frame["util_pct"].eq(1).all()
+    assert read_gpu_procs(tmp_path).empty and read_gpu_info(tmp_path) == []

@@ -266,6 +266,7 @@ class Session:
             self._meta["ended_ns"] = self.clock()
             self._meta["rings"] = {k: r.written for k, r in self._rings.items()}
             self._meta["probes"] = self.probe_status
+            self._meta.update(_cuda_device())
             self._writer.write_meta(self._meta)
         for ring in self._rings.values():
             ring.close()
@@ -277,6 +278,22 @@ def _env_int(name: str) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def _cuda_device() -> dict[str, Any]:
+    """The CUDA device this process used (its index and uuid), where it initialised CUDA: what
+    maps a rank to its GPU when NVML's process list cannot (a container's own PID namespace)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None:
+            return {}
+        if not torch.cuda.is_initialized():
+            return {"cuda_initialized": False}
+        index = int(torch.cuda.current_device())
+        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+        return {"cuda_initialized": True, "cuda_device": index, "cuda_uuid": uuid or None}
+    except Exception:  # a fact for the analysis; never a reason to fail the job's exit
+        return {}
 
 
 def _torch_facts() -> dict[str, Any]:

@@ -38,7 +38,7 @@ from doctor.store.rundata import (
     typed,
 )
 from doctor.store.rundir import read_run_record
-from doctor.store.samples import read_gpu, read_host, read_memory
+from doctor.store.samples import read_gpu, read_gpu_info, read_gpu_procs, read_host, read_memory
 from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
 from doctor.store.tries import read_tries
 from doctor.store.windows import read_window
@@ -106,6 +106,7 @@ def _load_node(run_dir: Path) -> RunData:
         "marks": _concat(marks), "intervals": _concat(intervals), "events": _concat(events),
         "stacks": stacks, "stack_spans": spans, "host": host.assign(node=0),
         "system": system.assign(node=0), "gpu": read_gpu(run_dir).assign(node=0),
+        "gpu_procs": read_gpu_procs(run_dir).assign(node=0),
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status,
     }
@@ -131,6 +132,7 @@ def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecor
         nodes=(raw.get("host"),),
         t0_ns={0: int(float(raw.get("t0_monotonic_s", 0.0)) * 1e9)},
         bootstrap_errors=errors, problems=tuple(problems), tries=tuple(read_tries(run_dir)),
+        gpus=tuple({**g, "node": 0} for g in read_gpu_info(run_dir)),
     )
 
 
@@ -166,7 +168,9 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str,
             "torch_version": meta.get("torch_version"), "torch_threads": meta.get("torch_threads"),
             "cuda": meta.get("cuda"), "crashed": meta.get("crashed"),
             "crashed_ns": meta.get("crashed_ns"), "window_state": window.get("state"),
-            "window_reason": window.get("reason")}
+            "window_reason": window.get("reason"), "cuda_uuid": meta.get("cuda_uuid"),
+            "cuda_initialized": meta.get("cuda_initialized"),
+            "cuda_device": meta.get("cuda_device")}
 
 
 def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -> pd.DataFrame:

@@ -18,7 +18,13 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from doctor.store.samples import GPU_COLUMNS, MEMORY_COLUMNS, PROC_COLUMNS, SYSTEM_COLUMNS
+from doctor.store.samples import (
+    GPU_COLUMNS,
+    GPU_PROC_COLUMNS,
+    MEMORY_COLUMNS,
+    PROC_COLUMNS,
+    SYSTEM_COLUMNS,
+)
 from doctor.trace.steps import STEP_COLUMNS
 from doctor.verdict import ProbeStatus
 
@@ -46,7 +52,7 @@ WHO = "node rank pid:int64"
 PROCESS_COLUMNS = columns(
     f"{WHO} role path:object ppid started_ns ended_ns cores world_size:float64 "
     "torch_version:object torch_threads:float64 cuda crashed:object crashed_ns:float64 "
-    "window_state window_reason:object")
+    "window_state window_reason cuda_initialized cuda_uuid:object cuda_device:float64")
 PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
 LOADER_COLUMNS = columns(
     f"{WHO} id num_workers:int64 batch_size:object pin_memory:bool prefetch_factor:object "
@@ -127,6 +133,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
              "node": "int64"},
     "system": {**_floats(SYSTEM_COLUMNS), "node": "int64"},
     "gpu": {**_floats(GPU_COLUMNS), "gpu": "int64", "node": "int64"},
+    "gpu_procs": {**_floats(GPU_PROC_COLUMNS), "gpu": "int64", "pid": "int64", "node": "int64"},
     "memory": {**_floats(MEMORY_COLUMNS, "t_s"), "tag": "object", "pid": "int64",
                "rank": "int64", "node": "int64"},
     "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
@@ -159,6 +166,7 @@ class RunRecord:
     bootstrap_errors: tuple[str, ...] = ()  # one line per process that could not start doctor
     problems: tuple[str, ...] = ()  # records that could not be read and were left out
     tries: tuple[Mapping[str, Any], ...] = ()  # doctor try records of the run, oldest first
+    gpus: tuple[Mapping[str, Any], ...] = ()  # what each GPU is (gpus.json), with its node
 
     @property
     def job_seen(self) -> bool:
@@ -176,7 +184,8 @@ class RunData:
     - ``marks``: ``doctor.step()`` calls; ``intervals``: DataLoader waits, backward and optimizer
       calls, worker fetches and collates; ``events``: the profiler window's start and stop;
     - ``stacks``/``stack_spans``: stack samples of each sampled process and how they were taken;
-    - ``host``/``system``/``gpu``: the parent's samples (doctor.store.samples columns);
+    - ``host``/``system``/``gpu``: the parent's samples (doctor.store.samples columns), and
+      ``gpu_procs`` the processes NVML saw on each GPU;
     - ``memory``: CUDA allocator snapshots;
     - ``window``: one row per step the profiler recorded (doctor.trace.steps.STEP_COLUMNS,
       with ``node`` and ``pid``), and ``window_status`` whether each process's trace was read.
@@ -194,6 +203,7 @@ class RunData:
     host: pd.DataFrame
     system: pd.DataFrame
     gpu: pd.DataFrame
+    gpu_procs: pd.DataFrame
     memory: pd.DataFrame
     window: pd.DataFrame
     window_status: pd.DataFrame
@@ -253,5 +263,6 @@ def combine(runs: list[RunData]) -> RunData:
         t0_ns={i: r.t0_ns.get(0, 0) for i, r in enumerate(records)},
         bootstrap_errors=tuple(e for r in records for e in r.bootstrap_errors),
         problems=tuple(p for r in records for p in r.problems),
+        gpus=tuple({**g, "node": i} for i, r in enumerate(records) for g in r.gpus),
     )
     return RunData(record=record, **frames)

@@ -16,16 +16,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from doctor.store.layout import GPU, HOST, MEMORY
+from doctor.store.layout import GPU, GPU_INFO, HOST, MEMORY
 
 #: Per process of the job, per tick (``cpu_pct`` is derived on load).
 PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",
                 "run_delay_s")
 #: The machine, per tick.
 SYSTEM_COLUMNS = ("t_s", "cores", "runnable", "busy_cores", "iowait_cores")
-#: Per GPU, per tick.
+#: Per GPU, per tick (the ``gpm_*`` columns are NaN where the GPU has no GPM metrics).
 GPU_COLUMNS = ("t_s", "gpu", "util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes",
-               "pcie_tx_kbps", "pcie_rx_kbps", "sm_clock_mhz", "power_w", "throttle_reasons")
+               "pcie_tx_kbps", "pcie_rx_kbps", "sm_clock_mhz", "power_w", "throttle_reasons",
+               "temp_c", "gpm_sm_active_pct", "gpm_tensor_active_pct", "gpm_dram_bw_pct")
+#: The processes each GPU runs, per rescan (any process of the machine; pids as NVML sees them).
+GPU_PROC_COLUMNS = ("t_s", "gpu", "pid", "used_bytes")
 #: One CUDA allocator snapshot (``pid`` and ``t_s`` are added on load).
 MEMORY_COLUMNS = ("t_ns", "tag", "device", "allocated_bytes", "reserved_bytes",
                   "inactive_split_bytes", "alloc_retries", "num_ooms", "peak_reserved_bytes")
@@ -63,21 +66,54 @@ def read_host(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return procs, system
 
 
-def save_gpu(run_dir: Path, columns: Columns) -> None:
+def save_gpu(run_dir: Path, columns: Columns, procs: Columns | None = None,
+             info: list[dict[str, Any]] | None = None) -> None:
+    """The samples (``gpu.npz``: per-GPU columns, and ``proc_*`` for the processes on each GPU)
+    and what each GPU is (``gpus.json``: name, uuid, limits, whether it has GPM metrics)."""
+    if info:
+        (run_dir / GPU_INFO).write_text(json.dumps(info, indent=1))
     if len(columns["t_s"]):
         arrays: dict[str, Any] = {c: np.frombuffer(columns[c], dtype=np.float64)
                                   for c in GPU_COLUMNS}
+        if procs is not None:
+            arrays.update({f"proc_{c}": np.frombuffer(procs[c], dtype=np.float64)
+                           for c in GPU_PROC_COLUMNS})
         np.savez_compressed(run_dir / GPU, **arrays)
 
 
 def read_gpu(run_dir: Path) -> pd.DataFrame:
+    """The per-GPU samples; columns a run of an older doctor did not record read as NaN."""
     path = run_dir / GPU
     if not path.exists():
         return _empty(GPU_COLUMNS)
     with np.load(path) as z:
-        frame = pd.DataFrame({c: z[c] for c in GPU_COLUMNS})
+        n = len(z["t_s"])
+        frame = pd.DataFrame({c: z[c] if c in z else np.full(n, np.nan) for c in GPU_COLUMNS})
     frame["gpu"] = frame["gpu"].astype("int64")
     return frame
+
+
+def read_gpu_procs(run_dir: Path) -> pd.DataFrame:
+    """Which processes ran on which GPU, per rescan; empty when not recorded."""
+    path = run_dir / GPU
+    if not path.exists():
+        return _empty(GPU_PROC_COLUMNS)
+    with np.load(path) as z:
+        if "proc_t_s" not in z:
+            return _empty(GPU_PROC_COLUMNS)
+        frame = pd.DataFrame({c: z[f"proc_{c}"] for c in GPU_PROC_COLUMNS})
+    for c in ("gpu", "pid"):
+        frame[c] = frame[c].astype("int64")
+    return frame
+
+
+def read_gpu_info(run_dir: Path) -> list[dict[str, Any]]:
+    """What each GPU of the node is (``gpus.json``), index order; [] when not recorded."""
+    try:
+        info = json.loads((run_dir / GPU_INFO).read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    return [g for g in info if isinstance(g, dict)] if isinstance(info, list) else []
 
 
 def read_memory(proc_dirs: Mapping[int, Path]) -> pd.DataFrame:
