@@ -41,7 +41,11 @@ TABLE_TITLES: dict[str, str] = {
     "loaders": "DataLoader settings",
     "top_functions": "Where the time goes, by function",
     "processes": "CPU per process",
+    "gpus": "Per GPU: NVML over the analysed steps",
+    "gpu_over_run": "Per GPU over the run, in tenths: utilisation and memory",
 }
+#: Keys of the verdict's extra that the report shows as tables of their own.
+EXTRA_AS_TABLES = ("gpus",)
 
 @dataclass(frozen=True)
 class TableView:
@@ -107,7 +111,8 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         ],
         "job": job_items(verdict.job),
         "notes": list(verdict.notes),
-        "extra": [(str(k), format_value(str(k), v)) for k, v in verdict.extra.items()],
+        "extra": [(str(k), format_value(str(k), v)) for k, v in verdict.extra.items()
+                  if k not in EXTRA_AS_TABLES],
         "tables": [_table(name, frame) for name, frame in analysis.tables.items()
                    if frame is not None],
         "source": analysis.source,

@@ -46,6 +46,8 @@ def test_compute_bound_job(tmp_path: Path) -> None:
     assert verdict["probes"]["torch_ops"]["ok"] is True
     assert verdict["probes"]["steps"]["ok"] is True
     assert verdict["probes"]["gpu"]["ok"] is False and verdict["probes"]["gpu"]["reason"]
+    assert not [f for f in verdict["findings"] if f["id"].startswith("gpu.")]
+    assert "gpus" in verdict["rules_skipped"]["gpu.starved"]  # no GPU rule fires on a CPU job
     assert verdict["probes"]["host"] == {"ok": True}  # asked again after the job has gone
     assert verdict["steps"]["count"] == 39
     assert "compute.bound" in finding_ids(verdict)
@@ -140,10 +142,14 @@ def test_watch_decorator_and_context_manager(tmp_path: Path) -> None:
         assert verdict["bottleneck"] == "compute", name
         assert verdict["shares"]["compute"] > 0.5
         assert verdict["partial"] is False
-        # watch samples no GPU: it says so, it does not claim the probe
-        assert verdict["probes"]["gpu"] == {
-            "ok": False, "reason": "doctor.watch does not sample the GPU",
-            "hint": "doctor run samples it from outside the job: doctor run train.py"}
+        # watch samples the host and the GPU as doctor run does: no GPU here, and it says why
+        assert verdict["probes"]["host"]["ok"]
+        gpu = verdict["probes"]["gpu"]
+        assert not gpu["ok"] and ("NVML" in gpu["reason"] or "pynvml" in gpu["reason"])
+        assert "CPU jobs are analysed without them" in gpu["hint"] or "pip" in gpu["hint"]
+        assert not [f for f in verdict["findings"] if f["id"].startswith("gpu.")]
+        record = json.loads((tmp_path / name / "run.json").read_text())
+        assert 0 <= record["sampler_cpu_s"] < record["duration_s"]
     failed = json.loads((tmp_path / "fails" / "verdict.json").read_text())
     assert failed["partial"] is True
     assert failed["steps"]["count"] == 24

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
 import pandas as pd
 
 from doctor.analyse.contention import Span, cores_used, within
 from doctor.analyse.distributed import search_stragglers
+from doctor.analyse.gpus import GpuCounters, said_cuda
 from doctor.analyse.split import OutsideShares, StageSplit, outside_evidence, split_evidence
 from doctor.analyse.steps import WINDOW, RankSteps, analysed
 from doctor.rules.evidence import Evidence, JobFacts
@@ -27,8 +27,7 @@ def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -
     else:  # one process of a job doctor ran is a world of one; a trace alone may not say
         world = (len(ranks) or None) if run.record.job_seen else None
     cores = run.record.cores or (_int(first["cores"]) if first is not None else None)
-    cuda = any(isinstance(c, bool | np.bool_) and bool(c) for c in mains["cuda"]) or \
-        bool((window["device"] == "cuda").any())
+    cuda = used_cuda(run, mains) or bool((window["device"] == "cuda").any())
     return JobFacts(
         kind=run.record.kind, device="cuda" if cuda else "cpu", cores=cores,
         torch_threads=_int(first["torch_threads"]) if first is not None else None,
@@ -39,6 +38,17 @@ def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -
     )
 
 
+def used_cuda(run: RunData, mains: pd.DataFrame) -> bool:
+    """Whether the training processes computed on a GPU: one initialised CUDA (as it said at
+    its exit) or NVML saw it on a GPU; for a process that did not say (a crash, an older
+    doctor), whether torch saw a GPU at all."""
+    procs = run.gpu_procs
+    if not procs.empty and any(((procs["node"] == n) & (procs["pid"] == p)).any()
+                               for n, p in zip(mains["node"], mains["pid"], strict=True)):
+        return True
+    return any(said_cuda(row) for _, row in mains.iterrows())
+
+
 def _int(value: object) -> int | None:
     return None if value is None or pd.isna(value) else int(value)  # type: ignore[call-overload]
 
@@ -47,7 +57,8 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
                    workers: dict[int, list[int]], ledger: pd.DataFrame, window: pd.DataFrame,
                    loaders: pd.DataFrame,
                    splits: dict[int, StageSplit], outside: dict[int, OutsideShares],
-                   span: Span | None, ranged: bool, unsplit_reason: str) -> Evidence:
+                   span: Span | None, ranged: bool, unsplit_reason: str,
+                   gpus: GpuCounters | None = None) -> Evidence:
     """The evidence of the run; ``workers`` the DataLoader workers of each rank, ``window``
     marked analysed (window_analysed), ``loaders`` of the training processes
     (training_loaders)."""
@@ -66,6 +77,7 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
         worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
                                                for p in workers[rank]], span, total=True),
         traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
+        gpus=gpus if job.device == "cuda" else None,
     )
 
 

@@ -1,7 +1,7 @@
 """One analysis behind every door: RunData in, Analysis out. Reads only; writes nothing.
 
-    steps -> window fractions -> input split -> contention -> ledger -> evidence -> rules
-          -> verdict
+    steps -> window fractions (or GPU counters) -> input split -> contention -> ledger
+          -> evidence -> rules -> verdict
 
 A run directory (``analyze_run``) and traces analysed on their own (``analyze_traces``) differ
 only in the RunData they load; everything after that is this one function. What a trace lacks
@@ -18,6 +18,8 @@ from pathlib import Path
 from doctor.analyse import facts
 from doctor.analyse.contention import analysed_span, loading_contention
 from doctor.analyse.evidence import build_evidence, job_facts, training_loaders, window_analysed
+from doctor.analyse.gpu_split import counter_splits, crosscheck_notes
+from doctor.analyse.gpus import gpu_counters, gpu_tables
 from doctor.analyse.ledger import build_ledger
 from doctor.analyse.split import outside_loader, rank_split
 from doctor.analyse.steps import (
@@ -46,20 +48,22 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     table = step_table(run, ranks, in_range)
     window = window_frame(run, ranks)
     windows, window_problems = window_splits(run, ranks)
+    span = analysed_span(analysed(table))
+    counters = gpu_counters(run, ranks, table, span)
+    coarse, coarse_notes = counter_splits(counters, ranks, table, windows)
     children = workers_by_parent(run)
     workers = {rank: children.get(main.process, []) for rank, main in ranks.items()}
     splits = {rank: rank_split(run, main, workers[rank]) for rank, main in ranks.items()}
     outside = outside_loader(run, ranks)
-    span = analysed_span(analysed(table))
     contention = loading_contention(run.host, run.system, table, workers, ranks, span)
-    ledger = build_ledger(table, windows,
+    ledger = build_ledger(table, {**windows, **coarse},
                           {r: f for r, s in splits.items() if (f := s.fractions) is not None},
                           {r: o.shares for r, o in outside.items()}, contention)
     job = job_facts(run, ranks, window)
     window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
     evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
                               outside, span, in_range is not None,
-                              facts.stacks_reason(run, ranks))
+                              facts.stacks_reason(run, ranks), counters)
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)
     findings = attach_verified(outcome.findings, run.record.tries)
@@ -67,7 +71,9 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, ranks),
                                             run.record.kind == TRACE))
     partial, notes = facts.exit_notes(run)
-    notes += [*facts.source_notes(ranks, window, bool(windows)),
+    notes += [*facts.source_notes(ranks, window, bool(windows) or bool(coarse)),
+              *coarse_notes, *(counters.notes if counters else ()),
+              *crosscheck_notes(counters, window),
               *facts.contention_notes(contention, job.cores),
               *(facts.range_notes(ledger, in_range) if in_range else []), *summary.notes,
               *facts.rule_notes(outcome.skipped), *facts.crash_notes(run)]
@@ -75,9 +81,11 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, ranks, window_problems),
         job=facts.job_dict(run, job), partial=partial, notes=notes,
-        extra={"bottleneck_share": summary.bottleneck_share, "rules_skipped": outcome.skipped},
+        extra={"bottleneck_share": summary.bottleneck_share, "rules_skipped": outcome.skipped,
+               **({"gpus": [g.to_dict() for g in counters.gpus]} if counters else {})},
     )
-    tables = report_tables(ledger, window, loaders, run.host, run.processes, splits, outside)
+    tables = {**report_tables(ledger, window, loaders, run.host, run.processes, splits, outside),
+              **gpu_tables(counters)}
     return Analysis(verdict=verdict, ledger=ledger, source=run.record.source, tables=tables)
 
 

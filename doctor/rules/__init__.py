@@ -11,6 +11,7 @@ from doctor.rules import (
     compute,
     distributed,
     gpu,
+    gpu_counters,
     host,
     input,
     memory,
@@ -20,7 +21,8 @@ from doctor.rules import (
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 from doctor.rules.evidence import Evidence, JobFacts
 
-MODULES = (compute, distributed, gpu, communication, memory, host, input, other, trace)
+MODULES = (compute, distributed, gpu, gpu_counters, communication, memory, host, input, other,
+           trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

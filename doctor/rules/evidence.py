@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from doctor.analyse.gpus import GpuCounters
 
 HOST_CONTENTION = "host contention"
 
@@ -90,7 +94,9 @@ class Evidence:
     - ``fd_handoff_s``: a worker-to-training tensor round trip on this machine;
       ``main_cpu_cores``/``worker_cpu_cores``: cores the training process (mean per rank) and
       the DataLoader workers (summed) kept busy during the analysed steps;
-    - ``traces``: the trace files, when traces are analysed on their own.
+    - ``traces``: the trace files, when traces are analysed on their own;
+    - ``gpus``: NVML's counters over the analysed steps, per GPU, and each rank's GPU
+      (doctor.analyse.gpus; a GPU job only).
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -108,6 +114,7 @@ class Evidence:
     main_cpu_cores: float | None = None
     worker_cpu_cores: float | None = None
     traces: tuple[str, ...] | None = None
+    gpus: GpuCounters | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}

@@ -1,0 +1,175 @@
+"""NVML's counters over the whole run, into the verdict: recorded loops (fake clock) beside a
+fake NVML that replays a GPU's shapes (tests.fake_nvml), analysed as doctor run's would be."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from doctor.analyse.pipeline import analyze_run
+from doctor.reports.html import render_html
+from doctor.verdict import Verdict, check_verdict
+from tests.fake_nvml import GIB, FakeGpu, FakeNvml, const, mark_cuda, sample_run
+from tests.loops import record_loop, write_record
+
+PID = os.getpid()  # the recorded loops' training process
+UUIDS = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(4)]
+
+
+def gpu_run(tmp_path: Path, gpus: list[FakeGpu], *, steps: int = 60, wait_s: float = 0.001,
+            compute_s: float = 0.05, ranks: int = 1, uuids: dict[int, str] | None = None
+            ) -> Verdict:
+    for rank in range(ranks):
+        record_loop(tmp_path, steps, wait_s=wait_s, compute_s=compute_s, rank=rank)
+    mark_cuda(tmp_path, uuids)
+    write_record(tmp_path, cores=16)
+    sample_run(tmp_path, FakeNvml(gpus), seconds=steps * (wait_s + compute_s), hz=10)
+    verdict = analyze_run(tmp_path).verdict
+    check_verdict(verdict.to_dict())
+    return verdict
+
+
+def ids(verdict: Verdict) -> list[str]:
+    return [f.id for f in verdict.findings]
+
+
+def finding(verdict: Verdict, rule_id: str) -> dict:
+    return next(f for f in verdict.to_dict()["findings"] if f["id"] == rule_id)
+
+
+def test_a_gpu_idle_while_the_job_waits_for_input_is_starved(tmp_path: Path) -> None:
+    verdict = gpu_run(tmp_path, [FakeGpu(util=const(8.0), pids=(PID,))],
+                      wait_s=0.09, compute_s=0.01)
+    found = finding(verdict, "gpu.starved")
+    assert found["evidence"]["gpu_idle_share"] == pytest.approx(0.92, abs=0.01)
+    assert found["evidence"]["input_share"] == pytest.approx(0.9, abs=0.02)
+    assert found["category"] == "input"  # no stack samples: the wait is not split
+    assert found["severity"] == "critical"
+    assert "gpu.host_bound" not in ids(verdict)
+    assert verdict.bottleneck == "input"
+
+
+def test_a_gpu_idle_with_no_input_wait_is_fed_too_slowly_by_its_host(tmp_path: Path) -> None:
+    verdict = gpu_run(tmp_path, [FakeGpu(util=const(20.0), pids=(PID,))])
+    found = finding(verdict, "gpu.host_bound")
+    assert found["category"] == "compute"
+    assert found["evidence"]["gpu_idle_share"] == pytest.approx(0.8, abs=0.01)
+    assert "gpu.starved" not in ids(verdict)
+
+
+def test_a_busy_gpu_fires_no_counter_rule(tmp_path: Path) -> None:
+    verdict = gpu_run(tmp_path, [FakeGpu(util=const(97.0), pids=(PID,))])
+    assert not [i for i in ids(verdict) if i.startswith("gpu.")]
+    assert verdict.bottleneck == "compute"
+    gpus = verdict.to_dict()["gpus"]
+    assert gpus[0]["util"] == pytest.approx(0.97)
+    assert gpus[0]["ranks"] == [0]
+    assert gpus[0]["memory_used_max_bytes"] == 30 * GIB
+    assert gpus[0]["memory_total_bytes"] == 80 * GIB
+    assert gpus[0]["gpm_sm_active"] == pytest.approx(0.9)
+    assert gpus[0]["gpm_dram_bw"] == pytest.approx(0.3)
+
+
+def test_ranks_on_one_gpu_while_the_others_idle(tmp_path: Path) -> None:
+    # every rank's process on GPU 0 (the loops share this test's pid), GPUs 1-3 untouched
+    gpus = [FakeGpu(util=const(99.0), pids=(PID,)),
+            *[FakeGpu(util=const(0.0), uuid=u) for u in UUIDS[1:]]]
+    verdict = gpu_run(tmp_path, gpus, ranks=4)
+    found = finding(verdict, "gpu.shared")
+    assert found["evidence"]["ranks"] == [0, 1, 2, 3]
+    assert found["evidence"]["idle_gpus"] == [1, 2, 3]
+    assert found["severity"] == "critical"
+    assert "set_device(local_rank)" in found["fixes"][0]["code"]
+    assert found["estimated_speedup"] == 4.0
+    assert "gpu.idle_gpus" not in ids(verdict)
+
+
+def test_ranks_each_on_its_own_gpu_by_cuda_device_when_nvml_sees_no_job_pid(
+        tmp_path: Path) -> None:
+    # a container: NVML lists no process of the job; each rank said which GPU it used
+    gpus = [FakeGpu(util=const(96.0), uuid=u) for u in UUIDS[:2]]
+    verdict = gpu_run(tmp_path, gpus, ranks=2, uuids={0: UUIDS[0], 1: UUIDS[1].lower()})
+    assert "gpu.shared" not in ids(verdict)
+    assert [g["ranks"] for g in verdict.to_dict()["gpus"]] == [[0], [1]]
+
+
+def test_one_rank_on_a_machine_of_four_gpus_says_three_idle(tmp_path: Path) -> None:
+    gpus = [FakeGpu(pids=(PID,)), *[FakeGpu(util=const(0.0)) for _ in range(3)]]
+    found = finding(gpu_run(tmp_path, gpus), "gpu.idle_gpus")
+    assert found["severity"] == "info"
+    assert found["evidence"]["idle_gpus"] == [1, 2, 3]
+    assert "--nproc-per-node 4" in found["fixes"][0]["code"]
+
+
+def test_a_power_throttled_gpu(tmp_path: Path) -> None:
+    verdict = gpu_run(tmp_path, [FakeGpu(
+        pids=(PID,), throttle=lambda t: 0x4 if round(t * 10) % 5 < 3 else 0,  # 3 samples in 5
+        sm_clock=const(1400.0), power_mw=const(699_000.0))])
+    found = finding(verdict, "gpu.throttled")
+    assert found["evidence"]["power_throttled_share"] == pytest.approx(0.6, abs=0.05)
+    assert found["evidence"]["thermal_throttled_share"] == 0
+    assert "power" in found["title"] and "71%" in found["title"]
+    assert "power limit" in found["fixes"][0]["title"]
+
+
+def test_a_hot_gpu_is_thermal_throttled(tmp_path: Path) -> None:
+    verdict = gpu_run(tmp_path, [FakeGpu(pids=(PID,), throttle=const(0x20 | 0x40),
+                                         temp_c=const(91.0))])
+    found = finding(verdict, "gpu.throttled")
+    assert found["severity"] == "warning"
+    assert "Cool" in found["fixes"][0]["title"] and "91 C" in found["fixes"][0]["why"]
+
+
+def test_a_gpu_without_gpm_says_so_once(tmp_path: Path) -> None:
+    verdict = gpu_run(tmp_path, [FakeGpu(pids=(PID,), gpm=False, name="NVIDIA A100-SXM4-40GB")])
+    gpus = verdict.to_dict()["gpus"]
+    assert "gpm_sm_active" not in gpus[0]
+    assert "no GPM metrics" in gpus[0]["gpm_reason"]
+    assert sum("GPM metrics" in n for n in verdict.notes) == 1
+
+
+def test_without_the_window_the_counters_split_transfer_from_compute(tmp_path: Path) -> None:
+    # the GPU computes 40 % of the time and the link is busy 50 %: the copies the kernels did
+    # not hide are at most the 60 % idle, so transfer 50 %, compute the rest
+    link_kbps = 3.938e9 * 16 / 1024  # PCIe gen5 x16 per direction, KB/s
+    verdict = gpu_run(tmp_path, [FakeGpu(pids=(PID,), util=const(40.0),
+                                         rx_kbps=const(0.5 * link_kbps), tx_kbps=const(0.0))])
+    assert verdict.bottleneck == "transfer"
+    assert verdict.shares["transfer"] == pytest.approx(0.5, abs=0.03)
+    assert verdict.shares["compute"] == pytest.approx(0.48, abs=0.03)
+    assert any("split into transfer and compute by NVML" in n for n in verdict.notes)
+    assert not any("No torch.profiler window" in n for n in verdict.notes)
+
+
+def test_a_cpu_job_on_a_gpu_machine_gets_no_gpu_rules(tmp_path: Path) -> None:
+    record_loop(tmp_path, 40, wait_s=0.001, compute_s=0.05)  # torch imported, CUDA unused
+    write_record(tmp_path)
+    sample_run(tmp_path, FakeNvml([FakeGpu(util=const(0.0))]), seconds=2.0)
+    verdict = analyze_run(tmp_path).verdict
+    assert verdict.job["device"] == "cpu"
+    assert not [i for i in ids(verdict) if i.startswith("gpu.")]
+    assert "gpu.starved" in verdict.extra["rules_skipped"]
+
+
+def test_a_cpu_run_without_gpu_samples_skips_every_counter_rule(tmp_path: Path) -> None:
+    record_loop(tmp_path, 40, wait_s=0.09, compute_s=0.01)
+    write_record(tmp_path)
+    verdict = analyze_run(tmp_path).verdict
+    skipped = verdict.extra["rules_skipped"]
+    for rule_id in ("gpu.starved", "gpu.host_bound", "gpu.shared", "gpu.throttled"):
+        assert "gpus" in skipped[rule_id]
+    assert "gpus" not in verdict.to_dict()
+
+
+def test_the_report_shows_each_gpu_and_the_run_in_tenths(tmp_path: Path) -> None:
+    gpu_run(tmp_path, [FakeGpu(pids=(PID,), mem_used=lambda t: (10 + 5 * t) * GIB)])
+    analysis = analyze_run(tmp_path)
+    over = analysis.tables["gpu_over_run"]
+    assert len(over) == 10
+    assert over["memory_used_bytes"].is_monotonic_increasing  # memory grows over the run
+    assert over["steps"].iloc[0].startswith(("1-", "2-", "3-", "4-", "5-", "6-"))
+    page = render_html(analysis)
+    assert "Per GPU: NVML over the analysed steps" in page
+    assert "NVIDIA H100 80GB HBM3" in page
