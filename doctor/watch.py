@@ -32,9 +32,8 @@ from doctor.record import session as session_mod
 from doctor.verdict import ProbeStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
-HOST_INTERVAL_S = 1.0
-WATCH_NO_GPU = ProbeStatus(False, "doctor.watch does not sample the GPU",
-                           "doctor run samples it from outside the job: doctor run train.py")
+TICK_S = 0.5  # the GPU at 2 Hz, as doctor run samples it
+HOST_EVERY = 2  # the host every other tick (1 Hz)
 
 
 class watch:  # lower case: used as a decorator, named like one
@@ -83,22 +82,26 @@ class watch:  # lower case: used as a decorator, named like one
 
 
 class _WatchRun:
-    """The pieces of one watched run: session, in-process host sampler, run record."""
+    """The pieces of one watched run: session, the host and GPU samplers (one thread beside
+    the job's, as doctor run's parent would sample them), run record."""
 
-    def __init__(self, run_dir: Path, probes: Any, sampler: Any, started: float,
+    def __init__(self, run_dir: Path, probes: Any, samplers: dict[str, Any], started: float,
                  t0: float) -> None:
         self.run_dir = run_dir
         self.probes = probes
-        self.sampler = sampler
+        self.samplers = samplers
         self.started = started
         self.t0 = t0
         self._stop = threading.Event()
-        self.failed: ProbeStatus | None = None
-        self._thread = threading.Thread(target=self._sample, name="doctor-host", daemon=True)
+        self.failed: dict[str, ProbeStatus] = {}
+        self.sampler_cpu_s: float | None = None
+        self._thread = threading.Thread(target=self._sample, name="doctor-samplers",
+                                        daemon=True)
 
     @classmethod
     def start(cls, out: Path | None, name: str, window: str) -> _WatchRun:
         from doctor.launch import QUIET_KINETO, run_record
+        from doctor.probes.gpu import GpuSampler
         from doctor.probes.host import HostSampler
         from doctor.probes.stacks import request_in_process_stacks
         from doctor.record.bootstrap import parse_window, start_session
@@ -112,21 +115,33 @@ class _WatchRun:
                                              exit_code=None, mode="watch"))
         start, steps = parse_window(window)
         probes = start_session(run_dir, window_start=start, window_steps=steps)
-        sampler = HostSampler(os.getpid(), run_dir=run_dir, t0=t0)
-        run = cls(run_dir, probes, sampler, started, t0)
-        if sampler.check().ok:
-            sampler.start()
+        samplers: dict[str, Any] = {
+            "host": HostSampler(os.getpid(), run_dir=run_dir, t0=t0),
+            "gpu": GpuSampler(run_dir=run_dir, t0=t0)}
+        run = cls(run_dir, probes, samplers, started, t0)
+        for sampler in samplers.values():
+            if sampler.check().ok:
+                sampler.start()
+        if any(sampler.check().ok for sampler in samplers.values()):
             run._thread.start()
         return run
 
     def _sample(self) -> None:
-        while not self._stop.wait(HOST_INTERVAL_S):
-            try:
-                self.sampler.sample()
-            except Exception as err:  # the host probe must never disturb the job
-                self.failed = ProbeStatus(False, f"failed while sampling: {type(err).__name__}: "
-                                                 f"{err}", "the job was not affected")
-                return
+        running = {name: s for name, s in self.samplers.items() if s.check().ok}
+        tick = 0
+        while running and not self._stop.wait(TICK_S):
+            tick += 1
+            for name, sampler in list(running.items()):
+                if name == "host" and tick % HOST_EVERY:
+                    continue
+                try:
+                    sampler.sample()
+                except Exception as err:  # a probe must never disturb the job
+                    self.failed[name] = ProbeStatus(
+                        False, f"failed while sampling: {type(err).__name__}: {err}",
+                        "the job was not affected")
+                    del running[name]
+        self.sampler_cpu_s = time.thread_time()  # this thread's CPU, for the run record
 
     def finish(self, *, failed: bool, report: bool, interrupted: bool) -> None:
         from doctor.launch import run_record
@@ -134,18 +149,27 @@ class _WatchRun:
 
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=2 * HOST_INTERVAL_S)
+            self._thread.join(timeout=4 * TICK_S)
         self.probes.close()
         try:
-            self.sampler.stop()
-            host = self.failed or self.sampler.check()
-            probes = {"host": host.to_dict(), "gpu": WATCH_NO_GPU.to_dict(),
-                      "stacks": {"ok": True, "reason": "in-process sampler (doctor.watch)"}}
+            probes: dict[str, Any] = {}
+            for name, sampler in self.samplers.items():
+                try:
+                    if sampler.check().ok:
+                        sampler.stop()  # hands its samples to the store
+                except Exception as err:
+                    self.failed.setdefault(name, ProbeStatus(
+                        False, f"failed to save its samples: {type(err).__name__}: {err}"))
+                probes[name] = (self.failed.get(name) or sampler.check()).to_dict()
+            probes["stacks"] = {"ok": True, "reason": "in-process sampler (doctor.watch)"}
             exit_code = 130 if interrupted else 1 if failed else 0
-            write_run_record(self.run_dir, run_record(
+            record = run_record(
                 list(sys.argv), self.run_dir.name, self.started, self.t0,
                 exit_code=exit_code, duration_s=time.monotonic() - self.t0, probes=probes,
-                mode="watch"))
+                mode="watch")
+            if self.sampler_cpu_s is not None:
+                record["sampler_cpu_s"] = self.sampler_cpu_s
+            write_run_record(self.run_dir, record)
             if report:
                 from doctor.outputs import finalize_run
                 from doctor.reports.text import headline

@@ -1,0 +1,48 @@
+"""doctor.watch samples the host and the GPU from a thread beside the job's, as doctor run's
+parent does: the GPU through a fake NVML here (tests.fake_nvml)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import doctor
+from doctor.store.samples import read_gpu, read_gpu_info, read_gpu_procs, read_host
+from tests.fake_nvml import FakeGpu, FakeNvml
+
+
+def test_watch_samples_host_and_gpu_beside_the_job(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakeNvml([FakeGpu(pids=(os.getpid(),))])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with doctor.watch(out=tmp_path / "run", report=False) as w:
+        deadline = time.monotonic() + 2.5  # a few ticks of the 2 Hz sampler
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            doctor.step()
+    assert w.run_dir is not None
+    gpu = read_gpu(w.run_dir)
+    assert len(gpu) >= 2 and gpu["util_pct"].eq(95.0).all()
+    assert set(read_gpu_procs(w.run_dir)["pid"]) == {os.getpid()}
+    assert read_gpu_info(w.run_dir)[0]["name"] == "NVIDIA H100 80GB HBM3"
+    procs, _system = read_host(w.run_dir)
+    assert set(procs["pid"]) == {os.getpid()}
+    record = json.loads((w.run_dir / "run.json").read_text())
+    assert record["probes"]["gpu"] == {"ok": True} and record["probes"]["host"] == {"ok": True}
+    assert record["sampler_cpu_s"] >= 0
+    assert nvml.shut
+
+
+def test_watch_says_why_it_has_no_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([]))
+    with doctor.watch(out=tmp_path / "run", report=False) as w:
+        doctor.step()
+    assert w.run_dir is not None
+    record = json.loads((w.run_dir / "run.json").read_text())
+    assert record["probes"]["gpu"]["reason"] == "NVML found no GPU"
+    assert not (w.run_dir / "gpu.npz").exists()
