@@ -83,6 +83,14 @@ class GpuSampler:
         except Exception:  # this counter is unsupported here: NaN, the others still count
             return None
 
+    def _first(self, *funcs: str, args: tuple[Any, ...]) -> Any:
+        """The first of ``funcs`` that answers (a newer name, then the one older drivers have)."""
+        for func in funcs:
+            value = self._query(func, *args)
+            if value is not None:
+                return value
+        return None
+
     def _describe(self) -> None:
         """What each GPU is, once; GPM readers for those that have the metrics."""
         nv = self._nvml
@@ -116,7 +124,8 @@ class GpuSampler:
                              getattr(nv, "NVML_PCIE_UTIL_RX_BYTES", 1))
             clock = self._query("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))
             power = self._query("nvmlDeviceGetPowerUsage", h)
-            throttle = self._query("nvmlDeviceGetCurrentClocksEventReasons", h)
+            throttle = self._first("nvmlDeviceGetCurrentClocksEventReasons",
+                                   "nvmlDeviceGetCurrentClocksThrottleReasons", args=(h,))
             temp = self._query("nvmlDeviceGetTemperature", h,
                                getattr(nv, "NVML_TEMPERATURE_GPU", 0))
             gpm = self._gpm[i].read() if i < len(self._gpm) else {}
@@ -138,7 +147,8 @@ class GpuSampler:
 
     def _sample_processes(self, t: float) -> None:
         for i, h in enumerate(self._handles):
-            for proc in self._query("nvmlDeviceGetComputeRunningProcesses", h) or ():
+            for proc in self._first("nvmlDeviceGetComputeRunningProcesses",
+                                    "nvmlDeviceGetComputeRunningProcesses_v2", args=(h,)) or ():
                 pid = getattr(proc, "pid", None)
                 if pid is None:
                     continue

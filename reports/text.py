@@ -210,6 +210,27 @@ def clean(text: str) -> str:
 # --- the terminal report ---------------------------------------------------------------------
 
 
+def gpu_lines(verdict: Verdict, most: int = 4) -> list[str]:
+    """One line per GPU the job ran on (from the verdict's ``gpus``), the first ``most``."""
+    gpus = [g for g in verdict.extra.get("gpus") or [] if g.get("ranks")]
+    lines = []
+    for g in gpus[:most]:
+        parts = [f"busy {format_share(g['util'])}"] if "util" in g else []
+        if "memory_used_max_bytes" in g and "memory_total_bytes" in g:
+            used = format_value("memory_bytes", g["memory_used_max_bytes"])
+            total = format_value("memory_bytes", g["memory_total_bytes"])
+            parts.append(f"memory {used} of {total} at peak")
+        if g.get("clock_ratio", 1.0) < 0.95:
+            parts.append(f"SM clock {format_share(g['clock_ratio'])} of max")
+        name = f" ({g['name']})" if g.get("name") else ""
+        ranks = ", ".join(str(r) for r in g["ranks"])
+        lines.append(f"GPU {g['index']}{name}, rank{'s' if len(g['ranks']) > 1 else ''} "
+                     f"{ranks}: " + ", ".join(parts))
+    if len(gpus) > most:
+        lines.append(f"(+{len(gpus) - most} more GPUs in the report)")
+    return lines
+
+
 def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
                 report_path: str | None = None) -> str:
     """The terminal report.
@@ -226,6 +247,7 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
         out += _wrap(partial_line(verdict), width)
     out.append(clean(f"doctor: {headline(verdict)}"))
     out.append(clean(f"  {steps_line(verdict)}"))
+    out += [clean(f"  {line}") for line in gpu_lines(verdict)]
     out += _share_bars(verdict, width)
 
     findings = verdict.findings

@@ -6,10 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from doctor.analyse.gpu_split import crosscheck_notes
+from doctor.analyse.gpus import GpuCounters, GpuSummary
 from doctor.analyse.pipeline import analyze_run
 from doctor.reports.html import render_html
+from doctor.reports.text import render_text
 from doctor.verdict import Verdict, check_verdict
 from tests.fake_nvml import GIB, FakeGpu, FakeNvml, const, mark_cuda, sample_run
 from tests.loops import record_loop, write_record
@@ -173,3 +177,45 @@ def test_the_report_shows_each_gpu_and_the_run_in_tenths(tmp_path: Path) -> None
     page = render_html(analysis)
     assert "Per GPU: NVML over the analysed steps" in page
     assert "NVIDIA H100 80GB HBM3" in page
+
+
+def test_the_terminal_says_each_gpu_in_a_line(tmp_path: Path) -> None:
+    gpu_run(tmp_path, [FakeGpu(pids=(PID,), sm_clock=const(1500.0))])
+    text = render_text(analyze_run(tmp_path))
+    assert ("GPU 0 (NVIDIA H100 80GB HBM3), rank 0: busy 95%, memory 30.0 GiB of 80.0 GiB at "
+            "peak, SM clock 76% of max") in text
+
+
+def test_the_window_and_nvml_disagreeing_is_said() -> None:
+    nan = float("nan")
+    gpu = GpuSummary(node=0, index=0, name="", uuid="", samples=20, util=0.3,
+                     mem_used_mean_bytes=nan, mem_used_max_bytes=nan, mem_total_bytes=nan,
+                     pcie_rx_bytes_s=nan, pcie_tx_bytes_s=nan, pcie_link_bytes_s=nan,
+                     sm_clock_mhz=nan, sm_clock_max_mhz=nan, power_w=nan, power_limit_w=nan,
+                     temp_max_c=nan, power_throttled=nan, thermal_throttled=nan,
+                     hw_slowdown=nan, ranks=(0,))
+    counters = GpuCounters(gpus=(gpu,), rank_gpu={0: (0, 0)}, mapped_by="nvml processes",
+                           samples=pd.DataFrame())
+    window = pd.DataFrame({"rank": [0, 0], "device": ["cuda", "cuda"], "dur_s": [0.1, 0.1],
+                           "gpu_busy_s": [0.09, 0.09], "analyzed": [True, True]})
+    [note] = crosscheck_notes(counters, window)
+    assert "kernels ran 90%" in note and "busy 30%" in note
+    assert crosscheck_notes(counters, window.assign(gpu_busy_s=0.04)) == []  # 40 % vs 30 %
+
+
+def test_every_rank_starved_is_one_finding_for_the_job(tmp_path: Path) -> None:
+    gpus = [FakeGpu(util=const(10.0 + i), uuid=u) for i, u in enumerate(UUIDS)]
+    verdict = gpu_run(tmp_path, gpus, ranks=4, wait_s=0.09, compute_s=0.01,
+                      uuids=dict(enumerate(UUIDS)))
+    [found] = [f for f in verdict.to_dict()["findings"] if f["id"] == "gpu.starved"]
+    assert found["evidence"]["ranks"] == [0, 1, 2, 3]
+    assert found["evidence"]["gpu_idle_share_max"] == pytest.approx(0.9)
+    assert found["title"].startswith("The GPUs of 4 ranks idle 88% of the run")
+
+
+def test_several_throttled_gpus_are_one_finding_naming_them(tmp_path: Path) -> None:
+    gpus = [FakeGpu(uuid=u, throttle=const(0x4 if i else 0x20)) for i, u in enumerate(UUIDS)]
+    verdict = gpu_run(tmp_path, gpus, ranks=4, uuids=dict(enumerate(UUIDS)))
+    [found] = [f for f in verdict.to_dict()["findings"] if f["id"] == "gpu.throttled"]
+    assert found["evidence"]["throttled_gpus"] == [0, 1, 2, 3]
+    assert found["title"].startswith("4 GPUs held down; the worst: GPU ")

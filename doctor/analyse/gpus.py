@@ -113,7 +113,7 @@ class GpuCounters:
 
     gpus: tuple[GpuSummary, ...]
     rank_gpu: Mapping[int, Gpu]  # rank -> its GPU
-    mapped_by: str  # "nvml processes" | "cuda device" | "one gpu" | "" (not mapped)
+    mapped_by: str  # the ways used: "nvml processes", "cuda device", "one gpu" ("": none)
     samples: pd.DataFrame  # the analysed span's samples, with ``rank`` and ``step`` (-1: none)
     notes: tuple[str, ...] = ()
 
@@ -240,35 +240,40 @@ def _summary(key: Gpu, rows: pd.DataFrame, info: Mapping[str, Any], ranks: tuple
 
 def _rank_gpus(run: RunData, ranks: Mapping[int, RankSteps]
                ) -> tuple[dict[int, Gpu], str, list[str]]:
+    """Each rank's GPU, by the first of the three ways (module docstring) that knows it; the
+    ways that were used; a note where NVML's process list had none of the job's processes."""
     notes: list[str] = []
-    procs = run.gpu_procs
     found: dict[int, Gpu] = {}
-    if not procs.empty:
-        for rank, r in ranks.items():
-            mine = procs[(procs["node"] == r.node) & (procs["pid"] == r.pid)]
-            if not mine.empty:  # the GPU it was seen on most often (a process may touch two)
-                index = int(mine["gpu"].value_counts().idxmax())  # type: ignore[call-overload]
-                found[rank] = (r.node, index)
-        if found:
-            return found, "nvml processes", notes
+    ways: list[str] = []
+    procs = run.gpu_procs
+    for rank, r in ranks.items():
+        mine = procs[(procs["node"] == r.node) & (procs["pid"] == r.pid)]
+        if not mine.empty:  # the GPU it was seen on most often (a process may touch two)
+            found[rank] = (r.node, int(mine["gpu"].value_counts().idxmax()))  # type: ignore[call-overload]
+    if found:
+        ways.append("nvml processes")
+    elif not procs.empty:
         notes.append("NVML listed processes on the GPUs, but none of the job's: the job may run "
                      "in its own PID namespace (a container); ranks were matched to GPUs by "
                      "the CUDA device each recorded.")
     uuids = {(int(g.get("node", 0)), _uuid(g.get("uuid"))): int(g.get("index", -1))
              for g in run.record.gpus if g.get("uuid")}
-    for rank, r in ranks.items():
-        row = run.rows("processes", r.process)
-        uuid = _uuid(row["cuda_uuid"].iloc[0]) if not row.empty else ""
-        if uuid and (r.node, uuid) in uuids:
-            found[rank] = (r.node, uuids[(r.node, uuid)])
-    if found:
-        return found, "cuda device", notes
     per_node = run.gpu.groupby("node")["gpu"].nunique()
-    for rank, r in ranks.items():
-        row = run.rows("processes", r.process)
-        if per_node.get(r.node) == 1 and not row.empty and said_cuda(row.iloc[0]):
-            found[rank] = (r.node, int(run.gpu.loc[run.gpu["node"] == r.node, "gpu"].iloc[0]))
-    return found, "one gpu" if found else "", notes
+    for way in ("cuda device", "one gpu"):
+        before = len(found)
+        for rank, r in ranks.items():
+            row = run.rows("processes", r.process)
+            if rank in found or row.empty:
+                continue
+            if way == "cuda device":
+                key = (r.node, _uuid(row["cuda_uuid"].iloc[0]))
+                if key[1] and key in uuids:
+                    found[rank] = (r.node, uuids[key])
+            elif per_node.get(r.node) == 1 and said_cuda(row.iloc[0]):
+                found[rank] = (r.node, int(run.gpu.loc[run.gpu["node"] == r.node, "gpu"].iloc[0]))
+        if len(found) > before:
+            ways.append(way)
+    return found, ", ".join(ways), notes
 
 
 def said_cuda(process: pd.Series) -> bool:

@@ -8,6 +8,9 @@ the profiler window, where there is one, has finer rules of its own (doctor.rule
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pandas as pd
 
@@ -43,23 +46,74 @@ def _gpu_name(g: GpuSummary) -> str:
     return f"GPU {g.index}" + (f" ({g.name})" if g.name else "")
 
 
-@rule("gpu.starved", needs=("gpus", "ledger"))
-def starved(ev: Evidence) -> list[Finding]:
+@dataclass(frozen=True)
+class _Idle:
+    """One rank whose GPU idled: the rank's steps beside its GPU's counters."""
+
+    rank: int
+    gpu: GpuSummary
+    step_s: float
+    input_share: float
+    stages: dict[str, float]
+
+    @property
+    def idle(self) -> float:
+        return 1.0 - self.gpu.util
+
+
+def _idle_ranks(ev: Evidence, skip: set[int] | None = None) -> list[_Idle]:
     assert ev.gpus is not None
     out = []
     for rank in sorted(ev.gpus.rank_gpu):
         g = ev.gpus.of_rank(rank)
-        if g is None or math.isnan(g.util):
+        if g is None or math.isnan(g.util) or rank in (skip or set()):
             continue
         step, input_share, stages = _ledger_shares(ev, rank)
-        idle = 1.0 - g.util
-        if idle < STARVED_IDLE or input_share < STARVED_INPUT:
-            continue
-        split = {k: v for k, v in stages.items() if k in INPUT_STAGES and v > 0}
-        stage = max(split, key=lambda k: split[k]) if split else UNSPLIT_INPUT
-        loader = main_loader(ev.loaders)
-        workers = loader.get("num_workers")
-        fix = Fix(
+        if step > 0:
+            out.append(_Idle(rank, g, step, input_share, stages))
+    return out
+
+
+def _who(found: list[_Idle]) -> tuple[str, str]:
+    """(the GPU or GPUs, the rank or ranks) of the findings below, for their titles."""
+    if len(found) == 1:
+        return _gpu_name(found[0].gpu), f"rank {found[0].rank}"
+    return f"the GPUs of {len(found)} ranks", "the ranks"
+
+
+def _idle_evidence(found: list[_Idle]) -> dict[str, Any]:
+    return dict(ranks=[f.rank for f in found], gpus=[f.gpu.index for f in found],
+                gpu_idle_share=_mean(f.idle for f in found),
+                gpu_idle_share_max=max(f.idle for f in found),
+                input_share=_mean(f.input_share for f in found),
+                samples=sum(f.gpu.samples for f in found),
+                step_s=_mean(f.step_s for f in found))
+
+
+@rule("gpu.starved", needs=("gpus", "ledger"))
+def starved(ev: Evidence) -> list[Finding]:
+    """The GPU idle while its rank waits for input: input-bound over the whole run."""
+    found = [f for f in _idle_ranks(ev)
+             if f.idle >= STARVED_IDLE and f.input_share >= STARVED_INPUT]
+    if not found:
+        return []
+    totals: dict[str, float] = {}
+    for f in found:
+        for stage, seconds in f.stages.items():
+            totals[stage] = totals.get(stage, 0.0) + seconds
+    split = {k: v for k, v in totals.items() if k in INPUT_STAGES and v > 0}
+    stage = max(split, key=lambda k: split[k]) if split else UNSPLIT_INPUT
+    workers = main_loader(ev.loaders).get("num_workers")
+    evidence = _idle_evidence(found)
+    idle, share, step = evidence["gpu_idle_share"], evidence["input_share"], evidence["step_s"]
+    gpus, ranks = _who(found)
+    return [Finding(
+        id="gpu.starved", category=stage, severity=severity(min(idle, share), 0.5, 0.3),
+        title=(f"{gpus[0].upper()}{gpus[1:]} {'idles' if len(found) == 1 else 'idle'} "
+               f"{idle:.0%} of the run while {ranks} wait{'s' if len(found) == 1 else ''} for "
+               f"input {share:.0%} of each step"),
+        evidence={**evidence, "input_stage": stage},
+        fixes=(Fix(
             title="Feed the GPU: fix the input stage the findings above name",
             why=(f"the GPU waits with the training process: the loading ({stage}) is what "
                  "holds it; the input findings size each fix" +
@@ -68,49 +122,36 @@ def starved(ev: Evidence) -> list[Finding]:
                   "    dataset, batch_size=batch_size, num_workers=num_workers,\n"
                   "    pin_memory=True, persistent_workers=True, prefetch_factor=4,\n"
                   ")"),
-        )
-        out.append(Finding(
-            id="gpu.starved", category=stage,
-            severity=severity(min(idle, input_share), 0.5, 0.3),
-            title=(f"{_gpu_name(g)} idles {idle:.0%} of the run while rank {rank} waits for "
-                   f"input {input_share:.0%} of each step"),
-            evidence=dict(rank=rank, gpu=g.index, gpu_util=g.util, gpu_idle_share=idle,
-                          input_share=input_share, input_stage=stage, samples=g.samples,
-                          step_s=step),
-            fixes=(fix,), estimated_speedup=speedup(step, input_share * step),
-        ))
-    return out
+        ),),
+        estimated_speedup=speedup(step, share * step),
+    )]
 
 
 @rule("gpu.host_bound", needs=("gpus", "ledger"))
 def host_bound(ev: Evidence) -> list[Finding]:
-    """The GPU idle while the training process is not waiting for input, on a rank the window did
+    """The GPU idle while the training process is not waiting for input, on ranks the window did
     not profile (where it did, gpu.launch_bound and gpu.host_sync say which)."""
-    assert ev.gpus is not None
     windowed = set() if ev.window is None or ev.window.empty else set(ev.window["rank"])
-    out = []
-    for rank in sorted(ev.gpus.rank_gpu):
-        g = ev.gpus.of_rank(rank)
-        if rank in windowed or g is None or math.isnan(g.util):
-            continue
-        step, input_share, _ = _ledger_shares(ev, rank)
-        idle = 1.0 - g.util
-        if idle < HOST_BOUND_IDLE or input_share >= STARVED_INPUT:
-            continue
-        out.append(Finding(
-            id="gpu.host_bound", category="compute", severity=severity(idle, 0.6, 0.4),
-            title=(f"{_gpu_name(g)} idles {idle:.0%} of the run though rank {rank} waits for "
-                   f"input only {input_share:.0%} of the step: the host does not feed it"),
-            evidence=dict(rank=rank, gpu=g.index, gpu_util=g.util, gpu_idle_share=idle,
-                          input_share=input_share, main_cpu_cores=ev.main_cpu_cores,
-                          step_s=step),
-            fixes=(Fix(title="Record the profiler window to see what the host does",
-                       why="kernel launches, host syncs (.item(), .cpu()) and Python between "
-                           "kernels all leave the GPU idle; the window tells them apart",
-                       code="doctor run --window 10,5 train.py"),
-                   LARGER_BATCH, COMPILE_REDUCE_OVERHEAD),
-        ))
-    return out
+    found = [f for f in _idle_ranks(ev, skip=windowed)
+             if f.idle >= HOST_BOUND_IDLE and f.input_share < STARVED_INPUT]
+    if not found:
+        return []
+    evidence = _idle_evidence(found)
+    idle, share = evidence["gpu_idle_share"], evidence["input_share"]
+    gpus, ranks = _who(found)
+    return [Finding(
+        id="gpu.host_bound", category="compute", severity=severity(idle, 0.6, 0.4),
+        title=(f"{gpus[0].upper()}{gpus[1:]} {'idles' if len(found) == 1 else 'idle'} "
+               f"{idle:.0%} of the run though {ranks} wait{'s' if len(found) == 1 else ''} for "
+               f"input only {share:.0%} of the step: the host does not feed "
+               f"{'it' if len(found) == 1 else 'them'}"),
+        evidence={**evidence, "main_cpu_cores": ev.main_cpu_cores},
+        fixes=(Fix(title="Record the profiler window to see what the host does",
+                   why="kernel launches, host syncs (.item(), .cpu()) and Python between "
+                       "kernels all leave the GPU idle; the window tells them apart",
+                   code="doctor run --window 10,5 train.py"),
+               LARGER_BATCH, COMPILE_REDUCE_OVERHEAD),
+    )]
 
 
 @rule("gpu.shared", needs=("gpus",))
@@ -217,7 +258,20 @@ def throttled(ev: Evidence) -> list[Finding]:
                           temperature_max_c=g.temp_max_c),
             fixes=(fix,),
         ))
-    return out
+    if len(out) <= 1:
+        return out
+    # one finding for the machine: the worst GPU's, naming the others
+    order = {"critical": 0, "warning": 1, "info": 2}
+    worst = min(out, key=lambda f: (order[f.severity], -max(
+        f.evidence["power_throttled_share"], f.evidence["thermal_throttled_share"])))
+    gpus = [int(f.evidence["gpu"]) for f in out]
+    return [replace(worst, title=f"{len(out)} GPUs held down; the worst: {worst.title}",
+                    evidence={**worst.evidence, "throttled_gpus": gpus})]
+
+
+def _mean(values: Iterable[float]) -> float:
+    items = list(values)
+    return sum(items) / len(items)
 
 
 def _zero(value: float) -> float:
