@@ -5,10 +5,14 @@ and how the samples were taken):
 
 - py-spy, one ``py-spy record --pid P`` per process (the main process and each DataLoader
   worker), started by the ``doctor run`` parent when a rank's profiler window opens. Never
-  ``--subprocesses`` (it keeps rescanning the tree: 8-36 % of step time here). Not
-  ``--nonblocking`` either: reading a running interpreter's stack without pausing it loses tight
-  Python loops (a get_batch() loop that took 77 % of the time showed as 55 %); pausing it for
-  each of the 50 samples a second, during the 8 s of the window only, is the price of the truth.
+  ``--subprocesses`` (it keeps rescanning the tree: 8-36 % of step time here). Blocking where
+  it can: reading a running interpreter's stack without pausing it loses tight Python loops (a
+  get_batch() loop that took 77 % of the time showed as 55 %); pausing it for each of the 50
+  samples a second, during the 8 s of the window only, is the price of the truth. But each pause
+  stops every thread, and costs what the busy ones lose: per process, the parent counts the
+  threads that run as its window opens and picks the plan that keeps the pauses within budget
+  (sampling_plan): a lower rate for longer, or, past that, ``--nonblocking`` (said in the
+  report, as the under-count it may cause).
 - an in-process sampler thread, when py-spy is missing or ptrace is refused (a container without
   SYS_PTRACE, Yama): the parent says so in the run's control file (doctor.store.control), and
   the main process samples from its window's start, each worker from its third batch.
@@ -31,6 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -52,6 +57,18 @@ RATE_HZ = 50
 SPAN_S = 8.0
 FLUSH_S = 0.5  # the in-process sampler writes what it has this often
 ENV_STACKS = "DOCTOR_STACKS"  # "in-process" skips py-spy (e.g. where ptrace is audited)
+BLOCKING, NONBLOCKING = "blocking", "nonblocking"  # DOCTOR_STACKS: py-spy's mode, whatever the plan
+#: py-spy's blocking mode stops every thread of the process for each sample. What that costs
+#: is mostly what the busy threads lose while stopped; an idle thread costs only its stack's
+#: read. bench/stack_cost.py, steps sampled against steps not (medians of 3 rounds; the machine's
+#: own noise about 5 %): 32 busy intra-op threads 1.22x at 50 Hz and 1.00x at 20 Hz, 64 idle
+#: Python threads beside one busy 1.07x at 50 Hz, one thread 0.97x. Per sample, about:
+PAUSE_PER_BUSY_THREAD_S = 1.4e-4
+PAUSE_PER_IDLE_THREAD_S = 2.2e-5
+PAUSE_BUDGET = 0.10  # of the sampled process's time: steps in the window at most ~1.1x slower
+MIN_BLOCKING_HZ = 10.0  # below it, too few samples even in MAX_SPAN_S: read without pausing
+MAX_SPAN_S = 20.0  # a slower rate samples longer, for as many samples, up to this
+BUSY_PROBE_S = 0.1  # how long the parent watches the threads' CPU to count the busy ones
 PTRACE_HINT = ("py-spy needs ptrace: run the container with --cap-add SYS_PTRACE, or set "
                "kernel.yama.ptrace_scope=0; doctor fell back to an in-process sampler")
 
@@ -134,6 +151,72 @@ def _stack(frame: FrameType | None) -> tuple[str, ...]:
 
 # ---- in the doctor run parent: py-spy per process ------------------------------------------
 
+@dataclass(frozen=True)
+class SamplingPlan:
+    """How one process is sampled: py-spy pausing it (``blocking``) or not, at what rate."""
+
+    blocking: bool
+    rate_hz: float
+    span_s: float
+    busy_threads: int | None = None  # threads that were running when its window opened
+    threads: int | None = None  # all its threads then
+
+    @property
+    def recorder(self) -> str:
+        return "py-spy" if self.blocking else "py-spy nonblocking"
+
+
+Threads = tuple[int, int]  # (busy, all) threads of a process
+
+
+def sampling_plan(threads: Threads | None, rate_hz: float = RATE_HZ, span_s: float = SPAN_S,
+                  forced: str | None = None) -> SamplingPlan:
+    """Blocking at ``rate_hz`` while its pauses fit the budget; else blocking at a lower rate
+    for longer (as many samples, down to MIN_BLOCKING_HZ); else without pausing the process
+    (free of pauses, but a tight Python loop may be missed: py-spy reads a moving stack).
+    ``forced`` (BLOCKING or NONBLOCKING, from DOCTOR_STACKS) keeps ``rate_hz`` in that mode."""
+    busy, total = threads if threads is not None else (None, None)
+    if forced in (BLOCKING, NONBLOCKING):
+        return SamplingPlan(forced == BLOCKING, rate_hz, span_s, busy, total)
+    if busy is None or total is None:
+        return SamplingPlan(True, rate_hz, span_s, busy, total)
+    pause = busy * PAUSE_PER_BUSY_THREAD_S + max(total - busy, 0) * PAUSE_PER_IDLE_THREAD_S
+    if pause * rate_hz <= PAUSE_BUDGET:
+        return SamplingPlan(True, rate_hz, span_s, busy, total)
+    rate = PAUSE_BUDGET / pause
+    if rate >= MIN_BLOCKING_HZ:
+        return SamplingPlan(True, rate, min(span_s * rate_hz / rate, MAX_SPAN_S), busy, total)
+    return SamplingPlan(False, rate_hz, span_s, busy, total)
+
+
+def thread_counts(pids: list[int], interval_s: float = BUSY_PROBE_S
+                  ) -> dict[int, Threads | None]:
+    """For each of ``pids``: (its threads that ran at least 5 % of ``interval_s``, all its
+    threads), watched all at once; None where the process cannot be read."""
+    try:
+        import psutil
+    except ImportError:
+        return dict.fromkeys(pids)
+
+    def cpu(pid: int) -> dict[int, float] | None:
+        try:
+            return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+        except Exception:  # gone, or not ours to read
+            return None
+
+    before = {pid: cpu(pid) for pid in pids}
+    time.sleep(interval_s)
+    out: dict[int, Threads | None] = {}
+    for pid in pids:
+        first, then = before[pid], cpu(pid)
+        if first is None or then is None:
+            out[pid] = None
+            continue
+        busy = sum(1 for tid, t in then.items() if t - first.get(tid, t) >= 0.05 * interval_s)
+        out[pid] = (max(1, busy), len(then))
+    return out
+
+
 class PySpyRecorder:
     """Starts one py-spy per process of a rank when that rank's window opens."""
 
@@ -141,18 +224,21 @@ class PySpyRecorder:
 
     def __init__(self, run_dir: Path, *, rate_hz: float = RATE_HZ, span_s: float = SPAN_S,
                  clock: Callable[[], int] = time.perf_counter_ns,
-                 py_spy: str | None = None) -> None:
+                 py_spy: str | None = None,
+                 count_threads: Callable[[list[int]], dict[int, Threads | None]] = thread_counts
+                 ) -> None:
         self.run_dir = run_dir
+        self.count_threads = count_threads
         self.rate_hz = rate_hz
         self.span_s = span_s
         self.clock = clock
         asked = os.environ.get(ENV_STACKS) == IN_PROCESS
         if py_spy is None:
-            py_spy = "" if asked else shutil.which("py-spy")
+            py_spy = "" if asked else find_py_spy()
         self.py_spy = py_spy
         self._missing = (f"{ENV_STACKS}={IN_PROCESS}" if asked else "py-spy is not installed")
         self._started: set[tuple[int, int]] = set()
-        self._running: list[tuple[subprocess.Popen[bytes], Path, int]] = []
+        self._running: list[tuple[subprocess.Popen[bytes], Path, int, SamplingPlan]] = []
         self.status = ProbeStatus(True)
         self.fallback_reason = ""
 
@@ -188,14 +274,17 @@ class PySpyRecorder:
                 continue
             self._started.add((rank, pid))
             main_dir = layout.process_dir(self.run_dir, rank, "main", pid)
-            for target_dir, target in [(main_dir, pid), *_worker_dirs(self.run_dir, rank, pid)]:
-                self._spawn(target_dir, target)
+            targets = [(main_dir, pid), *_worker_dirs(self.run_dir, rank, pid)]
+            counts = self.count_threads([target for _, target in targets])
+            for target_dir, target in targets:
+                self._spawn(target_dir, target, counts.get(target))
 
-    def _spawn(self, proc_dir: Path, pid: int) -> None:
+    def _spawn(self, proc_dir: Path, pid: int, threads: Threads | None) -> None:
         assert self.py_spy is not None
-        cmd = [self.py_spy, "record", "--pid", str(pid), "--rate", str(int(self.rate_hz)),
-               "--duration", str(max(1, round(self.span_s))), "--full-filenames",
-               "--idle", "--threads",
+        plan = sampling_plan(threads, self.rate_hz, self.span_s, os.environ.get(ENV_STACKS))
+        cmd = [self.py_spy, "record", "--pid", str(pid), "--rate", str(round(plan.rate_hz)),
+               "--duration", str(max(1, round(plan.span_s))), "--full-filenames",
+               "--idle", "--threads", *([] if plan.blocking else ["--nonblocking"]),
                "--format", "raw", "--output", str(stacks_output(proc_dir))]
         try:
             # py-spy prints its summary ("Samples: N") on stdout, its errors on stderr
@@ -203,21 +292,22 @@ class PySpyRecorder:
         except OSError as err:
             self._request_fallback(f"py-spy could not start: {err}")
             return
-        self._running.append((proc, proc_dir, self.clock()))
+        self._running.append((proc, proc_dir, self.clock(), plan))
 
     def _reap(self) -> None:
         still = []
-        for proc, proc_dir, start in self._running:
+        for proc, proc_dir, start, plan in self._running:
             if proc.poll() is None:
-                still.append((proc, proc_dir, start))
+                still.append((proc, proc_dir, start, plan))
                 continue
             err = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
             if proc.returncode != 0 and not stacks_output(proc_dir).is_file():
                 if "ermission" in err or "ptrace" in err.lower() or "EPERM" in err:
                     self._request_fallback("ptrace refused: " + _last_line(err))
                 continue
-            write_stacks_meta(proc_dir, recorder="py-spy", rate_hz=self.rate_hz,
-                              start_ns=start, end_ns=self.clock(), taken=_samples_taken(err))
+            write_stacks_meta(proc_dir, recorder=plan.recorder, rate_hz=round(plan.rate_hz),
+                              start_ns=start, end_ns=self.clock(), taken=_samples_taken(err),
+                              busy_threads=plan.busy_threads, threads=plan.threads)
         self._running = still
 
     def _request_fallback(self, reason: str) -> None:
@@ -229,16 +319,31 @@ class PySpyRecorder:
             pass
 
     def stop(self) -> None:
-        for proc, _dir, _start in self._running:
+        for proc, _dir, _start, _plan in self._running:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
         deadline = time.monotonic() + 5
-        for proc, _dir, _start in self._running:
+        for proc, _dir, _start, _plan in self._running:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
         self._reap()
+
+
+def find_py_spy() -> str | None:
+    """py-spy where pip put it: beside the running interpreter's scripts (a venv's bin, run as
+    .venv/bin/doctor without the venv on PATH), then on PATH."""
+    import sysconfig
+
+    names = ("py-spy.exe", "py-spy") if os.name == "nt" else ("py-spy",)
+    folders = [Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))]
+    for folder in folders:
+        for name in names:
+            candidate = folder / name
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    return shutil.which("py-spy")
 
 
 def _worker_dirs(run_dir: Path, rank: int, main_pid: int) -> list[tuple[Path, int]]:
@@ -294,5 +399,14 @@ def ptrace_refusal(py_spy: str, parent_pid: int, timeout: float = 10.0) -> str |
         target.wait()
 
 
-__all__ = ["InProcessSampler", "PySpyRecorder", "ptrace_refusal", "request_in_process_stacks",
-           "sample_own_stacks_if_asked"]
+__all__ = [
+    "InProcessSampler",
+    "PySpyRecorder",
+    "SamplingPlan",
+    "find_py_spy",
+    "ptrace_refusal",
+    "request_in_process_stacks",
+    "sample_own_stacks_if_asked",
+    "sampling_plan",
+    "thread_counts",
+]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from doctor.launch import ParentProbes
 from doctor.probes import JOB, PARENT, REGISTRY, ParentContext, probes_of
+from doctor.probes.stacks import find_py_spy
 from doctor.record.session import Session
 from doctor.verdict import ProbeStatus
 from tests.loops import FakeClock
@@ -83,3 +87,18 @@ def test_a_probe_that_raises_is_stopped_and_marked_unavailable_and_the_rest_go_o
     assert status["late"].reason == "could not start: RuntimeError: broken in start"
     assert status["missing"].reason == "could not start: ImportError: no such module"
     assert all(s.hint for name, s in status.items() if name != "good")
+
+
+def test_py_spy_is_found_beside_the_interpreter_without_path(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text("")
+    spy = bin_dir / "py-spy"
+    spy.write_text("#!/bin/sh\n")
+    spy.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert find_py_spy() == str(spy)
+    spy.chmod(0o644)  # not executable: not it
+    assert find_py_spy() != str(spy)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.probes import JOB, probes_of
+from doctor.probes.stacks import RATE_HZ
 from doctor.rules.evidence import JobFacts
 from doctor.store.rundata import TRACE, RunData, of_processes
 from doctor.verdict import ProbeStatus
@@ -211,4 +212,31 @@ def source_notes(ranks: dict[int, RankSteps], window: pd.DataFrame, split: bool)
     if kinds:
         notes.append("no ProfilerStep#N in the trace: steps taken from "
                      + ", ".join(sorted(kinds)).replace("_", " "))
+    return notes
+
+
+def sampling_notes(run: RunData) -> list[str]:
+    """Where py-spy sampled a process without pausing it, or at a lower rate for longer: the
+    stacks probe's choice for a process with many busy threads (doctor.probes.stacks)."""
+    spans = run.stack_spans
+    if spans.empty:
+        return []
+    roles = {(int(n), int(p)): f"rank {r} {role}" for n, r, p, role in zip(
+        run.processes["node"], run.processes["rank"], run.processes["pid"],
+        run.processes["role"], strict=True)}
+    unpaused = [roles.get((int(n), int(p)), f"pid {p}") for n, p, rec in zip(
+        spans["node"], spans["pid"], spans["recorder"], strict=True)
+        if "nonblocking" in str(rec)]
+    slower = sorted({float(r) for r, rec in zip(spans["rate_hz"], spans["recorder"], strict=True)
+                     if str(rec) == "py-spy" and float(r) < RATE_HZ})
+    notes = []
+    if unpaused:
+        notes.append(f"Stacks of {', '.join(sorted(unpaused)[:4])} were read without pausing "
+                     "the process (py-spy --nonblocking: it runs many busy threads, and pausing "
+                     "them all would slow it): a tight Python loop may be under-counted in the "
+                     "split.")
+    if slower:
+        notes.append(f"Some processes were sampled at {slower[0]:.0f} Hz for longer instead of "
+                     f"{RATE_HZ} Hz, to keep the pauses of their many busy threads within "
+                     "budget.")
     return notes

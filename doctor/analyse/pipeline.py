@@ -76,7 +76,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
               *crosscheck_notes(counters, window),
               *facts.contention_notes(contention, job.cores),
               *(facts.range_notes(ledger, in_range) if in_range else []), *summary.notes,
-              *facts.rule_notes(outcome.skipped), *facts.crash_notes(run)]
+              *facts.rule_notes(outcome.skipped), *facts.crash_notes(run),
+              *facts.sampling_notes(run)]
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, ranks, window_problems),

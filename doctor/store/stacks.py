@@ -104,10 +104,11 @@ def read_stacks_meta(proc_dir: Path) -> dict[str, Any] | None:
 
 
 def write_stacks_meta(proc_dir: Path, *, recorder: str, rate_hz: float, start_ns: int,
-                      end_ns: int, taken: int) -> None:
+                      end_ns: int, taken: int, busy_threads: int | None = None,
+                      threads: int | None = None) -> None:
     _write_atomic(proc_dir / STACKS_JSON, json.dumps(
         {"recorder": recorder, "rate_hz": rate_hz, "start_ns": start_ns, "end_ns": end_ns,
-         "taken": taken}))
+         "taken": taken, "busy_threads": busy_threads, "threads": threads}))
 
 
 def write_stacks(proc_dir: Path, stacks: Mapping[tuple[str, ...], int], *, recorder: str,
