@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# GPU check: run each GPU sample job bare-bottlenecked and --fixed under `doctor run`, and keep
-# the run directories and their verdicts. Meant for a machine with a CUDA GPU:
+# GPU check: run each GPU sample job bare-bottlenecked, --fixed, and with the profiler window
+# off under `doctor run`, and keep the run directories, their verdicts and NVML samples. Meant
+# for a machine with a CUDA GPU:
 #
-#   OUT=/tmp/gpu-check bash bench/gpu_check.sh            # all three jobs, ~3-4 minutes
+#   OUT=/tmp/gpu-check bash bench/gpu_check.sh            # all three jobs, ~4-5 minutes
 #   OUT=/tmp/gpu-check bash bench/gpu_check.sh launch_bound
 #
-# Writes $OUT/<job>[-fixed]/ (run directories), $OUT/<job>[-fixed].verdict.json, the jobs' own
-# timing lines in $OUT/<job>[-fixed].log, and prints one summary line per run at the end.
+# Writes $OUT/<job>[-fixed|-nowindow]/ (run directories: gpu.npz and gpus.json are NVML's
+# samples and what each GPU is), $OUT/<name>.verdict.json, the jobs' own timing lines in
+# $OUT/<name>.log, nvidia-smi's view of the machine in $OUT/nvidia-smi.txt, and prints one
+# summary line per run at the end (with what NVML saw of the job's GPU).
 set -u
 OUT="${OUT:-./gpu-check-out}"
 SECONDS_PER_JOB="${SECONDS_PER_JOB:-20}"
@@ -19,6 +22,7 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() el
     echo "gpu_check: torch sees no CUDA device here; nothing to check" >&2
     exit 2
 fi
+nvidia-smi -q >"$OUT/nvidia-smi.txt" 2>&1 || true
 DOCTOR=(doctor)
 command -v doctor >/dev/null 2>&1 || DOCTOR=("$PYTHON" -m doctor.cli)
 
@@ -26,12 +30,16 @@ jobs=("$@")
 [ ${#jobs[@]} -eq 0 ] && jobs=(pageable_copy fragmenting launch_bound)
 
 for job in "${jobs[@]}"; do
-    for variant in "" "--fixed"; do
-        name="$job${variant:+-fixed}"
+    for variant in "" "--fixed" "nowindow"; do
+        case "$variant" in
+            "") name="$job"; flags=(); window=() ;;
+            --fixed) name="$job-fixed"; flags=(--fixed); window=() ;;
+            nowindow) name="$job-nowindow"; flags=(); window=(--window off) ;;
+        esac
         rm -rf "${OUT:?}/$name"
         echo "== $name" >&2
-        "${DOCTOR[@]}" run --out "$OUT/$name" -- \
-            "$PYTHON" "sample_jobs/gpu_$job.py" --seconds "$SECONDS_PER_JOB" $variant \
+        "${DOCTOR[@]}" run "${window[@]}" --out "$OUT/$name" -- \
+            "$PYTHON" "sample_jobs/gpu_$job.py" --seconds "$SECONDS_PER_JOB" "${flags[@]}" \
             >"$OUT/$name.log" 2>&1
         echo "   exit $?" >&2
         if [ -f "$OUT/$name/verdict.json" ]; then
@@ -49,5 +57,10 @@ for path in sorted(out.glob("*.verdict.json")):
     v = json.loads(path.read_text())
     shares = ", ".join(f"{k} {x:.0%}" for k, x in v["shares"].items() if x >= 0.01)
     found = ", ".join(f"{f['id']} x{f.get('estimated_speedup') or 0:.2f}" for f in v["findings"])
-    print(f"{path.name.removesuffix('.verdict.json'):24s} {v['bottleneck']:13s} [{shares}] {found}")
+    gpus = "; ".join(f"gpu{g['index']} busy {g.get('util', float('nan')):.0%} "
+                     f"mem {g.get('memory_used_max_bytes', 0) / 2**30:.1f} GiB"
+                     f"{' gpm' if 'gpm_sm_active' in g else ''}"
+                     for g in v.get("gpus", []) if g.get("ranks"))
+    print(f"{path.name.removesuffix('.verdict.json'):24s} {v['bottleneck']:13s} [{shares}] {found}"
+          f" | {gpus or 'no GPU counters'}")
 PY

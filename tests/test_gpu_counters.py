@@ -219,3 +219,14 @@ def test_several_throttled_gpus_are_one_finding_naming_them(tmp_path: Path) -> N
     [found] = [f for f in verdict.to_dict()["findings"] if f["id"] == "gpu.throttled"]
     assert found["evidence"]["throttled_gpus"] == [0, 1, 2, 3]
     assert found["title"].startswith("4 GPUs held down; the worst: GPU ")
+
+
+def test_gpus_the_job_was_not_let_see_are_not_idle_gpus(tmp_path: Path) -> None:
+    gpus = [FakeGpu(pids=(PID,), uuid=UUIDS[0]),
+            *[FakeGpu(util=const(0.0), uuid=u) for u in UUIDS[1:]]]
+    record_loop(tmp_path, 60, wait_s=0.001, compute_s=0.05)
+    mark_cuda(tmp_path)
+    write_record(tmp_path, cores=16, env={"CUDA_VISIBLE_DEVICES": f"{UUIDS[0][:12]},3"})
+    sample_run(tmp_path, FakeNvml(gpus), seconds=3.0, hz=10)
+    found = finding(analyze_run(tmp_path).verdict, "gpu.idle_gpus")
+    assert found["evidence"]["idle_gpus"] == [3]  # 1 and 2 were hidden from the job

@@ -121,12 +121,16 @@ class GpuCounters:
         key = self.rank_gpu.get(rank)
         return next((g for g in self.gpus if g.key == key), None)
 
+    visible: str | None = None  # the job's CUDA_VISIBLE_DEVICES (None: every GPU)
+
     def unused(self) -> list[GpuSummary]:
-        """GPUs of a node the job ran on that no rank used, nothing else used, and stayed idle."""
+        """GPUs of a node the job ran on that the job could see, that no rank used, nothing
+        else used, and that stayed idle."""
         used = set(self.rank_gpu.values())
         nodes = {node for node, _ in used}
         return [g for g in self.gpus if g.node in nodes and g.key not in used
-                and g.other_pids == 0 and g.util * 100 < IDLE_UTIL_PCT]
+                and g.other_pids == 0 and g.util * 100 < IDLE_UTIL_PCT
+                and _visible(g, self.visible)]
 
 
 def gpu_counters(run: RunData, ranks: Mapping[int, RankSteps], steps: pd.DataFrame,
@@ -153,7 +157,8 @@ def gpu_counters(run: RunData, ranks: Mapping[int, RankSteps], steps: pd.DataFra
     if reasons:
         notes.append(f"GPM metrics: {sorted(reasons)[0]}.")
     return GpuCounters(gpus=tuple(gpus), rank_gpu=rank_gpu, mapped_by=mapped_by,
-                       samples=_with_steps(samples, rank_gpu, steps), notes=tuple(notes))
+                       samples=_with_steps(samples, rank_gpu, steps), notes=tuple(notes),
+                       visible=run.record.visible_devices)
 
 
 def gpu_tables(counters: GpuCounters | None) -> dict[str, pd.DataFrame]:
@@ -313,6 +318,18 @@ def _with_steps(samples: pd.DataFrame, rank_gpu: Mapping[int, Gpu], steps: pd.Da
         out.loc[rows, "rank"] = rank
         out.loc[rows, "step"] = np.where(inside, numbers[np.clip(at, 0, None)], -1)
     return out
+
+
+def _visible(gpu: GpuSummary, visible: str | None) -> bool:
+    """Whether CUDA_VISIBLE_DEVICES (indices, or uuids and their prefixes) lets the job see it."""
+    if visible is None:
+        return True
+    for item in (v.strip() for v in visible.split(",")):
+        if item.isdigit() and int(item) == gpu.index:
+            return True
+        if item and not item.isdigit() and gpu.uuid and _uuid(gpu.uuid).startswith(_uuid(item)):
+            return True
+    return False
 
 
 def _uuid(value: object) -> str:

@@ -133,6 +133,7 @@ def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecor
         t0_ns={0: int(float(raw.get("t0_monotonic_s", 0.0)) * 1e9)},
         bootstrap_errors=errors, problems=tuple(problems), tries=tuple(read_tries(run_dir)),
         gpus=tuple({**g, "node": 0} for g in read_gpu_info(run_dir)),
+        visible_devices=(raw.get("env") or {}).get("CUDA_VISIBLE_DEVICES"),
     )
 
 

@@ -167,6 +167,7 @@ class RunRecord:
     problems: tuple[str, ...] = ()  # records that could not be read and were left out
     tries: tuple[Mapping[str, Any], ...] = ()  # doctor try records of the run, oldest first
     gpus: tuple[Mapping[str, Any], ...] = ()  # what each GPU is (gpus.json), with its node
+    visible_devices: str | None = None  # the job's CUDA_VISIBLE_DEVICES, when it set one
 
     @property
     def job_seen(self) -> bool:
