@@ -150,12 +150,17 @@ class _WatchRun:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=4 * TICK_S)
+        stuck = self._thread.is_alive()  # inside a call that hangs (an NVML call on a bad GPU)
         self.probes.close()
         try:
             probes: dict[str, Any] = {}
             for name, sampler in self.samplers.items():
+                if stuck and sampler.check().ok:  # stopping would free what it is using
+                    self.failed.setdefault(name, ProbeStatus(
+                        False, "its sampler did not stop in time; its samples were left out",
+                        "the job was not affected"))
                 try:
-                    if sampler.check().ok:
+                    if sampler.check().ok and not stuck:
                         sampler.stop()  # hands its samples to the store
                 except Exception as err:
                     self.failed.setdefault(name, ProbeStatus(

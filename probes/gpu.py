@@ -105,6 +105,8 @@ class GpuSampler:
                 "sm_clock_max_mhz": _num(self._query(
                     "nvmlDeviceGetMaxClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))),
                 "power_limit_w": _num(self._query("nvmlDeviceGetEnforcedPowerLimit", h)) / 1000,
+                "power_limit_max_w": _max_limit(self._query(
+                    "nvmlDeviceGetPowerManagementLimitConstraints", h)),
                 "pcie_gen_max": _num(self._query("nvmlDeviceGetMaxPcieLinkGeneration", h)),
                 "pcie_width_max": _num(self._query("nvmlDeviceGetMaxPcieLinkWidth", h)),
                 "gpm": gpm.supported, "gpm_reason": gpm.reason,
@@ -141,9 +143,9 @@ class GpuSampler:
             self._procs_at = t
             self._sample_processes(t)
         if len(self._cols["t_s"]) > MAX_ROWS:
-            self._cols = {c: array("d", v[::2]) for c, v in self._cols.items()}
+            self._cols = _every_other_tick(self._cols)
         if len(self._procs["t_s"]) > MAX_ROWS:
-            self._procs = {c: array("d", v[::2]) for c, v in self._procs.items()}
+            self._procs = _every_other_tick(self._procs)
 
     def _sample_processes(self, t: float) -> None:
         for i, h in enumerate(self._handles):
@@ -171,6 +173,16 @@ class GpuSampler:
             self._query("nvmlShutdown")
 
 
+def _every_other_tick(cols: dict[str, array]) -> dict[str, array]:
+    """Half the rows, bounded whatever the run: every row of every other tick (a tick's rows,
+    one per GPU or per process, share its time), so that no GPU loses its history."""
+    times = sorted(set(cols["t_s"]))
+    kept = set(times[::2])
+    mask = [t in kept for t in cols["t_s"]]
+    return {c: array("d", (x for x, keep in zip(v, mask, strict=True) if keep))
+            for c, v in cols.items()}
+
+
 def _attr(obj: Any, name: str) -> float:
     value = getattr(obj, name, None)
     return float(value) if value is not None else float("nan")
@@ -180,6 +192,14 @@ def _num(value: Any) -> float:
     try:
         return float(value) if value is not None else float("nan")
     except (TypeError, ValueError):
+        return float("nan")
+
+
+def _max_limit(constraints: Any) -> float:
+    """The board's highest settable power limit, W, from NVML's (min, max) in mW."""
+    try:
+        return float(constraints[1]) / 1000.0
+    except (TypeError, IndexError, ValueError):
         return float("nan")
 
 

@@ -160,10 +160,12 @@ class SamplingPlan:
     span_s: float
     busy_threads: int | None = None  # threads that were running when its window opened
     threads: int | None = None  # all its threads then
+    forced: bool = False  # DOCTOR_STACKS chose the mode
 
     @property
     def recorder(self) -> str:
-        return "py-spy" if self.blocking else "py-spy nonblocking"
+        mode = "py-spy" if self.blocking else "py-spy nonblocking"
+        return f"{mode} ({ENV_STACKS})" if self.forced else mode
 
 
 Threads = tuple[int, int]  # (busy, all) threads of a process
@@ -177,7 +179,7 @@ def sampling_plan(threads: Threads | None, rate_hz: float = RATE_HZ, span_s: flo
     ``forced`` (BLOCKING or NONBLOCKING, from DOCTOR_STACKS) keeps ``rate_hz`` in that mode."""
     busy, total = threads if threads is not None else (None, None)
     if forced in (BLOCKING, NONBLOCKING):
-        return SamplingPlan(forced == BLOCKING, rate_hz, span_s, busy, total)
+        return SamplingPlan(forced == BLOCKING, rate_hz, span_s, busy, total, forced=True)
     if busy is None or total is None:
         return SamplingPlan(True, rate_hz, span_s, busy, total)
     pause = busy * PAUSE_PER_BUSY_THREAD_S + max(total - busy, 0) * PAUSE_PER_IDLE_THREAD_S
@@ -192,29 +194,42 @@ def sampling_plan(threads: Threads | None, rate_hz: float = RATE_HZ, span_s: flo
 def thread_counts(pids: list[int], interval_s: float = BUSY_PROBE_S
                   ) -> dict[int, Threads | None]:
     """For each of ``pids``: (its threads that ran at least 5 % of ``interval_s``, all its
-    threads), watched all at once; None where the process cannot be read."""
-    try:
-        import psutil
-    except ImportError:
-        return dict.fromkeys(pids)
-
-    def cpu(pid: int) -> dict[int, float] | None:
-        try:
-            return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
-        except Exception:  # gone, or not ours to read
-            return None
-
-    before = {pid: cpu(pid) for pid in pids}
+    threads), watched all at once; None where the process cannot be read. CPU time per thread
+    from /proc/PID/task/TID/schedstat (nanoseconds), else psutil (clock ticks)."""
+    before = {pid: _thread_cpu(pid) for pid in pids}
     time.sleep(interval_s)
     out: dict[int, Threads | None] = {}
     for pid in pids:
-        first, then = before[pid], cpu(pid)
+        first, then = before[pid], _thread_cpu(pid)
         if first is None or then is None:
             out[pid] = None
             continue
         busy = sum(1 for tid, t in then.items() if t - first.get(tid, t) >= 0.05 * interval_s)
         out[pid] = (max(1, busy), len(then))
     return out
+
+
+def _thread_cpu(pid: int) -> dict[int, float] | None:
+    """CPU seconds of each thread of ``pid`` (None: gone, or not ours to read)."""
+    tasks = Path(f"/proc/{pid}/task")
+    if tasks.is_dir():
+        out: dict[int, float] = {}
+        try:
+            for task in tasks.iterdir():
+                try:
+                    out[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
+                except (OSError, ValueError, IndexError):
+                    continue  # a thread that ended as it was read
+        except OSError:
+            return None
+        if out:
+            return out
+    try:
+        import psutil
+
+        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+    except Exception:
+        return None
 
 
 class PySpyRecorder:
@@ -265,19 +280,24 @@ class PySpyRecorder:
             self._request_fallback(f"ptrace refused ({why})")
 
     def sample(self) -> None:
-        """Called at the parent's tick: start recorders for newly opened windows, reap others."""
+        """Called at the parent's tick: start recorders for newly opened windows, reap others.
+        The processes of every window opened since the last tick have their threads counted
+        together, in one short watch (ranks open their windows on the same step)."""
         self._reap()
         if self.fallback_reason:
             return
+        targets: list[tuple[Path, int]] = []
         for rank, pid in read_control(self.run_dir).open_windows():
             if (rank, pid) in self._started:
                 continue
             self._started.add((rank, pid))
             main_dir = layout.process_dir(self.run_dir, rank, "main", pid)
-            targets = [(main_dir, pid), *_worker_dirs(self.run_dir, rank, pid)]
-            counts = self.count_threads([target for _, target in targets])
-            for target_dir, target in targets:
-                self._spawn(target_dir, target, counts.get(target))
+            targets += [(main_dir, pid), *_worker_dirs(self.run_dir, rank, pid)]
+        if not targets:
+            return
+        counts = self.count_threads([target for _, target in targets])
+        for target_dir, target in targets:
+            self._spawn(target_dir, target, counts.get(target))
 
     def _spawn(self, proc_dir: Path, pid: int, threads: Threads | None) -> None:
         assert self.py_spy is not None

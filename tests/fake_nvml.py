@@ -36,12 +36,14 @@ class FakeGpu:
     throttle: Series = field(default_factory=lambda: const(0.0))
     temp_c: Series = field(default_factory=lambda: const(60.0))
     pids: tuple[int, ...] = ()
+    pid_memory: Mapping[int, float] = field(default_factory=dict)  # bytes; 4 GiB if not said
     name: str = "NVIDIA H100 80GB HBM3"
     uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
     gpm: bool = True
     gpm_values: Mapping[int, float] = field(
         default_factory=lambda: {2: 90.0, 5: 60.0, 10: 30.0})  # SM, tensor, DRAM bandwidth
     pcie_gen: int = 5
+    power_limit_mw: int = 700_000  # the board's maximum: 700 W
 
 
 class NVMLError(Exception):
@@ -111,7 +113,10 @@ class FakeNvml:
         return self.gpus[h].power_mw(self.time)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
-        return 700_000
+        return self.gpus[h].power_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, h: int) -> list[int]:
+        return [200_000, 700_000]
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
         return int(self.gpus[h].throttle(self.time))
@@ -120,7 +125,9 @@ class FakeNvml:
         return self.gpus[h].temp_c(self.time)
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
-        return [SimpleNamespace(pid=p, usedGpuMemory=4 * GIB) for p in self.gpus[h].pids]
+        g = self.gpus[h]
+        return [SimpleNamespace(pid=p, usedGpuMemory=g.pid_memory.get(p, 4 * GIB))
+                for p in g.pids]
 
     # GPM (Hopper and newer)
     def nvmlGpmQueryDeviceSupport(self, h: int) -> Any:

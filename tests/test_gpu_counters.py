@@ -107,15 +107,36 @@ def test_one_rank_on_a_machine_of_four_gpus_says_three_idle(tmp_path: Path) -> N
     assert "--nproc-per-node 4" in found["fixes"][0]["code"]
 
 
-def test_a_power_throttled_gpu(tmp_path: Path) -> None:
+def test_a_gpu_held_under_a_lowered_power_limit(tmp_path: Path) -> None:
     verdict = gpu_run(tmp_path, [FakeGpu(
         pids=(PID,), throttle=lambda t: 0x4 if round(t * 10) % 5 < 3 else 0,  # 3 samples in 5
-        sm_clock=const(1400.0), power_mw=const(699_000.0))])
+        sm_clock=const(1400.0), power_mw=const(399_000.0), power_limit_mw=400_000)])
     found = finding(verdict, "gpu.throttled")
     assert found["evidence"]["power_throttled_share"] == pytest.approx(0.6, abs=0.05)
     assert found["evidence"]["thermal_throttled_share"] == 0
-    assert "power" in found["title"] and "71%" in found["title"]
-    assert "power limit" in found["fixes"][0]["title"]
+    assert found["severity"] == "warning"
+    assert "power-throttled" in found["title"] and "71%" in found["title"]
+    assert found["fixes"][0]["title"] == "Raise the power limit: 400 W of the board's 700 W"
+    assert found["fixes"][0]["code"] == "sudo nvidia-smi -i 0 -pl 700"
+
+
+def test_a_gpu_at_its_boards_own_power_limit_is_said_with_nothing_to_set(tmp_path: Path
+                                                                         ) -> None:
+    verdict = gpu_run(tmp_path, [FakeGpu(pids=(PID,), throttle=const(0x4),
+                                         sm_clock=const(1700.0), power_mw=const(699_000.0))])
+    found = finding(verdict, "gpu.throttled")
+    assert found["severity"] == "info" and found["fixes"] == []
+    assert "at its power limit (700 W, the board's maximum)" in found["title"]
+
+
+def test_clocks_below_their_maximum_without_a_limit_point_at_the_clock_settings(
+        tmp_path: Path) -> None:
+    verdict = gpu_run(tmp_path, [FakeGpu(pids=(PID,), sm_clock=const(1200.0))])
+    found = finding(verdict, "gpu.throttled")
+    assert found["title"] == ("GPU 0 (NVIDIA H100 80GB HBM3) ran at 61% of its maximum SM clock "
+                              "while busy")
+    assert found["fixes"][0]["title"] == "Check the clocks set on the GPU"
+    assert found["evidence"]["cause"] == "clocks"
 
 
 def test_a_hot_gpu_is_thermal_throttled(tmp_path: Path) -> None:
@@ -192,8 +213,8 @@ def test_the_window_and_nvml_disagreeing_is_said() -> None:
                      mem_used_mean_bytes=nan, mem_used_max_bytes=nan, mem_total_bytes=nan,
                      pcie_rx_bytes_s=nan, pcie_tx_bytes_s=nan, pcie_link_bytes_s=nan,
                      sm_clock_mhz=nan, sm_clock_max_mhz=nan, power_w=nan, power_limit_w=nan,
-                     temp_max_c=nan, power_throttled=nan, thermal_throttled=nan,
-                     hw_slowdown=nan, ranks=(0,))
+                     power_limit_max_w=nan, temp_max_c=nan, power_throttled=nan,
+                     thermal_throttled=nan, hw_slowdown=nan, ranks=(0,))
     counters = GpuCounters(gpus=(gpu,), rank_gpu={0: (0, 0)}, mapped_by="nvml processes",
                            samples=pd.DataFrame())
     window = pd.DataFrame({"rank": [0, 0], "device": ["cuda", "cuda"], "dur_s": [0.1, 0.1],
@@ -226,7 +247,19 @@ def test_gpus_the_job_was_not_let_see_are_not_idle_gpus(tmp_path: Path) -> None:
             *[FakeGpu(util=const(0.0), uuid=u) for u in UUIDS[1:]]]
     record_loop(tmp_path, 60, wait_s=0.001, compute_s=0.05)
     mark_cuda(tmp_path)
-    write_record(tmp_path, cores=16, env={"CUDA_VISIBLE_DEVICES": f"{UUIDS[0][:12]},3"})
+    visible = f"{UUIDS[0][:12]},{UUIDS[3]},2"  # an index: CUDA's order, maybe not NVML's
+    write_record(tmp_path, cores=16, env={"CUDA_VISIBLE_DEVICES": visible})
     sample_run(tmp_path, FakeNvml(gpus), seconds=3.0, hz=10)
     found = finding(analyze_run(tmp_path).verdict, "gpu.idle_gpus")
-    assert found["evidence"]["idle_gpus"] == [3]  # 1 and 2 were hidden from the job
+    assert found["evidence"]["idle_gpus"] == [3]  # 1 was hidden from the job, 2 may have been
+
+
+def test_a_stray_context_on_gpu_0_does_not_move_a_rank_there(tmp_path: Path) -> None:
+    # the rank's own GPU is 2; a few hundred MB on GPU 0 (torch.load without map_location)
+    gpus = [FakeGpu(util=const(3.0), pids=(PID,), pid_memory={PID: 0.5 * GIB}),
+            FakeGpu(util=const(0.0)),
+            FakeGpu(util=const(97.0), pids=(PID,), pid_memory={PID: 60 * GIB})]
+    verdict = gpu_run(tmp_path, gpus)
+    assert [g["ranks"] for g in verdict.to_dict()["gpus"]] == [[], [], [0]]
+    assert "gpu.host_bound" not in ids(verdict)
+    assert finding(verdict, "gpu.idle_gpus")["evidence"]["idle_gpus"] == [1]  # 0: a context

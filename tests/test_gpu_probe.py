@@ -135,3 +135,16 @@ def test_an_older_run_without_the_new_columns_reads_them_as_nan(tmp_path: Path) 
     frame = read_gpu(tmp_path)
     assert frame["temp_c"].isna().all() and frame["util_pct"].eq(1).all()
     assert read_gpu_procs(tmp_path).empty and read_gpu_info(tmp_path) == []
+
+
+def test_a_long_run_keeps_every_gpu_when_it_halves_its_rows(tmp_path: Path,
+                                                            monkeypatch: Any) -> None:
+    import doctor.probes.gpu as gpu_probe
+
+    monkeypatch.setattr(gpu_probe, "MAX_ROWS", 40)
+    nvml = ReplayNvml([FakeGpu(pids=(1,)), FakeGpu(pids=(2,))])
+    sample_run(tmp_path, nvml, seconds=30.0)  # 61 ticks of 2 GPUs, halved along the way
+    frame = read_gpu(tmp_path)
+    assert len(frame) <= 42
+    assert frame.groupby("t_s")["gpu"].nunique().eq(2).all()  # each tick whole
+    assert set(read_gpu_procs(tmp_path)["pid"]) == {1, 2}

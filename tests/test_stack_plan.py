@@ -135,3 +135,15 @@ def test_the_report_says_which_processes_were_sampled_slower(tmp_path: Path) -> 
         "recorder": "py-spy", "rate_hz": 21, "start_ns": 0, "end_ns": 1, "taken": 5}))
     [note] = sampling_notes(load_run(tmp_path))
     assert "sampled at 21 Hz for longer instead of 50 Hz" in note
+
+
+def test_a_mode_doctor_stacks_asked_for_is_said_as_asked(tmp_path: Path) -> None:
+    record_loop(tmp_path, 10)
+    write_record(tmp_path)
+    [proc_dir] = [d for d, *_ in layout.process_dirs(tmp_path)]
+    (proc_dir / "stacks.txt").write_text("main (train.py:1) 5\n")
+    plan = sampling_plan((1, 1), forced="nonblocking")
+    (proc_dir / "stacks.json").write_text(json.dumps({
+        "recorder": plan.recorder, "rate_hz": 50, "start_ns": 0, "end_ns": 1, "taken": 5}))
+    [note] = sampling_notes(load_run(tmp_path))
+    assert "as DOCTOR_STACKS asked" in note

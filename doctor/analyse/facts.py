@@ -226,7 +226,8 @@ def sampling_notes(run: RunData) -> list[str]:
         run.processes["role"], strict=True)}
     unpaused = [roles.get((int(n), int(p)), f"pid {p}") for n, p, rec in zip(
         spans["node"], spans["pid"], spans["recorder"], strict=True)
-        if "nonblocking" in str(rec)]
+        if "nonblocking" in str(rec) and "DOCTOR_STACKS" not in str(rec)]
+    asked = any("nonblocking (DOCTOR_STACKS)" in str(rec) for rec in spans["recorder"])
     slower = sorted({float(r) for r, rec in zip(spans["rate_hz"], spans["recorder"], strict=True)
                      if str(rec) == "py-spy" and float(r) < RATE_HZ})
     notes = []
@@ -235,6 +236,9 @@ def sampling_notes(run: RunData) -> list[str]:
                      "the process (py-spy --nonblocking: it runs many busy threads, and pausing "
                      "them all would slow it): a tight Python loop may be under-counted in the "
                      "split.")
+    if asked:
+        notes.append("Stacks were read without pausing the processes, as DOCTOR_STACKS asked: "
+                     "a tight Python loop may be under-counted in the split.")
     if slower:
         notes.append(f"Some processes were sampled at {slower[0]:.0f} Hz for longer instead of "
                      f"{RATE_HZ} Hz, to keep the pauses of their many busy threads within "

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from doctor.analyse.contention import Span, within
-from doctor.analyse.steps import RankSteps
+from doctor.analyse.contention import analysed_span, within
+from doctor.analyse.steps import WINDOW, RankSteps, analysed
 from doctor.store.rundata import RunData
 
 Gpu = tuple[int, int]  # (node, index as NVML counts them)
@@ -57,6 +57,7 @@ class GpuSummary:
     sm_clock_max_mhz: float
     power_w: float
     power_limit_w: float
+    power_limit_max_w: float  # the highest the board allows
     temp_max_c: float
     power_throttled: float
     thermal_throttled: float
@@ -65,6 +66,7 @@ class GpuSummary:
     gpm_reason: str = ""
     ranks: tuple[int, ...] = ()  # ranks of the job that ran on it
     other_pids: int = 0  # processes outside the job NVML saw on it
+    job_pids: int = 0  # the job's processes NVML saw on it (a rank's own, or a stray context)
 
     @property
     def key(self) -> Gpu:
@@ -80,7 +82,9 @@ class GpuSummary:
         """Fraction of the time the link carried copies, were they all at its full rate."""
         if not self.pcie_link_bytes_s > 0:
             return float("nan")
-        return (_zero(self.pcie_rx_bytes_s) + _zero(self.pcie_tx_bytes_s)) / self.pcie_link_bytes_s
+        # full duplex: each direction has the link's bandwidth; the busier one bounds the time
+        return max(_zero(self.pcie_rx_bytes_s), _zero(self.pcie_tx_bytes_s)) \
+            / self.pcie_link_bytes_s
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict's ``gpus`` entry (bytes, fractions, MHz, W; unknown left out)."""
@@ -95,7 +99,8 @@ class GpuSummary:
             "pcie_link_bytes_per_s": self.pcie_link_bytes_s,
             "sm_clock_mhz": self.sm_clock_mhz, "sm_clock_max_mhz": self.sm_clock_max_mhz,
             "clock_ratio": self.clock_ratio, "power_w": self.power_w,
-            "power_limit_w": self.power_limit_w, "temperature_max_c": self.temp_max_c,
+            "power_limit_w": self.power_limit_w, "power_limit_max_w": self.power_limit_max_w,
+            "temperature_max_c": self.temp_max_c,
             "power_throttled_share": self.power_throttled,
             "thermal_throttled_share": self.thermal_throttled,
             "hw_slowdown_share": self.hw_slowdown, "other_processes": self.other_pids,
@@ -129,16 +134,21 @@ class GpuCounters:
         used = set(self.rank_gpu.values())
         nodes = {node for node, _ in used}
         return [g for g in self.gpus if g.node in nodes and g.key not in used
-                and g.other_pids == 0 and g.util * 100 < IDLE_UTIL_PCT
+                and g.other_pids == 0 and g.job_pids == 0 and g.util * 100 < IDLE_UTIL_PCT
                 and _visible(g, self.visible)]
 
 
-def gpu_counters(run: RunData, ranks: Mapping[int, RankSteps], steps: pd.DataFrame,
-                 span: Span | None) -> GpuCounters | None:
-    """The GPU counters of the run over ``span`` (the analysed steps', whole run if None);
-    ``steps`` the step table (rank, step, start_s, wall_s). None where no GPU was sampled."""
+def gpu_counters(run: RunData, ranks: Mapping[int, RankSteps], steps: pd.DataFrame
+                 ) -> GpuCounters | None:
+    """The GPU counters of the run over the span of its analysed steps; ``steps`` the step
+    table (rank, step, start_s, wall_s, analyzed). Steps that are the profiler window's own
+    count on the trace's clock, not the run's: they neither bound the span nor get samples.
+    None where no GPU was sampled."""
     if run.gpu.empty:
         return None
+    on_run_clock = [rank for rank, r in ranks.items() if r.kind != WINDOW]
+    steps = steps[steps["rank"].isin(on_run_clock)]
+    span = analysed_span(analysed(steps)) if not steps.empty else None
     samples = within(run.gpu, span)
     if samples.empty:
         samples = run.gpu
@@ -152,7 +162,7 @@ def gpu_counters(run: RunData, ranks: Mapping[int, RankSteps], steps: pd.DataFra
     for (node, index), rows in samples.groupby(["node", "gpu"], sort=True):
         key = (int(node), int(index))  # type: ignore[call-overload]
         gpus.append(_summary(key, rows, info.get(key, {}), tuple(by_gpu.get(key, ())),
-                             _other_pids(run.gpu_procs, key, job_pids)))
+                             *_pids_on(run.gpu_procs, key, job_pids)))
     reasons = {g.gpm_reason for g in gpus if g.gpm_reason}
     if reasons:
         notes.append(f"GPM metrics: {sorted(reasons)[0]}.")
@@ -210,7 +220,7 @@ def _over_run(samples: pd.DataFrame, nodes: bool) -> pd.DataFrame:
 
 
 def _summary(key: Gpu, rows: pd.DataFrame, info: Mapping[str, Any], ranks: tuple[int, ...],
-             other_pids: int) -> GpuSummary:
+             other_pids: int, job_pids: int) -> GpuSummary:
     util = rows["util_pct"].to_numpy(np.float64)
     busy = rows[rows["util_pct"] >= 50]
     reasons = rows["throttle_reasons"].dropna().to_numpy(np.float64).astype(np.int64)
@@ -231,6 +241,7 @@ def _summary(key: Gpu, rows: pd.DataFrame, info: Mapping[str, Any], ranks: tuple
         sm_clock_mhz=_mean(busy["sm_clock_mhz"]) if len(busy) else float("nan"),
         sm_clock_max_mhz=_float(info.get("sm_clock_max_mhz")),
         power_w=_mean(rows["power_w"]), power_limit_w=_float(info.get("power_limit_w")),
+        power_limit_max_w=_float(info.get("power_limit_max_w")),
         temp_max_c=_max(rows["temp_c"]),
         power_throttled=_share(reasons, POWER_BITS),
         thermal_throttled=_share(reasons, THERMAL_BITS),
@@ -240,6 +251,7 @@ def _summary(key: Gpu, rows: pd.DataFrame, info: Mapping[str, Any], ranks: tuple
                                        ("dram_bw", _mean(rows["gpm_dram_bw_pct"])))
              if not math.isnan(v)},
         gpm_reason=str(info.get("gpm_reason") or ""), ranks=ranks, other_pids=other_pids,
+        job_pids=job_pids,
     )
 
 
@@ -250,34 +262,38 @@ def _rank_gpus(run: RunData, ranks: Mapping[int, RankSteps]
     notes: list[str] = []
     found: dict[int, Gpu] = {}
     ways: list[str] = []
-    procs = run.gpu_procs
-    for rank, r in ranks.items():
-        mine = procs[(procs["node"] == r.node) & (procs["pid"] == r.pid)]
-        if not mine.empty:  # the GPU it was seen on most often (a process may touch two)
-            found[rank] = (r.node, int(mine["gpu"].value_counts().idxmax()))  # type: ignore[call-overload]
-    if found:
-        ways.append("nvml processes")
-    elif not procs.empty:
-        notes.append("NVML listed processes on the GPUs, but none of the job's: the job may run "
-                     "in its own PID namespace (a container); ranks were matched to GPUs by "
-                     "the CUDA device each recorded.")
     uuids = {(int(g.get("node", 0)), _uuid(g.get("uuid"))): int(g.get("index", -1))
              for g in run.record.gpus if g.get("uuid")}
+    procs = run.gpu_procs
     per_node = run.gpu.groupby("node")["gpu"].nunique()
-    for way in ("cuda device", "one gpu"):
+    for way in ("cuda device", "nvml processes", "one gpu"):
         before = len(found)
         for rank, r in ranks.items():
             row = run.rows("processes", r.process)
             if rank in found or row.empty:
                 continue
-            if way == "cuda device":
+            if way == "cuda device":  # the device the process itself had current at its exit
                 key = (r.node, _uuid(row["cuda_uuid"].iloc[0]))
                 if key[1] and key in uuids:
                     found[rank] = (r.node, uuids[key])
+            elif way == "nvml processes":
+                mine = procs[(procs["node"] == r.node) & (procs["pid"] == r.pid)]
+                if not mine.empty:  # where it holds the most memory (a stray context on GPU 0
+                    # beside its own GPU is common), else where it was seen most often
+                    by_gpu = mine.groupby("gpu")["used_bytes"].max().fillna(0.0)
+                    counts = mine["gpu"].value_counts()
+                    best = max(by_gpu.index, key=lambda g: (by_gpu[g], counts[g]))
+                    found[rank] = (r.node, int(best))
             elif per_node.get(r.node) == 1 and said_cuda(row.iloc[0]):
                 found[rank] = (r.node, int(run.gpu.loc[run.gpu["node"] == r.node, "gpu"].iloc[0]))
         if len(found) > before:
             ways.append(way)
+    job = {(r.node, r.pid) for r in ranks.values()}
+    listed = set(zip(procs["node"].astype(int), procs["pid"].astype(int), strict=True))
+    if listed and not job & listed and found:
+        notes.append("NVML listed processes on the GPUs, but none of the job's: the job may run "
+                     "in its own PID namespace (a container); ranks were matched to GPUs by "
+                     "the CUDA device each recorded.")
     return found, ", ".join(ways), notes
 
 
@@ -290,11 +306,14 @@ def said_cuda(process: pd.Series) -> bool:
     return isinstance(said, bool | np.bool_) and bool(said)
 
 
-def _other_pids(procs: pd.DataFrame, key: Gpu, job: set[tuple[int, int]]) -> int:
+def _pids_on(procs: pd.DataFrame, key: Gpu, job: set[tuple[int, int]]) -> tuple[int, int]:
+    """(processes outside the job, processes of the job) NVML saw on one GPU."""
     if procs.empty:
-        return 0
+        return 0, 0
     rows = procs[(procs["node"] == key[0]) & (procs["gpu"] == key[1])]
-    return len({int(p) for p in rows["pid"]} - {p for n, p in job if n == key[0]})
+    seen = {int(p) for p in rows["pid"]}
+    mine = {p for n, p in job if n == key[0]}
+    return len(seen - mine), len(seen & mine)
 
 
 def _with_steps(samples: pd.DataFrame, rank_gpu: Mapping[int, Gpu], steps: pd.DataFrame
@@ -321,12 +340,12 @@ def _with_steps(samples: pd.DataFrame, rank_gpu: Mapping[int, Gpu], steps: pd.Da
 
 
 def _visible(gpu: GpuSummary, visible: str | None) -> bool:
-    """Whether CUDA_VISIBLE_DEVICES (indices, or uuids and their prefixes) lets the job see it."""
+    """Whether CUDA_VISIBLE_DEVICES lets the job see it, as far as it can be told: a uuid (or its
+    prefix) names a GPU; an index counts in CUDA's own order, which need not be NVML's (unless
+    CUDA_DEVICE_ORDER=PCI_BUS_ID), so a GPU named by index is not claimed visible."""
     if visible is None:
         return True
     for item in (v.strip() for v in visible.split(",")):
-        if item.isdigit() and int(item) == gpu.index:
-            return True
         if item and not item.isdigit() and gpu.uuid and _uuid(gpu.uuid).startswith(_uuid(item)):
             return True
     return False

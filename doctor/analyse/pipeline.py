@@ -49,7 +49,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     window = window_frame(run, ranks)
     windows, window_problems = window_splits(run, ranks)
     span = analysed_span(analysed(table))
-    counters = gpu_counters(run, ranks, table, span)
+    job = job_facts(run, ranks, window)
+    counters = gpu_counters(run, ranks, table) if job.device == "cuda" else None
     coarse, coarse_notes = counter_splits(counters, ranks, table, windows)
     children = workers_by_parent(run)
     workers = {rank: children.get(main.process, []) for rank, main in ranks.items()}
@@ -59,7 +60,6 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     ledger = build_ledger(table, {**windows, **coarse},
                           {r: f for r, s in splits.items() if (f := s.fractions) is not None},
                           {r: o.shares for r, o in outside.items()}, contention)
-    job = job_facts(run, ranks, window)
     window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
     evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
                               outside, span, in_range is not None,

@@ -167,7 +167,9 @@ def shared(ev: Evidence) -> list[Finding]:
     unused = ev.gpus.unused()
     out = []
     for (node, index), ranks in sorted(crowded.items()):
-        g = next(x for x in ev.gpus.gpus if x.key == (node, index))
+        g = next((x for x in ev.gpus.gpus if x.key == (node, index)), None)
+        if g is None:  # mapped to a GPU with no samples in the analysed span
+            continue
         free = [u.index for u in unused if u.node == node]
         names = ", ".join(str(r) for r in ranks)
         where = f"; GPU{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} " \
@@ -195,31 +197,70 @@ def shared(ev: Evidence) -> list[Finding]:
 
 @rule("gpu.idle_gpus", needs=("gpus",))
 def idle_gpus(ev: Evidence) -> list[Finding]:
-    """GPUs of the job's machine that nothing used all run, when no ranks share a GPU."""
+    """GPUs of the job's machines that nothing used all run, when no ranks share a GPU."""
     assert ev.gpus is not None
     if len(set(ev.gpus.rank_gpu.values())) < len(ev.gpus.rank_gpu):
         return []  # gpu.shared says it, with the idle ones
     unused = ev.gpus.unused()
     if not unused or not ev.gpus.rank_gpu:
         return []
-    used = len(set(ev.gpus.rank_gpu.values()))
-    total = used + len(unused)
+    nodes = sorted({u.node for u in unused})
+    used = {n: len({k for k in ev.gpus.rank_gpu.values() if k[0] == n}) for n in nodes}
+    idle = {n: [u.index for u in unused if u.node == n] for n in nodes}
+    per_node = max(used[n] + len(idle[n]) for n in nodes)
+    count = sum(len(v) for v in idle.values())
+
+    def gpus(indices: list[int]) -> str:
+        return f"GPU{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
+
+    where = gpus(idle[nodes[0]]) if len(nodes) == 1 else \
+        "; ".join(f"node {n}: {gpus(idle[n])}" for n in nodes)
+    title = (f"{count} of the machine's {per_node} GPUs stayed idle the whole run ({where})"
+             if len(nodes) == 1 and len({g.node for g in ev.gpus.gpus}) == 1 else
+             f"{count} GPUs stayed idle the whole run ({where})")
     return [Finding(
-        id="gpu.idle_gpus", category="compute", severity="info",
-        title=(f"{len(unused)} of the machine's {total} GPUs stayed idle the whole run "
-               f"(GPU{'s' if len(unused) > 1 else ''} {', '.join(str(u.index) for u in unused)})"),
-        evidence=dict(idle_gpus=[u.index for u in unused], gpus_used=used, gpus=total),
+        id="gpu.idle_gpus", category="compute", severity="info", title=title,
+        evidence=dict(idle_gpus=idle[nodes[0]] if len(nodes) == 1 else
+                      {str(n): idle[n] for n in nodes},
+                      gpus_used=sum(used.values()), gpus_per_node=per_node),
         fixes=(Fix(
-            title=f"Run one rank per GPU: torchrun --nproc-per-node {total}",
+            title=f"Run one rank per GPU: torchrun --nproc-per-node {per_node}",
             why="data parallel over every GPU of the machine; if the idle GPUs are kept for "
                 "something else, CUDA_VISIBLE_DEVICES hides them from the job",
-            code=f"torchrun --nproc-per-node {total} train.py",
+            code=f"torchrun --nproc-per-node {per_node} train.py",
         ),),
     )]
 
 
+def _throttle_fix(g: GpuSummary, cause: str) -> tuple[Fix, ...]:
+    """What to do about the clocks of ``g``, held down by ``cause`` (thermal, power, clocks)."""
+    if cause == "thermal":
+        return (Fix(title="Cool the GPU",
+                    why="the board slows its clocks to stay under its temperature limit "
+                        f"(hottest {g.temp_max_c:.0f} C); check airflow, fans and the "
+                        "data centre's inlet temperature",
+                    code="nvidia-smi -q -d PERFORMANCE,TEMPERATURE"),)
+    if cause == "power":
+        lowered = g.power_limit_w < 0.95 * g.power_limit_max_w
+        if not lowered:
+            return ()  # at the board's own maximum: the work draws all the power it may
+        return (Fix(title=f"Raise the power limit: {g.power_limit_w:.0f} W of the board's "
+                          f"{g.power_limit_max_w:.0f} W",
+                    why=f"the limit was set below the board's maximum and the GPU draws "
+                        f"{g.power_w:.0f} W on average, against it; an administrator can raise it",
+                    code=f"sudo nvidia-smi -i {g.index} -pl {g.power_limit_max_w:.0f}"),)
+    return (Fix(title="Check the clocks set on the GPU",
+                why="no power or thermal limit held the clocks down: application clocks or "
+                    "locked clocks (nvidia-smi -lgc) keep the SM below its maximum",
+                code=f"nvidia-smi -i {g.index} -q -d CLOCK\n"
+                     f"sudo nvidia-smi -i {g.index} -rgc  # reset locked clocks"),)
+
+
 @rule("gpu.throttled", needs=("gpus",))
 def throttled(ev: Evidence) -> list[Finding]:
+    """Clocks held below their maximum while the job ran: by temperature, by a power limit, or
+    by clocks set low. A board at its own maximum power limit that holds its clocks there is
+    working as built: said (info), with nothing to set."""
     assert ev.gpus is not None
     out = []
     for g in ev.gpus.gpus:
@@ -230,33 +271,30 @@ def throttled(ev: Evidence) -> list[Finding]:
         slow = not math.isnan(ratio) and ratio < SLOW_CLOCK
         if max(power, thermal) < THROTTLED_SHARE and not slow:
             continue
-        cause = "thermal" if thermal >= power else "power"
         share = max(power, thermal)
+        cause = ("clocks" if share < THROTTLED_SHARE else
+                 "thermal" if thermal >= power else "power")
+        fixes = _throttle_fix(g, cause)
         clocks = f", SM clock {ratio:.0%} of its maximum while busy" if not math.isnan(ratio) \
             else ""
-        fix = (Fix(title="Cool the GPU",
-                   why="the board slows its clocks to stay under its temperature limit "
-                       f"(hottest {g.temp_max_c:.0f} C); check airflow, fans and the "
-                       "data centre's inlet temperature",
-                   code="nvidia-smi -q -d PERFORMANCE,TEMPERATURE")
-               if cause == "thermal" else
-               Fix(title="Check the power limit",
-                   why=f"the board holds its clocks under its power limit "
-                       f"({g.power_limit_w:.0f} W, drawing {g.power_w:.0f} W on average); an "
-                       "administrator can raise it up to the board's maximum",
-                   code="nvidia-smi -q -d POWER  # then: sudo nvidia-smi -pl <watts>"))
+        if cause == "clocks":
+            title = f"{_gpu_name(g)} ran at {ratio:.0%} of its maximum SM clock while busy"
+        elif cause == "power" and not fixes:
+            title = (f"{_gpu_name(g)} ran at its power limit ({g.power_limit_w:.0f} W, the "
+                     f"board's maximum) {share:.0%} of the run{clocks}")
+        else:
+            title = f"{_gpu_name(g)} ran {cause}-throttled {share:.0%} of the run{clocks}"
+        severe = (share >= 0.5 or (slow and ratio < 0.7)) and bool(fixes)
         out.append(Finding(
-            id="gpu.throttled", category="compute",
-            severity="warning" if share >= 0.5 or (slow and ratio < 0.7) else "info",
-            title=(f"{_gpu_name(g)} ran {cause}-throttled {share:.0%} of the run{clocks}"
-                   if share >= THROTTLED_SHARE else
-                   f"{_gpu_name(g)} ran at {ratio:.0%} of its maximum SM clock while busy"),
-            evidence=dict(gpu=g.index, ranks=list(g.ranks), power_throttled_share=power,
-                          thermal_throttled_share=thermal, hw_slowdown_share=_zero(g.hw_slowdown),
-                          sm_clock_mhz=g.sm_clock_mhz, sm_clock_max_mhz=g.sm_clock_max_mhz,
-                          power_w=g.power_w, power_limit_w=g.power_limit_w,
+            id="gpu.throttled", category="compute", severity="warning" if severe else "info",
+            title=title,
+            evidence=dict(gpu=g.index, ranks=list(g.ranks), cause=cause,
+                          power_throttled_share=power, thermal_throttled_share=thermal,
+                          hw_slowdown_share=_zero(g.hw_slowdown), sm_clock_mhz=g.sm_clock_mhz,
+                          sm_clock_max_mhz=g.sm_clock_max_mhz, power_w=g.power_w,
+                          power_limit_w=g.power_limit_w, power_limit_max_w=g.power_limit_max_w,
                           temperature_max_c=g.temp_max_c),
-            fixes=(fix,),
+            fixes=fixes,
         ))
     if len(out) <= 1:
         return out
