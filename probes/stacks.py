@@ -9,10 +9,10 @@ and how the samples were taken):
   it can: reading a running interpreter's stack without pausing it loses tight Python loops (a
   get_batch() loop that took 77 % of the time showed as 55 %); pausing it for each of the 50
   samples a second, during the 8 s of the window only, is the price of the truth. But each pause
-  stops every thread, and costs what the busy ones lose: per process, the parent counts the
-  threads that run as its window opens and picks the plan that keeps the pauses within budget
-  (sampling_plan): a lower rate for longer, or, past that, ``--nonblocking`` (said in the
-  report, as the under-count it may cause).
+  stops every thread and reads every Python thread's stack: per process, the parent counts its
+  threads (and those that run) as its window opens and picks the plan that keeps the pauses
+  within budget (sampling_plan): a lower rate for longer, or, past that, ``--nonblocking``
+  (said in the report, with the under-count it may cause).
 - an in-process sampler thread, when py-spy is missing or ptrace is refused (a container without
   SYS_PTRACE, Yama): the parent says so in the run's control file (doctor.store.control), and
   the main process samples from its window's start, each worker from its third batch.
@@ -58,13 +58,15 @@ SPAN_S = 8.0
 FLUSH_S = 0.5  # the in-process sampler writes what it has this often
 ENV_STACKS = "DOCTOR_STACKS"  # "in-process" skips py-spy (e.g. where ptrace is audited)
 BLOCKING, NONBLOCKING = "blocking", "nonblocking"  # DOCTOR_STACKS: py-spy's mode, whatever the plan
-#: py-spy's blocking mode stops every thread of the process for each sample. What that costs
-#: is mostly what the busy threads lose while stopped; an idle thread costs only its stack's
-#: read. bench/stack_cost.py, steps sampled against steps not (medians of 3 rounds; the machine's
-#: own noise about 5 %): 32 busy intra-op threads 1.22x at 50 Hz and 1.00x at 20 Hz, 64 idle
-#: Python threads beside one busy 1.07x at 50 Hz, one thread 0.97x. Per sample, about:
+#: py-spy's blocking mode stops every thread of the process for each sample and reads every
+#: Python thread's stack while it is stopped: each thread, busy or idle, lengthens the pause, and
+#: a busy one also loses its work meanwhile. Measured here (steps sampled against steps not,
+#: medians of 3-4 rounds; the machine's own noise about 5 %, single rounds up to 25 %):
+#: bench/stack_cost.py, 32 busy intra-op threads 1.22x at 50 Hz, 1.00x at 20 Hz, one thread
+#: 0.97x; bench/window_threads.py under doctor run, 64 idle Python threads 1.36x at 50 Hz and
+#: 1.09x at the 15 Hz this plan gives them. Per sample, about:
 PAUSE_PER_BUSY_THREAD_S = 1.4e-4
-PAUSE_PER_IDLE_THREAD_S = 2.2e-5
+PAUSE_PER_IDLE_THREAD_S = 1.0e-4
 PAUSE_BUDGET = 0.10  # of the sampled process's time: steps in the window at most ~1.1x slower
 MIN_BLOCKING_HZ = 10.0  # below it, too few samples even in MAX_SPAN_S: read without pausing
 MAX_SPAN_S = 20.0  # a slower rate samples longer, for as many samples, up to this

@@ -233,7 +233,7 @@ def sampling_notes(run: RunData) -> list[str]:
     notes = []
     if unpaused:
         notes.append(f"Stacks of {', '.join(sorted(unpaused)[:4])} were read without pausing "
-                     "the process (py-spy --nonblocking: it runs many busy threads, and pausing "
+                     "the process (py-spy --nonblocking: it runs so many threads that pausing "
                      "them all would slow it): a tight Python loop may be under-counted in the "
                      "split.")
     if asked:
@@ -241,6 +241,6 @@ def sampling_notes(run: RunData) -> list[str]:
                      "a tight Python loop may be under-counted in the split.")
     if slower:
         notes.append(f"Some processes were sampled at {slower[0]:.0f} Hz for longer instead of "
-                     f"{RATE_HZ} Hz, to keep the pauses of their many busy threads within "
+                     f"{RATE_HZ} Hz, to keep the pauses of their many threads within "
                      "budget.")
     return notes
