@@ -20,7 +20,8 @@ def test_watch_samples_host_and_gpu_beside_the_job(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = FakeNvml([FakeGpu(pids=(os.getpid(),))])
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    with doctor.watch(out=tmp_path / "run", report=False) as w:
+    # the window off: its stack sampler would outlive the test (8 s)
+    with doctor.watch(out=tmp_path / "run", window="off", report=False) as w:
         deadline = time.monotonic() + 2.5  # a few ticks of the 2 Hz sampler
         while time.monotonic() < deadline:
             time.sleep(0.05)

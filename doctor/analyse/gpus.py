@@ -186,7 +186,7 @@ def gpu_tables(counters: GpuCounters | None) -> dict[str, pd.DataFrame]:
             "memory_total_bytes": g.mem_total_bytes,
             "pcie_rx_mb_per_s": g.pcie_rx_bytes_s / 2**20,
             "pcie_tx_mb_per_s": g.pcie_tx_bytes_s / 2**20,
-            "sm_clock_pct_of_max": 100 * g.clock_ratio, "power_w": g.power_w,
+            "sm_clock_of_max_pct": 100 * g.clock_ratio, "power_w": g.power_w,
             "power_limit_w": g.power_limit_w,
             "throttled_share": max(_zero(g.power_throttled), _zero(g.thermal_throttled)),
             "gpm_sm_active_pct": 100 * g.gpm.get("sm_active", float("nan")),
