@@ -11,8 +11,8 @@ and how the samples were taken):
   samples a second, during the 8 s of the window only, is the price of the truth. But each pause
   stops every thread and reads every Python thread's stack: per process, the parent counts its
   threads (and those that run) as its window opens and picks the plan that keeps the pauses
-  within budget (sampling_plan): a lower rate for longer, or, past that, ``--nonblocking``
-  (said in the report, with the under-count it may cause).
+  within budget (doctor.probes.stack_plan): a lower rate for longer, or, past that,
+  ``--nonblocking`` (said in the report, with the under-count it may cause).
 - an in-process sampler thread, when py-spy is missing or ptrace is refused (a container without
   SYS_PTRACE, Yama): the parent says so in the run's control file (doctor.store.control), and
   the main process samples from its window's start, each worker from its third batch.
@@ -35,11 +35,19 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from doctor.probes.stack_plan import (
+    ENV_STACKS,
+    RATE_HZ,
+    SPAN_S,
+    SamplingPlan,
+    Threads,
+    sampling_plan,
+    thread_counts,
+)
 from doctor.record.tracer import PR_SET_PTRACER
 from doctor.store import layout
 from doctor.store.control import IN_PROCESS, in_process_stacks, post_stacks_mode, read_control
@@ -50,27 +58,7 @@ if TYPE_CHECKING:
     from doctor.probes import ParentContext
     from doctor.record.session import Session
 
-RATE_HZ = 50
-# How long each process is sampled: ~400 samples. A stage's share of loading is a count of
-# samples, with a binomial error: about 2 points at 400 samples (3 at 200, where a job with 80 %
-# of its step in one stage read anywhere from 4x to 5x as its speedup, run to run).
-SPAN_S = 8.0
 FLUSH_S = 0.5  # the in-process sampler writes what it has this often
-ENV_STACKS = "DOCTOR_STACKS"  # "in-process" skips py-spy (e.g. where ptrace is audited)
-BLOCKING, NONBLOCKING = "blocking", "nonblocking"  # DOCTOR_STACKS: py-spy's mode, whatever the plan
-#: py-spy's blocking mode stops every thread of the process for each sample and reads every
-#: Python thread's stack while it is stopped: each thread, busy or idle, lengthens the pause, and
-#: a busy one also loses its work meanwhile. Measured here (steps sampled against steps not,
-#: medians of 3-4 rounds; the machine's own noise about 5 %, single rounds up to 25 %):
-#: bench/stack_cost.py, 32 busy intra-op threads 1.22x at 50 Hz, 1.00x at 20 Hz, one thread
-#: 0.97x; bench/window_threads.py under doctor run, 64 idle Python threads 1.36x at 50 Hz and
-#: 1.09x at the 15 Hz this plan gives them. Per sample, about:
-PAUSE_PER_BUSY_THREAD_S = 1.4e-4
-PAUSE_PER_IDLE_THREAD_S = 1.0e-4
-PAUSE_BUDGET = 0.10  # of the sampled process's time: steps in the window at most ~1.1x slower
-MIN_BLOCKING_HZ = 10.0  # below it, too few samples even in MAX_SPAN_S: read without pausing
-MAX_SPAN_S = 20.0  # a slower rate samples longer, for as many samples, up to this
-BUSY_PROBE_S = 0.1  # how long the parent watches the threads' CPU to count the busy ones
 PTRACE_HINT = ("py-spy needs ptrace: run the container with --cap-add SYS_PTRACE, or set "
                "kernel.yama.ptrace_scope=0; doctor fell back to an in-process sampler")
 
@@ -152,87 +140,6 @@ def _stack(frame: FrameType | None) -> tuple[str, ...]:
 
 
 # ---- in the doctor run parent: py-spy per process ------------------------------------------
-
-@dataclass(frozen=True)
-class SamplingPlan:
-    """How one process is sampled: py-spy pausing it (``blocking``) or not, at what rate."""
-
-    blocking: bool
-    rate_hz: float
-    span_s: float
-    busy_threads: int | None = None  # threads that were running when its window opened
-    threads: int | None = None  # all its threads then
-    forced: bool = False  # DOCTOR_STACKS chose the mode
-
-    @property
-    def recorder(self) -> str:
-        mode = "py-spy" if self.blocking else "py-spy nonblocking"
-        return f"{mode} ({ENV_STACKS})" if self.forced else mode
-
-
-Threads = tuple[int, int]  # (busy, all) threads of a process
-
-
-def sampling_plan(threads: Threads | None, rate_hz: float = RATE_HZ, span_s: float = SPAN_S,
-                  forced: str | None = None) -> SamplingPlan:
-    """Blocking at ``rate_hz`` while its pauses fit the budget; else blocking at a lower rate
-    for longer (as many samples, down to MIN_BLOCKING_HZ); else without pausing the process
-    (free of pauses, but a tight Python loop may be missed: py-spy reads a moving stack).
-    ``forced`` (BLOCKING or NONBLOCKING, from DOCTOR_STACKS) keeps ``rate_hz`` in that mode."""
-    busy, total = threads if threads is not None else (None, None)
-    if forced in (BLOCKING, NONBLOCKING):
-        return SamplingPlan(forced == BLOCKING, rate_hz, span_s, busy, total, forced=True)
-    if busy is None or total is None:
-        return SamplingPlan(True, rate_hz, span_s, busy, total)
-    pause = busy * PAUSE_PER_BUSY_THREAD_S + max(total - busy, 0) * PAUSE_PER_IDLE_THREAD_S
-    if pause * rate_hz <= PAUSE_BUDGET:
-        return SamplingPlan(True, rate_hz, span_s, busy, total)
-    rate = PAUSE_BUDGET / pause
-    if rate >= MIN_BLOCKING_HZ:
-        return SamplingPlan(True, rate, min(span_s * rate_hz / rate, MAX_SPAN_S), busy, total)
-    return SamplingPlan(False, rate_hz, span_s, busy, total)
-
-
-def thread_counts(pids: list[int], interval_s: float = BUSY_PROBE_S
-                  ) -> dict[int, Threads | None]:
-    """For each of ``pids``: (its threads that ran at least 5 % of ``interval_s``, all its
-    threads), watched all at once; None where the process cannot be read. CPU time per thread
-    from /proc/PID/task/TID/schedstat (nanoseconds), else psutil (clock ticks)."""
-    before = {pid: _thread_cpu(pid) for pid in pids}
-    time.sleep(interval_s)
-    out: dict[int, Threads | None] = {}
-    for pid in pids:
-        first, then = before[pid], _thread_cpu(pid)
-        if first is None or then is None:
-            out[pid] = None
-            continue
-        busy = sum(1 for tid, t in then.items() if t - first.get(tid, t) >= 0.05 * interval_s)
-        out[pid] = (max(1, busy), len(then))
-    return out
-
-
-def _thread_cpu(pid: int) -> dict[int, float] | None:
-    """CPU seconds of each thread of ``pid`` (None: gone, or not ours to read)."""
-    tasks = Path(f"/proc/{pid}/task")
-    if tasks.is_dir():
-        out: dict[int, float] = {}
-        try:
-            for task in tasks.iterdir():
-                try:
-                    out[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
-                except (OSError, ValueError, IndexError):
-                    continue  # a thread that ended as it was read
-        except OSError:
-            return None
-        if out:
-            return out
-    try:
-        import psutil
-
-        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
-    except Exception:
-        return None
-
 
 class PySpyRecorder:
     """Starts one py-spy per process of a rank when that rank's window opens."""
@@ -424,11 +331,8 @@ def ptrace_refusal(py_spy: str, parent_pid: int, timeout: float = 10.0) -> str |
 __all__ = [
     "InProcessSampler",
     "PySpyRecorder",
-    "SamplingPlan",
     "find_py_spy",
     "ptrace_refusal",
     "request_in_process_stacks",
     "sample_own_stacks_if_asked",
-    "sampling_plan",
-    "thread_counts",
 ]

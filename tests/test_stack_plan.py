@@ -1,4 +1,4 @@
-"""Stack sampling that stays cheap on processes with many busy threads (doctor.probes.stacks):
+"""Stack sampling that stays cheap on processes with many threads (doctor.probes.stack_plan):
 the plan per process, the threads counted, and py-spy started as planned."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from doctor.analyse.facts import sampling_notes
-from doctor.probes.stacks import (
+from doctor.probes.stack_plan import (
     MAX_SPAN_S,
     PAUSE_BUDGET,
     PAUSE_PER_BUSY_THREAD_S,
     PAUSE_PER_IDLE_THREAD_S,
-    PySpyRecorder,
     sampling_plan,
     thread_counts,
 )
+from doctor.probes.stacks import PySpyRecorder
 from doctor.store import layout
 from doctor.store.control import post_window
 from doctor.store.reader import load_run

@@ -9,7 +9,7 @@ import pandas as pd
 
 from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.probes import JOB, probes_of
-from doctor.probes.stacks import RATE_HZ
+from doctor.probes.stack_plan import RATE_HZ
 from doctor.rules.evidence import JobFacts
 from doctor.store.rundata import TRACE, RunData, of_processes
 from doctor.verdict import ProbeStatus
@@ -217,7 +217,7 @@ def source_notes(ranks: dict[int, RankSteps], window: pd.DataFrame, split: bool)
 
 def sampling_notes(run: RunData) -> list[str]:
     """Where py-spy sampled a process without pausing it, or at a lower rate for longer: the
-    stacks probe's choice for a process with many busy threads (doctor.probes.stacks)."""
+    stacks probe's choice for a process with many threads (doctor.probes.stack_plan)."""
     spans = run.stack_spans
     if spans.empty:
         return []
