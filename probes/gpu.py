@@ -130,7 +130,7 @@ class GpuSampler:
                                    "nvmlDeviceGetCurrentClocksThrottleReasons", args=(h,))
             temp = self._query("nvmlDeviceGetTemperature", h,
                                getattr(nv, "NVML_TEMPERATURE_GPU", 0))
-            gpm = self._gpm[i].read() if i < len(self._gpm) else {}
+            gpm = self._gpm[i].read()
             row = (t, i, _attr(util, "gpu"), _attr(util, "memory"), _attr(mem, "used"),
                    _attr(mem, "total"), _num(tx), _num(rx), _num(clock),
                    _num(power) / 1000.0, _num(throttle), _num(temp),

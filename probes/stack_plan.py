@@ -64,8 +64,8 @@ def sampling_plan(threads: Threads | None, rate_hz: float = RATE_HZ, span_s: flo
     busy, total = threads if threads is not None else (None, None)
     if forced in (BLOCKING, NONBLOCKING):
         return SamplingPlan(forced == BLOCKING, rate_hz, span_s, busy, total, forced=True)
-    if busy is None or total is None:
-        return SamplingPlan(True, rate_hz, span_s, busy, total)
+    if busy is None or total is None:  # not counted: the default
+        return SamplingPlan(True, rate_hz, span_s)
     pause = busy * PAUSE_PER_BUSY_THREAD_S + max(total - busy, 0) * PAUSE_PER_IDLE_THREAD_S
     if pause * rate_hz <= PAUSE_BUDGET:
         return SamplingPlan(True, rate_hz, span_s, busy, total)

@@ -61,7 +61,7 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
                    gpus: GpuCounters | None = None) -> Evidence:
     """The evidence of the run; ``workers`` the DataLoader workers of each rank, ``window``
     marked analysed (window_analysed), ``loaders`` of the training processes
-    (training_loaders)."""
+    (training_loaders), ``gpus`` the GPU counters of a GPU job (doctor.analyse.gpus)."""
     steady = analysed(ledger)
     host = within(run.host, span) if ranged else run.host
     system = within(run.system, span) if ranged else run.system
@@ -77,7 +77,7 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
         worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
                                                for p in workers[rank]], span, total=True),
         traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
-        gpus=gpus if job.device == "cuda" else None,
+        gpus=gpus,
     )
 
 

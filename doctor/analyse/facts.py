@@ -9,9 +9,9 @@ import pandas as pd
 
 from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.probes import JOB, probes_of
-from doctor.probes.stack_plan import RATE_HZ
+from doctor.probes.stack_plan import ENV_STACKS, RATE_HZ
 from doctor.rules.evidence import JobFacts
-from doctor.store.rundata import TRACE, RunData, of_processes
+from doctor.store.rundata import TRACE, RunData, of_processes, process_labels
 from doctor.verdict import ProbeStatus
 
 NO_WINDOW_HINT = "run 15 steps or more, or set --window START,STEPS"
@@ -221,13 +221,12 @@ def sampling_notes(run: RunData) -> list[str]:
     spans = run.stack_spans
     if spans.empty:
         return []
-    roles = {(int(n), int(p)): f"rank {r} {role}" for n, r, p, role in zip(
-        run.processes["node"], run.processes["rank"], run.processes["pid"],
-        run.processes["role"], strict=True)}
+    roles = process_labels(run.processes)
+    asked = f"({ENV_STACKS})"  # the recorder of a mode DOCTOR_STACKS chose ends so
     unpaused = [roles.get((int(n), int(p)), f"pid {p}") for n, p, rec in zip(
         spans["node"], spans["pid"], spans["recorder"], strict=True)
-        if "nonblocking" in str(rec) and "DOCTOR_STACKS" not in str(rec)]
-    asked = any("nonblocking (DOCTOR_STACKS)" in str(rec) for rec in spans["recorder"])
+        if "nonblocking" in str(rec) and asked not in str(rec)]
+    forced = any(str(rec) == f"py-spy nonblocking {asked}" for rec in spans["recorder"])
     slower = sorted({float(r) for r, rec in zip(spans["rate_hz"], spans["recorder"], strict=True)
                      if str(rec) == "py-spy" and float(r) < RATE_HZ})
     notes = []
@@ -236,7 +235,7 @@ def sampling_notes(run: RunData) -> list[str]:
                      "the process (py-spy --nonblocking: it runs so many threads that pausing "
                      "them all would slow it): a tight Python loop may be under-counted in the "
                      "split.")
-    if asked:
+    if forced:
         notes.append("Stacks were read without pausing the processes, as DOCTOR_STACKS asked: "
                      "a tight Python loop may be under-counted in the split.")
     if slower:

@@ -7,9 +7,9 @@ memory, PCIe, clocks against their maximum, power against its limit, throttling,
 metrics), each rank is mapped to its GPU, and each sample gets the step of the rank it served.
 Nothing here decides anything: the rules (doctor.rules.gpu_counters) read it.
 
-A rank's GPU comes from, in order: NVML's process list (the pid of the rank's training process),
-the CUDA device the process recorded (its uuid, for a container whose PID namespace NVML does not
-share), or the only GPU of its node.
+A rank's GPU comes from, in order: the CUDA device its training process had current at exit (its
+uuid; this also serves a container whose PID namespace NVML does not share), NVML's process list
+(the GPU where the process held the most memory), or the only GPU of its node.
 """
 
 from __future__ import annotations
@@ -73,6 +73,11 @@ class GpuSummary:
         return (self.node, self.index)
 
     @property
+    def held_share(self) -> float:
+        """Share of its samples with the clocks held down by power or temperature (0 unknown)."""
+        return max(_zero(self.power_throttled), _zero(self.thermal_throttled))
+
+    @property
     def clock_ratio(self) -> float:
         ok = self.sm_clock_max_mhz > 0 and not math.isnan(self.sm_clock_mhz)
         return self.sm_clock_mhz / self.sm_clock_max_mhz if ok else float("nan")
@@ -121,12 +126,14 @@ class GpuCounters:
     mapped_by: str  # the ways used: "nvml processes", "cuda device", "one gpu" ("": none)
     samples: pd.DataFrame  # the analysed span's samples, with ``rank`` and ``step`` (-1: none)
     notes: tuple[str, ...] = ()
+    visible: str | None = None  # the job's CUDA_VISIBLE_DEVICES (None: every GPU)
 
-    def of_rank(self, rank: int) -> GpuSummary | None:
-        key = self.rank_gpu.get(rank)
+    def gpu(self, key: Gpu | None) -> GpuSummary | None:
+        """The summary of one GPU (None: it had no samples in the analysed span)."""
         return next((g for g in self.gpus if g.key == key), None)
 
-    visible: str | None = None  # the job's CUDA_VISIBLE_DEVICES (None: every GPU)
+    def of_rank(self, rank: int) -> GpuSummary | None:
+        return self.gpu(self.rank_gpu.get(rank))
 
     def unused(self) -> list[GpuSummary]:
         """GPUs of a node the job ran on that the job could see, that no rank used, nothing
@@ -188,7 +195,7 @@ def gpu_tables(counters: GpuCounters | None) -> dict[str, pd.DataFrame]:
             "pcie_tx_mb_per_s": g.pcie_tx_bytes_s / 2**20,
             "sm_clock_of_max_pct": 100 * g.clock_ratio, "power_w": g.power_w,
             "power_limit_w": g.power_limit_w,
-            "throttled_share": max(_zero(g.power_throttled), _zero(g.thermal_throttled)),
+            "throttled_share": g.held_share,
             "gpm_sm_active_pct": 100 * g.gpm.get("sm_active", float("nan")),
             "gpm_tensor_active_pct": 100 * g.gpm.get("tensor_active", float("nan")),
             "gpm_dram_bw_pct": 100 * g.gpm.get("dram_bw", float("nan")),
@@ -259,35 +266,42 @@ def _rank_gpus(run: RunData, ranks: Mapping[int, RankSteps]
                ) -> tuple[dict[int, Gpu], str, list[str]]:
     """Each rank's GPU, by the first of the three ways (module docstring) that knows it; the
     ways that were used; a note where NVML's process list had none of the job's processes."""
-    notes: list[str] = []
-    found: dict[int, Gpu] = {}
-    ways: list[str] = []
     uuids = {(int(g.get("node", 0)), _uuid(g.get("uuid"))): int(g.get("index", -1))
              for g in run.record.gpus if g.get("uuid")}
     procs = run.gpu_procs
     per_node = run.gpu.groupby("node")["gpu"].nunique()
-    for way in ("cuda device", "nvml processes", "one gpu"):
-        before = len(found)
-        for rank, r in ranks.items():
-            row = run.rows("processes", r.process)
-            if rank in found or row.empty:
-                continue
-            if way == "cuda device":  # the device the process itself had current at its exit
-                key = (r.node, _uuid(row["cuda_uuid"].iloc[0]))
-                if key[1] and key in uuids:
-                    found[rank] = (r.node, uuids[key])
-            elif way == "nvml processes":
-                mine = procs[(procs["node"] == r.node) & (procs["pid"] == r.pid)]
-                if not mine.empty:  # where it holds the most memory (a stray context on GPU 0
-                    # beside its own GPU is common), else where it was seen most often
-                    by_gpu = mine.groupby("gpu")["used_bytes"].max().fillna(0.0)
-                    counts = mine["gpu"].value_counts()
-                    best = max(by_gpu.index, key=lambda g: (by_gpu[g], counts[g]))
-                    found[rank] = (r.node, int(best))
-            elif per_node.get(r.node) == 1 and said_cuda(row.iloc[0]):
-                found[rank] = (r.node, int(run.gpu.loc[run.gpu["node"] == r.node, "gpu"].iloc[0]))
-        if len(found) > before:
-            ways.append(way)
+
+    def cuda_device(r: RankSteps, process: pd.Series) -> Gpu | None:
+        key = (r.node, _uuid(process["cuda_uuid"]))
+        return (r.node, uuids[key]) if key[1] and key in uuids else None
+
+    def nvml_processes(r: RankSteps, process: pd.Series) -> Gpu | None:
+        mine = procs[(procs["node"] == r.node) & (procs["pid"] == r.pid)]
+        if mine.empty:
+            return None
+        # where it holds the most memory (a stray context on GPU 0 beside its own GPU is
+        # common), else where it was seen most often
+        memory = mine.groupby("gpu")["used_bytes"].max().fillna(0.0)
+        counts = mine["gpu"].value_counts()
+        return r.node, int(max(memory.index, key=lambda g: (memory[g], counts[g])))
+
+    def one_gpu(r: RankSteps, process: pd.Series) -> Gpu | None:
+        if per_node.get(r.node) != 1 or not said_cuda(process):
+            return None
+        return r.node, int(run.gpu.loc[run.gpu["node"] == r.node, "gpu"].iloc[0])
+
+    processes = {rank: rows.iloc[0] for rank, r in ranks.items()
+                 if not (rows := run.rows("processes", r.process)).empty}
+    found: dict[int, Gpu] = {}
+    ways: list[str] = []
+    for name, way in (("cuda device", cuda_device), ("nvml processes", nvml_processes),
+                      ("one gpu", one_gpu)):
+        more = {rank: gpu for rank, process in processes.items() if rank not in found
+                and (gpu := way(ranks[rank], process)) is not None}
+        if more:
+            found.update(more)
+            ways.append(name)
+    notes: list[str] = []
     job = {(r.node, r.pid) for r in ranks.values()}
     listed = set(zip(procs["node"].astype(int), procs["pid"].astype(int), strict=True))
     if listed and not job & listed and found:

@@ -8,6 +8,7 @@ import pandas as pd
 
 from doctor.analyse.distributed import rank_table
 from doctor.analyse.split import OutsideShares, StageSplit, top_functions
+from doctor.store.rundata import process_labels
 
 
 def report_tables(ledger: pd.DataFrame, window: pd.DataFrame, loaders: pd.DataFrame,
@@ -28,9 +29,7 @@ def process_table(host: pd.DataFrame, processes: pd.DataFrame) -> pd.DataFrame:
     """CPU, memory and reads of each process the parent sampled."""
     if host.empty:
         return pd.DataFrame()
-    roles = {(int(node), int(pid)): f"rank {rank} {role}" for node, pid, rank, role
-             in zip(processes["node"], processes["pid"], processes["rank"], processes["role"],
-                    strict=True)}
+    roles = process_labels(processes)
     g = host.groupby(["node", "pid"])
     table = pd.DataFrame({
         "cpu_pct_mean": g["cpu_pct"].mean(),

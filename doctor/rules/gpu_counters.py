@@ -8,8 +8,8 @@ the profiler window, where there is one, has finer rules of its own (doctor.rule
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from statistics import fmean
 from typing import Any
 
 import pandas as pd
@@ -21,7 +21,7 @@ from doctor.rules.evidence import Evidence
 from doctor.rules.gpu import COMPILE_REDUCE_OVERHEAD, LARGER_BATCH
 from doctor.rules.input_model import main_loader
 from doctor.rules.window import severity, speedup
-from doctor.verdict import Finding, Fix
+from doctor.verdict import SEVERITIES, Finding, Fix
 
 STARVED_IDLE = 0.3  # the GPU idle this much of the analysed time ...
 STARVED_INPUT = 0.2  # ... while the training process waited for input this much of its steps
@@ -74,20 +74,21 @@ def _idle_ranks(ev: Evidence, skip: set[int] | None = None) -> list[_Idle]:
     return out
 
 
-def _who(found: list[_Idle]) -> tuple[str, str]:
-    """(the GPU or GPUs, the rank or ranks) of the findings below, for their titles."""
+def _who(found: list[_Idle]) -> tuple[str, str, str]:
+    """("<the GPU or GPUs> idle(s)", "<the rank or ranks> wait(s)", "it" or "them"): the
+    findings' titles, in the singular for one rank, else in the plural."""
     if len(found) == 1:
-        return _gpu_name(found[0].gpu), f"rank {found[0].rank}"
-    return f"the GPUs of {len(found)} ranks", "the ranks"
+        return f"{_gpu_name(found[0].gpu)} idles", f"rank {found[0].rank} waits", "it"
+    return f"The GPUs of {len(found)} ranks idle", "the ranks wait", "them"
 
 
 def _idle_evidence(found: list[_Idle]) -> dict[str, Any]:
     return dict(ranks=[f.rank for f in found], gpus=[f.gpu.index for f in found],
-                gpu_idle_share=_mean(f.idle for f in found),
+                gpu_idle_share=fmean(f.idle for f in found),
                 gpu_idle_share_max=max(f.idle for f in found),
-                input_share=_mean(f.input_share for f in found),
+                input_share=fmean(f.input_share for f in found),
                 samples=sum(f.gpu.samples for f in found),
-                step_s=_mean(f.step_s for f in found))
+                step_s=fmean(f.step_s for f in found))
 
 
 @rule("gpu.starved", needs=("gpus", "ledger"))
@@ -106,12 +107,11 @@ def starved(ev: Evidence) -> list[Finding]:
     workers = main_loader(ev.loaders).get("num_workers")
     evidence = _idle_evidence(found)
     idle, share, step = evidence["gpu_idle_share"], evidence["input_share"], evidence["step_s"]
-    gpus, ranks = _who(found)
+    gpus_idle, ranks_wait, _ = _who(found)
     return [Finding(
         id="gpu.starved", category=stage, severity=severity(min(idle, share), 0.5, 0.3),
-        title=(f"{gpus[0].upper()}{gpus[1:]} {'idles' if len(found) == 1 else 'idle'} "
-               f"{idle:.0%} of the run while {ranks} wait{'s' if len(found) == 1 else ''} for "
-               f"input {share:.0%} of each step"),
+        title=(f"{gpus_idle} {idle:.0%} of the run while {ranks_wait} for input {share:.0%} "
+               "of each step"),
         evidence={**evidence, "input_stage": stage},
         fixes=(Fix(
             title="Feed the GPU: fix the input stage the findings above name",
@@ -138,13 +138,11 @@ def host_bound(ev: Evidence) -> list[Finding]:
         return []
     evidence = _idle_evidence(found)
     idle, share = evidence["gpu_idle_share"], evidence["input_share"]
-    gpus, ranks = _who(found)
+    gpus_idle, ranks_wait, them = _who(found)
     return [Finding(
         id="gpu.host_bound", category="compute", severity=severity(idle, 0.6, 0.4),
-        title=(f"{gpus[0].upper()}{gpus[1:]} {'idles' if len(found) == 1 else 'idle'} "
-               f"{idle:.0%} of the run though {ranks} wait{'s' if len(found) == 1 else ''} for "
-               f"input only {share:.0%} of the step: the host does not feed "
-               f"{'it' if len(found) == 1 else 'them'}"),
+        title=(f"{gpus_idle} {idle:.0%} of the run though {ranks_wait} for input only "
+               f"{share:.0%} of the step: the host does not feed {them}"),
         evidence={**evidence, "main_cpu_cores": ev.main_cpu_cores},
         fixes=(Fix(title="Record the profiler window to see what the host does",
                    why="kernel launches, host syncs (.item(), .cpu()) and Python between "
@@ -167,7 +165,7 @@ def shared(ev: Evidence) -> list[Finding]:
     unused = ev.gpus.unused()
     out = []
     for (node, index), ranks in sorted(crowded.items()):
-        g = next((x for x in ev.gpus.gpus if x.key == (node, index)), None)
+        g = ev.gpus.gpu((node, index))
         if g is None:  # mapped to a GPU with no samples in the analysed span
             continue
         free = [u.index for u in unused if u.node == node]
@@ -266,12 +264,11 @@ def throttled(ev: Evidence) -> list[Finding]:
     for g in ev.gpus.gpus:
         if not g.ranks:
             continue
-        power, thermal = _zero(g.power_throttled), _zero(g.thermal_throttled)
+        power, thermal, share = _zero(g.power_throttled), _zero(g.thermal_throttled), g.held_share
         ratio = g.clock_ratio
         slow = not math.isnan(ratio) and ratio < SLOW_CLOCK
-        if max(power, thermal) < THROTTLED_SHARE and not slow:
+        if share < THROTTLED_SHARE and not slow:
             continue
-        share = max(power, thermal)
         cause = ("clocks" if share < THROTTLED_SHARE else
                  "thermal" if thermal >= power else "power")
         fixes = _throttle_fix(g, cause)
@@ -299,17 +296,11 @@ def throttled(ev: Evidence) -> list[Finding]:
     if len(out) <= 1:
         return out
     # one finding for the machine: the worst GPU's, naming the others
-    order = {"critical": 0, "warning": 1, "info": 2}
-    worst = min(out, key=lambda f: (order[f.severity], -max(
+    worst = min(out, key=lambda f: (SEVERITIES.index(f.severity), -max(
         f.evidence["power_throttled_share"], f.evidence["thermal_throttled_share"])))
     gpus = [int(f.evidence["gpu"]) for f in out]
     return [replace(worst, title=f"{len(out)} GPUs held down; the worst: {worst.title}",
                     evidence={**worst.evidence, "throttled_gpus": gpus})]
-
-
-def _mean(values: Iterable[float]) -> float:
-    items = list(values)
-    return sum(items) / len(items)
 
 
 def _zero(value: float) -> float:

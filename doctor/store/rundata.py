@@ -116,6 +116,13 @@ def of_processes(frame: pd.DataFrame, processes: Iterable[Process]) -> pd.DataFr
     return frame[mask]
 
 
+def process_labels(processes: pd.DataFrame) -> dict[tuple[int, int], str]:
+    """(node, pid) -> "rank R role" for each process of the processes frame."""
+    return {(int(node), int(pid)): f"rank {rank} {role}" for node, pid, rank, role
+            in zip(processes["node"], processes["pid"], processes["rank"], processes["role"],
+                   strict=True)}
+
+
 def empty(columns: Mapping[str, str]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
 
