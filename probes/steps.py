@@ -44,6 +44,7 @@ class StepsProbe:
             key = keys.get(id(opt))
             if key is None:
                 key = keys[id(opt)] = len(keys)
+                session.saw_optimizer(opt)
             session.record_optimizer_end(key)
 
         self._handles = [register_optimizer_step_pre_hook(pre),

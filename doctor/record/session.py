@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,7 @@ class Session:
         self._step_listeners: tuple[Callable[[int], None], ...] = ()
         self._listeners: dict[str, list[Callable[[], None]]] = {}
         self._opt_t0 = 0
+        self._optimizers: list[weakref.ref[Any]] = []
 
     # ----- lazily created storage -------------------------------------------------------
     @property
@@ -230,6 +232,20 @@ class Session:
     def emit(self, event: str) -> None:
         for callback in list(self._listeners.get(event, ())):
             callback()
+
+    # ----- optimizers seen -----------------------------------------------------------------
+    def saw_optimizer(self, optimizer: Any) -> None:
+        """An optimizer stepped for the first time (the steps probe calls this once for each):
+        kept weakly, for what measures the model's state (doctor.probes.model_state)."""
+        try:
+            self._optimizers.append(weakref.ref(optimizer))
+        except TypeError:  # an object that takes no weak reference: not kept
+            pass
+
+    @property
+    def optimizers(self) -> list[Any]:
+        """The optimizers seen stepping that are still alive, first seen first."""
+        return [o for o in (r() for r in self._optimizers) if o is not None]
 
     # ----- settings seen ------------------------------------------------------------------
     def record_loader(self, settings: dict[str, Any]) -> int:

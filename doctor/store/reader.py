@@ -64,6 +64,7 @@ def _load_node(run_dir: Path) -> RunData:
     windows: list[pd.DataFrame] = []
     window_status: list[dict[str, Any]] = []
     dirs_of: dict[int, Path] = {}
+    model_states: list[dict[str, Any]] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
         meta = _meta(proc_dir)
@@ -72,6 +73,7 @@ def _load_node(run_dir: Path) -> RunData:
         statuses += [{**who, "probe": name, "ok": bool(s.get("ok")),
                       "reason": s.get("reason", ""), "hint": s.get("hint", "")}
                      for name, s in (meta.get("probes") or {}).items() if isinstance(s, dict)]
+        model_states += _model_state_rows(who, meta)
         counts = meta.get("batch_tensors") or {}
         loaders += [{**who, **lo, "batch_tensors": counts.get(str(lo.get("id")))}
                     for lo in meta.get("loaders") or []]
@@ -108,7 +110,7 @@ def _load_node(run_dir: Path) -> RunData:
         "system": system.assign(node=0), "gpu": read_gpu(run_dir).assign(node=0),
         "gpu_procs": read_gpu_procs(run_dir).assign(node=0),
         "memory": memory.assign(node=0), "window": _concat(windows),
-        "window_status": window_status,
+        "window_status": window_status, "model_state": model_states,
     }
     frames = empty_frames()
     for name, rows in parts.items():
@@ -157,6 +159,15 @@ def _meta(proc_dir: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     return meta if isinstance(meta, dict) else {}
+
+
+def _model_state_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model-state probe's rows of one process (doctor.probes.model_state), with its tag."""
+    states = meta.get("model_state")
+    if not isinstance(states, dict):
+        return []
+    return [{**who, "tag": tag, **row} for tag, state in states.items() if isinstance(state, dict)
+            for row in state.get("rows") or () if isinstance(row, dict)]
 
 
 def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str, Any]

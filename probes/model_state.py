@@ -1,0 +1,106 @@
+"""Model-state probe: the bytes of the parameters, gradients and optimizer state of the
+optimizers the job steps, by device and dtype, measured from the tensors themselves.
+
+The steps probe hands the Session each optimizer the first time it steps; when the profiler
+window opens (steady state: the optimizer's state exists after its first step) and at exit,
+this probe walks their parameter groups once: each parameter (counted once, however many groups
+or optimizers hold it), its ``.grad``, and every tensor in the optimizer's ``state`` for it (Adam's
+moments, its step counters). A tensor that shares storage with one already counted is counted
+once. Parameters no optimizer holds (a frozen backbone) are not seen. Gradients are those that
+exist at that moment: a loop that calls ``zero_grad()`` right after ``step()`` has none then
+(``gradients`` absent; at the peak they are as large as the trainable parameters). Runs inside
+the job, twice a run; works on CPU as on GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from doctor.record.session import CLOSE, WINDOW_START, Session
+from doctor.verdict import ProbeStatus
+
+KINDS = ("parameters", "gradients", "optimizer_state")
+
+
+class ModelStateProbe:
+    name = "model_state"
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.started = False
+        self._states: dict[str, Any] = {}  # tag -> model_state(), into meta.json
+
+    def check(self) -> ProbeStatus:
+        try:
+            import torch  # noqa: F401
+        except ImportError as err:
+            return ProbeStatus(False, f"torch is not importable ({err})", "")
+        return ProbeStatus(True)
+
+    def start(self) -> None:
+        self.started = True
+        self.session.on(WINDOW_START, lambda: self.record("window_start"))
+        self.session.on(CLOSE, lambda: self.record("exit"))
+
+    def sample(self) -> None:
+        pass  # event-driven: twice a run
+
+    def stop(self) -> None:
+        self.started = False
+
+    def record(self, tag: str) -> None:
+        if not self.started or not self.session.recording:
+            return
+        try:
+            optimizers = self.session.optimizers
+            if optimizers:
+                self._states[tag] = model_state(optimizers)
+                self.session.update_meta(model_state=dict(self._states))
+        except Exception:  # a measurement must never fail the job
+            pass
+
+
+def model_state(optimizers: Iterable[Any]) -> dict[str, Any]:
+    """{"rows": [{kind, device, dtype, bytes, tensors}], "optimizers": [class names],
+    "parameters": count} over ``optimizers``; each storage counted once."""
+    seen_params: set[int] = set()
+    seen_storage: set[tuple[str, int]] = set()
+    totals: dict[tuple[str, str, str], list[int]] = {}
+    names = []
+
+    def add(kind: str, tensor: Any) -> None:
+        try:
+            key = (str(tensor.device), int(tensor.untyped_storage().data_ptr()))
+        except Exception:  # a tensor without storage (meta, some subclasses): by identity
+            key = ("id", id(tensor))
+        if key[1] != 0 and key in seen_storage:
+            return
+        seen_storage.add(key)
+        nbytes = int(tensor.numel()) * int(tensor.element_size())
+        slot = totals.setdefault((kind, tensor.device.type, str(tensor.dtype).removeprefix(
+            "torch.")), [0, 0])
+        slot[0] += nbytes
+        slot[1] += 1
+
+    for opt in optimizers:
+        names.append(type(opt).__name__)
+        state = getattr(opt, "state", {})
+        for group in getattr(opt, "param_groups", ()):
+            for p in group.get("params", ()):
+                if id(p) in seen_params:
+                    continue
+                seen_params.add(id(p))
+                add("parameters", p)
+                if getattr(p, "grad", None) is not None:
+                    add("gradients", p.grad)
+                for value in (state.get(p) or {}).values():
+                    if _is_tensor(value):
+                        add("optimizer_state", value)
+    rows = [{"kind": k, "device": d, "dtype": t, "bytes": v[0], "tensors": v[1]}
+            for (k, d, t), v in sorted(totals.items())]
+    return {"rows": rows, "optimizers": names, "parameters": len(seen_params)}
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "numel") and hasattr(value, "element_size") and hasattr(value, "device")
