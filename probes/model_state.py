@@ -9,7 +9,8 @@ moments, its step counters). A tensor that shares storage with one already count
 once. Parameters no optimizer holds (a frozen backbone) are not seen. Gradients are those that
 exist at that moment: a loop that calls ``zero_grad()`` right after ``step()`` has none then
 (``gradients`` absent; at the peak they are as large as the trainable parameters). Runs inside
-the job, twice a run; works on CPU as on GPU.
+the job, twice a run; works on CPU as on GPU. During the window it also counts the bytes saved
+for backward per step (doctor.probes.saved_tensors): the activations.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from doctor.record.session import CLOSE, WINDOW_START, Session
+from doctor.probes.saved_tensors import SavedTensorCounter
+from doctor.record.session import CLOSE, WINDOW_END, WINDOW_START, Session
 from doctor.verdict import ProbeStatus
 
 KINDS = ("parameters", "gradients", "optimizer_state")
@@ -30,6 +32,7 @@ class ModelStateProbe:
         self.session = session
         self.started = False
         self._states: dict[str, Any] = {}  # tag -> model_state(), into meta.json
+        self._saved: SavedTensorCounter | None = None
 
     def check(self) -> ProbeStatus:
         try:
@@ -40,14 +43,47 @@ class ModelStateProbe:
 
     def start(self) -> None:
         self.started = True
-        self.session.on(WINDOW_START, lambda: self.record("window_start"))
+        self.session.on(WINDOW_START, self._window_start)
+        self.session.on(WINDOW_END, self._window_end)
         self.session.on(CLOSE, lambda: self.record("exit"))
+
+    def _window_start(self) -> None:
+        self.record("window_start")
+        if not self.started:
+            return
+        try:
+            import torch
+
+            params = [p for opt in self.session.optimizers for g in opt.param_groups
+                      for p in g.get("params", ())]
+            self._saved = SavedTensorCounter(torch, params)
+            self._saved.start()
+            self.session.on_step(self._on_step)
+        except Exception:  # activations are evidence, never a reason to fail the job
+            self._saved = None
+
+    def _on_step(self, _count: int) -> None:
+        if self._saved is not None:
+            self._saved.step()
+
+    def _window_end(self) -> None:
+        saved, self._saved = self._saved, None
+        if saved is None:
+            return
+        self.session.off_step(self._on_step)
+        try:
+            saved.stop()
+            if saved.steps:
+                self.session.update_meta(saved_tensors={"steps": [list(s) for s in saved.steps]})
+        except Exception:
+            pass
 
     def sample(self) -> None:
         pass  # event-driven: twice a run
 
     def stop(self) -> None:
         self.started = False
+        self._window_end()
 
     def record(self, tag: str) -> None:
         if not self.started or not self.session.recording:

@@ -13,7 +13,7 @@ from torch import nn
 
 from doctor.probes.model_state import ModelStateProbe, model_state
 from doctor.probes.steps import StepsProbe
-from doctor.record.session import WINDOW_START, Session
+from doctor.record.session import WINDOW_END, WINDOW_START, Session
 from doctor.store import layout
 from doctor.store.reader import load_run
 from tests.loops import write_record
@@ -122,3 +122,54 @@ def test_the_run_reads_the_model_state_by_process_and_tag(session: Session, tmp_
     params = frame[(frame["tag"] == "exit") & (frame["kind"] == "parameters")]
     assert params["bytes"].sum() == 4 * (64 * 64 + 64)
     assert set(frame["rank"]) == {0}
+
+
+def test_saved_tensors_count_the_activations_not_the_weights() -> None:
+    from doctor.probes.saved_tensors import SavedTensorCounter
+
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 256))
+    counter = SavedTensorCounter(torch, model.parameters())
+    counter.start()
+    try:
+        for _ in range(2):
+            model(torch.randn(32, 512)).sum().backward()
+            counter.step()
+    finally:
+        counter.stop()
+    # saved for backward: the input (32x512, for the first weight's grad), the ReLU's output
+    # (32x1024, used by ReLU's backward and as the second Linear's input: one storage), and
+    # the first Linear's output only if autograd keeps it (ReLU saves its result instead)
+    expected = 4 * (32 * 512 + 32 * 1024)
+    assert [b for b, _ in counter.steps] == [expected, expected]
+    # the hooks are gone: nothing is counted after stop
+    model(torch.randn(32, 512)).sum().backward()
+    counter.step()
+    assert len(counter.steps) == 2
+
+
+def test_the_window_records_the_activations_of_its_steps(session: Session, tmp_path: Path
+                                                         ) -> None:
+    steps, probe = StepsProbe(session), ModelStateProbe(session)
+    steps.start()
+    probe.start()
+    try:
+        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step() -> None:
+            opt.zero_grad()
+            model(torch.randn(16, 64)).sum().backward()
+            opt.step()  # the steps probe counts the step
+
+        step()
+        session.emit(WINDOW_START)
+        for _ in range(3):
+            step()
+        session.emit(WINDOW_END)
+        step()  # after the window: not counted
+    finally:
+        steps.stop()
+        probe.stop()
+    [proc_dir] = [d for d, *_ in layout.process_dirs(tmp_path)]
+    meta = json.loads((proc_dir / layout.META).read_text())
+    assert meta["saved_tensors"]["steps"] == [[4 * (16 * 64 + 16 * 128), 2]] * 3

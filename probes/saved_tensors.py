@@ -1,0 +1,64 @@
+"""Activation bytes: what autograd saves for backward, per step, during the profiler window.
+
+While the window is open, a default pair of saved-tensor hooks (the mechanism behind
+``torch.autograd.graph.saved_tensors_hooks``) sees every tensor autograd keeps for the backward
+pass; the pack hook adds its storage's bytes (each storage once per step, the parameters' own
+storages left out: weights saved by a matmul are not activations) and hands the tensor back
+unchanged. At each step boundary the step's total is kept; at the window's end the hooks are
+removed. Works on CPU as on GPU; costs a Python call per saved tensor, for the window's steps
+only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+class SavedTensorCounter:
+    """Counts saved-for-backward bytes per step between ``start`` and ``stop`` (one thread: the
+    training thread, where the hooks are pushed and popped)."""
+
+    def __init__(self, torch_module: Any, parameters: Iterable[Any] = ()) -> None:
+        self.torch = torch_module
+        self.steps: list[tuple[int, int]] = []  # (bytes, tensors) of each finished step
+        self._skip = {_storage_key(p) for p in parameters}
+        self._seen: set[tuple[str, int]] = set()
+        self._bytes = 0
+        self._tensors = 0
+        self._pushed = False
+
+    def start(self) -> None:
+        self.torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        self._pushed = True
+
+    def step(self) -> None:
+        """A step boundary: keep the step's total, start the next."""
+        if self._bytes or self._tensors:
+            self.steps.append((self._bytes, self._tensors))
+        self._seen.clear()
+        self._bytes = self._tensors = 0
+
+    def stop(self) -> None:
+        if self._pushed:
+            self._pushed = False
+            self.torch._C._autograd._pop_saved_tensors_default_hooks()
+
+    def _pack(self, tensor: Any) -> Any:
+        try:
+            key = _storage_key(tensor)
+            if key not in self._skip and key not in self._seen:
+                self._seen.add(key)
+                self._bytes += int(tensor.untyped_storage().nbytes())
+                self._tensors += 1
+        except Exception:  # a tensor without storage (a subclass, meta): not counted
+            pass
+        return tensor
+
+    @staticmethod
+    def _unpack(tensor: Any) -> Any:
+        return tensor
+
+
+def _storage_key(tensor: Any) -> tuple[str, int]:
+    return str(tensor.device), int(tensor.untyped_storage().data_ptr())
