@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from doctor.command import JobCommand
 from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW
-from doctor.record.machine import usable_cores
+from doctor.record.machine import memory_bytes, usable_cores
 from doctor.record.tracer import ENV_PARENT_PID
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
@@ -231,7 +231,8 @@ def run_record(argv: list[str], name: str, started: float, t0: float,
         "argv": argv, "name": name, "cwd": os.path.abspath(cwd or os.getcwd()), "env": job_env,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "t0_monotonic_s": t0, "host": socket.gethostname(), "cores": usable_cores(),
-        "doctor_version": __version__, "python": sys.version.split()[0], **extra,
+        "memory_bytes": memory_bytes(), "doctor_version": __version__,
+        "python": sys.version.split()[0], **extra,
     }
 
 

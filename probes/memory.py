@@ -1,8 +1,13 @@
-"""Memory probe: the CUDA caching allocator's statistics (``torch.cuda.memory_stats()``) when the
-profiler window opens and closes, at every out-of-memory error, and at exit: allocated vs
-reserved bytes, bytes held in split blocks that cannot be reused, allocation retries and OOMs,
-which is what allocator fragmentation looks like. Runs inside the job, a handful of times a run;
-the snapshots go to the process folder through the Session.
+"""Memory probe: the CUDA caching allocator's statistics (``torch.cuda.memory_stats()``) over the
+whole run: allocated vs reserved bytes, the peak allocated so far, bytes held in split blocks
+that cannot be reused, allocation retries and OOMs (what allocator fragmentation looks like).
+
+Snapshots are taken at step boundaries about once a second (``SAMPLE_S``; the steps between two
+are counted, so a step costs one comparison), when the profiler window opens and closes, at
+every out-of-memory error and at exit. A long run spaces them out (twice as far apart every
+``ROWS_PER_DOUBLING`` rows), so the file stays bounded. The peak is the allocator's own running
+peak: it is never reset, since the job may read ``max_memory_allocated()`` itself. Runs inside
+the job; the snapshots go to the process folder through the Session.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ _KEYS = {
     "alloc_retries": "num_alloc_retries",
     "num_ooms": "num_ooms",
     "peak_reserved_bytes": "reserved_bytes.all.peak",
+    "peak_allocated_bytes": "allocated_bytes.all.peak",
 }
+SAMPLE_S = 1.0
+ROWS_PER_DOUBLING = 2000
 
 
 class MemoryProbe:
@@ -30,6 +38,10 @@ class MemoryProbe:
         self.session = session
         self._torch = torch_module
         self.started = False
+        self.rows = 0
+        self._next_step = 1  # the steady-step count of the next step snapshot
+        self._every = 1  # steps between two step snapshots, fitted to SAMPLE_S
+        self._last_ns: int | None = None
 
     @property
     def torch(self) -> Any:
@@ -58,6 +70,7 @@ class MemoryProbe:
         self.session.on(WINDOW_START, lambda: self.snapshot("window_start"))
         self.session.on(WINDOW_END, lambda: self.snapshot("window_end"))
         self.session.on(CLOSE, self._at_exit)
+        self.session.on_step(self._on_step)
         attach = getattr(self.torch._C, "_cuda_attach_out_of_memory_observer", None)
         if attach is not None:
             try:
@@ -66,10 +79,28 @@ class MemoryProbe:
                 pass
 
     def sample(self) -> None:
-        pass  # event-driven: a few snapshots a run
+        pass  # event-driven: at step boundaries and a few events
 
     def stop(self) -> None:
         self.started = False
+        self.session.off_step(self._on_step)
+
+    def _on_step(self, count: int) -> None:
+        if count < self._next_step:
+            if count + self._every < self._next_step:  # the count restarted (a new step kind)
+                self._next_step = count
+            return
+        now = self.session.clock()
+        if self._last_ns is not None:
+            interval = SAMPLE_S * 2 ** (self.rows // ROWS_PER_DOUBLING) * 1e9
+            took = now - self._last_ns
+            if took < interval / 2:
+                self._every *= 2
+            elif took > interval * 2 and self._every > 1:
+                self._every //= 2
+        self._last_ns = now
+        self._next_step = count + self._every
+        self.snapshot("step", step=count)
 
     def _at_exit(self) -> None:
         if self.session.recording:  # do not make a folder for a process that trained nothing
@@ -78,7 +109,7 @@ class MemoryProbe:
     def _on_oom(self, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
         self.snapshot("oom")
 
-    def snapshot(self, tag: str) -> None:
+    def snapshot(self, tag: str, step: int | None = None) -> None:
         if not self.started:
             return
         try:
@@ -88,7 +119,8 @@ class MemoryProbe:
             device = cuda.current_device()
             stats = cuda.memory_stats(device)
             self.session.record_memory({"t_ns": time.perf_counter_ns(), "tag": tag,
-                                        "device": device,
+                                        "device": device, "step": step,
                                         **{k: int(stats.get(key, 0)) for k, key in _KEYS.items()}})
+            self.rows += 1
         except Exception:  # a statistic must never fail the job
             pass

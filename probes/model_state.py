@@ -74,7 +74,8 @@ class ModelStateProbe:
         try:
             saved.stop()
             if saved.steps:
-                self.session.update_meta(saved_tensors={"steps": [list(s) for s in saved.steps]})
+                self.session.update_meta(saved_tensors={"steps": [list(s) for s in saved.steps],
+                                                        "dtypes": saved.dtypes})
         except Exception:
             pass
 

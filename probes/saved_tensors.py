@@ -22,6 +22,8 @@ class SavedTensorCounter:
     def __init__(self, torch_module: Any, parameters: Iterable[Any] = ()) -> None:
         self.torch = torch_module
         self.steps: list[tuple[int, int]] = []  # (bytes, tensors) of each finished step
+        self.dtypes: dict[str, int] = {}  # "device:dtype" -> bytes over the finished steps
+        self._step_dtypes: dict[Any, int] = {}  # (device type, torch.dtype) -> bytes
         self._skip = {_storage_key(p) for p in parameters}
         self._seen: set[tuple[str, int]] = set()
         self._bytes = 0
@@ -36,6 +38,10 @@ class SavedTensorCounter:
         """A step boundary: keep the step's total, start the next."""
         if self._bytes or self._tensors:
             self.steps.append((self._bytes, self._tensors))
+            for (device, dtype), nbytes in self._step_dtypes.items():
+                name = f"{device}:{str(dtype).removeprefix('torch.')}"
+                self.dtypes[name] = self.dtypes.get(name, 0) + nbytes
+        self._step_dtypes.clear()
         self._seen.clear()
         self._bytes = self._tensors = 0
 
@@ -49,8 +55,11 @@ class SavedTensorCounter:
             key = _storage_key(tensor)
             if key not in self._skip and key not in self._seen:
                 self._seen.add(key)
-                self._bytes += int(tensor.untyped_storage().nbytes())
+                nbytes = int(tensor.untyped_storage().nbytes())
+                self._bytes += nbytes
                 self._tensors += 1
+                kind = (tensor.device.type, tensor.dtype)
+                self._step_dtypes[kind] = self._step_dtypes.get(kind, 0) + nbytes
         except Exception:  # a tensor without storage (a subclass, meta): not counted
             pass
         return tensor

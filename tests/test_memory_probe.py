@@ -91,3 +91,23 @@ def test_cut_lines_and_missing_files_are_tolerated(tmp_path: Path) -> None:
     frame = read_memory({1: tmp_path, 2: tmp_path / "missing"})
     assert len(frame) == 1
     assert read_memory({}).empty
+
+
+def test_step_snapshots_come_about_once_a_second_whatever_the_step_time(tmp_path: Path) -> None:
+    clock = FakeClock()
+    session = Session(tmp_path, rank=0, clock=clock)
+    torch = fake_torch()
+    probe = MemoryProbe(session, torch)
+    probe.start()
+    for step in range(1, 2001):  # 10 ms steps: 20 s
+        torch.cuda.stats["allocated_bytes.all.current"] = (2000 + step) * MIB
+        clock.tick(0.01)
+        session.count_step(3)
+    session.close()
+    frame = read_memory({session.pid: session.directory})
+    steps = frame[frame["tag"] == "step"]
+    assert 10 <= len(steps) <= 45  # ~1 Hz, not 2000 rows
+    assert steps["step"].is_monotonic_increasing
+    # the allocated bytes were read at the steps they are filed under
+    assert (steps["allocated_bytes"] == (2000 + steps["step"]) * MIB).all()
+    assert frame["tag"].iloc[-1] == "exit"

@@ -129,6 +129,7 @@ def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecor
         argv=tuple(str(a) for a in raw.get("argv") or ()),
         exit_code=raw.get("exit_code"), signal=raw.get("signal"),
         cores=int(raw["cores"]) if raw.get("cores") else None,
+        memory_bytes=int(raw["memory_bytes"]) if raw.get("memory_bytes") else None,
         host=raw.get("host"), python=raw.get("python"), started=raw.get("started"),
         duration_s=raw.get("duration_s"), fd_handoff_s=raw.get("fd_handoff_s"), probes=probes,
         nodes=(raw.get("host"),),
@@ -164,10 +165,27 @@ def _meta(proc_dir: Path) -> dict[str, Any]:
 def _model_state_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
     """The model-state probe's rows of one process (doctor.probes.model_state), with its tag."""
     states = meta.get("model_state")
-    if not isinstance(states, dict):
+    rows = [{**who, "tag": tag, **row} for tag, state in states.items() if isinstance(state, dict)
+            for row in state.get("rows") or () if isinstance(row, dict)
+            ] if isinstance(states, dict) else []
+    return rows + _activation_rows(who, meta.get("saved_tensors"))
+
+
+def _activation_rows(who: dict[str, Any], saved: Any) -> list[dict[str, Any]]:
+    """The bytes saved for backward (doctor.probes.saved_tensors): kind "activations", one row
+    per window step (tag "window_step", dtype "all"), and per device and dtype the mean of a
+    step (tag "window", device and dtype from "cuda:float32")."""
+    if not isinstance(saved, dict):
         return []
-    return [{**who, "tag": tag, **row} for tag, state in states.items() if isinstance(state, dict)
-            for row in state.get("rows") or () if isinstance(row, dict)]
+    steps = [s for s in saved.get("steps") or () if isinstance(s, list) and len(s) == 2]
+    rows = [{**who, "tag": "window_step", "kind": "activations", "device": "all",
+             "dtype": "all", "bytes": int(b), "tensors": int(n)} for b, n in steps]
+    dtypes = saved.get("dtypes")
+    for key, nbytes in (dtypes.items() if isinstance(dtypes, dict) and steps else ()):
+        device, _, dtype = str(key).rpartition(":")
+        rows.append({**who, "tag": "window", "kind": "activations", "device": device or "all",
+                     "dtype": dtype, "bytes": int(nbytes) // len(steps), "tensors": 0})
+    return rows
 
 
 def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str, Any]

@@ -164,6 +164,7 @@ class RunRecord:
     exit_code: int | None = None
     signal: int | None = None
     cores: int | None = None
+    memory_bytes: int | None = None  # the RAM the job may use (a container's limit if lower)
     host: str | None = None
     python: str | None = None
     started: str | None = None

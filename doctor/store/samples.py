@@ -20,7 +20,7 @@ from doctor.store.layout import GPU, GPU_INFO, HOST, MEMORY
 
 #: Per process of the job, per tick (``cpu_pct`` is derived on load).
 PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",
-                "run_delay_s")
+                "run_delay_s", "private_bytes")
 #: The machine, per tick.
 SYSTEM_COLUMNS = ("t_s", "cores", "runnable", "busy_cores", "iowait_cores")
 #: Per GPU, per tick (the ``gpm_*`` columns are NaN where the GPU has no GPM metrics).
@@ -31,7 +31,8 @@ GPU_COLUMNS = ("t_s", "gpu", "util_pct", "mem_util_pct", "mem_used_bytes", "mem_
 GPU_PROC_COLUMNS = ("t_s", "gpu", "pid", "used_bytes")
 #: One CUDA allocator snapshot (``pid`` and ``t_s`` are added on load).
 MEMORY_COLUMNS = ("t_ns", "tag", "device", "allocated_bytes", "reserved_bytes",
-                  "inactive_split_bytes", "alloc_retries", "num_ooms", "peak_reserved_bytes")
+                  "inactive_split_bytes", "alloc_retries", "num_ooms", "peak_reserved_bytes",
+                  "peak_allocated_bytes", "step")
 
 Columns = Mapping[str, Any]  # column name -> a buffer of float64 (array.array("d"), ndarray)
 
