@@ -31,7 +31,8 @@ class Fix:
 
     ``apply``: the settings ``doctor try`` can change for it without code (doctor.tuning), or
     None where it needs code; ``estimated_speedup``: the step speedup of this fix alone, where
-    the rule can estimate it; ``verified``: what a ``doctor try`` of it measured.
+    the rule can estimate it; ``verified``: what a ``doctor try`` of it measured;
+    ``frees_bytes``: the memory it frees (or saves), where the rule can work that out.
     """
 
     title: str
@@ -40,9 +41,12 @@ class Fix:
     apply: Mapping[str, Mapping[str, Any]] | None = None
     estimated_speedup: float | None = None
     verified: Mapping[str, Any] | None = None
+    frees_bytes: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"title": self.title, "why": self.why, "code": self.code}
+        if self.frees_bytes is not None:
+            out["frees_bytes"] = int(self.frees_bytes)
         if self.apply is not None:
             out["apply"] = _plain(self.apply)
         if self.estimated_speedup is not None:
@@ -55,7 +59,7 @@ class Fix:
     def from_dict(cls, data: Mapping[str, Any]) -> Fix:
         return cls(title=data["title"], why=data.get("why", ""), code=data.get("code", ""),
                    apply=data.get("apply"), estimated_speedup=data.get("estimated_speedup"),
-                   verified=data.get("verified"))
+                   verified=data.get("verified"), frees_bytes=data.get("frees_bytes"))
 
 
 def fix_id(finding_id: str, n: int) -> str:

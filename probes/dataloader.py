@@ -9,6 +9,7 @@ import functools
 import inspect
 from typing import Any
 
+from doctor.record.machine import private_bytes, rss_bytes
 from doctor.record.session import STEP_DATALOADER, Session
 from doctor.verdict import ProbeStatus
 
@@ -139,6 +140,7 @@ class DataLoaderProbe:
             worker_id = kwargs.get("worker_id", args[worker_id_at] if len(args) > worker_id_at
                                    else -1)
             session.role = f"worker{worker_id}"
+            _record_memory_at_start(session)
             return orig_loop(*args, **kwargs)
 
         # DataLoader resolves the target when it creates a worker; spawn children find this
@@ -190,6 +192,17 @@ def _timed_fetch(orig: Any, session: Session) -> Any:
         return out
 
     return fetch
+
+
+def _record_memory_at_start(session: Session) -> None:
+    """A worker's own and resident bytes as it starts (once, ~10 ms for a large parent): the
+    baseline against which copy-on-read shows (doctor.analyse.memory_growth)."""
+    try:
+        session.update_meta(memory_at_start={"t_ns": session.clock(),
+                                             "private_bytes": private_bytes(),
+                                             "rss_bytes": rss_bytes()})
+    except Exception:  # a measurement never stops a worker
+        pass
 
 
 def _maybe_sample_worker(session: Session) -> None:

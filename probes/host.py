@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import psutil
 
-from doctor.record.machine import usable_cores
+from doctor.record.machine import private_bytes, usable_cores
 from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS, save_host
 from doctor.verdict import ProbeStatus
 
@@ -26,10 +26,11 @@ if TYPE_CHECKING:
     from doctor.probes import ParentContext
 
 MAX_ROWS = 200_000  # per table; past it, every other row is dropped (bounded whatever the run)
-#: Private memory (smaps_rollup) is read for every process at most this often, and rarer when
-#: reading it costs more than 1/PRIVATE_COST_RATIO of the time between reads (it walks the
-#: page tables: ~7-12 ms for a 340 MB process here).
-PRIVATE_MIN_S = 5.0
+#: Private memory (smaps_rollup) is read for every process but the job's first (its parent:
+#: forked from nothing of the job's) at most this often, and rarer when reading it costs more
+#: than 1/PRIVATE_COST_RATIO of the time between reads (it walks the page tables: ~7-12 ms for
+#: a 340 MB process here).
+PRIVATE_MIN_S = 2.0
 PRIVATE_COST_RATIO = 200.0
 
 
@@ -53,6 +54,7 @@ class HostSampler:
         self._cores = usable_cores()
         self._status: ProbeStatus | None = None
         self._next_private = -1e18
+        self._private_seen: set[int] = set()
 
     @classmethod
     def for_run(cls, context: ParentContext) -> HostSampler:
@@ -89,6 +91,7 @@ class HostSampler:
         t = now - self.t0
         cols = self._proc_cols
         private = now >= self._next_private
+        private_cpu = 0.0
         for pid, proc in list(self._procs.items()):
             try:
                 with proc.oneshot():
@@ -103,14 +106,17 @@ class HostSampler:
             except psutil.Error:
                 self._procs.pop(pid, None)
                 continue
+            own = float("nan")
+            if pid != self.root_pid and (private or pid not in self._private_seen):
+                self._private_seen.add(pid)  # a new process is read at once: its baseline
+                cpu0 = time.thread_time()
+                own = private_bytes(pid)
+                private_cpu += time.thread_time() - cpu0
             for c, v in zip(PROC_COLUMNS, (t, pid, ppid, cpu.user + cpu.system, mem.rss, read,
-                                           threads, run_delay_s(pid),
-                                           private_bytes(pid) if private else float("nan")),
-                            strict=True):
+                                           threads, run_delay_s(pid), own), strict=True):
                 cols[c].append(float(v))
-        if private:
-            cost = self.clock() - now
-            self._next_private = now + max(PRIVATE_MIN_S, cost * PRIVATE_COST_RATIO)
+        if private:  # the CPU it took, not the wall time: on a busy machine that waits too
+            self._next_private = now + max(PRIVATE_MIN_S, private_cpu * PRIVATE_COST_RATIO)
         self._sample_system(t)
         if len(cols["t_s"]) > MAX_ROWS:
             self._proc_cols = _halve(cols)
@@ -149,21 +155,6 @@ def run_delay_s(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/schedstat", "rb") as f:
             return int(f.read().split()[1]) * 1e-9
-    except (OSError, ValueError, IndexError):
-        return float("nan")
-
-
-def private_bytes(pid: int) -> float:
-    """Bytes only this process maps (Private_Clean + Private_Dirty of /proc/PID/smaps_rollup:
-    its unique set). Unlike RSS, it grows when a forked DataLoader worker copies the pages of
-    Python objects it only reads (reference counts write to them); NaN where unreadable."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            total = 0
-            for line in f:
-                if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
-                    total += int(line.split()[1]) * 1024
-            return float(total)
     except (OSError, ValueError, IndexError):
         return float("nan")
 

@@ -42,6 +42,7 @@ class MemoryProbe:
         self._next_step = 1  # the steady-step count of the next step snapshot
         self._every = 1  # steps between two step snapshots, fitted to SAMPLE_S
         self._last_ns: int | None = None
+        self._totals: dict[int, int] = {}  # device -> its memory (bytes)
 
     @property
     def torch(self) -> Any:
@@ -118,8 +119,12 @@ class MemoryProbe:
                 return  # nothing allocated yet; do not start CUDA for a statistic
             device = cuda.current_device()
             stats = cuda.memory_stats(device)
+            total = self._totals.get(device)
+            if total is None:
+                total = self._totals[device] = int(cuda.get_device_properties(device)
+                                                   .total_memory)
             self.session.record_memory({"t_ns": time.perf_counter_ns(), "tag": tag,
-                                        "device": device, "step": step,
+                                        "device": device, "step": step, "total_bytes": total,
                                         **{k: int(stats.get(key, 0)) for k, key in _KEYS.items()}})
             self.rows += 1
         except Exception:  # a statistic must never fail the job

@@ -36,6 +36,9 @@ class FakeCuda:
     def memory_stats(self, device: int) -> dict[str, int]:
         return dict(self.stats)
 
+    def get_device_properties(self, device: int) -> Any:
+        return SimpleNamespace(total_memory=80 * 1024 * MIB)
+
 
 def fake_torch(cuda: Any = None) -> Any:
     observers: list[Any] = []
@@ -111,3 +114,4 @@ def test_step_snapshots_come_about_once_a_second_whatever_the_step_time(tmp_path
     # the allocated bytes were read at the steps they are filed under
     assert (steps["allocated_bytes"] == (2000 + steps["step"]) * MIB).all()
     assert frame["tag"].iloc[-1] == "exit"
+    assert (frame["total_bytes"] == 80 * 1024 * MIB).all()

@@ -10,6 +10,7 @@ import pandas as pd
 from doctor.analyse.contention import Span, cores_used, within
 from doctor.analyse.distributed import search_stragglers
 from doctor.analyse.gpus import GpuCounters, said_cuda
+from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.split import OutsideShares, StageSplit, outside_evidence, split_evidence
 from doctor.analyse.steps import WINDOW, RankSteps, analysed
 from doctor.rules.evidence import Evidence, JobFacts
@@ -58,10 +59,12 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
                    loaders: pd.DataFrame,
                    splits: dict[int, StageSplit], outside: dict[int, OutsideShares],
                    span: Span | None, ranged: bool, unsplit_reason: str,
-                   gpus: GpuCounters | None = None) -> Evidence:
+                   gpus: GpuCounters | None = None,
+                   memory_use: MemoryEvidence | None = None) -> Evidence:
     """The evidence of the run; ``workers`` the DataLoader workers of each rank, ``window``
     marked analysed (window_analysed), ``loaders`` of the training processes
-    (training_loaders), ``gpus`` the GPU counters of a GPU job (doctor.analyse.gpus)."""
+    (training_loaders), ``gpus`` the GPU counters of a GPU job (doctor.analyse.gpus),
+    ``memory_use`` where the memory goes (doctor.analyse.memory)."""
     steady = analysed(ledger)
     host = within(run.host, span) if ranged else run.host
     system = within(run.system, span) if ranged else run.system
@@ -77,7 +80,7 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
         worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
                                                for p in workers[rank]], span, total=True),
         traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
-        gpus=gpus,
+        gpus=gpus, memory_use=memory_use,
     )
 
 

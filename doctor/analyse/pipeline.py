@@ -1,7 +1,7 @@
 """One analysis behind every door: RunData in, Analysis out. Reads only; writes nothing.
 
     steps -> window fractions (or GPU counters) -> input split -> contention -> ledger
-          -> evidence -> rules -> verdict
+          -> memory -> evidence -> rules -> verdict
 
 A run directory (``analyze_run``) and traces analysed on their own (``analyze_traces``) differ
 only in the RunData they load; everything after that is this one function. What a trace lacks
@@ -21,6 +21,7 @@ from doctor.analyse.evidence import build_evidence, job_facts, training_loaders,
 from doctor.analyse.gpu_split import counter_splits, crosscheck_notes
 from doctor.analyse.gpus import gpu_counters, gpu_tables
 from doctor.analyse.ledger import build_ledger
+from doctor.analyse.memory import memory_evidence
 from doctor.analyse.split import outside_loader, rank_split
 from doctor.analyse.steps import (
     analysed,
@@ -61,9 +62,11 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                           {r: f for r, s in splits.items() if (f := s.fractions) is not None},
                           {r: o.shares for r, o in outside.items()}, contention)
     window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
+    memory = memory_evidence(run, job.device, ranks, table, workers, counters, loaders,
+                             job.world_size)
     evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
                               outside, span, in_range is not None,
-                              facts.stacks_reason(run, ranks), counters)
+                              facts.stacks_reason(run, ranks), counters, memory)
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)
     findings = attach_verified(outcome.findings, run.record.tries)
@@ -83,7 +86,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
         findings=findings, probes=facts.probe_table(run, ranks, window_problems),
         job=facts.job_dict(run, job), partial=partial, notes=notes,
         extra={"bottleneck_share": summary.bottleneck_share, "rules_skipped": outcome.skipped,
-               **({"gpus": [g.to_dict() for g in counters.gpus]} if counters else {})},
+               **({"gpus": [g.to_dict() for g in counters.gpus]} if counters else {}),
+               **({"memory": memory.to_dict()} if memory else {})},
     )
     tables = {**report_tables(ledger, window, loaders, run.host, run.processes, splits, outside),
               **gpu_tables(counters)}

@@ -15,14 +15,16 @@ from doctor.rules import (
     host,
     input,
     memory,
+    memory_fit,
+    memory_growth,
     other,
     trace,
 )
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 from doctor.rules.evidence import Evidence, JobFacts
 
-MODULES = (compute, distributed, gpu, gpu_counters, communication, memory, host, input, other,
-           trace)
+MODULES = (compute, distributed, gpu, gpu_counters, communication, memory, memory_fit,
+           memory_growth, host, input, other, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

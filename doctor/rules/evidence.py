@@ -16,6 +16,7 @@ import pandas as pd
 
 if TYPE_CHECKING:
     from doctor.analyse.gpus import GpuCounters
+    from doctor.analyse.memory import MemoryEvidence
 
 HOST_CONTENTION = "host contention"
 
@@ -96,7 +97,9 @@ class Evidence:
       the DataLoader workers (summed) kept busy during the analysed steps;
     - ``traces``: the trace files, when traces are analysed on their own;
     - ``gpus``: NVML's counters over the analysed steps, per GPU, and each rank's GPU
-      (doctor.analyse.gpus; a GPU job only).
+      (doctor.analyse.gpus; a GPU job only);
+    - ``memory_use``: where each rank's memory goes, its capacity and headroom, growth over the
+      run, DataLoader workers' growth (doctor.analyse.memory).
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -115,6 +118,7 @@ class Evidence:
     worker_cpu_cores: float | None = None
     traces: tuple[str, ...] | None = None
     gpus: GpuCounters | None = None
+    memory_use: MemoryEvidence | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}

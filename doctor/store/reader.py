@@ -163,11 +163,15 @@ def _meta(proc_dir: Path) -> dict[str, Any]:
 
 
 def _model_state_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """The model-state probe's rows of one process (doctor.probes.model_state), with its tag."""
+    """The model-state probe's rows of one process (doctor.probes.model_state), with its tag;
+    each optimizer's class a row of kind "optimizer" (its name as the dtype, no bytes)."""
     states = meta.get("model_state")
+    states = states if isinstance(states, dict) else {}
     rows = [{**who, "tag": tag, **row} for tag, state in states.items() if isinstance(state, dict)
-            for row in state.get("rows") or () if isinstance(row, dict)
-            ] if isinstance(states, dict) else []
+            for row in state.get("rows") or () if isinstance(row, dict)]
+    rows += [{**who, "tag": tag, "kind": "optimizer", "device": "", "dtype": str(name),
+              "bytes": 0, "tensors": 0} for tag, state in states.items()
+             if isinstance(state, dict) for name in state.get("optimizers") or ()]
     return rows + _activation_rows(who, meta.get("saved_tensors"))
 
 
@@ -192,6 +196,8 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str,
                  ) -> dict[str, Any]:
     window = meta.get("window")
     window = window if isinstance(window, dict) else {}
+    start = meta.get("memory_at_start")
+    start = start if isinstance(start, dict) else {}
     return {**who, "role": role, "path": str(proc_dir), "ppid": meta.get("ppid"),
             "started_ns": meta.get("started_ns"), "ended_ns": meta.get("ended_ns"),
             "cores": meta.get("cores"), "world_size": meta.get("world_size"),
@@ -200,7 +206,9 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str,
             "crashed_ns": meta.get("crashed_ns"), "window_state": window.get("state"),
             "window_reason": window.get("reason"), "cuda_uuid": meta.get("cuda_uuid"),
             "cuda_initialized": meta.get("cuda_initialized"),
-            "cuda_device": meta.get("cuda_device")}
+            "cuda_device": meta.get("cuda_device"),
+            "start_private_bytes": start.get("private_bytes"),
+            "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns")}
 
 
 def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -> pd.DataFrame:

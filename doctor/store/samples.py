@@ -32,7 +32,7 @@ GPU_PROC_COLUMNS = ("t_s", "gpu", "pid", "used_bytes")
 #: One CUDA allocator snapshot (``pid`` and ``t_s`` are added on load).
 MEMORY_COLUMNS = ("t_ns", "tag", "device", "allocated_bytes", "reserved_bytes",
                   "inactive_split_bytes", "alloc_retries", "num_ooms", "peak_reserved_bytes",
-                  "peak_allocated_bytes", "step")
+                  "peak_allocated_bytes", "step", "total_bytes")
 
 Columns = Mapping[str, Any]  # column name -> a buffer of float64 (array.array("d"), ndarray)
 

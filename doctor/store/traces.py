@@ -2,7 +2,10 @@
 
 A trace loads into the same RunData as a run directory, with what a trace has: one process per
 file, its profiled steps as the window, nothing sampled from outside and no stacks. Ranks come
-from each trace's ``distributedInfo``; missing or repeated ranks number the files in order.
+from each trace's ``distributedInfo``; missing or repeated ranks number the files in order. A
+trace recorded with ``profile_memory=True`` gives the allocator per step (the memory frame, tag
+``trace_step``): the least allocated in the step (what stays between steps), the peak, the most
+reserved, and the device's memory from the trace's ``deviceProperties``.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from doctor.store.rundata import (
+    FRAME_COLUMNS,
     PROCESS_COLUMNS,
     TRACE,
     WINDOW_COLUMNS,
@@ -23,7 +28,7 @@ from doctor.store.rundata import (
     empty_frames,
     typed,
 )
-from doctor.trace.events import load_timeline
+from doctor.trace.events import Timeline, load_timeline
 from doctor.trace.reader import TraceMeta
 from doctor.trace.steps import step_frame_from_timeline
 
@@ -36,11 +41,13 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
     procs: list[dict[str, Any]] = []
     status: list[dict[str, Any]] = []
     windows = []
+    memory: list[dict[str, Any]] = []
     for i, (path, timeline, rank) in enumerate(zip(files, timelines, ranks, strict=True)):
         who = {"node": 0, "rank": rank, "pid": i + 1}
         procs.append({**who, "role": "main", "path": str(path),
                       "world_size": timeline.meta.world_size})
         frame = step_frame_from_timeline(timeline, rank)
+        memory += _memory_rows(timeline, who)
         if frame.empty:
             why = "the trace has no events" if timeline.last_us <= 0 else "no step could be found"
             status.append({**who, "ok": False, "reason": why})
@@ -52,8 +59,41 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
         frames["window"] = typed(pd.concat(windows, ignore_index=True), WINDOW_COLUMNS)
     frames["processes"] = typed(procs, PROCESS_COLUMNS)
     frames["window_status"] = typed(status, WINDOW_STATUS_COLUMNS)
+    if memory:
+        frames["memory"] = typed(memory, FRAME_COLUMNS["memory"])
     return RunData(record=RunRecord(kind=TRACE, source=", ".join(str(p) for p in files)),
                    **frames)
+
+
+GPU_DEVICE_TYPE = 1  # Kineto's device type of CUDA (and of ROCm's HIP) memory
+
+
+def _memory_rows(timeline: Timeline, who: dict[str, Any]) -> list[dict[str, Any]]:
+    """One allocator row per profiled step of the GPU with the most memory events."""
+    mem = timeline.memory
+    gpu = mem.attrs["device_type"] == GPU_DEVICE_TYPE if len(mem) else np.zeros(0, bool)
+    if not gpu.any():
+        return []
+    devices = mem.attrs["device"][gpu]
+    device = int(np.bincount(devices - devices.min()).argmax() + devices.min())
+    mine = gpu & (mem.attrs["device"] == device)
+    ts, allocated, reserved = (mem.start[mine], mem.attrs["allocated"][mine],
+                               mem.attrs["reserved"][mine])
+    total = next((p.get("totalGlobalMem") for p in timeline.meta.device_properties
+                  if p.get("id") == device), None)
+    rows = []
+    for number, start, end in timeline.steps:
+        lo, hi = np.searchsorted(ts, [start, end], side="left")
+        if hi <= lo:
+            continue
+        rows.append({**who, "tag": "trace_step", "step": number, "device": device,
+                     "t_ns": (timeline.origin_us + start) * 1e3,
+                     "allocated_bytes": float(allocated[lo:hi].min()),
+                     "peak_allocated_bytes": float(allocated[lo:hi].max()),
+                     "reserved_bytes": float(reserved[lo:hi].max()),
+                     "peak_reserved_bytes": float(reserved[lo:hi].max()),
+                     "total_bytes": float(total) if isinstance(total, int | float) else None})
+    return rows
 
 
 def _assign_ranks(metas: list[TraceMeta]) -> list[int]:

@@ -10,7 +10,9 @@ trace of millions of events costs tens of bytes per event. Names recognised acro
   ROCm (HIP) alike; ``gpu_user_annotation`` is a GPU-side copy of host annotations and is ignored;
 - runtime: ``cuda_runtime``/``Runtime``/``cuda_driver`` with ``cuda*``, ``cu*`` or ``hip*`` names;
 - collectives: NCCL/RCCL kernels, and host ops named ``nccl:*``, ``gloo:*``, ``c10d::*``,
-  ``record_param_comms``.
+  ``record_param_comms``;
+- memory (``profile_memory=True``): instant events ``[memory]`` with the allocator's totals after
+  each allocation and free, per device (``Device Type`` 1: the GPU, CUDA or ROCm).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class Timeline:
     memcpy: EventArrays  # attrs: kind, mem, bytes
     memset: EventArrays
     runtime: EventArrays  # attrs: kind, tid, name
+    memory: EventArrays  # [memory] instants: device_type, device, allocated, reserved (bytes)
     first_us: float
     last_us: float
 
@@ -179,6 +182,7 @@ class _Collector:
         self.memcpy = _Columns(("kind", "mem", "bytes"))
         self.memset = _Columns()
         self.runtime = _Columns(("kind", "tid", "name"))
+        self.memory = _Columns(("device_type", "device", "allocated", "reserved"))
         self.first = float("inf")
         self.last = float("-inf")
         self._kernel_kinds: dict[str, int] = {}
@@ -199,6 +203,8 @@ class _Collector:
 
     def add(self, ev: dict[str, Any]) -> None:
         if ev.get("ph") != "X":
+            if ev.get("name") == "[memory]":
+                self._memory(ev)
             return
         ts = _number(ev.get("ts"))
         dur = _number(ev.get("dur"))
@@ -244,6 +250,16 @@ class _Collector:
             self.python.add(ts, end, self.tid_id(ev.get("tid")), self.name_id(name))
         else:
             self._host(name, cat, ts, end, ev)
+
+    def _memory(self, ev: dict[str, Any]) -> None:
+        args = ev.get("args")
+        ts = _number(ev.get("ts"))
+        if not isinstance(args, dict) or ts is None:
+            return
+        values = [_number(args.get(k)) for k in ("Device Type", "Device Id", "Total Allocated",
+                                                  "Total Reserved")]
+        if all(v is not None for v in values):
+            self.memory.add(ts, ts, *(int(v) for v in values if v is not None))
 
     def _host(self, name: str, cat: str, ts: float, end: float, ev: dict[str, Any]) -> None:
         if name.startswith("ProfilerStep#"):
@@ -302,6 +318,7 @@ def _freeze(col: _Collector, meta: TraceMeta) -> Timeline:
         memcpy=col.memcpy.freeze(origin),
         memset=col.memset.freeze(origin),
         runtime=col.runtime.freeze(origin),
+        memory=col.memory.freeze(origin),
         first_us=0.0,
         last_us=0.0 if empty else col.last - origin,
     )
