@@ -12,7 +12,6 @@ the job; the snapshots go to the process folder through the Session.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from doctor.record.session import CLOSE, WINDOW_END, WINDOW_START, Session
@@ -123,7 +122,7 @@ class MemoryProbe:
             if total is None:
                 total = self._totals[device] = int(cuda.get_device_properties(device)
                                                    .total_memory)
-            self.session.record_memory({"t_ns": time.perf_counter_ns(), "tag": tag,
+            self.session.record_memory({"t_ns": self.session.clock(), "tag": tag,
                                         "device": device, "step": step, "total_bytes": total,
                                         **{k: int(stats.get(key, 0)) for k, key in _KEYS.items()}})
             self.rows += 1

@@ -19,7 +19,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from doctor.reports import charts
+from doctor.reports import charts, memory_charts
 from doctor.reports.text import (
     CATEGORY_WORDS,
     format_speedup,
@@ -43,9 +43,12 @@ TABLE_TITLES: dict[str, str] = {
     "processes": "CPU per process",
     "gpus": "Per GPU: NVML over the analysed steps",
     "gpu_over_run": "Per GPU over the run, in tenths: utilisation and memory",
+    "memory": "Per rank: where the memory goes",
 }
-#: Keys of the verdict's extra that the report shows as tables of their own.
-EXTRA_AS_TABLES = ("gpus",)
+#: Keys of the verdict's extra that the report shows as tables or sections of their own.
+EXTRA_AS_TABLES = ("gpus", "memory")
+#: Tables drawn as charts only.
+TABLES_AS_CHARTS = ("memory_over_run",)
 
 @dataclass(frozen=True)
 class TableView:
@@ -114,10 +117,35 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         "extra": [(str(k), format_value(str(k), v)) for k, v in verdict.extra.items()
                   if k not in EXTRA_AS_TABLES],
         "tables": [_table(name, frame) for name, frame in analysis.tables.items()
-                   if frame is not None],
+                   if frame is not None and name not in TABLES_AS_CHARTS],
+        "memory": _memory(analysis),
         "source": analysis.source,
         "verdict_data": verdict.to_dict(),
     }
+
+
+def _memory(analysis: Analysis) -> dict[str, Any] | None:
+    """The memory section: its two charts and a caption of where the numbers come from."""
+    table = analysis.tables.get("memory")
+    ranks = (analysis.verdict.extra.get("memory") or {}).get("ranks") or []
+    if table is None or not ranks:
+        return None
+    bar = memory_charts.breakdown_chart(table)
+    over = memory_charts.over_run_chart(analysis.tables.get("memory_over_run"))
+    first = ranks[0]
+    sources = [f"activations: {first['activations_source']}"] if first.get(
+        "activations_source") else []
+    if first.get("derived"):
+        sources.append(f"derived, not measured: {', '.join(first['derived'])}")
+    if first.get("peak_source"):
+        sources.append(f"peak: {first['peak_source']}")
+    if first.get("capacity_bytes"):
+        sources.append(f"capacity: {format_value('bytes', first['capacity_bytes'])}, "
+                       f"{first['capacity_source']}"
+                       + ("" if memory_charts.shows_capacity(table) else
+                          " (not drawn: the peak is a small part of it)"))
+    return {"bar_svg": Markup(bar) if bar else None, "over_svg": Markup(over) if over else None,
+            "sources": sources}
 
 
 def _shares(shares: Mapping[str, float], bottleneck: str) -> list[dict[str, Any]]:
@@ -141,6 +169,7 @@ def _finding(finding: Finding) -> dict[str, Any]:
         "title": finding.title,
         "evidence": [(str(k), format_value(str(k), v)) for k, v in finding.evidence.items()],
         "fixes": [{"title": f.title, "why": f.why, "code": f.code.rstrip("\n"),
+                   "frees": format_value("bytes", f.frees_bytes) if f.frees_bytes else "",
                    "verified": verified_line(f.verified) if f.verified else "",
                    "try": f"doctor try --fix {fix_id(finding.id, n)}"
                    if f.apply is not None and not f.verified else ""}

@@ -231,6 +231,25 @@ def gpu_lines(verdict: Verdict, most: int = 4) -> list[str]:
     return lines
 
 
+def memory_lines(verdict: Verdict, most: int = 2) -> list[str]:
+    """One line per rank (the first ``most``) from the verdict's ``memory``: its parts, and its
+    peak against its capacity."""
+    ranks = (verdict.extra.get("memory") or {}).get("ranks") or []
+    lines = []
+    for m in ranks[:most]:
+        parts = [f"{name.replace('_', ' ')} {format_value('bytes', m[f'{name}_bytes'])}"
+                 for name in ("parameters", "gradients", "optimizer_state", "activations")
+                 if m.get(f"{name}_bytes")]
+        if m.get("peak_bytes") and m.get("capacity_bytes"):
+            parts.append(f"peak {format_value('bytes', m['peak_bytes'])} of "
+                         f"{format_value('bytes', m['capacity_bytes'])}")
+        if parts:
+            lines.append(f"Memory, rank {m['rank']}: " + ", ".join(parts))
+    if len(ranks) > most:
+        lines.append(f"(+{len(ranks) - most} more ranks in the report)")
+    return lines
+
+
 def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
                 report_path: str | None = None) -> str:
     """The terminal report.
@@ -247,7 +266,7 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
         out += _wrap(partial_line(verdict), width)
     out.append(clean(f"doctor: {headline(verdict)}"))
     out.append(clean(f"  {steps_line(verdict)}"))
-    out += [clean(f"  {line}") for line in gpu_lines(verdict)]
+    out += [clean(f"  {line}") for line in gpu_lines(verdict) + memory_lines(verdict)]
     out += _share_bars(verdict, width)
 
     findings = verdict.findings

@@ -30,7 +30,7 @@ from doctor.analyse.steps import (
     training_processes,
     workers_by_parent,
 )
-from doctor.analyse.tables import report_tables
+from doctor.analyse.tables import memory_tables, report_tables
 from doctor.analyse.verdict import no_steps_finding, summarise
 from doctor.analyse.verified import attach_verified
 from doctor.analyse.window import window_frame, window_splits
@@ -90,7 +90,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                **({"memory": memory.to_dict()} if memory else {})},
     )
     tables = {**report_tables(ledger, window, loaders, run.host, run.processes, splits, outside),
-              **gpu_tables(counters)}
+              **gpu_tables(counters), **memory_tables(memory)}
     return Analysis(verdict=verdict, ledger=ledger, source=run.record.source, tables=tables)
 
 

@@ -7,6 +7,8 @@ import numpy as np
 import pandas as pd
 
 from doctor.analyse.distributed import rank_table
+from doctor.analyse.memory import KINDS as MEMORY_KINDS
+from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.split import OutsideShares, StageSplit, top_functions
 from doctor.store.rundata import process_labels
 
@@ -43,3 +45,23 @@ def process_table(host: pd.DataFrame, processes: pd.DataFrame) -> pd.DataFrame:
     if table["node"].nunique() == 1:
         table = table.drop(columns=["node"])
     return table.replace({np.nan: None}).round(1)
+
+
+def memory_tables(memory: MemoryEvidence | None) -> dict[str, pd.DataFrame]:
+    """The breakdown per rank ("memory") and each rank's memory over the run
+    ("memory_over_run": seconds, bytes used, bytes reserved on a GPU, the capacity)."""
+    if memory is None or not memory.ranks:
+        return {}
+    ranks = memory.ranks.values()
+    breakdown = pd.DataFrame([{
+        "rank": m.rank, "device": m.device,
+        **{f"{k}_bytes": m.parts.get(k) for k in MEMORY_KINDS},
+        "reserved_peak_bytes": m.allocator.get("reserved_peak_bytes"),
+        "peak_bytes": m.peak_bytes, "capacity_bytes": m.capacity_bytes,
+        "headroom_bytes": m.headroom_bytes,
+        "growth_per_step_bytes": m.growth.bytes_per_step if m.growth else None,
+    } for m in ranks]).dropna(axis=1, how="all")
+    over = pd.DataFrame([{"rank": m.rank, "t_s": t, "used_bytes": used,
+                          "reserved_bytes": reserved, "capacity_bytes": m.capacity_bytes}
+                         for m in ranks for t, used, reserved in m.over_run])
+    return {"memory": breakdown, **({"memory_over_run": over} if not over.empty else {})}
