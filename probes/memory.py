@@ -109,6 +109,17 @@ class MemoryProbe:
     def _on_oom(self, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
         self.snapshot("oom")
 
+    def _stats(self, cuda: Any, device: int) -> dict[str, Any]:
+        """The allocator's statistics: torch's nested dict straight from C++ where it has one
+        (``memory_stats()`` flattens it in Python, ~110 keys a call), else the flat one."""
+        nested = getattr(self.torch._C, "_cuda_memoryStats", None)
+        if nested is not None:
+            try:
+                return dict(nested(device))
+            except Exception:  # another torch's signature: the public function then
+                pass
+        return dict(cuda.memory_stats(device))
+
     def snapshot(self, tag: str, step: int | None = None) -> None:
         if not self.started:
             return
@@ -117,14 +128,26 @@ class MemoryProbe:
             if not cuda.is_initialized():
                 return  # nothing allocated yet; do not start CUDA for a statistic
             device = cuda.current_device()
-            stats = cuda.memory_stats(device)
+            stats = self._stats(cuda, device)
             total = self._totals.get(device)
             if total is None:
                 total = self._totals[device] = int(cuda.get_device_properties(device)
                                                    .total_memory)
             self.session.record_memory({"t_ns": self.session.clock(), "tag": tag,
                                         "device": device, "step": step, "total_bytes": total,
-                                        **{k: int(stats.get(key, 0)) for k, key in _KEYS.items()}})
+                                        **{k: _lookup(stats, key) for k, key in _KEYS.items()}})
             self.rows += 1
         except Exception:  # a statistic must never fail the job
             pass
+
+
+def _lookup(stats: dict[str, Any], key: str) -> int:
+    """``key`` ("allocated_bytes.all.current") in flat or nested statistics; 0 if absent."""
+    if key in stats:
+        return int(stats[key])
+    value: Any = stats
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return 0
+        value = value[part]
+    return int(value) if isinstance(value, int | float) else 0

@@ -9,8 +9,9 @@ moments, its step counters). A tensor that shares storage with one already count
 once. Parameters no optimizer holds (a frozen backbone) are not seen. Gradients are those that
 exist at that moment: a loop that calls ``zero_grad()`` right after ``step()`` has none then
 (``gradients`` absent; at the peak they are as large as the trainable parameters). Runs inside
-the job, twice a run; works on CPU as on GPU. During the window it also counts the bytes saved
-for backward per step (doctor.probes.saved_tensors): the activations.
+the job, twice a run; works on CPU as on GPU. During the window's first SAVED_STEPS steps it
+also counts the bytes saved for backward per step (doctor.probes.saved_tensors): the
+activations.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from doctor.record.session import CLOSE, WINDOW_END, WINDOW_START, Session
 from doctor.verdict import ProbeStatus
 
 KINDS = ("parameters", "gradients", "optimizer_state")
+#: Steps of the window whose saved tensors are counted: activations are alike from step to
+#: step, and a Python call per saved tensor costs a model of many small tensors up to ~1.15x
+#: a step (bench/memory_cost.py), so the window's other steps go without.
+SAVED_STEPS = 2
 
 
 class ModelStateProbe:
@@ -65,6 +70,8 @@ class ModelStateProbe:
     def _on_step(self, _count: int) -> None:
         if self._saved is not None:
             self._saved.step()
+            if len(self._saved.steps) >= SAVED_STEPS:
+                self._window_end()
 
     def _window_end(self) -> None:
         saved, self._saved = self._saved, None

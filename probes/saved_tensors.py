@@ -23,9 +23,9 @@ class SavedTensorCounter:
         self.torch = torch_module
         self.steps: list[tuple[int, int]] = []  # (bytes, tensors) of each finished step
         self.dtypes: dict[str, int] = {}  # "device:dtype" -> bytes over the finished steps
-        self._step_dtypes: dict[Any, int] = {}  # (device type, torch.dtype) -> bytes
-        self._skip = {_storage_key(p) for p in parameters}
-        self._seen: set[tuple[str, int]] = set()
+        self._step_dtypes: dict[Any, int] = {}  # (on a GPU, torch.dtype) -> bytes
+        self._skip = {_storage_ptr(p) for p in parameters}
+        self._seen: set[int] = set()
         self._bytes = 0
         self._tensors = 0
         self._pushed = False
@@ -38,8 +38,8 @@ class SavedTensorCounter:
         """A step boundary: keep the step's total, start the next."""
         if self._bytes or self._tensors:
             self.steps.append((self._bytes, self._tensors))
-            for (device, dtype), nbytes in self._step_dtypes.items():
-                name = f"{device}:{str(dtype).removeprefix('torch.')}"
+            for (cuda, dtype), nbytes in self._step_dtypes.items():
+                name = f"{'cuda' if cuda else 'cpu'}:{str(dtype).removeprefix('torch.')}"
                 self.dtypes[name] = self.dtypes.get(name, 0) + nbytes
         self._step_dtypes.clear()
         self._seen.clear()
@@ -51,14 +51,16 @@ class SavedTensorCounter:
             self.torch._C._autograd._pop_saved_tensors_default_hooks()
 
     def _pack(self, tensor: Any) -> Any:
+        # hot during the window (a call per saved tensor): one storage object, plain ints
         try:
-            key = _storage_key(tensor)
-            if key not in self._skip and key not in self._seen:
-                self._seen.add(key)
-                nbytes = int(tensor.untyped_storage().nbytes())
+            storage = tensor.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr not in self._skip and ptr not in self._seen:
+                self._seen.add(ptr)
+                nbytes = storage.nbytes()
                 self._bytes += nbytes
                 self._tensors += 1
-                kind = (tensor.device.type, tensor.dtype)
+                kind = (tensor.is_cuda, tensor.dtype)
                 self._step_dtypes[kind] = self._step_dtypes.get(kind, 0) + nbytes
         except Exception:  # a tensor without storage (a subclass, meta): not counted
             pass
@@ -69,5 +71,7 @@ class SavedTensorCounter:
         return tensor
 
 
-def _storage_key(tensor: Any) -> tuple[str, int]:
-    return str(tensor.device), int(tensor.untyped_storage().data_ptr())
+def _storage_ptr(tensor: Any) -> int:
+    """Where a tensor's storage starts: one address space for host and device memory (CUDA's
+    unified addressing), so the address alone tells storages apart."""
+    return int(tensor.untyped_storage().data_ptr())

@@ -115,3 +115,29 @@ def test_step_snapshots_come_about_once_a_second_whatever_the_step_time(tmp_path
     assert (steps["allocated_bytes"] == (2000 + steps["step"]) * MIB).all()
     assert frame["tag"].iloc[-1] == "exit"
     assert (frame["total_bytes"] == 80 * 1024 * MIB).all()
+
+
+def test_the_nested_statistics_from_cpp_read_as_the_flat_ones(tmp_path: Path) -> None:
+    torch = fake_torch()
+    flat = torch.cuda.stats
+
+    def nested(device: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in flat.items():
+            *path, last = key.split(".")
+            node = out
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+        return out
+
+    torch._C._cuda_memoryStats = nested
+    session = Session(tmp_path, rank=0, clock=FakeClock())
+    probe = MemoryProbe(session, torch)
+    probe.start()
+    session.emit("window_start")
+    session.close()
+    frame = read_memory({session.pid: session.directory})
+    row = frame.iloc[0]
+    assert row["allocated_bytes"] == flat["allocated_bytes.all.current"]
+    assert row["inactive_split_bytes"] == 1500 * MIB and row["alloc_retries"] == 3

@@ -165,8 +165,14 @@ def test_fragmentation_with_the_bytes_it_would_free() -> None:
 
 
 def test_fragmentation_out_of_memory_is_critical() -> None:
-    (f,) = run(memory=memory(inactive_split_bytes=[0, 0, 0], num_ooms=[0, 0, 1]))
+    (f,) = run(memory=memory(num_ooms=[0, 0, 1]))
     assert f.severity == "critical"
+
+
+def test_an_oom_without_split_blocks_is_not_called_fragmentation() -> None:
+    # PyTorch suggests expandable_segments on every OOM; doctor only where blocks are split
+    assert run(memory=memory(inactive_split_bytes=[0, 0, 0], num_ooms=[0, 0, 1])) == []
+    assert run(memory=memory(inactive_split_bytes=[0, 0, 0], alloc_retries=[0, 3, 9])) == []
 
 
 def test_no_fragmentation_no_finding_and_missing_columns_skip() -> None:

@@ -1,4 +1,7 @@
-"""Memory rules over the CUDA allocator's snapshots: fragmentation."""
+"""Memory rules over the CUDA allocator's snapshots: fragmentation, said only where it is
+measured (split blocks the allocator cannot reuse, a sizeable share of what it reserved). An
+out-of-memory error or allocation retries without them are memory pressure, not fragmentation:
+memory.near_limit says what frees memory then (doctor.rules.memory_fit)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 MIB = 1 << 20
+MIN_SPLIT_BYTES = 256 * MIB
+MIN_SPLIT_SHARE = 0.1  # of the peak reserved
 
 
 @rule("memory.fragmentation", needs=("memory",))
@@ -30,7 +35,7 @@ def fragmentation(ev: Evidence) -> list[Finding]:
     peak_reserved = float(reserved[peak])
     slack = float((reserved - allocated).max())
     frag_share = split / peak_reserved if peak_reserved > 0 else 0.0
-    if not (retries > 0 or ooms > 0 or (split >= 256 * MIB and frag_share >= 0.1)):
+    if not (split >= MIN_SPLIT_BYTES and frag_share >= MIN_SPLIT_SHARE):
         return []
     severity = "critical" if ooms > 0 else "warning" if retries > 0 or frag_share >= 0.2 else "info"
     return [Finding(
