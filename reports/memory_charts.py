@@ -18,6 +18,7 @@ PARTS: tuple[tuple[str, str, str], ...] = (
     ("gradients_bytes", "gradients", "#76b7b2"),
     ("optimizer_state_bytes", "optimizer state", "#f28e2b"),
     ("activations_bytes", "activations", "#e15759"),
+    ("between_steps_bytes", "kept between steps (model state, buffers)", "#9c755f"),
     ("other_bytes", "rest of the peak (allocator cache, buffers, libraries)", "#bab0ac"),
 )
 FREE_COLOR = "#eeeeee"

@@ -201,8 +201,8 @@ def test_the_creep_rule_is_quiet_without_growth() -> None:
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
 def test_a_trace_with_memory_events_gives_the_allocator_per_step() -> None:
-    verdict = analyze_traces([TRACES / "ddp_v100_rank1_of_2.json.gz"]).verdict
-    [m] = verdict.extra["memory"]["ranks"]
+    analysis = analyze_traces([TRACES / "ddp_v100_rank1_of_2.json.gz"])
+    [m] = analysis.verdict.extra["memory"]["ranks"]
     assert m["rank"] == 1 and m["device"] == "cuda"
     # what the trace's [memory] events say on its GPU (device 1), each of its 5 steps alike
     assert m["resident_bytes"] / GIB == pytest.approx(3.815, abs=0.01)
@@ -212,6 +212,9 @@ def test_a_trace_with_memory_events_gives_the_allocator_per_step() -> None:
     assert m["allocator"]["reserved_peak_bytes"] / GIB == pytest.approx(11.904, abs=0.01)
     assert m["capacity_bytes"] == 34089730048  # its deviceProperties: a V100-SXM2-32GB
     assert m["headroom_bytes"] / GIB == pytest.approx(31.75 - 11.904, abs=0.02)
+    # the report's bar: what stays between steps (the trace has no optimizer to split it by)
+    [kept] = analysis.tables["memory"]["between_steps_bytes"]
+    assert kept / GIB == pytest.approx(3.815, abs=0.01)
 
 
 def test_the_report_draws_the_memory_section(tmp_path: Path) -> None:

@@ -200,6 +200,57 @@ def _batch_size(loaders: pd.DataFrame, rank: int) -> int | None:
     return None
 
 
+@dataclass
+class _Side:
+    """What one side (the allocator on a GPU, RSS on a CPU) adds to a rank's memory."""
+
+    allocator: dict[str, float] = field(default_factory=dict)
+    resident: float | None = None
+    activations_source: str | None = None
+    over: list[tuple[float, float, float]] = field(default_factory=list)
+    growth: Growth | None = None
+
+
+def _gpu_side(mem: pd.DataFrame, parts: dict[str, float], derived: list[str],
+              by_dtype: ByDtype, steps_of: pd.DataFrame, main: RankSteps, t0: int) -> _Side:
+    """The allocator's snapshots (or a trace's steps); activations from its peak where they
+    were not counted (``parts`` and ``derived`` are completed in place)."""
+    side = _Side(allocator=_allocator(mem))
+    steps = mem[mem["tag"].isin(("step", "trace_step"))]
+    if (steps["tag"] == "trace_step").any():
+        side.resident = float(steps["allocated_bytes"].median())
+    static_gpu = sum(b for k, v in by_dtype.items() if k != "activations"
+                     for d, b in v.items() if d.startswith("cuda"))
+    base = side.resident if side.resident is not None else static_gpu or None
+    if base and "allocated_peak_bytes" in side.allocator:
+        above = max(side.allocator["allocated_peak_bytes"] - base, 0.0)
+        side.allocator["peak_above_static_bytes"] = above  # a cross-check of the saved bytes
+        if "activations" not in parts:
+            parts["activations"] = above
+            derived.append("activations")
+            side.activations_source = "allocator peak minus " + (
+                "what stays allocated between steps" if side.resident is not None
+                else "the model's state on the GPU")
+    run_steps = steps[steps["tag"] == "step"]
+    if not run_steps.empty:
+        t_s = (run_steps["t_ns"].to_numpy(float) - t0) * NS
+        allocated = run_steps["allocated_bytes"].to_numpy(float)
+        side.over = list(zip(t_s, allocated, run_steps["reserved_bytes"].to_numpy(float),
+                             strict=True))
+        use = _growth_stretch(t_s, steps_of, main, t0)
+        side.growth = linear_growth(_step_of(steps_of, t_s)[use], allocated[use], t_s[use],
+                                    "CUDA allocated")
+    return side
+
+
+def _cpu_side(own: pd.DataFrame, steps_of: pd.DataFrame, main: RankSteps, t0: int) -> _Side:
+    """The training process's RSS over the run, and its growth."""
+    t_s, rss = own["t_s"].to_numpy(float), own["rss_bytes"].to_numpy(float)
+    use = _growth_stretch(t_s, steps_of, main, t0)
+    return _Side(over=[(t, r, float("nan")) for t, r in zip(t_s, rss, strict=True)],
+                 growth=linear_growth(_step_of(steps_of, t_s)[use], rss[use], t_s[use], "RSS"))
+
+
 def rank_memory(run: RunData, device: str, main: RankSteps, table: pd.DataFrame,
                 workers: list[int], counters: GpuCounters | None, loaders: pd.DataFrame
                 ) -> RankMemory | None:
@@ -207,50 +258,28 @@ def rank_memory(run: RunData, device: str, main: RankSteps, table: pd.DataFrame,
     parts, derived, by_dtype, optimizers = _model_state(run.rows("model_state", main.process))
     mem = run.rows("memory", main.process)
     t0 = run.record.t0_ns.get(main.node, 0)
-    allocator, resident, act_source = {}, None, "saved for backward" if "activations" in parts \
-        else None
-    over: list[tuple[float, float, float]] = []
-    growth = None
-    mine = table[table["rank"] == main.rank]
-    if device == "cuda" and not mem.empty:
-        allocator = _allocator(mem)
-        steps = mem[mem["tag"].isin(("step", "trace_step"))]
-        if (steps["tag"] == "trace_step").any():
-            resident = float(steps["allocated_bytes"].median())
-        static_gpu = sum(b for k, v in by_dtype.items() if k != "activations"
-                         for d, b in v.items() if d.startswith("cuda"))
-        base = resident if resident is not None else static_gpu or None
-        if "activations" not in parts and base and "allocated_peak_bytes" in allocator:
-            parts["activations"] = max(allocator["allocated_peak_bytes"] - base, 0.0)
-            derived.append("activations")
-            act_source = "allocator peak minus " + (
-                "what stays allocated between steps" if resident is not None
-                else "the model's state on the GPU")
-        if not steps.empty and (steps["tag"] == "step").any():
-            t_s = (steps["t_ns"].to_numpy(float) - t0) * NS
-            over = list(zip(t_s, steps["allocated_bytes"].to_numpy(float),
-                            steps["reserved_bytes"].to_numpy(float), strict=True))
-            use = _growth_stretch(t_s, mine, main, t0)
-            growth = linear_growth(_step_of(mine, t_s)[use],
-                                   steps["allocated_bytes"].to_numpy(float)[use], t_s[use],
-                                   "CUDA allocated")
-    host = run.host[(run.host["node"] == main.node)] if not run.host.empty else run.host
+    steps_of = table[table["rank"] == main.rank]
+    host = run.host[run.host["node"] == main.node] if not run.host.empty else run.host
     own = host[host["pid"] == main.pid] if not host.empty else host
-    if device != "cuda" and not own.empty:
-        t_s, rss = own["t_s"].to_numpy(float), own["rss_bytes"].to_numpy(float)
-        over = [(t, r, float("nan")) for t, r in zip(t_s, rss, strict=True)]
-        use = _growth_stretch(t_s, mine, main, t0)
-        growth = linear_growth(_step_of(mine, t_s)[use], rss[use], t_s[use], "RSS")
-    if not parts and not allocator and own.empty:
+    if device == "cuda" and not mem.empty:
+        side = _gpu_side(mem, parts, derived, by_dtype, steps_of, main, t0)
+    elif device != "cuda" and not own.empty:
+        side = _cpu_side(own, steps_of, main, t0)
+    else:
+        side = _Side()
+    if not parts and not side.allocator and own.empty:
         return None
     peak, peak_source, capacity, capacity_source = _peak_and_capacity(
-        run, device, allocator, own, host, workers, counters, main.rank)
+        run, device, side.allocator, own, host, workers, counters, main.rank)
     return RankMemory(
         rank=main.rank, node=main.node, device=device, parts=parts, derived=tuple(derived),
-        by_dtype=by_dtype, optimizers=optimizers, activations_source=act_source,
-        resident_bytes=resident, allocator=allocator, peak_bytes=peak, peak_source=peak_source,
-        capacity_bytes=capacity, capacity_source=capacity_source, growth=growth,
-        batch_size=_batch_size(loaders, main.rank), over_run=_thin(over))
+        by_dtype=by_dtype, optimizers=optimizers,
+        activations_source="saved for backward" if "activations" in parts and
+        "activations" not in derived else side.activations_source,
+        resident_bytes=side.resident, allocator=side.allocator, peak_bytes=peak,
+        peak_source=peak_source, capacity_bytes=capacity, capacity_source=capacity_source,
+        growth=side.growth, batch_size=_batch_size(loaders, main.rank),
+        over_run=_thin(side.over))
 
 
 def _peak_and_capacity(run: RunData, device: str, allocator: Mapping[str, float],

@@ -48,7 +48,9 @@ def process_table(host: pd.DataFrame, processes: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_tables(memory: MemoryEvidence | None) -> dict[str, pd.DataFrame]:
-    """The breakdown per rank ("memory") and each rank's memory over the run
+    """The breakdown per rank ("memory"; ``between_steps_bytes``: what stays allocated between
+    steps beyond the model's measured state, e.g. a trace's parameters, gradients, optimizer
+    state and communication buckets together) and each rank's memory over the run
     ("memory_over_run": seconds, bytes used, bytes reserved on a GPU, the capacity)."""
     if memory is None or not memory.ranks:
         return {}
@@ -56,6 +58,8 @@ def memory_tables(memory: MemoryEvidence | None) -> dict[str, pd.DataFrame]:
     breakdown = pd.DataFrame([{
         "rank": m.rank, "device": m.device,
         **{f"{k}_bytes": m.parts.get(k) for k in MEMORY_KINDS},
+        "between_steps_bytes": max(m.resident_bytes - m.static_bytes, 0.0)
+        if m.resident_bytes is not None else None,
         "reserved_peak_bytes": m.allocator.get("reserved_peak_bytes"),
         "peak_bytes": m.peak_bytes, "capacity_bytes": m.capacity_bytes,
         "headroom_bytes": m.headroom_bytes,
