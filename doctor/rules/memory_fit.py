@@ -25,7 +25,7 @@ CHECKPOINT_SEGMENTS = 4
 ROOMY = 0.50  # at most this share of the GPU used at the peak ...
 UNDER_USED = 0.70  # ... while its kernels run less than this share of the time
 KEEP_FREE = 0.10  # of the capacity, left when sizing a larger batch
-ADAM = ("Adam", "AdamW", "FusedAdam", "SparseAdam")
+ADAM = ("Adam", "AdamW")  # torch.optim's: two fp32 moments per parameter
 
 
 def _dtype_bytes(m: RankMemory, kind: str, dtype: str) -> float:
@@ -105,7 +105,7 @@ def memory_fixes(m: RankMemory, world: int) -> list[Fix]:
             why=f"its two moments take 2 bytes per parameter instead of 8: about "
                 f"{human_bytes(fp32_state * 0.75)} of the {human_bytes(fp32_state)} of fp32 "
                 "state freed",
-            code="import bitsandbytes as bnb\nopt = bnb.optim.AdamW8bit(model.parameters(), "
+            code=f"import bitsandbytes as bnb\nopt = bnb.optim.{adam[0]}8bit(model.parameters(), "
                  "lr=lr)",
             frees_bytes=fp32_state * 0.75))
     if m.device == "cuda" and adam and m.parts.get("parameters", 0.0) > 0:
