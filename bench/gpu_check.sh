@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU check: run each GPU sample job bare-bottlenecked, --fixed, and with the profiler window
-# off under `doctor run`, and keep the run directories, their verdicts and NVML samples. Meant
+# off under `doctor run`, and the memory sample jobs with --device cuda (the allocator's side of
+# the breakdown), and keep the run directories, their verdicts and NVML samples. Meant
 # for a machine with a CUDA GPU:
 #
-#   OUT=/tmp/gpu-check bash bench/gpu_check.sh            # all three jobs, ~4-5 minutes
+#   OUT=/tmp/gpu-check bash bench/gpu_check.sh            # all jobs, ~5-6 minutes
 #   OUT=/tmp/gpu-check bash bench/gpu_check.sh launch_bound
 #
 # Writes $OUT/<job>[-fixed|-nowindow]/ (run directories: gpu.npz and gpus.json are NVML's
@@ -49,6 +50,21 @@ for job in "${jobs[@]}"; do
         fi
     done
 done
+
+# The memory jobs on the GPU (all jobs run, or none named): the allocator's side of the breakdown
+if [ $# -eq 0 ]; then
+    for mem in "activation_heavy" "optimizer_state_heavy" "memory_creep --steps 600"; do
+        script="${mem%% *}"
+        name="memory-$script"
+        rm -rf "${OUT:?}/$name"
+        echo "== $name" >&2
+        # shellcheck disable=SC2086
+        "${DOCTOR[@]}" run --out "$OUT/$name" -- "$PYTHON" "sample_jobs/$script.py" \
+            ${mem#"$script"} --device cuda >"$OUT/$name.log" 2>&1
+        echo "   exit $?" >&2
+        [ -f "$OUT/$name/verdict.json" ] && cp "$OUT/$name/verdict.json" "$OUT/$name.verdict.json"
+    done
+fi
 
 "$PYTHON" - "$OUT" <<'PY'
 import json, pathlib, sys

@@ -27,11 +27,14 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=16)
     ap.add_argument("--checkpoint", action="store_true", help="remove the bottleneck")
     ap.add_argument("--segments", type=int, default=4)
+    ap.add_argument("--device", default="cpu", help="cuda: the same on a GPU")
     args = ap.parse_args()
     seed()
-    model = mlp(args.width, args.width, args.depth, 10)
+    device = torch.device(args.device)
+    model = mlp(args.width, args.width, args.depth, 10).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(args.batch, args.width), torch.randint(0, 10, (args.batch,))
+    x = torch.randn(args.batch, args.width, device=device)
+    y = torch.randint(0, 10, (args.batch,), device=device)
     print_expected(parameters_bytes=tensor_bytes(model.parameters()),
                    activations_bytes=None if args.checkpoint else mlp_saved_bytes(
                        args.batch, args.width, args.width, args.depth, 10))

@@ -24,17 +24,20 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--sgd", action="store_true", help="remove the optimizer state")
+    ap.add_argument("--device", default="cpu", help="cuda: the same on a GPU")
     args = ap.parse_args()
     seed()
-    model = nn.Sequential(nn.Embedding(args.rows, args.dim), nn.Linear(args.dim, 1))
+    device = torch.device(args.device)
+    model = nn.Sequential(nn.Embedding(args.rows, args.dim), nn.Linear(args.dim, 1)).to(device)
     params = list(model.parameters())
     opt = (torch.optim.SGD(params, lr=0.01) if args.sgd else torch.optim.Adam(params, lr=1e-3))
     # Adam: exp_avg and exp_avg_sq as large as each parameter, and a 4-byte step count each
+    # (a CPU scalar, also for parameters on a GPU)
     print_expected(parameters_bytes=tensor_bytes(params),
                    optimizer_state_bytes=0 if args.sgd else
                    2 * tensor_bytes(params) + 4 * len(params))
     for _ in range(args.steps):
-        ids = torch.randint(0, args.rows, (args.batch,))
+        ids = torch.randint(0, args.rows, (args.batch,), device=device)
         loss = model(ids).pow(2).mean()
         opt.zero_grad()
         loss.backward()
