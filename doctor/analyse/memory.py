@@ -67,8 +67,14 @@ class RankMemory:
         return sum(self.parts.get(k, 0.0) for k in ("parameters", "gradients", "optimizer_state"))
 
     @property
+    def used_bytes(self) -> float | None:
+        """What counts against the capacity at the peak: the machine's (every rank of it) on
+        a CPU job, the rank's own on a GPU."""
+        return self.machine_peak_bytes if self.machine_peak_bytes is not None else self.peak_bytes
+
+    @property
     def headroom_bytes(self) -> float | None:
-        used = self.machine_peak_bytes if self.machine_peak_bytes is not None else self.peak_bytes
+        used = self.used_bytes
         if self.capacity_bytes is None or used is None:
             return None
         return self.capacity_bytes - used

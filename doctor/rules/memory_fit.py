@@ -130,17 +130,13 @@ def memory_fixes(m: RankMemory, world: int) -> list[Fix]:
     return sorted(fixes, key=lambda f: -(f.frees_bytes or 0.0))
 
 
-def _used(m: RankMemory) -> float | None:
-    return m.machine_peak_bytes if m.machine_peak_bytes is not None else m.peak_bytes
-
-
 @rule("memory.near_limit", needs=("memory_use",))
 def near_limit(ev: Evidence) -> list[Finding]:
     mem = ev.memory_use
     assert mem is not None  # guaranteed by needs
     tight = []
     for m in mem.ranks.values():
-        used, cap = _used(m), m.capacity_bytes
+        used, cap = m.used_bytes, m.capacity_bytes
         ooms = m.allocator.get("num_ooms", 0.0)
         share = used / cap if used is not None and cap else None
         if ooms > 0 or (share is not None and share >= NEAR_LIMIT):
@@ -152,7 +148,7 @@ def near_limit(ev: Evidence) -> list[Finding]:
     where = "the machine" if m.device != "cuda" else f"rank {m.rank}'s GPU"
     title = (f"Out of memory on rank {m.rank} ({int(ooms)} CUDA OOM errors)" if ooms else
              f"Memory {share:.0%} full at the peak on {where}")
-    used = _used(m)
+    used = m.used_bytes
     if used is not None and m.capacity_bytes:
         title += f": {human_bytes(used)} of {human_bytes(m.capacity_bytes)}"
     if largest:
@@ -175,7 +171,7 @@ def headroom(ev: Evidence) -> list[Finding]:
     assert mem is not None and gpus is not None  # guaranteed by needs
     for m in mem.ranks.values():
         gpu = gpus.of_rank(m.rank)
-        act, used, cap = m.parts.get("activations", 0.0), _used(m), m.capacity_bytes
+        act, used, cap = m.parts.get("activations", 0.0), m.used_bytes, m.capacity_bytes
         if m.device != "cuda" or gpu is None or not m.batch_size or act <= 0 or not used or \
                 not cap or used > ROOMY * cap or not gpu.util < UNDER_USED:
             continue
