@@ -130,14 +130,15 @@ def _model_state(state: pd.DataFrame
         tag = "window_start" if (model["tag"] == "window_start").any() else "exit"
         at = model[model["tag"] == tag]
         parts["parameters"] = _sum(at, "parameters")
-        grads = max(_sum(model[model["tag"] == t], "gradients") for t in set(model["tag"]))
+        # gradients and state: the most any snapshot held (they may not exist at both)
+        most = model.groupby(["kind", "tag"])["bytes"].sum().groupby(level="kind").max()
+        grads = float(most.get("gradients", 0.0))
         if grads > 0:
             parts["gradients"] = grads
         else:
             parts["gradients"] = parts["parameters"]
             derived.append("gradients")
-        parts["optimizer_state"] = max(
-            _sum(model[model["tag"] == t], "optimizer_state") for t in set(model["tag"]))
+        parts["optimizer_state"] = float(most.get("optimizer_state", 0.0))
         for kind, device, dtype, nbytes in zip(at["kind"], at["device"], at["dtype"], at["bytes"],
                                                strict=True):
             by_dtype.setdefault(str(kind), {})[f"{device}:{dtype}"] = float(nbytes)
