@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, OpCost, op_cost
 from doctor.trace.reader import TraceMeta, TraceStream
 
 __all__ = ["Timeline", "build_timeline", "load_timeline"]
@@ -114,14 +115,15 @@ class Timeline:
     names: list[str]
     steps: list[tuple[int, float, float]]  # (step number, start, end) from ProfilerStep#N
     optimizer_steps: EventArrays
-    host_ops: EventArrays  # attrs: tid, name, comm (1 for collectives)
+    host_ops: EventArrays  # attrs: tid, name, comm (1 for collectives), cost_kind and dtype
+    # (codes in op_costs.COST_KINDS/COST_DTYPES, -1: no cost), flops, bytes
     python: EventArrays  # python_function events (with_stack): tid, name
     dataloader: EventArrays
     comm_ops: EventArrays
-    kernels: EventArrays  # attrs: kind, name
-    memcpy: EventArrays  # attrs: kind, mem, bytes
+    kernels: EventArrays  # attrs: kind, name, corr (the correlation of its launch)
+    memcpy: EventArrays  # attrs: kind, mem, bytes, corr
     memset: EventArrays
-    runtime: EventArrays  # attrs: kind, tid, name
+    runtime: EventArrays  # attrs: kind, tid, name, corr
     memory: EventArrays  # [memory] instants: device_type, device, allocated, reserved (bytes)
     first_us: float
     last_us: float
@@ -174,14 +176,14 @@ class _Collector:
         self._tids: dict[Any, int] = {}
         self.steps: dict[int, tuple[float, float]] = {}
         self.optimizer = _Columns()
-        self.host = _Columns(("tid", "name", "comm"))
+        self.host = _Columns(("tid", "name", "comm", "cost_kind", "dtype", "flops", "bytes"))
         self.python = _Columns(("tid", "name"))
         self.dataloader = _Columns()
         self.comm = _Columns()
-        self.kernels = _Columns(("kind", "name"))
-        self.memcpy = _Columns(("kind", "mem", "bytes"))
+        self.kernels = _Columns(("kind", "name", "corr"))
+        self.memcpy = _Columns(("kind", "mem", "bytes", "corr"))
         self.memset = _Columns()
-        self.runtime = _Columns(("kind", "tid", "name"))
+        self.runtime = _Columns(("kind", "tid", "name", "corr"))
         self.memory = _Columns(("device_type", "device", "allocated", "reserved"))
         self.first = float("inf")
         self.last = float("-inf")
@@ -227,11 +229,12 @@ class _Collector:
             kind = self._kernel_kinds.get(name)
             if kind is None:
                 kind = self._kernel_kinds[name] = _kernel_kind(name)
-            self.kernels.add(ts, end, kind, self.name_id(name))
+            self.kernels.add(ts, end, kind, self.name_id(name), _int_arg(args, "correlation"))
         elif cat in ("gpu_memcpy", "memcpy"):
             kind, mem = _copy_kind(name, args)
             nbytes = _number(args.get("bytes"))
-            self.memcpy.add(ts, end, kind, mem, int(nbytes) if nbytes is not None else -1)
+            self.memcpy.add(ts, end, kind, mem, int(nbytes) if nbytes is not None else -1,
+                            _int_arg(args, "correlation"))
         elif cat in ("gpu_memset", "memset"):
             self.memset.add(ts, end)
         elif cat in ("cuda_runtime", "runtime", "cuda_driver"):
@@ -243,7 +246,8 @@ class _Collector:
                 kind = RT_COPY
             else:
                 kind = RT_OTHER
-            self.runtime.add(ts, end, kind, self.tid_id(ev.get("tid")), self.name_id(name))
+            self.runtime.add(ts, end, kind, self.tid_id(ev.get("tid")), self.name_id(name),
+                             _int_arg(args, "correlation"))
         elif cat == _GPU_ANNOTATION or cat.startswith("gpu_"):
             return
         elif cat == "python_function":
@@ -279,7 +283,26 @@ class _Collector:
         if comm:
             self.comm.add(ts, end)
         if cat in _HOST_CATS:
-            self.host.add(ts, end, self.tid_id(ev.get("tid")), self.name_id(name), int(comm))
+            args = ev.get("args")
+            args = args if isinstance(args, dict) else {}
+            cost = op_cost(name, args["Input Dims"], args.get("Input type")) \
+                if "Input Dims" in args else None
+            self.host.add(ts, end, self.tid_id(ev.get("tid")), self.name_id(name), int(comm),
+                          *_cost_columns(cost))
+
+
+def _int_arg(args: dict[str, Any], key: str) -> int:
+    """An integer argument (the correlation that ties a kernel to its launch); -1: none."""
+    value = args.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
+def _cost_columns(cost: OpCost | None) -> tuple[int, int, int, int]:
+    """(kind code, dtype code, flops, bytes) of an op's cost; -1 codes and zeros for none."""
+    if cost is None:
+        return -1, -1, 0, 0
+    return (COST_KINDS.index(cost.kind), COST_DTYPES.index(cost.dtype), int(cost.flops),
+            int(cost.bytes))
 
 
 def build_timeline(events: Iterable[dict[str, Any]], meta: TraceMeta | None = None) -> Timeline:

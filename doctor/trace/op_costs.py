@@ -66,6 +66,9 @@ NORMALISE_FLOPS_PER_ELEMENT = 5  # mean, variance, scale, shift: a handful per e
 
 KIND_MATMUL, KIND_CONV, KIND_ELEMENTWISE, KIND_NORMALISE, KIND_COPY = (
     "matmul", "convolution", "elementwise", "normalisation", "copy")
+#: Codes of the kinds and dtype families, for integer columns (doctor.trace.events).
+COST_KINDS = (KIND_MATMUL, KIND_CONV, KIND_ELEMENTWISE, KIND_NORMALISE, KIND_COPY)
+COST_DTYPES = ("", "fp64", "fp32", "bf16", "fp16", "fp8")
 
 
 @dataclass(frozen=True)
