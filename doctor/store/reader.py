@@ -65,6 +65,7 @@ def _load_node(run_dir: Path) -> RunData:
     window_status: list[dict[str, Any]] = []
     dirs_of: dict[int, Path] = {}
     model_states: list[dict[str, Any]] = []
+    ops: list[pd.DataFrame] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
         meta = _meta(proc_dir)
@@ -93,7 +94,9 @@ def _load_node(run_dir: Path) -> RunData:
         trace = layout.trace_of(proc_dir)
         if trace is not None and not role.startswith("worker"):
             try:
-                windows.append(read_window(trace, rank).assign(node=0, pid=pid))
+                steps, op_rows = read_window(trace, rank)
+                windows.append(steps.assign(node=0, pid=pid))
+                ops.append(op_rows.assign(**who))
                 window_status.append({**who, "ok": True, "reason": ""})
             except WindowUnavailable as err:
                 window_status.append({**who, "ok": False, "reason": f"trace unreadable: {err}"})
@@ -110,7 +113,7 @@ def _load_node(run_dir: Path) -> RunData:
         "system": system.assign(node=0), "gpu": read_gpu(run_dir).assign(node=0),
         "gpu_procs": read_gpu_procs(run_dir).assign(node=0),
         "memory": memory.assign(node=0), "window": _concat(windows),
-        "window_status": window_status, "model_state": model_states,
+        "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
     }
     frames = empty_frames()
     for name, rows in parts.items():

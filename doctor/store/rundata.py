@@ -66,6 +66,9 @@ STACK_COLUMNS = columns(f"{WHO} stack:object count:int64")
 STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns end_ns taken:int64")
 WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object")
 MODEL_STATE_COLUMNS = columns(f"{WHO} tag kind device dtype:object bytes tensors:int64")
+#: The ops of each process's profiler window (doctor.trace.ops.OP_COLUMNS).
+OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
+                      "kernels:int64 flops bytes:float64 costed_calls:int64")
 #: The profiler window's steps: the trace's step frame, and which process recorded it.
 WINDOW_COLUMNS: dict[str, str] = {**STEP_COLUMNS, "node": "int64", "pid": "int64"}
 
@@ -146,7 +149,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "memory": {**_floats(MEMORY_COLUMNS, "t_s"), "tag": "object", "pid": "int64",
                "rank": "int64", "node": "int64"},
     "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
-    "model_state": MODEL_STATE_COLUMNS,
+    "model_state": MODEL_STATE_COLUMNS, "ops": OPS_COLUMNS,
 }
 
 
@@ -202,7 +205,8 @@ class RunData:
     - ``window``: one row per step the profiler recorded (doctor.trace.steps.STEP_COLUMNS,
       with ``node`` and ``pid``), and ``window_status`` whether each process's trace was read;
     - ``model_state``: bytes of parameters, gradients and optimizer state by device and dtype,
-      at the window's start and at exit (doctor.probes.model_state).
+      at the window's start and at exit (doctor.probes.model_state);
+    - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops).
     """
 
     record: RunRecord
@@ -222,6 +226,7 @@ class RunData:
     window: pd.DataFrame
     window_status: pd.DataFrame
     model_state: pd.DataFrame
+    ops: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(

@@ -29,6 +29,7 @@ from doctor.store.rundata import (
     typed,
 )
 from doctor.trace.events import Timeline, load_timeline
+from doctor.trace.ops import op_table
 from doctor.trace.reader import TraceMeta
 from doctor.trace.steps import step_frame_from_timeline
 
@@ -42,12 +43,14 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
     status: list[dict[str, Any]] = []
     windows = []
     memory: list[dict[str, Any]] = []
+    ops: list[pd.DataFrame] = []
     for i, (path, timeline, rank) in enumerate(zip(files, timelines, ranks, strict=True)):
         who = {"node": 0, "rank": rank, "pid": i + 1}
         procs.append({**who, "role": "main", "path": str(path),
                       "world_size": timeline.meta.world_size})
         frame = step_frame_from_timeline(timeline, rank)
         memory += _memory_rows(timeline, who)
+        ops.append(op_table(timeline).assign(**who))
         if frame.empty:
             why = "the trace has no events" if timeline.last_us <= 0 else "no step could be found"
             status.append({**who, "ok": False, "reason": why})
@@ -61,6 +64,8 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
     frames["window_status"] = typed(status, WINDOW_STATUS_COLUMNS)
     if memory:
         frames["memory"] = typed(memory, FRAME_COLUMNS["memory"])
+    if ops:
+        frames["ops"] = typed(pd.concat(ops, ignore_index=True), FRAME_COLUMNS["ops"])
     return RunData(record=RunRecord(kind=TRACE, source=", ".join(str(p) for p in files)),
                    **frames)
 
