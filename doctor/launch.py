@@ -68,7 +68,8 @@ class Launch:
     stdout: IO[Any] | None = None
     stderr: IO[Any] | None = None
     timeout_s: float | None = None
-    measure_handoff: bool = True  # time the worker-to-training handoff after the job
+    measure_handoff: bool = True  # time the worker-to-training handoff (and read the
+    # machine's roofline, measured once per machine) after the job
 
 
 def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
@@ -114,12 +115,13 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     duration = clock() - t0
     probes = samplers.stop()
     handoff = _measure_handoff() if launch.measure_handoff else None
+    peaks = _machine_peaks() if launch.measure_handoff else None
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
     record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,
                         signal=sig, duration_s=duration,
                         probes={k: v.to_dict() for k, v in probes.items()},
-                        fd_handoff_s=handoff, cwd=launch.cwd, env=env,
+                        fd_handoff_s=handoff, peaks=peaks, cwd=launch.cwd, env=env,
                         **({"timed_out": True} if timed_out else {}))
     write_run_record(run_dir, record)
     return JobResult(exit_code, sig, duration, probes, timed_out)
@@ -195,6 +197,17 @@ def _measure_handoff() -> float | None:
     try:
         return fd_handoff_seconds()
     except Exception:  # evidence for one estimate, never a reason to fail the run
+        return None
+
+
+def _machine_peaks() -> dict[str, Any] | None:
+    """The machine's roofline (doctor.probes.peaks), measured once per machine after a job
+    (a second or two), then read from its cache."""
+    from doctor.probes.peaks import machine_peaks
+
+    try:
+        return machine_peaks()
+    except Exception:  # evidence for the ops' classes, never a reason to fail the run
         return None
 
 

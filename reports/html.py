@@ -44,9 +44,10 @@ TABLE_TITLES: dict[str, str] = {
     "gpus": "Per GPU: NVML over the analysed steps",
     "gpu_over_run": "Per GPU over the run, in tenths: utilisation and memory",
     "memory": "Per rank: where the memory goes",
+    "ops": "Top ops of the lowest rank's window: time, class and share of the roof",
 }
 #: Keys of the verdict's extra that the report shows as tables or sections of their own.
-EXTRA_AS_TABLES = ("gpus", "memory")
+EXTRA_AS_TABLES = ("gpus", "memory", "ops")
 #: Tables drawn as charts only.
 TABLES_AS_CHARTS = ("memory_over_run",)
 

@@ -89,3 +89,17 @@ def test_a_real_traces_gemms_and_elementwise_ops() -> None:
     assert recsys.loc["aten::mm", "bound"] == BOUND_MEMORY
     assert recsys.loc["aten::add", "bound"] == BOUND_MEMORY
     assert 0.2 < recsys.loc["aten::add", "of_roof"] < 1.0
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
+def test_the_trace_door_gives_the_ops_and_mfu() -> None:
+    from doctor.analyse.pipeline import analyze_traces
+
+    analysis = analyze_traces([TRACES / "recsys_a100_rank3_of_8.json.gz"])
+    [ops] = analysis.verdict.extra["ops"]
+    assert ops["rank"] == 3 and "A100" in ops["roofs"]["source"]
+    # most of its operations ran as TF32: MFU against TF32's peak, a few percent
+    assert ops["mfu_dtype"] == "tf32" and 0.01 < ops["mfu"] < 0.1
+    top = analysis.tables["ops"]
+    assert len(top) == 15 and top["share"].is_monotonic_decreasing
+    assert set(top.loc[top["op"].isin(["aten::mm", "aten::addmm"]), "kind"]) == {"matmul"}

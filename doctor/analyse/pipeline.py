@@ -22,6 +22,7 @@ from doctor.analyse.gpu_split import counter_splits, crosscheck_notes
 from doctor.analyse.gpus import gpu_counters, gpu_tables
 from doctor.analyse.ledger import build_ledger
 from doctor.analyse.memory import memory_evidence
+from doctor.analyse.ops import ops_evidence
 from doctor.analyse.split import outside_loader, rank_split
 from doctor.analyse.steps import (
     analysed,
@@ -64,6 +65,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
     memory = memory_evidence(run, job.device, ranks, table, workers, counters, loaders,
                              job.world_size)
+    ops = ops_evidence(run, job.device, ranks, window, counters)
     evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
                               outside, span, in_range is not None,
                               facts.stacks_reason(run, ranks), counters, memory)
@@ -87,10 +89,12 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
         job=facts.job_dict(run, job), partial=partial, notes=notes,
         extra={"bottleneck_share": summary.bottleneck_share, "rules_skipped": outcome.skipped,
                **({"gpus": [g.to_dict() for g in counters.gpus]} if counters else {}),
-               **({"memory": memory.to_dict()} if memory else {})},
+               **({"memory": memory.to_dict()} if memory else {}),
+               **({"ops": [o.to_dict() for o in ops.values()]} if ops else {})},
     )
     tables = {**report_tables(ledger, window, loaders, run.host, run.processes, splits, outside),
-              **gpu_tables(counters), **memory_tables(memory)}
+              **gpu_tables(counters), **memory_tables(memory),
+              **({"ops": next(iter(ops.values())).top()} if ops else {})}
     return Analysis(verdict=verdict, ledger=ledger, source=run.record.source, tables=tables)
 
 

@@ -129,7 +129,8 @@ def mfu(ops: pd.DataFrame, roofs: Roofs, seconds: float) -> tuple[float, str] | 
     costed = ops[ops["flops"] > 0]
     if costed.empty or seconds <= 0:
         return None
-    by_dtype = costed.groupby("dtype")["flops"].sum()
+    column = "roof_dtype" if "roof_dtype" in costed else "dtype"  # TF32 where it ran so
+    by_dtype = costed.groupby(column)["flops"].sum()
     dtype = str(by_dtype.idxmax())
     peak = roofs.peak(dtype)
     if not peak:

@@ -133,6 +133,7 @@ def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecor
         exit_code=raw.get("exit_code"), signal=raw.get("signal"),
         cores=int(raw["cores"]) if raw.get("cores") else None,
         memory_bytes=int(raw["memory_bytes"]) if raw.get("memory_bytes") else None,
+        peaks=raw["peaks"] if isinstance(raw.get("peaks"), dict) else None,
         host=raw.get("host"), python=raw.get("python"), started=raw.get("started"),
         duration_s=raw.get("duration_s"), fd_handoff_s=raw.get("fd_handoff_s"), probes=probes,
         nodes=(raw.get("host"),),

@@ -53,7 +53,7 @@ PROCESS_COLUMNS = columns(
     f"{WHO} role path:object ppid started_ns ended_ns cores world_size:float64 "
     "torch_version:object torch_threads:float64 cuda crashed:object crashed_ns:float64 "
     "window_state window_reason cuda_initialized cuda_uuid:object cuda_device start_private_bytes "
-    "start_rss_bytes start_memory_ns:float64")
+    "start_rss_bytes start_memory_ns:float64 device_name:object")
 PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
 LOADER_COLUMNS = columns(
     f"{WHO} id num_workers:int64 batch_size:object pin_memory:bool prefetch_factor:object "
@@ -169,6 +169,7 @@ class RunRecord:
     signal: int | None = None
     cores: int | None = None
     memory_bytes: int | None = None  # the RAM the job may use (a container's limit if lower)
+    peaks: Mapping[str, Any] | None = None  # the machine's roofline (doctor.probes.peaks)
     host: str | None = None
     python: str | None = None
     started: str | None = None

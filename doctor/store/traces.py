@@ -46,8 +46,11 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
     ops: list[pd.DataFrame] = []
     for i, (path, timeline, rank) in enumerate(zip(files, timelines, ranks, strict=True)):
         who = {"node": 0, "rank": rank, "pid": i + 1}
+        props = timeline.meta.device_properties
         procs.append({**who, "role": "main", "path": str(path),
-                      "world_size": timeline.meta.world_size})
+                      "world_size": timeline.meta.world_size,
+                      "device_name": str(props[0].get("name")) if props and props[0].get("name")
+                      else None})
         frame = step_frame_from_timeline(timeline, rank)
         memory += _memory_rows(timeline, who)
         ops.append(op_table(timeline).assign(**who))
