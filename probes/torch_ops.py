@@ -87,7 +87,8 @@ class DeepWindow:
             activities = [ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 activities.append(ProfilerActivity.CUDA)
-            self._prof = profile(activities=activities, record_shapes=False,
+            # shapes: what each op costs (doctor.trace.op_costs); no stacks, no memory events
+            self._prof = profile(activities=activities, record_shapes=True,
                                  profile_memory=False, with_stack=False)
             self.session.record_event(EVENT_WINDOW_START, count)
             sample_own_stacks_if_asked(self.session)

@@ -47,6 +47,7 @@ ELEMENTWISE = frozenset({
     "aten::div", "aten::div_", "aten::relu", "aten::relu_", "aten::gelu", "aten::silu",
     "aten::silu_", "aten::sigmoid", "aten::tanh", "aten::exp", "aten::log", "aten::sqrt",
     "aten::rsqrt", "aten::pow", "aten::neg", "aten::abs", "aten::clamp", "aten::clamp_",
+    "aten::clamp_min", "aten::clamp_min_",
     "aten::threshold_backward", "aten::gelu_backward", "aten::silu_backward",
     "aten::sigmoid_backward", "aten::tanh_backward", "aten::where", "aten::addcmul_",
     "aten::addcdiv_", "aten::lerp_", "aten::maximum", "aten::minimum", "aten::masked_fill",
