@@ -4,6 +4,7 @@ the stages before it. Nothing here decides anything; it gathers and types."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 import pandas as pd
 
@@ -11,6 +12,7 @@ from doctor.analyse.contention import Span, cores_used, within
 from doctor.analyse.distributed import search_stragglers
 from doctor.analyse.gpus import GpuCounters, said_cuda
 from doctor.analyse.memory import MemoryEvidence
+from doctor.analyse.ops import RankOps
 from doctor.analyse.split import OutsideShares, StageSplit, outside_evidence, split_evidence
 from doctor.analyse.steps import WINDOW, RankSteps, analysed
 from doctor.rules.evidence import Evidence, JobFacts
@@ -60,7 +62,8 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
                    splits: dict[int, StageSplit], outside: dict[int, OutsideShares],
                    span: Span | None, ranged: bool, unsplit_reason: str,
                    gpus: GpuCounters | None = None,
-                   memory_use: MemoryEvidence | None = None) -> Evidence:
+                   memory_use: MemoryEvidence | None = None,
+                   ops: Mapping[int, RankOps] | None = None) -> Evidence:
     """The evidence of the run; ``workers`` the DataLoader workers of each rank, ``window``
     marked analysed (window_analysed), ``loaders`` of the training processes
     (training_loaders), ``gpus`` the GPU counters of a GPU job (doctor.analyse.gpus),
@@ -80,7 +83,7 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
         worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
                                                for p in workers[rank]], span, total=True),
         traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
-        gpus=gpus, memory_use=memory_use,
+        gpus=gpus, memory_use=memory_use, ops=ops or None,
     )
 
 

@@ -68,7 +68,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     ops = ops_evidence(run, job.device, ranks, window, counters)
     evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
                               outside, span, in_range is not None,
-                              facts.stacks_reason(run, ranks), counters, memory)
+                              facts.stacks_reason(run, ranks), counters, memory, ops)
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)
     findings = attach_verified(outcome.findings, run.record.tries)

@@ -17,13 +17,14 @@ from doctor.rules import (
     memory,
     memory_fit,
     memory_growth,
+    ops,
     other,
     trace,
 )
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 from doctor.rules.evidence import Evidence, JobFacts
 
-MODULES = (compute, distributed, gpu, gpu_counters, communication, memory, memory_fit,
+MODULES = (compute, ops, distributed, gpu, gpu_counters, communication, memory, memory_fit,
            memory_growth, host, input, other, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",

@@ -17,6 +17,7 @@ import pandas as pd
 if TYPE_CHECKING:
     from doctor.analyse.gpus import GpuCounters
     from doctor.analyse.memory import MemoryEvidence
+    from doctor.analyse.ops import RankOps
 
 HOST_CONTENTION = "host contention"
 
@@ -99,7 +100,9 @@ class Evidence:
     - ``gpus``: NVML's counters over the analysed steps, per GPU, and each rank's GPU
       (doctor.analyse.gpus; a GPU job only);
     - ``memory_use``: where each rank's memory goes, its capacity and headroom, growth over the
-      run, DataLoader workers' growth (doctor.analyse.memory).
+      run, DataLoader workers' growth (doctor.analyse.memory);
+    - ``ops``: each rank's ops against the roofline (doctor.analyse.ops), where its window
+      recorded ops.
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -119,6 +122,7 @@ class Evidence:
     traces: tuple[str, ...] | None = None
     gpus: GpuCounters | None = None
     memory_use: MemoryEvidence | None = None
+    ops: Mapping[int, RankOps] | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}

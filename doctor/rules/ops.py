@@ -1,0 +1,142 @@
+"""Op rules over the roofline classes (doctor.analyse.ops): which ops to attack, with what, and
+the step speedup each fix would give, estimated from the class.
+
+- memory-bound elementwise and normalisation ops: fusing them (``torch.compile``) keeps the
+  intermediates of a chain in registers; fused in pairs, half of their bytes stay unmoved, so
+  half of their time is the estimate;
+- fp32 matrix maths on a machine whose 16-bit (or TF32) roof is higher: autocast (or TF32),
+  the GEMMs' time scaled by the ratio of the roofs;
+- launch-bound ops (calls too short for their work to matter): CUDA graphs or a larger batch on
+  a GPU, fewer and larger ops (``torch.compile``) on a CPU; half their time is the estimate.
+
+Each estimate is the step with that time taken out of the compute share the ledger measured.
+"""
+
+from __future__ import annotations
+
+from doctor.analyse.ops import RankOps
+from doctor.analyse.roofline import BOUND_LAUNCH, BOUND_MEMORY
+from doctor.rules.base import rule
+from doctor.rules.evidence import Evidence
+from doctor.verdict import Finding, Fix
+
+MIN_SHARE = 0.15  # of the ops' time, for a class to be worth a finding
+FUSED_SAVING = 0.5
+LAUNCH_SAVING = 0.5
+MIN_GEMM_FLOPS_SHARE = 0.5
+
+
+def _compute_share(ev: Evidence) -> float | None:
+    ledger = ev.ledger
+    if ledger is None or ledger.empty:
+        return None
+    wall = float(ledger["wall_s"].sum())
+    return float(ledger["compute"].sum()) / wall if wall > 0 else None
+
+
+def _speedup(ev: Evidence, share_of_ops: float) -> float | None:
+    """The step's speedup with ``share_of_ops`` of the ops' time (the compute) taken out."""
+    compute = _compute_share(ev)
+    if compute is None:
+        return None
+    removed = compute * share_of_ops
+    return 1.0 / (1.0 - removed) if removed < 1 else None
+
+
+def _lowest(ev: Evidence) -> RankOps | None:
+    ops = ev.ops
+    return ops[min(ops)] if ops else None
+
+
+@rule("ops.memory_bound", needs=("ops",))
+def memory_bound(ev: Evidence) -> list[Finding]:
+    r = _lowest(ev)
+    if r is None or r.roofs is None:
+        return []
+    t = r.table
+    chain = t[(t["bound"] == BOUND_MEMORY) & t["kind"].isin(("elementwise", "normalisation"))]
+    share = float(chain["share"].sum())
+    if share < MIN_SHARE:
+        return []
+    names = ", ".join(str(n).removeprefix("aten::") for n in chain["op"].head(4))
+    return [Finding(
+        id="ops.memory_bound", category="compute", severity="warning",
+        title=(f"Memory-bound elementwise and normalisation ops take {share:.0%} of the ops' "
+               f"time ({names})"),
+        evidence={"rank": r.rank, "share_of_ops": share, "ops": list(chain["op"].head(8)),
+                  "bytes": float(chain["bytes"].sum()),
+                  "of_roof_median": float(chain["of_roof"].median()),
+                  "roofs": r.roofs.source},
+        fixes=(Fix(title="Fuse them: torch.compile",
+                   why="each of these reads and writes whole tensors to do a few operations "
+                       "per element; compiled, a chain of them keeps its intermediates in "
+                       f"registers. Fused in pairs, half of their {share:.0%} goes",
+                   code="model = torch.compile(model)"),),
+        estimated_speedup=_speedup(ev, share * FUSED_SAVING),
+    )]
+
+
+@rule("ops.fp32_gemm", needs=("ops",))
+def fp32_gemm(ev: Evidence) -> list[Finding]:
+    r = _lowest(ev)
+    if r is None or r.roofs is None:
+        return []
+    t = r.table
+    flops = float(t["flops"].sum())
+    gemm = t[t["kind"].isin(("matmul", "convolution")) & (t["roof_dtype"] == "fp32")]
+    fp32, half = r.roofs.flops.get("fp32"), max(
+        (r.roofs.flops.get(d, 0.0) for d in ("bf16", "tf32")), default=0.0)
+    if gemm.empty or not fp32 or half <= 1.2 * fp32 or flops <= 0:
+        return []
+    flops_share, share = float(gemm["flops"].sum()) / flops, float(gemm["share"].sum())
+    if flops_share < MIN_GEMM_FLOPS_SHARE or share < MIN_SHARE:
+        return []
+    gpu = r.roofs.device == "cuda"
+    saved = share * (1.0 - fp32 / half)
+    fixes = [Fix(title="Autocast to bfloat16",
+                 why=f"the GEMMs do {flops_share:.0%} of the operations, in fp32; this "
+                     f"machine's bf16 roof is {half / fp32:.1f}x its fp32 one",
+                 code=f"with torch.autocast(\"{'cuda' if gpu else 'cpu'}\", "
+                      "dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)")]
+    if gpu and "tf32" in r.roofs.flops:
+        fixes.insert(0, Fix(title="TF32 for fp32 matmuls",
+                            why="Tensor Cores do fp32 matrix maths in TF32 with no code change "
+                                "beyond this line (10 bits of mantissa in the products)",
+                            code="torch.set_float32_matmul_precision(\"high\")",
+                            apply={"torch": {"matmul_precision": "high"}}))
+    return [Finding(
+        id="ops.fp32_gemm", category="compute", severity="warning",
+        title=(f"fp32 GEMMs do {flops_share:.0%} of the operations and take {share:.0%} of the "
+               f"ops' time; the {'GPU' if gpu else 'CPU'} does {half / fp32:.1f}x that in 16 "
+               "bits"),
+        evidence={"rank": r.rank, "gemm_flops_share": flops_share, "share_of_ops": share,
+                  "fp32_peak_flops": fp32, "half_peak_flops": half, "roofs": r.roofs.source},
+        fixes=tuple(fixes), estimated_speedup=_speedup(ev, saved),
+    )]
+
+
+@rule("ops.launch_bound", needs=("ops",))
+def launch_bound(ev: Evidence) -> list[Finding]:
+    r = _lowest(ev)
+    if r is None or r.roofs is None:
+        return []
+    t = r.table
+    tiny = t[t["bound"] == BOUND_LAUNCH]
+    share = float(tiny["share"].sum())
+    if share < MIN_SHARE:
+        return []
+    gpu = r.roofs.device == "cuda"
+    fixes = [Fix(title="CUDA graphs: torch.compile(mode=\"reduce-overhead\")",
+                 why="one launch replays the step's many small kernels",
+                 code="model = torch.compile(model, mode=\"reduce-overhead\")")] if gpu else []
+    fixes.append(Fix(title="Fewer, larger ops: a larger batch, or torch.compile",
+                     why=f"{int(tiny['calls'].sum())} calls too short for their work to "
+                         "matter: the cost of issuing each is the cost",
+                     code="model = torch.compile(model)"))
+    return [Finding(
+        id="ops.launch_bound", category="compute", severity="warning",
+        title=f"Ops too small to pay for their launch take {share:.0%} of the ops' time",
+        evidence={"rank": r.rank, "share_of_ops": share, "calls": int(tiny["calls"].sum()),
+                  "ops": list(tiny["op"].head(8))},
+        fixes=tuple(fixes), estimated_speedup=_speedup(ev, share * LAUNCH_SAVING),
+    )]
