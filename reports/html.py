@@ -19,7 +19,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from doctor.reports import charts, memory_charts
+from doctor.reports import charts, memory_charts, roofline_chart
 from doctor.reports.text import (
     CATEGORY_WORDS,
     format_speedup,
@@ -120,6 +120,7 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         "tables": [_table(name, frame) for name, frame in analysis.tables.items()
                    if frame is not None and name not in TABLES_AS_CHARTS],
         "memory": _memory(analysis),
+        "ops": _ops(analysis),
         "source": analysis.source,
         "verdict_data": verdict.to_dict(),
     }
@@ -147,6 +148,22 @@ def _memory(analysis: Analysis) -> dict[str, Any] | None:
                           " (not drawn: the peak is a small part of it)"))
     return {"bar_svg": Markup(bar) if bar else None, "over_svg": Markup(over) if over else None,
             "sources": sources}
+
+
+def _ops(analysis: Analysis) -> dict[str, Any] | None:
+    """The ops section: the roofline chart of the lowest rank, and what its roofs are."""
+    ranks = analysis.verdict.extra.get("ops") or []
+    if not ranks:
+        return None
+    first = ranks[0]
+    svg = roofline_chart.roofline_chart(analysis.tables.get("ops"), first.get("roofs"))
+    words = []
+    if first.get("roofs"):
+        words.append(f"roofs: {first['roofs']['source']}")
+    if first.get("mfu") is not None:
+        words.append(f"model FLOP utilisation {format_value('share', first['mfu'])} "
+                     f"({first['mfu_dtype']})")
+    return {"svg": Markup(svg) if svg else None, "words": words}
 
 
 def _shares(shares: Mapping[str, float], bottleneck: str) -> list[dict[str, Any]]:
