@@ -3,6 +3,7 @@
     python bench/overhead.py                      # both jobs, 5 pairs each, default window
     python bench/overhead.py --jobs compute_bound --pairs 7 --steps 900
     python bench/overhead.py --window off         # the always-on part alone
+    python bench/overhead.py --shapes both        # the window with input shapes vs without
 
 For each job, runs ``python sample_jobs/JOB.py --steps N`` bare and under
 ``doctor run --out TMP [--window W] -- python sample_jobs/JOB.py --steps N``, alternating
@@ -28,6 +29,10 @@ Figures per job, each the median over pairs with (min..max):
   - window excess: the seconds the window steps and the closing step took beyond the median step,
     as a share of a ten-minute run (DESIGN.md: amortised over ten minutes or more, at most 1 %).
 * disk: the run directory's size after ``doctor run`` finished (report included).
+
+``--shapes both`` runs each pair twice, the window recording input shapes (doctor's default: the
+ops' FLOPs and bytes) and not (``DOCTOR_SHAPES=off``), one after the other, and prints the two
+tables and, pair by pair, the ratios of their window steps and closing steps.
 
 The machine has 2 cores and other work on it shows up in every figure: the load average is
 printed at the start and the end; with other load running, read min..max before the medians.
@@ -58,6 +63,8 @@ JOBS = ROOT / "sample_jobs"
 # the median step is taken over.
 DEFAULT_STEPS = {"compute_bound": 1500, "input_bound": 600}
 
+SHAPES_VARIANTS = {"on": ("on",), "off": ("off",), "both": ("on", "off")}
+SHAPES_ENV: dict[str, dict[str, str] | None] = {"on": None, "off": {"DOCTOR_SHAPES": "off"}}
 BUDGET_MEDIAN = 1.01
 BUDGET_WINDOW_STEP = 1.25
 BUDGET_CLOSING = 5.0
@@ -87,8 +94,9 @@ def job_result(stdout: str) -> dict:
     raise RuntimeError("no timing line in the job's stdout")
 
 
-def run(cmd: list[str]) -> dict:
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+def run(cmd: list[str], env: dict[str, str] | None = None) -> dict:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={**os.environ, **env} if env else None)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
         raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{tail}")
@@ -153,7 +161,8 @@ def job_command(job: str, steps: int, extra: list[str]) -> list[str]:
     return [sys.executable, str(JOBS / f"{job}.py"), "--steps", str(steps), *extra]
 
 
-def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: str) -> Pair:
+def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: str,
+             env: dict[str, str] | None = None) -> Pair:
     load = os.getloadavg()[0]
     bare = run(job_cmd)
     tmp = Path(tempfile.mkdtemp(prefix="doctor-overhead-"))
@@ -162,7 +171,7 @@ def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: st
         cmd = [*doctor_command(), "run", "--out", str(run_dir)]
         if window is not None:
             cmd += ["--window", window]
-        doc = run([*cmd, "--", *job_cmd])
+        doc = run([*cmd, "--", *job_cmd], env)
         from doctor.store.rundir import disk_usage_bytes
 
         disk = disk_usage_bytes(run_dir)
@@ -243,6 +252,22 @@ def report(title: str, pairs: list[Pair], window_on: bool) -> None:
     print(f"  run directory disk KB            {spread(disks, '{:.0f}')}")
 
 
+def shapes_report(on: list[Pair], off: list[Pair]) -> None:
+    """Pair by pair, the window with shapes against without: its steps and its closing step."""
+    def win(p: Pair) -> float:
+        return float(np.median(p.window.active)) if p.window.active else float("nan")
+
+    steps = [win(a) / win(b) for a, b in zip(on, off, strict=True)]
+    closes = [a.window.closing_s / b.window.closing_s for a, b in zip(on, off, strict=True)]
+    extra = [(a.window.excess_s() - b.window.excess_s()) / AMORTISE_OVER_S
+             for a, b in zip(on, off, strict=True)]
+    print("\n== window shapes on / off, pair by pair ==")
+    print(f"  window step (median)   on/off  {spread(steps, '{:.2f}')}")
+    print(f"  closing step           on/off  {spread(closes, '{:.2f}')}")
+    print(f"  what shapes add, as a share of a {AMORTISE_OVER_S / 60:.0f}-min run  "
+          f"{med(extra) * 100:.3f} %")
+
+
 def micro_benchmark(n: int = 200_000) -> None:
     """Per-call cost of the Session's hot path (no window attached), fake run dir."""
     from doctor.record.session import STEP_OPTIMIZER, Session
@@ -285,6 +310,9 @@ def main() -> None:
                     help="override the steps of every job (default: per job, ~20-30 s loop)")
     ap.add_argument("--window", default=None,
                     help="passed to doctor run --window (START,STEPS or off; default: doctor's)")
+    ap.add_argument("--shapes", choices=sorted(SHAPES_VARIANTS), default="on",
+                    help="the window records input shapes (on, doctor's default), not (off: "
+                         "DOCTOR_SHAPES=off), or both, pair by pair")
     ap.add_argument("--job-args", default="",
                     help="extra arguments for every job, e.g. '--threads 1' (one string)")
     ap.add_argument("--keep", type=Path, default=None,
@@ -315,11 +343,17 @@ def main() -> None:
         job_cmd = job_command(job, steps, shlex.split(args.job_args))
         if not args.no_warmup:
             run(job_cmd)
-        pairs = []
+        variants = SHAPES_VARIANTS[args.shapes]
+        pairs: dict[str, list[Pair]] = {v: [] for v in variants}
         for i in range(args.pairs):
-            pairs.append(run_pair(job_cmd, args.window, args.keep, f"{job}-{i + 1}"))
+            for v in variants:
+                pairs[v].append(run_pair(job_cmd, args.window, args.keep, f"{job}-{v}-{i + 1}",
+                                         SHAPES_ENV[v]))
             print(f"  {job}: pair {i + 1}/{args.pairs} done", file=sys.stderr, flush=True)
-        report(" ".join([job, *job_cmd[2:]]), pairs, window_on)
+        for v in variants:
+            report(" ".join([job, *job_cmd[2:], f"(window shapes {v})"]), pairs[v], window_on)
+        if len(variants) == 2 and window_on:
+            shapes_report(pairs["on"], pairs["off"])
     if not args.no_micro:
         micro_benchmark()
     load1 = os.getloadavg()

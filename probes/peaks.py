@@ -26,6 +26,8 @@ COPY_BYTES = {"cpu": 64 << 20, "cuda": 1 << 30}
 REPEATS = 5
 DTYPES = ("float32", "bfloat16", "float16")
 TIMEOUT_S = 120.0
+#: A measurement taken by an earlier version of this file is taken again.
+MEASUREMENT = 2  # 2: TF32 on GPUs
 
 
 def _best(run: Any, sync: Any, repeats: int = REPEATS) -> float:
@@ -58,6 +60,10 @@ def measure(device: str) -> dict[str, Any]:
             flops[name] = 2.0 * n ** 3 / seconds
         except Exception:  # a dtype this build or device does not multiply: no roof for it
             continue
+    if device == "cuda" and "float32" in flops:
+        tf32 = _tf32_flops(n, sync)
+        if tf32 is not None and tf32 > 1.2 * flops["float32"]:  # Tensor Cores took it
+            flops["tf32"] = tf32
     src = torch.empty(COPY_BYTES[device] // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     seconds = _best(lambda: dst.copy_(src), sync)
@@ -65,6 +71,23 @@ def measure(device: str) -> dict[str, Any]:
     return {"device": device, "name": name, "gemm_flops": flops,
             "copy_bytes_s": 2.0 * src.numel() * 4 / seconds,  # read and written
             "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
+
+
+def _tf32_flops(n: int, sync: Any) -> float | None:
+    """An fp32 GEMM with TF32 allowed (Tensor Cores from Ampere on), the setting restored."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = True
+        a = torch.randn(n, n, device="cuda")
+        b = torch.randn(n, n, device="cuda")
+        return 2.0 * n ** 3 / _best(lambda: torch.mm(a, b), sync)
+    except Exception:
+        return None
+    finally:
+        matmul.allow_tf32 = before
 
 
 def _cpu_name() -> str:
@@ -95,7 +118,7 @@ def machine_peaks(python: str = sys.executable, cache: Path | None = None) -> di
     """The peaks of this machine for ``python``'s torch: from the cache when measured before
     with the same interpreter, else measured now in a child process (None if that fails)."""
     cache = cache or cache_path()
-    key = os.path.realpath(python)
+    key = f"{os.path.realpath(python)} (measurement {MEASUREMENT})"
     try:
         known = json.loads(cache.read_text())
     except (OSError, json.JSONDecodeError):

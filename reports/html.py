@@ -160,9 +160,13 @@ def _ops(analysis: Analysis) -> dict[str, Any] | None:
     words = []
     if first.get("roofs"):
         words.append(f"roofs: {first['roofs']['source']}")
+        if first["roofs"].get("cross_check"):
+            words.append(first["roofs"]["cross_check"])
     if first.get("mfu") is not None:
         words.append(f"model FLOP utilisation {format_value('share', first['mfu'])} "
                      f"({first['mfu_dtype']})")
+    if first.get("note"):
+        words.append(first["note"])
     return {"svg": Markup(svg) if svg else None, "words": words}
 
 

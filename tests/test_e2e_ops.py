@@ -36,3 +36,21 @@ def test_elementwise_chain_is_memory_bound_and_dense_layers_compute_bound(
     else:
         assert share.get("memory", 0.0) > 0.6 and "ops.memory_bound" in ids
         assert ops["mfu"] < 0.1
+
+
+def test_window_without_shapes_keeps_ops_by_time_and_says_why(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = doctor_cmd("run", "--out", str(out), "--", sys.executable,
+                        str(SAMPLE_JOBS / "elementwise_bound.py"), "--steps", "30",
+                        env={"DOCTOR_SHAPES": "off"})
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads((out / "verdict.json").read_text())
+    [ops] = verdict["ops"]
+    assert ops["top"] and all(row["flops"] is None or row["flops"] != row["flops"] or
+                              row["flops"] == 0 for row in ops["top"])
+    assert "DOCTOR_SHAPES=off" in ops["note"]
+    assert ops["mfu"] is None
+    ids = [f["id"] for f in verdict["findings"]]
+    assert "ops.memory_bound" not in ids
+    report = out / "report.html"
+    assert "DOCTOR_SHAPES=off" in report.read_text()

@@ -38,3 +38,14 @@ def test_peaks_are_measured_once_then_cached(tmp_path: Path) -> None:
     again = machine_peaks(sys.executable, cache)
     assert again == first  # read back, not measured again
     assert machine_peaks("/nonexistent/python", tmp_path / "other.json") is None
+
+
+def test_a_measurement_of_an_earlier_kind_is_taken_again(tmp_path: Path) -> None:
+    import json
+    import os
+
+    cache = tmp_path / "peaks.json"
+    stale = {"cpu": {"gemm_flops": {"float32": 1.0}, "copy_bytes_s": 1.0}}
+    cache.write_text(json.dumps({os.path.realpath(sys.executable): stale}))
+    fresh = machine_peaks(sys.executable, cache)
+    assert fresh is not None and fresh["cpu"]["gemm_flops"]["float32"] > 1e6

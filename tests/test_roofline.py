@@ -103,3 +103,18 @@ def test_the_trace_door_gives_the_ops_and_mfu() -> None:
     top = analysis.tables["ops"]
     assert len(top) == 15 and top["share"].is_monotonic_decreasing
     assert set(top.loc[top["op"].isin(["aten::mm", "aten::addmm"]), "kind"]) == {"matmul"}
+
+
+def test_a_measured_gpu_is_checked_against_its_published_figures() -> None:
+    from dataclasses import replace
+
+    from doctor.analyse.roofline import measured_roofs, published_roofs
+
+    peaks = {"cuda": {"gemm_flops": {"float32": 18e12, "tf32": 120e12, "bfloat16": 250e12},
+                      "copy_bytes_s": 1.6e12}}
+    measured = measured_roofs(peaks, "cuda")
+    assert measured is not None and measured.flops["tf32"] == 120e12
+    checked = replace(measured, published=published_roofs("NVIDIA A100-SXM4-80GB"))
+    words = checked.to_dict()["cross_check"]
+    assert "A100" in words and "bf16 80%" in words and "bandwidth 80%" in words
+    assert "cross_check" not in measured.to_dict()

@@ -10,7 +10,7 @@ without a measurement, or a GPU nobody published figures for, has its ops by tim
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -18,6 +18,7 @@ import pandas as pd
 from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.roofline import Roofs, classify, measured_roofs, mfu, published_roofs
 from doctor.analyse.steps import RankSteps
+from doctor.probes.torch_ops import ENV_SHAPES
 from doctor.store.rundata import RunData
 
 TOP = 15
@@ -33,6 +34,7 @@ class RankOps:
     mfu: float | None
     mfu_dtype: str | None
     window_s: float  # the profiled steps' time the ops were taken over
+    note: str | None = None  # why the ops have no costs, where they have none
 
     def top(self, n: int = TOP) -> pd.DataFrame:
         return self.table[[c for c in SHOWN if c in self.table]].head(n)
@@ -40,15 +42,16 @@ class RankOps:
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "roofs": self.roofs.to_dict() if self.roofs else None,
                 "mfu": self.mfu, "mfu_dtype": self.mfu_dtype, "window_s": self.window_s,
-                "top": self.top().to_dict(orient="records")}
+                "note": self.note, "top": self.top().to_dict(orient="records")}
 
 
 def _roofs(run: RunData, device: str, gpu_name: str | None) -> Roofs | None:
     peaks = run.record.peaks if isinstance(run.record.peaks, Mapping) else None
     measured = measured_roofs(peaks, device)
+    published = published_roofs(gpu_name) if device == "cuda" else None
     if measured is not None:
-        return measured
-    return published_roofs(gpu_name) if device == "cuda" else None
+        return replace(measured, published=published)
+    return published
 
 
 def rank_ops(run: RunData, device: str, main: RankSteps, window: pd.DataFrame,
@@ -77,7 +80,22 @@ def rank_ops(run: RunData, device: str, main: RankSteps, window: pd.DataFrame,
     table = table.sort_values("time_s", ascending=False, kind="stable").reset_index(drop=True)
     found = mfu(table, roofs, window_s) if roofs is not None else None
     return RankOps(rank=main.rank, table=table, roofs=roofs, mfu=found[0] if found else None,
-                   mfu_dtype=found[1] if found else None, window_s=window_s)
+                   mfu_dtype=found[1] if found else None, window_s=window_s,
+                   note=_no_costs(run, main, table))
+
+
+def _no_costs(run: RunData, main: RankSteps, table: pd.DataFrame) -> str | None:
+    """Why no op has a cost, where none has (None otherwise)."""
+    for cost in ("flops", "bytes"):
+        if cost in table and bool((pd.to_numeric(table[cost], errors="coerce") > 0).any()):
+            return None
+    proc = run.rows("processes", main.process)
+    shapes = proc["window_shapes"].iloc[0] if "window_shapes" in proc and len(proc) else None
+    if shapes is not None and not pd.isna(shapes) and not bool(shapes):
+        return (f"the window recorded no input shapes ({ENV_SHAPES}=off): the ops are by time "
+                "only, with no FLOPs, bytes or roofline")
+    return ("the trace has no input shapes (record_shapes=False): the ops are by time only, "
+            "with no FLOPs, bytes or roofline")
 
 
 def ops_evidence(run: RunData, device: str, ranks: Mapping[int, RankSteps],

@@ -51,13 +51,27 @@ class Roofs:
     bytes_s: float
     source: str  # "measured on this machine" | "published figures for <product>"
     device: str = "cpu"
+    published: Roofs | None = None  # a measured GPU's published figures, the cross-check
 
     def peak(self, dtype: str) -> float | None:
         return self.flops.get(dtype) or self.flops.get("fp32")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"flops": dict(self.flops), "bytes_s": self.bytes_s, "source": self.source,
-                "device": self.device}
+        out: dict[str, Any] = {"flops": dict(self.flops), "bytes_s": self.bytes_s,
+                               "source": self.source, "device": self.device}
+        if self.published is not None:
+            out["published"] = self.published.to_dict()
+            out["cross_check"] = self.cross_check()
+        return out
+
+    def cross_check(self) -> str | None:
+        """The measured roofs against the published ones, in words (None: nothing to check)."""
+        if self.published is None:
+            return None
+        parts = [f"{d} {self.flops[d] / p:.0%}" for d, p in self.published.flops.items()
+                 if self.flops.get(d) and p]
+        parts.append(f"bandwidth {self.bytes_s / self.published.bytes_s:.0%}")
+        return (f"measured against the {self.published.source}: " + ", ".join(parts))
 
 
 def measured_roofs(peaks: Mapping[str, Any] | None, device: str) -> Roofs | None:

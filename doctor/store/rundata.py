@@ -52,8 +52,8 @@ WHO = "node rank pid:int64"
 PROCESS_COLUMNS = columns(
     f"{WHO} role path:object ppid started_ns ended_ns cores world_size:float64 "
     "torch_version:object torch_threads:float64 cuda crashed:object crashed_ns:float64 "
-    "window_state window_reason cuda_initialized cuda_uuid:object cuda_device start_private_bytes "
-    "start_rss_bytes start_memory_ns:float64 device_name:object")
+    "window_state window_reason window_shapes cuda_initialized cuda_uuid:object cuda_device "
+    "start_private_bytes start_rss_bytes start_memory_ns:float64 device_name:object")
 PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
 LOADER_COLUMNS = columns(
     f"{WHO} id num_workers:int64 batch_size:object pin_memory:bool prefetch_factor:object "
