@@ -73,3 +73,17 @@ def test_the_gemms_of_a_real_trace() -> None:
         assert cost is not None and cost.flops == 2 * m * k * n
         seen[name] += 1
     assert seen["aten::mm"] > 10 and seen["aten::addmm"] >= 10
+
+
+def test_a_convolutions_input_layout_from_its_strides() -> None:
+    from doctor.trace.op_costs import LAYOUT_NCHW, LAYOUT_NHWC, conv_layout
+
+    dims = [[32, 64, 56, 56], [128, 64, 3, 3], [], [], [], [], [], [], []]
+    nchw = [[64 * 56 * 56, 56 * 56, 56, 1], [576, 9, 3, 1]]
+    nhwc = [[64 * 56 * 56, 1, 56 * 64, 64], [576, 1, 192, 64]]
+    assert conv_layout("aten::cudnn_convolution", dims, nchw) == LAYOUT_NCHW
+    assert conv_layout("aten::convolution_backward", dims, nhwc) == LAYOUT_NHWC
+    # one channel: both formats have the same strides, so neither can be told
+    assert conv_layout("aten::convolution", [[8, 1, 28, 28]], [[784, 784, 28, 1]]) == 0
+    assert conv_layout("aten::mm", dims, nchw) == 0
+    assert conv_layout("aten::conv1d", [[8, 3, 100]], [[300, 100, 1]]) == 0

@@ -50,3 +50,35 @@ def test_a_real_trace_ties_its_kernels_to_ops() -> None:
     # every kernel and copy of this trace was launched inside some op
     assert table["device_s"].sum() == pytest.approx(kernels + copies, rel=0.02)
     assert set(table["op"].head(2)) == {"aten::convolution_backward", "aten::cudnn_convolution"}
+
+
+def test_transposes_belong_to_the_convolution_and_strides_give_its_layout() -> None:
+    from doctor.trace.events import K_GEMM, K_LAYOUT, K_OTHER, _kernel_kind
+
+    assert _kernel_kind("void cudnn::ops::nchwToNhwcKernel<float, float, float, false>") \
+        == K_LAYOUT
+    assert _kernel_kind("void cudnn::ops::nhwcToNchwKernel<float, float, float, true>") \
+        == K_LAYOUT
+    assert _kernel_kind("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 512>") \
+        == K_OTHER  # cuDNN's, but batch normalisation, not a GEMM
+    assert _kernel_kind("volta_scudnn_128x64_relu_interior_nn_v1") == K_GEMM
+    conv = {"Input Dims": [[32, 64, 56, 56], [128, 64, 3, 3], [], [], [], [], [], [], []],
+            "Input type": ["float", "float", "", "ScalarList", "ScalarList", "ScalarList",
+                           "Scalar", "Scalar", "Scalar"],
+            "Input Strides": [[64 * 56 * 56, 56 * 56, 56, 1], [576, 9, 3, 1], [], [], [], [],
+                              [], [], []]}
+    launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 2, "tid": 1}
+    kernel = {"ph": "X", "cat": "kernel", "tid": 9}
+    events = [
+        op("aten::cudnn_convolution", 0, 100, **conv),
+        {**launch, "ts": 10, "args": {"correlation": 1}},
+        {**kernel, "name": "void cudnn::ops::nchwToNhwcKernel<float>", "ts": 20, "dur": 30,
+         "args": {"correlation": 1}},
+        {**launch, "ts": 20, "args": {"correlation": 2}},
+        {**kernel, "name": "sm80_xmma_fprop_implicit_gemm_tf32", "ts": 50, "dur": 200,
+         "args": {"correlation": 2}},
+    ]
+    row = op_table(build_timeline(events)).set_index("op").loc["aten::cudnn_convolution"]
+    assert row["device_s"] == pytest.approx(230e-6)
+    assert row["layout_s"] == pytest.approx(30e-6)
+    assert row["nchw_calls"] == 1 and row["nhwc_calls"] == 0

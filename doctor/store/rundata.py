@@ -68,7 +68,8 @@ WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object")
 MODEL_STATE_COLUMNS = columns(f"{WHO} tag kind device dtype:object bytes tensors:int64")
 #: The ops of each process's profiler window (doctor.trace.ops.OP_COLUMNS).
 OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
-                      "kernels:int64 flops bytes:float64 costed_calls:int64")
+                      "kernels:int64 flops bytes:float64 costed_calls:int64 layout_s:float64 "
+                      "nchw_calls nhwc_calls:int64")
 #: The profiler window's steps: the trace's step frame, and which process recorded it.
 WINDOW_COLUMNS: dict[str, str] = {**STEP_COLUMNS, "node": "int64", "pid": "int64"}
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, OpCost, op_cost
+from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, OpCost, conv_layout, op_cost
 from doctor.trace.reader import TraceMeta, TraceStream
 
 __all__ = ["Timeline", "build_timeline", "load_timeline"]
@@ -38,13 +38,18 @@ MEM_UNKNOWN, PAGEABLE, PINNED = 0, 1, 2
 # runtime call kinds
 RT_OTHER, RT_LAUNCH, RT_SYNC, RT_COPY = 0, 1, 2, 3
 # kernel kinds
-K_OTHER, K_COMM, K_GEMM, K_GEMM_TC = 0, 1, 2, 3
+K_OTHER, K_COMM, K_GEMM, K_GEMM_TC, K_LAYOUT = 0, 1, 2, 3, 4
 
 _COMM_KERNEL = re.compile(r"(?:^|[\s_:])(?:nccl|rccl)", re.IGNORECASE)
 _COMM_OP = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:", "c10d:")
 _GEMM = re.compile(
     r"gemm|conv|cudnn|cublas|cutlass|xmma|wgrad|dgrad|fprop|winograd|matmul|mma", re.IGNORECASE
 )
+#: cuDNN's transposes between NCHW and NHWC around a convolution that runs NHWC (Tensor Cores)
+#: on NCHW tensors: neither GEMM nor the model's own work.
+_LAYOUT_KERNEL = re.compile(r"nchw_?to_?nhwc|nhwc_?to_?nchw|nchw2nhwc|nhwc2nchw", re.IGNORECASE)
+#: cuDNN kernels that match _GEMM by their library's name but are batch normalisation.
+_NOT_GEMM = re.compile(r"(?:^|[^a-z])bn_|batch_?norm", re.IGNORECASE)
 _TENSOR_CORE = re.compile(
     r"884|1688|16816|hmma|xmma|wmma|gmma|tensorop|tf32|bf16|f16|fp16|half|_tc_|tensor_core",
     re.IGNORECASE,
@@ -116,7 +121,8 @@ class Timeline:
     steps: list[tuple[int, float, float]]  # (step number, start, end) from ProfilerStep#N
     optimizer_steps: EventArrays
     host_ops: EventArrays  # attrs: tid, name, comm (1 for collectives), cost_kind and dtype
-    # (codes in op_costs.COST_KINDS/COST_DTYPES, -1: no cost), flops, bytes
+    # (codes in op_costs.COST_KINDS/COST_DTYPES, -1: no cost), flops, bytes, layout (a
+    # convolution's input: op_costs.LAYOUTS)
     python: EventArrays  # python_function events (with_stack): tid, name
     dataloader: EventArrays
     comm_ops: EventArrays
@@ -149,7 +155,9 @@ def _number(value: Any) -> float | None:
 def _kernel_kind(name: str) -> int:
     if _COMM_KERNEL.search(name):
         return K_COMM
-    if _GEMM.search(name):
+    if _LAYOUT_KERNEL.search(name):
+        return K_LAYOUT
+    if _GEMM.search(name) and not _NOT_GEMM.search(name):
         return K_GEMM_TC if _TENSOR_CORE.search(name) else K_GEMM
     return K_OTHER
 
@@ -176,7 +184,8 @@ class _Collector:
         self._tids: dict[Any, int] = {}
         self.steps: dict[int, tuple[float, float]] = {}
         self.optimizer = _Columns()
-        self.host = _Columns(("tid", "name", "comm", "cost_kind", "dtype", "flops", "bytes"))
+        self.host = _Columns(("tid", "name", "comm", "cost_kind", "dtype", "flops", "bytes",
+                              "layout"))
         self.python = _Columns(("tid", "name"))
         self.dataloader = _Columns()
         self.comm = _Columns()
@@ -285,10 +294,12 @@ class _Collector:
         if cat in _HOST_CATS:
             args = ev.get("args")
             args = args if isinstance(args, dict) else {}
-            cost = op_cost(name, args["Input Dims"], args.get("Input type")) \
-                if "Input Dims" in args else None
+            dims = args.get("Input Dims")
+            cost = op_cost(name, dims, args.get("Input type")) if dims is not None else None
+            layout = conv_layout(name, dims, args.get("Input Strides")) \
+                if cost is not None and "Input Strides" in args else 0
             self.host.add(ts, end, self.tid_id(ev.get("tid")), self.name_id(name), int(comm),
-                          *_cost_columns(cost))
+                          *_cost_columns(cost), layout)
 
 
 def _int_arg(args: dict[str, Any], key: str) -> int:

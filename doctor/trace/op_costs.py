@@ -72,6 +72,32 @@ COST_KINDS = (KIND_MATMUL, KIND_CONV, KIND_ELEMENTWISE, KIND_NORMALISE, KIND_COP
 COST_DTYPES = ("", "fp64", "fp32", "bf16", "fp16", "fp8")
 
 
+#: Memory formats of a convolution's input, as the strides a trace records show it (codes in
+#: an integer column: 0 for not known, or neither).
+LAYOUTS = ("", "nchw", "nhwc")
+LAYOUT_NCHW, LAYOUT_NHWC = 1, 2
+
+
+def conv_layout(name: str, input_dims: Any, input_strides: Any) -> int:
+    """The memory format of a 2-d convolution's first input (forward: the input; backward: the
+    incoming gradient), from ``Input Dims`` and ``Input Strides``: NCHW-contiguous, NHWC
+    (``channels_last``), or 0 where the strides say neither or cannot tell (one channel, one
+    pixel)."""
+    if name not in CONV and name not in CONV_BACKWARD:
+        return 0
+    dims, strides = _dims(input_dims), _dims(input_strides)
+    if not dims or not strides or len(dims[0]) != 4 or len(strides[0]) != 4:
+        return 0
+    (_, c, h, w), (_, sc, sh, sw) = dims[0], strides[0]
+    if c == 1 or h * w == 1:
+        return 0  # the same bytes in either format
+    nchw = sw == 1 and sh == w and sc == h * w
+    nhwc = sc == 1 and sw == c and sh == w * c
+    if nchw == nhwc:
+        return 0
+    return LAYOUT_NCHW if nchw else LAYOUT_NHWC
+
+
 @dataclass(frozen=True)
 class OpCost:
     """One call's cost: operations, bytes moved, its kind and dtype family."""

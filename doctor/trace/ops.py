@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from doctor.trace.events import Timeline
-from doctor.trace.op_costs import COST_DTYPES, COST_KINDS
+from doctor.trace.events import K_LAYOUT, Timeline
+from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, LAYOUT_NCHW, LAYOUT_NHWC
 
 US = 1e-6
 OP_COLUMNS = ("op", "kind", "dtype", "calls", "self_s", "device_s", "kernels", "flops",
-              "bytes", "costed_calls")
+              "bytes", "costed_calls", "layout_s", "nchw_calls", "nhwc_calls")
 
 
 def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -76,24 +76,32 @@ def op_table(t: Timeline, lo_us: float | None = None, hi_us: float | None = None
              ) -> pd.DataFrame:
     """One row per op name that started within [lo_us, hi_us) (the whole trace by default),
     the most time first (device time on a GPU trace, the host's own time otherwise). ``device_s``
-is the time of the kernels and copies the op launched; ``kernels`` counts both."""
+is the time of the kernels and copies the op launched; ``kernels`` counts both; ``layout_s`` is
+    the part of it in NCHW/NHWC transposes; ``nchw_calls`` and ``nhwc_calls`` count the calls of
+    a convolution whose input the strides show in that memory format."""
     host, kernels = t.host_ops, t.kernels
     if not len(host):
         return pd.DataFrame({c: pd.Series(dtype=float) for c in OP_COLUMNS})
     a = host.attrs
     own = _self_us(host.start, host.end, a["tid"])
     device = np.zeros(len(host))
+    layout_us = np.zeros(len(host))
     launched = np.zeros(len(host), dtype=np.int64)
     if len(kernels) or len(t.memcpy):
         launcher = _launching_ops(t)
         op_of = {int(c): int(launcher[j]) for j, c in enumerate(t.runtime.attrs["corr"])
                  if c >= 0 and launcher[j] >= 0}
-        for work in (kernels, t.memcpy):  # kernels, and copies (a copy op's device time)
-            for corr, dur in zip(work.attrs["corr"], work.end - work.start, strict=True):
+        transposes = kernels.attrs["kind"] == K_LAYOUT
+        for work, layout in ((kernels, transposes), (t.memcpy, np.zeros(len(t.memcpy), bool))):
+            # kernels, and copies (a copy op's device time)
+            for corr, dur, is_layout in zip(work.attrs["corr"], work.end - work.start, layout,
+                                            strict=True):
                 i = op_of.get(int(corr))
                 if i is not None:
                     device[i] += dur
                     launched[i] += 1
+                    if is_layout:
+                        layout_us[i] += dur
     keep = np.ones(len(host), dtype=bool)
     if lo_us is not None:
         keep &= host.start >= lo_us
@@ -107,6 +115,8 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both."
         "self_s": own[keep] * US, "device_s": device[keep] * US,
         "kernels": launched[keep], "flops": a["flops"][keep].astype(float),
         "bytes": a["bytes"][keep].astype(float), "costed": kind[keep] >= 0,
+        "layout_s": layout_us[keep] * US, "nchw": a["layout"][keep] == LAYOUT_NCHW,
+        "nhwc": a["layout"][keep] == LAYOUT_NHWC,
     })
     g = frame.groupby("op", sort=False)
     table = pd.DataFrame({
@@ -114,7 +124,8 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both."
         "dtype": g["dtype"].agg(lambda s: next((d for d in s if d), "")),
         "calls": g.size(), "self_s": g["self_s"].sum(), "device_s": g["device_s"].sum(),
         "kernels": g["kernels"].sum(), "flops": g["flops"].sum(), "bytes": g["bytes"].sum(),
-        "costed_calls": g["costed"].sum(),
+        "costed_calls": g["costed"].sum(), "layout_s": g["layout_s"].sum(),
+        "nchw_calls": g["nchw"].sum(), "nhwc_calls": g["nhwc"].sum(),
     }).reset_index()
     order = "device_s" if t.has_gpu else "self_s"
     return table.sort_values(order, ascending=False, kind="stable").reset_index(drop=True)
