@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GPU check: run each GPU sample job bare-bottlenecked, --fixed, and with the profiler window
-# off under `doctor run`, and the memory sample jobs with --device cuda (the allocator's side of
-# the breakdown), and keep the run directories, their verdicts and NVML samples. Meant
-# for a machine with a CUDA GPU:
+# GPU check: run each GPU sample job (gpu_*.py) bare-bottlenecked, --fixed, and with the
+# profiler window off under `doctor run`, and the memory sample jobs with --device cuda (the
+# allocator's side of the breakdown), and keep the run directories, their verdicts and NVML
+# samples. Meant for a machine with a CUDA GPU:
 #
-#   OUT=/tmp/gpu-check bash bench/gpu_check.sh            # all jobs, ~5-6 minutes
+#   OUT=/tmp/gpu-check bash bench/gpu_check.sh            # all jobs, ~6-7 minutes
 #   OUT=/tmp/gpu-check bash bench/gpu_check.sh launch_bound
 #
 # Writes $OUT/<job>[-fixed|-nowindow]/ (run directories: gpu.npz and gpus.json are NVML's
@@ -28,7 +28,7 @@ DOCTOR=(doctor)
 command -v doctor >/dev/null 2>&1 || DOCTOR=("$PYTHON" -m doctor.cli)
 
 jobs=("$@")
-[ ${#jobs[@]} -eq 0 ] && jobs=(pageable_copy fragmenting launch_bound)
+[ ${#jobs[@]} -eq 0 ] && jobs=(pageable_copy fragmenting launch_bound conv_layout)
 
 for job in "${jobs[@]}"; do
     for variant in "" "--fixed" "nowindow"; do

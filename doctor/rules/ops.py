@@ -7,23 +7,32 @@ the step speedup each fix would give, estimated from the class.
 - fp32 matrix maths on a machine whose 16-bit (or TF32) roof is higher: autocast (or TF32),
   the GEMMs' time scaled by the ratio of the roofs;
 - launch-bound ops (calls too short for their work to matter): CUDA graphs or a larger batch on
-  a GPU, fewer and larger ops (``torch.compile``) on a CPU; half their time is the estimate.
+  a GPU, fewer and larger ops (``torch.compile``) on a CPU; half their time is the estimate;
+- convolutions on NCHW tensors on a GPU whose Tensor Cores run them NHWC: ``channels_last``.
+  Where cuDNN transposes the tensors to NHWC and back (its ``nchwToNhwc`` kernels), their time
+  is the estimate; where only the strides show NCHW inputs in 16 bits (or TF32), there is no
+  measured estimate and the finding says to try it.
 
 Each estimate is the step with that time taken out of the compute share the ledger measured.
 """
 
 from __future__ import annotations
 
+import pandas as pd
+
 from doctor.analyse.ops import RankOps
 from doctor.analyse.roofline import BOUND_LAUNCH, BOUND_MEMORY
 from doctor.rules.base import rule
 from doctor.rules.evidence import Evidence
+from doctor.trace.op_costs import CONV, CONV_BACKWARD, KIND_CONV
 from doctor.verdict import Finding, Fix
 
 MIN_SHARE = 0.15  # of the ops' time, for a class to be worth a finding
 FUSED_SAVING = 0.5
 LAUNCH_SAVING = 0.5
 MIN_GEMM_FLOPS_SHARE = 0.5
+MIN_LAYOUT_SHARE = 0.03  # of the ops' time in NCHW/NHWC transposes
+WORTH_A_WARNING = 1.05  # a channels_last estimate below this is information
 
 
 def _compute_share(ev: Evidence) -> float | None:
@@ -34,13 +43,36 @@ def _compute_share(ev: Evidence) -> float | None:
     return float(ledger["compute"].sum()) / wall if wall > 0 else None
 
 
-def _speedup(ev: Evidence, share_of_ops: float) -> float | None:
-    """The step's speedup with ``share_of_ops`` of the ops' time (the compute) taken out."""
-    compute = _compute_share(ev)
-    if compute is None:
+def _gpu_busy_share(ev: Evidence) -> float | None:
+    """The share of the window's GPU steps the GPU was busy (None: no GPU steps)."""
+    frame = ev.window
+    if frame is None or frame.empty or "gpu_busy_s" not in frame:
         return None
-    removed = compute * share_of_ops
-    return 1.0 / (1.0 - removed) if removed < 1 else None
+    if "device" in frame:
+        frame = frame[frame["device"] == "cuda"]
+    step = float(frame["dur_s"].sum()) if len(frame) else 0.0
+    return min(1.0, float(frame["gpu_busy_s"].sum()) / step) if step > 0 else None
+
+
+def _speedup(ev: Evidence, share_of_ops: float, r: RankOps) -> float | None:
+    """The step's speedup with ``share_of_ops`` of the ops' time taken out.
+
+    On a CPU the ops run on the training thread: the ledger's compute share of the step, times
+    the share. On a GPU the ops' time is device time: it shortens the step as far as the GPU is
+    what the step waits for, taken here as the share of the step it is busy (a GPU idle most of
+    the step, waiting for the host, gains little from faster kernels)."""
+    gpu = r.roofs.device == "cuda" if r.roofs is not None else float(r.table["device_s"].sum()) > 0
+    if gpu:
+        busy = _gpu_busy_share(ev)
+        if busy is None or r.window_s <= 0:
+            return None
+        removed = share_of_ops * float(r.table["time_s"].sum()) / r.window_s * busy
+    else:
+        compute = _compute_share(ev)
+        if compute is None:
+            return None
+        removed = compute * share_of_ops
+    return 1.0 / (1.0 - removed) if 0 <= removed < 1 else None
 
 
 def _lowest(ev: Evidence) -> RankOps | None:
@@ -72,7 +104,7 @@ def memory_bound(ev: Evidence) -> list[Finding]:
                        "per element; compiled, a chain of them keeps its intermediates in "
                        f"registers. Fused in pairs, half of their {share:.0%} goes",
                    code="model = torch.compile(model)"),),
-        estimated_speedup=_speedup(ev, share * FUSED_SAVING),
+        estimated_speedup=_speedup(ev, share * FUSED_SAVING, r),
     )]
 
 
@@ -111,7 +143,7 @@ def fp32_gemm(ev: Evidence) -> list[Finding]:
                "bits"),
         evidence={"rank": r.rank, "gemm_flops_share": flops_share, "share_of_ops": share,
                   "fp32_peak_flops": fp32, "half_peak_flops": half, "roofs": r.roofs.source},
-        fixes=tuple(fixes), estimated_speedup=_speedup(ev, saved),
+        fixes=tuple(fixes), estimated_speedup=_speedup(ev, saved, r),
     )]
 
 
@@ -138,5 +170,61 @@ def launch_bound(ev: Evidence) -> list[Finding]:
         title=f"Ops too small to pay for their launch take {share:.0%} of the ops' time",
         evidence={"rank": r.rank, "share_of_ops": share, "calls": int(tiny["calls"].sum()),
                   "ops": list(tiny["op"].head(8))},
-        fixes=tuple(fixes), estimated_speedup=_speedup(ev, share * LAUNCH_SAVING),
+        fixes=tuple(fixes), estimated_speedup=_speedup(ev, share * LAUNCH_SAVING, r),
+    )]
+
+
+def _convolutions(t: pd.DataFrame) -> pd.DataFrame:
+    named = t["op"].isin(CONV | CONV_BACKWARD)
+    return t[named | (t["kind"] == KIND_CONV)] if "kind" in t else t[named]
+
+
+def _tensor_cores_for(r: RankOps, conv: pd.DataFrame) -> bool:
+    """Whether the GPU's Tensor Cores take these convolutions: 16-bit ones, or fp32 ones where
+    it has TF32 (cuDNN's default for convolutions)."""
+    dtypes = set(conv["dtype"]) if "dtype" in conv else set()
+    if dtypes & {"fp16", "bf16"}:
+        return True
+    return "fp32" in dtypes and r.roofs is not None and "tf32" in r.roofs.flops
+
+
+@rule("ops.channels_last", needs=("ops",))
+def channels_last(ev: Evidence) -> list[Finding]:
+    r = _lowest(ev)
+    if r is None or "layout_s" not in r.table:
+        return []
+    t = r.table
+    total = float(t["time_s"].sum())
+    if float(t["device_s"].sum()) <= 0 or total <= 0:
+        return []  # a GPU's layouts: on a CPU the transposes are not kernels to see
+    conv = _convolutions(t)
+    transposes = float(t["layout_s"].sum())
+    share, conv_share = transposes / total, float(conv["time_s"].sum()) / total
+    nchw, nhwc = int(conv["nchw_calls"].sum()), int(conv["nhwc_calls"].sum())
+    measured = share >= MIN_LAYOUT_SHARE
+    by_strides = nchw > nhwc and conv_share >= MIN_SHARE and _tensor_cores_for(r, conv)
+    if not measured and not by_strides:
+        return []
+    if measured:
+        title = (f"cuDNN transposes NCHW tensors to NHWC and back around the convolutions: "
+                 f"{share:.0%} of the GPU's op time")
+        why = ("the Tensor Cores run convolutions NHWC; on NCHW tensors each one is wrapped in "
+               f"transposes ({transposes * 1e3:.1f} ms in the window). In channels_last "
+               "they go")
+    else:
+        title = (f"Convolutions take {conv_share:.0%} of the GPU's op time on NCHW tensors "
+                 f"({nchw} of {nchw + nhwc} calls), where the Tensor Cores work NHWC")
+        why = ("no transposes show in the trace, so there is no measured gain: cuDNN picks "
+               "other kernels for NHWC tensors, often faster ones; try it")
+    speedup = _speedup(ev, share, r) if measured else None
+    return [Finding(
+        id="ops.channels_last", category="compute",
+        severity="warning" if speedup and speedup >= WORTH_A_WARNING else "info", title=title,
+        evidence={"rank": r.rank, "transposes_s": transposes, "share_of_ops": share,
+                  "convolution_share": conv_share, "nchw_calls": nchw, "nhwc_calls": nhwc,
+                  "ops": list(t.loc[t["layout_s"] > 0, "op"].head(8))},
+        fixes=(Fix(title="channels_last for the model and its inputs", why=why,
+                   code="model = model.to(memory_format=torch.channels_last)\n"
+                        "x = x.to(memory_format=torch.channels_last)  # each batch"),),
+        estimated_speedup=speedup,
     )]
