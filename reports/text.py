@@ -250,6 +250,28 @@ def memory_lines(verdict: Verdict, most: int = 2) -> list[str]:
     return lines
 
 
+def ops_lines(verdict: Verdict) -> list[str]:
+    """One line for the lowest rank's ops (the verdict's ``ops``): their time by class, of the
+    top ops, and the model FLOP utilisation."""
+    ranks = verdict.extra.get("ops") or []
+    if not ranks:
+        return []
+    first = ranks[0]
+    by_bound: dict[str, float] = {}
+    for row in first.get("top") or []:
+        if row.get("bound"):
+            by_bound[row["bound"]] = by_bound.get(row["bound"], 0.0) + float(row["share"] or 0)
+    parts = []
+    if by_bound:
+        parts.append(", ".join(f"{bound}-bound {format_value('share', share)}" for bound, share
+                               in sorted(by_bound.items(), key=lambda kv: -kv[1]))
+                     + " of the op time")
+    if first.get("mfu") is not None:
+        parts.append(f"model FLOP utilisation {format_value('share', first['mfu'])} "
+                     f"({first['mfu_dtype']})")
+    return [f"Ops, rank {first['rank']}: " + "; ".join(parts)] if parts else []
+
+
 def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
                 report_path: str | None = None) -> str:
     """The terminal report.
@@ -266,7 +288,8 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
         out += _wrap(partial_line(verdict), width)
     out.append(clean(f"doctor: {headline(verdict)}"))
     out.append(clean(f"  {steps_line(verdict)}"))
-    out += [clean(f"  {line}") for line in gpu_lines(verdict) + memory_lines(verdict)]
+    out += [clean(f"  {line}") for line in gpu_lines(verdict) + memory_lines(verdict)
+                                             + ops_lines(verdict)]
     out += _share_bars(verdict, width)
 
     findings = verdict.findings

@@ -30,6 +30,8 @@ def test_elementwise_chain_is_memory_bound_and_dense_layers_compute_bound(
         if row["bound"]:
             share[row["bound"]] = share.get(row["bound"], 0.0) + row["share"]
     ids = [f["id"] for f in verdict["findings"]]
+    said = result.stdout + result.stderr  # the terminal summary's line for the ops
+    assert f"Ops, rank 0: {'compute' if matmul else 'memory'}-bound" in said
     if matmul:
         assert share.get("compute", 0.0) > 0.6 and "ops.memory_bound" not in ids
         assert ops["mfu"] > 5 * 0.02  # dense layers use the machine, the chain barely
