@@ -1,56 +1,47 @@
 """doctor's ops table next to torch.profiler's own ``key_averages()`` for the same steps.
 
-Each sample model trains a few steps under one torch.profiler (shapes recorded, as doctor's
-window does); the trace it exports goes through ``doctor.trace.ops.op_table`` and the profiler's
-``key_averages()`` gives its own table. The two top-N lists by own (self) CPU time are printed
-side by side (``key_averages()``'s annotations, ``ProfilerStep#N`` and
+Each sample job runs whole, in this process, under one torch.profiler (shapes recorded, as
+doctor's window does); the trace it exports goes through ``doctor.trace.ops.op_table`` and the
+profiler's ``key_averages()`` gives its own table. The two top-N lists by own (self) CPU time
+are printed side by side (``key_averages()``'s annotations, ``ProfilerStep#N`` and
 ``Optimizer.step#...``, left out: they are ranges, not ops), with whether they hold the same
 ops in the same order.
 
-    python bench/ops_vs_key_averages.py [--top 10]
+    python bench/ops_vs_key_averages.py [--top 10] [--steps 30]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import runpy
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch
-from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from doctor.trace.events import load_timeline
 from doctor.trace.ops import op_table
 
-
-def models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
-    torch.manual_seed(0)
-    mlp = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                        nn.Linear(1024, 10))
-    chain = nn.Sequential(*[nn.Sequential(nn.LayerNorm(512), nn.GELU()) for _ in range(6)],
-                          nn.Linear(512, 10))
-    return {"compute-bound MLP": (mlp, torch.randn(64, 256)),
-            "layernorm+GELU chain": (chain, torch.randn(2048, 512))}
+ROOT = Path(__file__).resolve().parents[1]
+#: each sample job, with its extra arguments
+JOBS: dict[str, list[str]] = {"compute_bound": [], "elementwise_bound": []}
 
 
-def compare(name: str, model: nn.Module, x: torch.Tensor, top: int, steps: int = 5) -> bool:
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    y = torch.randint(0, 10, (x.shape[0],))
-
-    def step() -> None:
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for _ in range(steps):
-            step()
+def compare(job: str, extra: list[str], top: int, steps: int) -> bool:
+    script = ROOT / "sample_jobs" / f"{job}.py"
+    argv = sys.argv
+    sys.argv = [str(script), "--steps", str(steps), *extra]
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
+                contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    name = f"sample_jobs/{job}.py --steps {steps} {' '.join(extra)}".strip()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
@@ -74,9 +65,10 @@ def compare(name: str, model: nn.Module, x: torch.Tensor, top: int, steps: int =
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=30)
     args = ap.parse_args()
-    for name, (model, x) in models().items():
-        compare(name, model, x, args.top)
+    for job, extra in JOBS.items():
+        compare(job, extra, args.top, args.steps)
 
 
 if __name__ == "__main__":
