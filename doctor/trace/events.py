@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from doctor.trace.collectives import collective_args
 from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, OpCost, conv_layout, op_cost
 from doctor.trace.reader import TraceMeta, TraceStream
 
@@ -125,7 +126,9 @@ class Timeline:
     # convolution's input: op_costs.LAYOUTS)
     python: EventArrays  # python_function events (with_stack): tid, name
     dataloader: EventArrays
-    comm_ops: EventArrays
+    comm_ops: EventArrays  # attrs: tid, coll, bytes, group (doctor.trace.collectives; -1:
+    # not in the trace)
+    comm_kernels: EventArrays  # the collectives' kernels: coll, bytes, group, corr
     kernels: EventArrays  # attrs: kind, name, corr (the correlation of its launch)
     memcpy: EventArrays  # attrs: kind, mem, bytes, corr
     memset: EventArrays
@@ -188,7 +191,8 @@ class _Collector:
                               "layout"))
         self.python = _Columns(("tid", "name"))
         self.dataloader = _Columns()
-        self.comm = _Columns()
+        self.comm = _Columns(("tid", "coll", "bytes", "group"))
+        self.comm_kernels = _Columns(("coll", "bytes", "group", "corr"))
         self.kernels = _Columns(("kind", "name", "corr"))
         self.memcpy = _Columns(("kind", "mem", "bytes", "corr"))
         self.memset = _Columns()
@@ -239,6 +243,9 @@ class _Collector:
             if kind is None:
                 kind = self._kernel_kinds[name] = _kernel_kind(name)
             self.kernels.add(ts, end, kind, self.name_id(name), _int_arg(args, "correlation"))
+            if kind == K_COMM:
+                self.comm_kernels.add(ts, end, *collective_args(name, args),
+                                      _int_arg(args, "correlation"))
         elif cat in ("gpu_memcpy", "memcpy"):
             kind, mem = _copy_kind(name, args)
             nbytes = _number(args.get("bytes"))
@@ -290,7 +297,9 @@ class _Collector:
             self.optimizer.add(ts, end)
         comm = name.lower().startswith(_COMM_OP)
         if comm:
-            self.comm.add(ts, end)
+            args = ev.get("args")
+            self.comm.add(ts, end, self.tid_id(ev.get("tid")),
+                          *collective_args(name, args if isinstance(args, dict) else {}))
         if cat in _HOST_CATS:
             args = ev.get("args")
             args = args if isinstance(args, dict) else {}
@@ -348,6 +357,7 @@ def _freeze(col: _Collector, meta: TraceMeta) -> Timeline:
         python=col.python.freeze(origin),
         dataloader=col.dataloader.freeze(origin),
         comm_ops=col.comm.freeze(origin),
+        comm_kernels=col.comm_kernels.freeze(origin),
         kernels=col.kernels.freeze(origin),
         memcpy=col.memcpy.freeze(origin),
         memset=col.memset.freeze(origin),

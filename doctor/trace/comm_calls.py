@@ -1,0 +1,103 @@
+"""One row per collective of a trace (doctor.trace.collectives says what each moved): its kind,
+span, bytes, group size, how much of it no compute overlaps, and its bandwidths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from doctor.trace.collectives import COLLECTIVES, OTHER, SENDRECV, bandwidths
+from doctor.trace.events import K_COMM, EventArrays, Timeline
+from doctor.trace.intervals import overlap_per_span, union
+
+CALL_COLUMNS = ("kind", "start_us", "end_us", "seconds", "bytes", "group", "exposed_s",
+                "alg_bytes_s", "bus_bytes_s", "on_gpu")
+
+
+def collective_calls(t: Timeline) -> pd.DataFrame:
+    """One row per collective of the trace: its kind, span, bytes (nan: unknown), group size,
+    the part of it no compute overlaps (``exposed_s``), and its bandwidths.
+
+    On a GPU trace the collectives are the NCCL kernels (the host ops only enqueue them), their
+    message from their own arguments or else from the host op that launched them; compute is the
+    other kernels. On a CPU trace they are the host's communication ops, compute the other host
+    ops."""
+    gpu = len(t.comm_kernels) > 0
+    if gpu:
+        c = t.comm_kernels
+        kind, nbytes, group = (c.attrs[k].copy() for k in ("coll", "bytes", "group"))
+        _bytes_from_launchers(t, kind, nbytes, group)
+        k = t.kernels
+        compute = union(k.start[k.attrs["kind"] != K_COMM], k.end[k.attrs["kind"] != K_COMM])
+    else:
+        c = _outermost(t.comm_ops)
+        c = _where(c, c.attrs["coll"] != OTHER)  # c10d's wait() and the like move nothing
+        kind, nbytes, group = (c.attrs[k] for k in ("coll", "bytes", "group"))
+        ho = t.host_ops
+        compute = union(ho.start[ho.attrs["comm"] == 0], ho.end[ho.attrs["comm"] == 0])
+    if not len(c):
+        return pd.DataFrame({col: pd.Series(dtype=float) for col in CALL_COLUMNS})
+    world = t.meta.world_size
+    group = np.where(group > 0, group, world if world else -1)
+    seconds = (c.end - c.start) * 1e-6
+    overlap = overlap_per_span(compute[0], compute[1], c.start, c.end) * 1e-6
+    sizes = np.where(nbytes >= 0, nbytes.astype(float), np.nan)
+    bw = bandwidths(kind.tolist(), sizes.tolist(), seconds.tolist(), group.tolist())
+    return pd.DataFrame({
+        "kind": [COLLECTIVES[int(x)] for x in kind], "start_us": c.start, "end_us": c.end,
+        "seconds": seconds, "bytes": sizes, "group": group,
+        "exposed_s": np.maximum(seconds - overlap, 0.0),
+        "alg_bytes_s": [a for a, _ in bw], "bus_bytes_s": [b for _, b in bw], "on_gpu": gpu,
+    })
+
+
+def _where(ops: EventArrays, mask: np.ndarray) -> EventArrays:
+    return EventArrays(ops.start[mask], ops.end[mask], {k: v[mask] for k, v in ops.attrs.items()})
+
+
+def _outermost(ops: EventArrays) -> EventArrays:
+    """The communication ops not inside another on the same thread (``record_param_comms``
+    around ``gloo:all_reduce`` is one collective), keeping what the inner one knows."""
+    tid = ops.attrs["tid"]
+    keep = np.ones(len(ops), dtype=bool)
+    attrs = {k: v.copy() for k, v in ops.attrs.items()}
+    open_at: dict[int, int] = {}
+    for i in range(len(ops)):
+        j = open_at.get(int(tid[i]))
+        if j is not None and ops.end[j] >= ops.end[i]:
+            keep[i] = False
+            for name in ("coll", "bytes", "group"):
+                if attrs[name][j] <= 0 < attrs[name][i]:
+                    attrs[name][j] = attrs[name][i]
+            continue
+        open_at[int(tid[i])] = i
+    return _where(EventArrays(ops.start, ops.end, attrs), keep)
+
+
+def _bytes_from_launchers(t: Timeline, kind: np.ndarray, nbytes: np.ndarray,
+                          group: np.ndarray) -> None:
+    """Fill in a kernel's unknown kind, bytes and group from the communication op on the host
+    that launched it (the runtime call of the same correlation falls inside it)."""
+    # NCCL runs all-to-all (and scatter, gather) as grouped sends and receives: a SendRecv
+    # kernel's kind is the launching op's where that names one
+    generic = (kind == OTHER) | (kind == SENDRECV)
+    unknown = np.flatnonzero((nbytes < 0) | generic | (group < 0))
+    if not len(unknown) or not len(t.comm_ops) or not len(t.runtime):
+        return
+    rt, ops = t.runtime, t.comm_ops
+    launch = {int(corr): i for i, corr in enumerate(rt.attrs["corr"]) if corr >= 0}
+    corr = t.comm_kernels.attrs["corr"]
+    for i in unknown:
+        j = launch.get(int(corr[i]))
+        if j is None:
+            continue
+        at, tid = rt.start[j], rt.attrs["tid"][j]
+        inside = np.flatnonzero((ops.start <= at) & (ops.end >= at) & (ops.attrs["tid"] == tid))
+        for o in inside[::-1]:  # the innermost first: it knows the most
+            if nbytes[i] < 0 and ops.attrs["bytes"][o] >= 0:
+                nbytes[i] = ops.attrs["bytes"][o]
+            if generic[i] and ops.attrs["coll"][o] != OTHER:
+                kind[i] = ops.attrs["coll"][o]
+                generic[i] = False
+            if group[i] < 0 and ops.attrs["group"][o] > 0:
+                group[i] = ops.attrs["group"][o]
