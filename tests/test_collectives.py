@@ -58,20 +58,33 @@ def test_message_bytes_and_bus_factors_by_hand() -> None:
                                                   "Group size": 2}) == (1, 20, 2)
 
 
-def test_a_gloo_collective_on_the_host_nested_ops_once() -> None:
+def test_a_gloo_collective_is_the_work_on_its_thread_not_the_call_that_enqueues_it() -> None:
+    events = [  # as torch 2.13 records DDP over gloo: c10d enqueues, a gloo thread reduces
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 0, "dur": 5, "tid": 1,
+         "args": {"Input Dims": [[[250]], [], []], "Input type": ["TensorList", "", ""]}},
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "ts": 10, "dur": 100,
+         "tid": 7, "args": {"Input Dims": [[250]], "Input type": ["float"]}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 60, "dur": 100, "tid": 1},
+    ]
+    t = build_timeline(events)
+    [row] = collective_calls(t).to_dict(orient="records")
+    assert row["kind"] == "allreduce" and row["bytes"] == 1000
+    assert row["seconds"] == pytest.approx(100e-6)
+    assert row["exposed_s"] == pytest.approx(50e-6)  # the mm from 60 us on overlaps it
+    assert row["alg_bytes_s"] == pytest.approx(1000 / 100e-6)
+    assert row["group"] == -1  # neither the op nor the trace says
+
+
+def test_nested_communication_ops_are_one_collective() -> None:
     events = [
         {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": 0, "dur": 100, "tid": 1,
          "args": {"Collective name": "allreduce", "In msg nelems": 250, "dtype": "Float",
                   "Group size": 2}},
-        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "ts": 10, "dur": 80,
+        {"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "ts": 10, "dur": 80,
          "tid": 1, "args": {}},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 50, "dur": 100, "tid": 2},
     ]
     [row] = collective_calls(build_timeline(events)).to_dict(orient="records")
-    assert row["kind"] == "allreduce" and row["bytes"] == 1000 and row["group"] == 2
-    assert row["seconds"] == pytest.approx(100e-6)
-    assert row["exposed_s"] == pytest.approx(50e-6)  # the mm from 50 us on overlaps it
-    assert row["alg_bytes_s"] == pytest.approx(1000 / 100e-6)
+    assert row["bytes"] == 1000 and row["group"] == 2
     assert row["bus_bytes_s"] == pytest.approx(1000 / 100e-6)  # 2(n-1)/n = 1 for n = 2
 
 

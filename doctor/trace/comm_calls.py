@@ -10,6 +10,8 @@ from doctor.trace.collectives import COLLECTIVES, OTHER, SENDRECV, bandwidths
 from doctor.trace.events import K_COMM, EventArrays, Timeline
 from doctor.trace.intervals import overlap_per_span, union
 
+#: Host ops that are a backend's own work on its threads.
+BACKEND_WORK = ("gloo:", "mpi:", "ucc:")
 CALL_COLUMNS = ("kind", "start_us", "end_us", "seconds", "bytes", "group", "exposed_s",
                 "alg_bytes_s", "bus_bytes_s", "on_gpu")
 
@@ -30,7 +32,7 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
         k = t.kernels
         compute = union(k.start[k.attrs["kind"] != K_COMM], k.end[k.attrs["kind"] != K_COMM])
     else:
-        c = _outermost(t.comm_ops)
+        c = _outermost(_backend_work(t))
         c = _where(c, c.attrs["coll"] != OTHER)  # c10d's wait() and the like move nothing
         kind, nbytes, group = (c.attrs[k] for k in ("coll", "bytes", "group"))
         ho = t.host_ops
@@ -49,6 +51,16 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
         "exposed_s": np.maximum(seconds - overlap, 0.0),
         "alg_bytes_s": [a for a, _ in bw], "bus_bytes_s": [b for _, b in bw], "on_gpu": gpu,
     })
+
+
+def _backend_work(t: Timeline) -> EventArrays:
+    """The host's communication ops that do the work: a backend's own (``gloo:all_reduce`` on
+    its threads) where the trace has them, rather than the c10d calls that only enqueue it on
+    the training thread; every communication op otherwise."""
+    ops = t.comm_ops
+    names = [t.names[n] for n in ops.attrs.get("name", np.empty(0, np.int64))]
+    work = np.array([n.startswith(BACKEND_WORK) for n in names], dtype=bool)
+    return _where(ops, work) if work.any() else ops
 
 
 def _where(ops: EventArrays, mask: np.ndarray) -> EventArrays:

@@ -127,7 +127,7 @@ class Timeline:
     python: EventArrays  # python_function events (with_stack): tid, name
     dataloader: EventArrays
     comm_ops: EventArrays  # attrs: tid, coll, bytes, group (doctor.trace.collectives; -1:
-    # not in the trace)
+    # not in the trace), name
     comm_kernels: EventArrays  # the collectives' kernels: coll, bytes, group, corr
     kernels: EventArrays  # attrs: kind, name, corr (the correlation of its launch)
     memcpy: EventArrays  # attrs: kind, mem, bytes, corr
@@ -191,7 +191,7 @@ class _Collector:
                               "layout"))
         self.python = _Columns(("tid", "name"))
         self.dataloader = _Columns()
-        self.comm = _Columns(("tid", "coll", "bytes", "group"))
+        self.comm = _Columns(("tid", "coll", "bytes", "group", "name"))
         self.comm_kernels = _Columns(("coll", "bytes", "group", "corr"))
         self.kernels = _Columns(("kind", "name", "corr"))
         self.memcpy = _Columns(("kind", "mem", "bytes", "corr"))
@@ -299,7 +299,8 @@ class _Collector:
         if comm:
             args = ev.get("args")
             self.comm.add(ts, end, self.tid_id(ev.get("tid")),
-                          *collective_args(name, args if isinstance(args, dict) else {}))
+                          *collective_args(name, args if isinstance(args, dict) else {}),
+                          self.name_id(name))
         if cat in _HOST_CATS:
             args = ev.get("args")
             args = args if isinstance(args, dict) else {}
