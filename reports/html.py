@@ -45,9 +45,11 @@ TABLE_TITLES: dict[str, str] = {
     "gpu_over_run": "Per GPU over the run, in tenths: utilisation and memory",
     "memory": "Per rank: where the memory goes",
     "ops": "Top ops of the lowest rank's window: time, class and share of the roof",
+    "communication": "Per rank: collectives by kind (bytes, time, exposed, bus bandwidth, "
+                     "waiting for other ranks, and what bounds them)",
 }
 #: Keys of the verdict's extra that the report shows as tables or sections of their own.
-EXTRA_AS_TABLES = ("gpus", "memory", "ops")
+EXTRA_AS_TABLES = ("gpus", "memory", "ops", "communication")
 #: Tables drawn as charts only.
 TABLES_AS_CHARTS = ("memory_over_run",)
 

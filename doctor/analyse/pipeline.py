@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from doctor.analyse import facts
+from doctor.analyse.comms import comms_evidence, comms_table
 from doctor.analyse.contention import analysed_span, loading_contention
 from doctor.analyse.evidence import build_evidence, job_facts, training_loaders, window_analysed
 from doctor.analyse.gpu_split import counter_splits, crosscheck_notes
@@ -66,6 +67,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     memory = memory_evidence(run, job.device, ranks, table, workers, counters, loaders,
                              job.world_size)
     ops = ops_evidence(run, job.device, ranks, window, counters)
+    comms = comms_evidence(run, ranks, window)
     evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
                               outside, span, in_range is not None,
                               facts.stacks_reason(run, ranks), counters, memory, ops)
@@ -90,11 +92,13 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
         extra={"bottleneck_share": summary.bottleneck_share, "rules_skipped": outcome.skipped,
                **({"gpus": [g.to_dict() for g in counters.gpus]} if counters else {}),
                **({"memory": memory.to_dict()} if memory else {}),
-               **({"ops": [o.to_dict() for o in ops.values()]} if ops else {})},
+               **({"ops": [o.to_dict() for o in ops.values()]} if ops else {}),
+               **({"communication": [c.to_dict() for c in comms.values()]} if comms else {})},
     )
     tables = {**report_tables(ledger, window, loaders, run.host, run.processes, splits, outside),
               **gpu_tables(counters), **memory_tables(memory),
-              **({"ops": next(iter(ops.values())).top()} if ops else {})}
+              **({"ops": next(iter(ops.values())).top()} if ops else {}),
+              **comms_table(comms)}
     return Analysis(verdict=verdict, ledger=ledger, source=run.record.source, tables=tables)
 
 

@@ -66,6 +66,7 @@ def _load_node(run_dir: Path) -> RunData:
     dirs_of: dict[int, Path] = {}
     model_states: list[dict[str, Any]] = []
     ops: list[pd.DataFrame] = []
+    collectives: list[pd.DataFrame] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
         meta = _meta(proc_dir)
@@ -94,9 +95,10 @@ def _load_node(run_dir: Path) -> RunData:
         trace = layout.trace_of(proc_dir)
         if trace is not None and not role.startswith("worker"):
             try:
-                steps, op_rows = read_window(trace, rank)
+                steps, op_rows, calls = read_window(trace, rank)
                 windows.append(steps.assign(node=0, pid=pid))
                 ops.append(op_rows.assign(**who))
+                collectives.append(calls.assign(**who))
                 window_status.append({**who, "ok": True, "reason": ""})
             except WindowUnavailable as err:
                 window_status.append({**who, "ok": False, "reason": f"trace unreadable: {err}"})
@@ -114,6 +116,7 @@ def _load_node(run_dir: Path) -> RunData:
         "gpu_procs": read_gpu_procs(run_dir).assign(node=0),
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
+        "collectives": _concat(collectives),
     }
     frames = empty_frames()
     for name, rows in parts.items():

@@ -70,6 +70,10 @@ MODEL_STATE_COLUMNS = columns(f"{WHO} tag kind device dtype:object bytes tensors
 OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
                       "kernels:int64 flops bytes:float64 costed_calls:int64 layout_s:float64 "
                       "nchw_calls nhwc_calls:int64")
+#: The collectives of each process's profiler window (doctor.trace.comm_calls.CALL_COLUMNS).
+COLLECTIVE_COLUMNS = columns(f"{WHO} kind:object start_us end_us seconds bytes:float64 "
+                             "group:int64 exposed_s alg_bytes_s bus_bytes_s:float64 "
+                             "on_gpu:bool")
 #: The profiler window's steps: the trace's step frame, and which process recorded it.
 WINDOW_COLUMNS: dict[str, str] = {**STEP_COLUMNS, "node": "int64", "pid": "int64"}
 
@@ -151,6 +155,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
                "rank": "int64", "node": "int64"},
     "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
     "model_state": MODEL_STATE_COLUMNS, "ops": OPS_COLUMNS,
+    "collectives": COLLECTIVE_COLUMNS,
 }
 
 
@@ -208,7 +213,8 @@ class RunData:
       with ``node`` and ``pid``), and ``window_status`` whether each process's trace was read;
     - ``model_state``: bytes of parameters, gradients and optimizer state by device and dtype,
       at the window's start and at exit (doctor.probes.model_state);
-    - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops).
+    - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops);
+    - ``collectives``: one row per collective of each window (doctor.trace.comm_calls).
     """
 
     record: RunRecord
@@ -229,6 +235,7 @@ class RunData:
     window_status: pd.DataFrame
     model_state: pd.DataFrame
     ops: pd.DataFrame
+    collectives: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(

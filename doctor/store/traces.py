@@ -28,6 +28,7 @@ from doctor.store.rundata import (
     empty_frames,
     typed,
 )
+from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import Timeline, load_timeline
 from doctor.trace.ops import op_table
 from doctor.trace.reader import TraceMeta
@@ -44,6 +45,7 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
     windows = []
     memory: list[dict[str, Any]] = []
     ops: list[pd.DataFrame] = []
+    collectives: list[pd.DataFrame] = []
     for i, (path, timeline, rank) in enumerate(zip(files, timelines, ranks, strict=True)):
         who = {"node": 0, "rank": rank, "pid": i + 1}
         props = timeline.meta.device_properties
@@ -54,6 +56,7 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
         frame = step_frame_from_timeline(timeline, rank)
         memory += _memory_rows(timeline, who)
         ops.append(op_table(timeline).assign(**who))
+        collectives.append(collective_calls(timeline).assign(**who))
         if frame.empty:
             why = "the trace has no events" if timeline.last_us <= 0 else "no step could be found"
             status.append({**who, "ok": False, "reason": why})
@@ -69,6 +72,9 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
         frames["memory"] = typed(memory, FRAME_COLUMNS["memory"])
     if ops:
         frames["ops"] = typed(pd.concat(ops, ignore_index=True), FRAME_COLUMNS["ops"])
+    if collectives:
+        frames["collectives"] = typed(pd.concat(collectives, ignore_index=True),
+                                      FRAME_COLUMNS["collectives"])
     return RunData(record=RunRecord(kind=TRACE, source=", ".join(str(p) for p in files)),
                    **frames)
 
