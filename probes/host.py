@@ -32,6 +32,11 @@ MAX_ROWS = 200_000  # per table; past it, every other row is dropped (bounded wh
 #: a 340 MB process here).
 PRIVATE_MIN_S = 2.0
 PRIVATE_COST_RATIO = 200.0
+#: Threads that run a process's collectives, by the names their libraries give them (gloo's
+#: TCP loop and torch's gloo workers; torch's NCCL watchdog; MPI and UCC progress threads):
+#: their CPU is the communication's, on the cores the training thread needs.
+COMM_THREADS = (b"gloo", b"pt_gloo", b"pt_nccl", b"nccl", b"NCCL", b"pt_mpi", b"ucc")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class HostSampler:
@@ -55,6 +60,7 @@ class HostSampler:
         self._status: ProbeStatus | None = None
         self._next_private = -1e18
         self._private_seen: set[int] = set()
+        self._comm_threads: dict[int, list[int]] = {}  # pid -> its communication threads
 
     @classmethod
     def for_run(cls, context: ParentContext) -> HostSampler:
@@ -82,6 +88,7 @@ class HostSampler:
         known = {p.pid: p for p in tree}
         # keep the Process objects we already have (psutil caches per-object state)
         self._procs = {pid: self._procs.get(pid, p) for pid, p in known.items()}
+        self._comm_threads = {pid: comm_threads(pid) for pid in known}
 
     def sample(self) -> None:
         now = self.clock()
@@ -112,8 +119,9 @@ class HostSampler:
                 cpu0 = time.thread_time()
                 own = private_bytes(pid)
                 private_cpu += time.thread_time() - cpu0
+            comm = threads_cpu_s(pid, self._comm_threads.get(pid, []))
             for c, v in zip(PROC_COLUMNS, (t, pid, ppid, cpu.user + cpu.system, mem.rss, read,
-                                           threads, run_delay_s(pid), own), strict=True):
+                                           threads, run_delay_s(pid), own, comm), strict=True):
                 cols[c].append(float(v))
         if private:  # the CPU it took, not the wall time: on a busy machine that waits too
             self._next_private = now + max(PRIVATE_MIN_S, private_cpu * PRIVATE_COST_RATIO)
@@ -157,6 +165,39 @@ def run_delay_s(pid: int) -> float:
             return int(f.read().split()[1]) * 1e-9
     except (OSError, ValueError, IndexError):
         return float("nan")
+
+
+def comm_threads(pid: int, names: tuple[bytes, ...] = COMM_THREADS) -> list[int]:
+    """The process's threads that run its collectives (by name; see COMM_THREADS)."""
+    found = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
+                if f.read().startswith(names):
+                    found.append(int(tid))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def threads_cpu_s(pid: int, tids: list[int]) -> float:
+    """CPU seconds (user and system) of the process's threads ``tids`` so far; NaN for none
+    (a process without communication threads, or one that ended)."""
+    if not tids:
+        return float("nan")
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / CLOCK_TICKS
 
 
 def read_proc_stat(path: Path) -> tuple[np.ndarray | None, float]:

@@ -4,9 +4,11 @@ forward and backward do almost nothing.
 
 Run it under torchrun: ``torchrun --nproc-per-node 2 sample_jobs/ddp_allreduce_bound.py``.
 
-Switch: ``--small-grads`` freezes the embedding table (``requires_grad=False``): the same lookups
-and the same small model, but only the small model's gradients are all-reduced, so the
-communication share can be measured by ablation.
+Switches: ``--small-grads`` freezes the embedding table (``requires_grad=False``): the same
+lookups and the same small model, but only the small model's gradients are all-reduced (and the
+table's gradient is not computed, nor stepped). ``--no-allreduce`` keeps every computation and
+drops the all-reduce alone: each rank trains its own copy, without DDP, so the communication
+share can be measured by ablation.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--small-grads", action="store_true", help="remove the bottleneck")
+    ap.add_argument("--no-allreduce", action="store_true",
+                    help="the same training without DDP: no all-reduce")
     args = ap.parse_args()
     torch.set_num_threads(1)  # 2 ranks on a small machine: one thread each
     dist.init_process_group("gloo")
@@ -50,9 +54,11 @@ def main() -> None:
     torch.manual_seed(0)
     # gradients as views of DDP's buckets: no copy between them, so what is left is the
     # all-reduce itself and the optimizer's pass over the table
-    model = DistributedDataParallel(Model(args.rows, args.dim, args.small_grads),
-                                    gradient_as_bucket_view=True)
-    if rank == 0:  # the settings as the job runs with them (what a doctor try changed shows)
+    local = Model(args.rows, args.dim, args.small_grads)
+    model: nn.Module = local if args.no_allreduce else DistributedDataParallel(
+        local, gradient_as_bucket_view=True)
+    if rank == 0 and isinstance(model, DistributedDataParallel):
+        # the settings as the job runs with them (what a doctor try changed shows)
         print(json.dumps({"settings": {
             "bucket_cap_mb": model.bucket_bytes_cap / 2**20,
             "gradient_as_bucket_view": model.gradient_as_bucket_view}}), flush=True)
@@ -70,7 +76,7 @@ def main() -> None:
         timer.step()
     if rank == 0:
         timer.report(job="ddp_allreduce_bound", small_grads=args.small_grads,
-                     world_size=dist.get_world_size())
+                     no_allreduce=args.no_allreduce, world_size=dist.get_world_size())
     dist.destroy_process_group()
 
 

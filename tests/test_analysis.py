@@ -121,6 +121,37 @@ def test_run_queue_delay_next_to_busy_workers_is_loading_contention(tmp_path: Pa
     assert loading_contention(elsewhere, system, ledger, workers, ranks, (0.0, 10.0)) == {}
 
 
+def test_run_queue_delay_next_to_busy_communication_threads_is_communication() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from doctor.analyse.contention import COMMUNICATION, INPUT, core_contention
+    from doctor.analyse.steps import RankSteps
+
+    none = np.zeros(0, dtype=np.int64)
+    ranks = {0: RankSteps(0, 0, 100, "optimizer", none, none),
+             1: RankSteps(1, 0, 200, "optimizer", none, none)}
+    t = [float(i) for i in range(11)]
+    host = pd.DataFrame({
+        "node": 0, "t_s": t * 2, "pid": [100] * 11 + [200] * 11,
+        # each rank: 1.0 core, of which its gloo threads 0.4; 0.25 s of each second runnable
+        # without a core
+        "cpu_s": [1.0 * x for x in t] * 2, "comm_cpu_s": [0.4 * x for x in t] * 2,
+        "run_delay_s": [0.25 * x for x in t] * 2,
+    })
+    system = pd.DataFrame({"node": 0, "t_s": t, "busy_cores": [2.0] * 11})
+    ledger = pd.DataFrame({"rank": [0] * 10 + [1] * 10, "analyzed": [True] * 20,
+                           "wall_s": [0.1] * 20, "wait_s": [0.0] * 20})
+    got = core_contention(host, system, ledger, {}, ranks, (0.0, 10.0))
+    # 25 % of the rest runnable without a core; competing: 2 - 0.6 training = 1.4 cores, of
+    # which the two ranks' gloo threads 0.8
+    assert got[0][COMMUNICATION] == pytest.approx(0.25 * 0.8 / 1.4, abs=0.01)
+    assert INPUT not in got[0]
+    # without communication threads (no comm_cpu_s), the delay is no one's cost but the rest's
+    assert core_contention(host.drop(columns="comm_cpu_s"), system, ledger, {}, ranks,
+                           (0.0, 10.0)) == {}
+
+
 def test_a_step_range_analyses_only_its_steps(tmp_path: Path) -> None:
     # 60 input-bound steps, then 60 compute-bound ones (the loader got fixed mid-run)
     record_loop(tmp_path, 60, wait_s=0.09, compute_s=0.01, then=(60, 0.001, 0.05))

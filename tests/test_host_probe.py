@@ -107,3 +107,20 @@ def test_a_childs_own_memory_is_read_as_it_appears_then_every_few_seconds(tmp_pa
     assert (read["private_bytes"] > 0).all()
     # the job's own first process (here: the test) is never read: nothing forked it
     assert procs.loc[procs["pid"] == os.getpid(), "private_bytes"].isna().all()
+
+
+def test_communication_threads_by_name_and_their_cpu() -> None:
+    import time
+
+    from doctor.probes.host import comm_threads, threads_cpu_s
+
+    pid = os.getpid()
+    own = Path(f"/proc/{pid}/comm").read_bytes().strip()
+    assert pid in comm_threads(pid, (own,))  # the main thread, by its own name
+    assert comm_threads(pid) == []  # no gloo or NCCL thread in a test process
+    t0 = threads_cpu_s(pid, [pid])
+    deadline = time.thread_time() + 0.1
+    while time.thread_time() < deadline:
+        pass
+    assert threads_cpu_s(pid, [pid]) > t0
+    assert threads_cpu_s(pid, []) != threads_cpu_s(pid, [])  # NaN: no such threads

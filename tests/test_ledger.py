@@ -43,6 +43,21 @@ def test_unsplit_input_wait_stays_whole_and_the_rest_is_compute(tmp_path: Path) 
     assert np.allclose(steady[[*CATEGORIES, "input"]].sum(axis=1), steady["wall_s"])
 
 
+def test_communication_contention_moves_to_communication(tmp_path: Path) -> None:
+    record_loop(tmp_path, 40, wait_s=0.0, compute_s=0.1)
+    split = {0: {"compute": 0.5, "communication": 0.5}}
+    _, plain = ledger_of(tmp_path, split)
+    _, moved = ledger_of(tmp_path, split, comm_contention={0: 0.2})
+    steady, before = moved[moved["analyzed"]], plain[plain["analyzed"]]
+    total = steady["wall_s"].sum()
+    # a fifth of the rest waited for a core gloo held: communication, the rest split as before
+    assert steady["comm_contention_s"].sum() / total == pytest.approx(0.2, abs=0.01)
+    assert steady["communication"].sum() / total == pytest.approx(0.2 + 0.8 * 0.5, abs=0.01)
+    assert steady["compute"].sum() / total == pytest.approx(0.8 * 0.5, abs=0.01)
+    assert before["communication"].sum() / before["wall_s"].sum() == pytest.approx(0.5, abs=0.01)
+    assert np.allclose(steady[list(CATEGORIES)].sum(axis=1), steady["wall_s"])
+
+
 def test_input_wait_is_split_by_the_measured_stages(tmp_path: Path) -> None:
     record_loop(tmp_path, 40, wait_s=0.08, compute_s=0.02)
     _, ledger = ledger_of(tmp_path, input_split={0: {"io": 0.25, "decode": 0.75}})

@@ -1,9 +1,10 @@
 """Cores the job's processes used, and the training process's wait for a core.
 
-From the parent's samples of each process (doctor.store.samples): CPU seconds and the kernel's
-run-queue delay (``/proc/PID/schedstat``: time runnable but not running), as rates over the span
-of the analysed steps. With DataLoader workers on few cores, the training process waits for
-cores the workers hold; that wait is the loading's cost too (the ledger counts it as input).
+From the parent's samples of each process (doctor.store.samples): CPU seconds, the CPU seconds
+of its communication threads, and the kernel's run-queue delay (``/proc/PID/schedstat``: time
+runnable but not running), as rates over the span of the analysed steps. With DataLoader
+workers or communication threads on few cores, the training thread waits for cores they hold;
+that wait is their cost too (the ledger counts it as input, or as communication).
 """
 
 from __future__ import annotations
@@ -30,35 +31,58 @@ def within(frame: pd.DataFrame, span: Span | None) -> pd.DataFrame:
     return frame[(frame["t_s"] >= span[0]) & (frame["t_s"] <= span[1])]
 
 
-def loading_contention(host: pd.DataFrame, system: pd.DataFrame, steps: pd.DataFrame,
-                       workers: dict[int, list[int]], ranks: dict[int, RankSteps],
-                       span: Span | None) -> dict[int, float]:
-    """Per rank with DataLoader workers (``workers``: rank -> their pids, on the rank's node):
-    the fraction of its analysed steps' time outside the input wait that the training process
-    spent runnable but without a core (the kernel's run-queue delay), times the workers' part
-    of the CPU load competing with it."""
+INPUT, COMMUNICATION = "input", "communication"
+
+
+def core_contention(host: pd.DataFrame, system: pd.DataFrame, steps: pd.DataFrame,
+                    workers: dict[int, list[int]], ranks: dict[int, RankSteps],
+                    span: Span | None) -> dict[int, dict[str, float]]:
+    """Per rank, the fraction of its analysed steps' time outside the input wait that the
+    training thread spent runnable but without a core (the kernel's run-queue delay), shared
+    out among what held the cores in proportion to the CPU each burnt: its DataLoader workers
+    (``workers``: rank -> their pids, on the rank's node) as ``input``, and the communication
+    threads of every training process on its node (gloo, NCCL, MPI: the host probe's
+    ``comm_cpu_s``) as ``communication``. Whatever else ran (other ranks' training threads,
+    other jobs) keeps its part: it is neither's cost."""
     if span is None or host.empty or host["run_delay_s"].isna().all():
         return {}
-    out: dict[int, float] = {}
+    out: dict[int, dict[str, float]] = {}
     for rank, main in ranks.items():
         mine = steps[(steps["rank"] == rank) & steps["analyzed"]]
         delayed = per_wall(host, [(main.node, main.pid)], span, "run_delay_s")
-        if not workers.get(rank) or delayed is None or mine.empty:
+        if delayed is None or mine.empty:
             continue
         rest = 1.0 - float(mine["wait_s"].sum()) / max(float(mine["wall_s"].sum()), 1e-12)
         if rest <= 0:
             continue
         of_rest = min(1.0, delayed / rest)
-        loading = cores_used(host, [(main.node, p) for p in workers[rank]], span,
+        node = [m for m in ranks.values() if m.node == main.node]
+        loading = cores_used(host, [(main.node, p) for p in workers.get(rank, [])], span,
                              total=True) or 0.0
-        training = cores_used(host, [(main.node, main.pid)], span) or 0.0
+        comm = (per_wall(host, [(m.node, m.pid) for m in node], span, "comm_cpu_s", total=True)
+                if "comm_cpu_s" in host else None) or 0.0
+        own_comm = (per_wall(host, [(main.node, main.pid)], span, "comm_cpu_s")
+                    if "comm_cpu_s" in host else None) or 0.0
+        training = max((cores_used(host, [(main.node, main.pid)], span) or 0.0) - own_comm, 0.0)
         machine = within(system[system["node"] == main.node], span)
-        busy = float(machine["busy_cores"].median()) if not machine.empty else loading + training
-        competing = max(busy - training, loading, 1e-9)
-        frac = of_rest * loading / competing
-        if frac >= MIN_CONTENTION:
-            out[rank] = frac
+        busy = float(machine["busy_cores"].median()) if not machine.empty \
+            else loading + comm + training
+        competing = max(busy - training, loading + comm, 1e-9)
+        shares = {INPUT: of_rest * loading / competing,
+                  COMMUNICATION: of_rest * comm / competing}
+        kept = {k: v for k, v in shares.items() if v >= MIN_CONTENTION}
+        if kept:
+            out[rank] = kept
     return out
+
+
+def loading_contention(host: pd.DataFrame, system: pd.DataFrame, steps: pd.DataFrame,
+                       workers: dict[int, list[int]], ranks: dict[int, RankSteps],
+                       span: Span | None) -> dict[int, float]:
+    """The ``input`` part of :func:`core_contention`, for ranks with DataLoader workers."""
+    return {rank: f[INPUT] for rank, f in
+            core_contention(host, system, steps, workers, ranks, span).items()
+            if INPUT in f and workers.get(rank)}
 
 
 def cores_used(host: pd.DataFrame, procs: list[tuple[int, int]], span: Span | None,

@@ -163,6 +163,15 @@ def contention_notes(contention: dict[int, float], cores: int | None) -> list[st
             "input wait; that time counts as input, split by stage like the wait."]
 
 
+def comm_contention_notes(contention: dict[int, float], cores: int | None) -> list[str]:
+    if not contention:
+        return []
+    rank, frac = max(contention.items(), key=lambda kv: kv[1])
+    return [f"On {cores} cores, the training thread of rank {rank} waited for a core the "
+            f"communication threads (gloo, NCCL) held for {frac:.0%} of its step time outside "
+            "the input wait; that time counts as communication."]
+
+
 def rule_notes(skipped: dict[str, str]) -> list[str]:
     """A rule that failed is said (one that lacked evidence is only listed in the verdict)."""
     return [f"Rule {rule_id} was skipped: {why}." for rule_id, why in sorted(skipped.items())

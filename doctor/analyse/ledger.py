@@ -10,7 +10,9 @@ Built once, from the step table (doctor.analyse.steps) and what the other stages
   split; without a window, the rest is compute and a note says so;
 - with DataLoader workers, the part of the rest that the training process spent waiting for a
   core the workers held (``contention``, doctor.analyse.contention) moves to the input stages:
-  without the loading, the cores would have been the training's;
+  without the loading, the cores would have been the training's; the part it waited for a core
+  the communication threads held (``comm_contention``) moves to communication, for the same
+  reason;
 - batches built in the loop itself (no DataLoader) move from other, then compute, to their
   stages.
 
@@ -31,27 +33,29 @@ from doctor.categories import CATEGORIES, NON_INPUT, UNSPLIT_INPUT
 from doctor.verdict import LEDGER_COLUMNS
 
 #: The evidence columns the ledger keeps beside the categories (seconds).
-EVIDENCE_COLUMNS = (UNSPLIT_INPUT, "wait_s", "contention_s", "backward_s", "optimizer_s",
-                    "fetch_s", "device_compute_s")
+EVIDENCE_COLUMNS = (UNSPLIT_INPUT, "wait_s", "contention_s", "comm_contention_s", "backward_s",
+                    "optimizer_s", "fetch_s", "device_compute_s")
 FLAGS = ("window_close", "in_window", "sampled", "in_range")
 
 
 def build_ledger(table: pd.DataFrame, windows: Mapping[int, WindowSplit] | None = None,
                  input_split: Mapping[int, Mapping[str, float]] | None = None,
                  outside: Mapping[int, Mapping[str, float]] | None = None,
-                 contention: Mapping[int, float] | None = None) -> pd.DataFrame:
+                 contention: Mapping[int, float] | None = None,
+                 comm_contention: Mapping[int, float] | None = None) -> pd.DataFrame:
     """The ledger of a step table. Per rank: ``windows`` splits the time outside the input
     wait, ``input_split`` the wait into io, decode and preprocess, ``outside`` gives the
     fraction of each step spent building input outside a DataLoader, per stage, and
     ``contention`` the fraction of the time outside the wait the training process waited for a
-    core its DataLoader workers held."""
+    core its DataLoader workers held (``comm_contention``: that its communication threads held)."""
     if table.empty:
         return empty_ledger()
     parts = []
     for _rank, rows in table.groupby("rank", sort=True):
         rank = int(rows["rank"].iloc[0])
         parts.append(_rank_ledger(rows, (windows or {}).get(rank), (input_split or {}).get(rank),
-                                  (outside or {}).get(rank), (contention or {}).get(rank, 0.0)))
+                                  (outside or {}).get(rank), (contention or {}).get(rank, 0.0),
+                                  (comm_contention or {}).get(rank, 0.0)))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -66,7 +70,7 @@ def empty_ledger() -> pd.DataFrame:
 
 def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
                  input_split: Mapping[str, float] | None, outside: Mapping[str, float] | None,
-                 contention: float) -> pd.DataFrame:
+                 contention: float, comm_contention: float = 0.0) -> pd.DataFrame:
     n = len(rows)
     wall = rows["wall_s"].to_numpy(np.float64)
     wait = rows["wait_s"].to_numpy(np.float64)
@@ -75,10 +79,13 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
     has_own = ~np.isnan(own[:, 0])
     data: dict[str, np.ndarray] = {c: np.zeros(n) for c in CATEGORIES}
     contended = rest * min(max(contention, 0.0), 1.0)
+    comm_contended = rest * min(max(comm_contention, 0.0), 1.0 - min(max(contention, 0.0), 1.0))
     split = window.fractions if window else {"compute": 1.0}
     for category in NON_INPUT:
         mine = own[:, list(OWN_COLUMNS).index(f"own_{category}_s")]
-        data[category] = np.where(has_own, mine, (rest - contended) * split.get(category, 0.0))
+        data[category] = np.where(has_own, mine,
+                                  (rest - contended - comm_contended) * split.get(category, 0.0))
+    data["communication"] = data["communication"] + np.where(has_own, 0.0, comm_contended)
     unsplit: np.ndarray = np.zeros(n)
     if input_split:
         for stage, frac in input_split.items():
@@ -94,14 +101,15 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
             data[source] = data[source] - moved
             data[stage] = data[stage] + moved
             want = want - moved
-    on_device = window.device_compute * (rest - contended) if window and window.device == "cuda" \
-        else data["compute"]
+    on_device = window.device_compute * (rest - contended - comm_contended) \
+        if window and window.device == "cuda" else data["compute"]
     out = {c: rows[c].to_numpy() for c in ("rank", "step", "start_s", "wall_s", "wait_s",
                                            "backward_s", "optimizer_s", "fetch_s", "warmup",
                                            "analyzed", *FLAGS)}
     out.update(data)
     out[UNSPLIT_INPUT] = unsplit
     out["contention_s"] = contended
+    out["comm_contention_s"] = np.where(has_own, 0.0, comm_contended)
     out["device_compute_s"] = np.where(has_own, own[:, -1], on_device)
     return pd.DataFrame({c: out[c] for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS)})
 

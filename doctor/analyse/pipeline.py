@@ -17,7 +17,7 @@ from pathlib import Path
 
 from doctor.analyse import facts
 from doctor.analyse.comms import comms_evidence, comms_table
-from doctor.analyse.contention import analysed_span, loading_contention
+from doctor.analyse.contention import COMMUNICATION, INPUT, analysed_span, core_contention
 from doctor.analyse.evidence import build_evidence, job_facts, training_loaders, window_analysed
 from doctor.analyse.gpu_split import counter_splits, crosscheck_notes
 from doctor.analyse.gpus import gpu_counters, gpu_tables
@@ -59,10 +59,12 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     workers = {rank: children.get(main.process, []) for rank, main in ranks.items()}
     splits = {rank: rank_split(run, main, workers[rank]) for rank, main in ranks.items()}
     outside = outside_loader(run, ranks)
-    contention = loading_contention(run.host, run.system, table, workers, ranks, span)
+    cores = core_contention(run.host, run.system, table, workers, ranks, span)
+    contention = {r: c[INPUT] for r, c in cores.items() if INPUT in c and workers.get(r)}
+    comm_contention = {r: c[COMMUNICATION] for r, c in cores.items() if COMMUNICATION in c}
     ledger = build_ledger(table, {**windows, **coarse},
                           {r: f for r, s in splits.items() if (f := s.fractions) is not None},
-                          {r: o.shares for r, o in outside.items()}, contention)
+                          {r: o.shares for r, o in outside.items()}, contention, comm_contention)
     window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
     memory = memory_evidence(run, job.device, ranks, table, workers, counters, loaders,
                              job.world_size)
@@ -82,6 +84,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
               *coarse_notes, *(counters.notes if counters else ()),
               *crosscheck_notes(counters, window),
               *facts.contention_notes(contention, job.cores),
+              *facts.comm_contention_notes(comm_contention, job.cores),
               *(facts.range_notes(ledger, in_range) if in_range else []), *summary.notes,
               *facts.rule_notes(outcome.skipped), *facts.crash_notes(run),
               *facts.sampling_notes(run)]

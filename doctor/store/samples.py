@@ -20,7 +20,7 @@ from doctor.store.layout import GPU, GPU_INFO, HOST, MEMORY
 
 #: Per process of the job, per tick (``cpu_pct`` is derived on load).
 PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",
-                "run_delay_s", "private_bytes")
+                "run_delay_s", "private_bytes", "comm_cpu_s")
 #: The machine, per tick.
 SYSTEM_COLUMNS = ("t_s", "cores", "runnable", "busy_cores", "iowait_cores")
 #: Per GPU, per tick (the ``gpm_*`` columns are NaN where the GPU has no GPM metrics).
