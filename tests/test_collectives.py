@@ -126,3 +126,26 @@ def test_kernels_without_arguments_take_the_message_of_the_op_that_launched_them
     # all-to-all runs as SendRecv kernels: the launching op names the collective
     assert (calls["kind"] == "alltoall").sum() == 42 and (calls["kind"] == "sendrecv").sum() == 0
     assert set(calls["group"]) == {8}  # distributedInfo's world size
+
+
+def test_ddps_reducer_work_on_the_training_thread_is_communication() -> None:
+    from doctor.trace.steps import step_frame_from_timeline
+
+    def op(name: str, ts: float, dur: float, tid: int, cat: str = "cpu_op") -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid,
+                "args": {}}
+
+    events = [
+        op("ProfilerStep#1", 0, 1000, 1, "user_annotation"),
+        op("aten::mm", 0, 300, 1),  # backward's compute
+        # DDP divides a gradient by the world size: 200 us of the training thread's time
+        op("torch::distributed::reducer::mul_out", 300, 200, 1, "user_annotation"),
+        op("aten::mul", 310, 180, 1),
+        # gloo reduces on its own thread: beside the mm for 100 us, then alone
+        op("gloo:all_reduce", 200, 700, 7, "user_annotation"),
+    ]
+    [row] = step_frame_from_timeline(build_timeline(events), 0).to_dict(orient="records")
+    # exposed: the reducer's 200 us, and the all-reduce from 500 to 900 us with nothing beside
+    assert row["comm_exposed_s"] == pytest.approx(600e-6)
+    assert row["excl_communication_s"] == pytest.approx(600e-6)
+    assert row["excl_compute_s"] == pytest.approx(300e-6)

@@ -42,7 +42,11 @@ RT_OTHER, RT_LAUNCH, RT_SYNC, RT_COPY = 0, 1, 2, 3
 K_OTHER, K_COMM, K_GEMM, K_GEMM_TC, K_LAYOUT = 0, 1, 2, 3, 4
 
 _COMM_KERNEL = re.compile(r"(?:^|[\s_:])(?:nccl|rccl)", re.IGNORECASE)
-_COMM_OP = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:", "c10d:")
+#: Host ops of communication: the collectives (c10d's calls, the backends' work) and DDP's
+#: reducer's own work on the training thread (``torch::distributed::reducer::mul_out``: the
+#: gradients' division by the world size), which a job without DDP does not do.
+_COMM_OP = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:", "c10d:",
+            "torch::distributed::reducer::")
 _GEMM = re.compile(
     r"gemm|conv|cudnn|cublas|cutlass|xmma|wgrad|dgrad|fprop|winograd|matmul|mma", re.IGNORECASE
 )
