@@ -138,6 +138,24 @@ def test_exposed_communication_gpu_and_cpu() -> None:
     assert ids(run(cpu)) == {"comm.exposed"}
 
 
+def test_waiting_for_a_straggler_is_not_exposed_communication_twice() -> None:
+    from doctor.rules.evidence import Straggler, StragglerSearch
+
+    def search(wait_s: float) -> StragglerSearch:
+        return StragglerSearch([Straggler(rank=1, extra_s=wait_s, step_s=0.1,
+                                          slower_fraction=1.0, steps=4, cause="input",
+                                          cause_category="preprocess", waiting={0: wait_s})])
+
+    two = pd.concat([steps(comm_s=0.04, comm_exposed_s=0.04).assign(rank=r) for r in (0, 1)])
+    # rank 0 waits 60 ms a step for rank 1: over both ranks, 30 ms of the 40 ms exposed
+    (f,) = run(two, stragglers=search(0.06))
+    assert f.evidence["waiting_for_straggler_s_per_step"] == pytest.approx(0.03)
+    assert f.evidence["comm_exposed_s_per_step"] == pytest.approx(0.01)
+    assert f.estimated_speedup == pytest.approx(0.1 / 0.09)
+    # all of it waiting: the straggler's finding says it, comm.exposed stays quiet
+    assert run(two, stragglers=search(0.08)) == []
+
+
 def test_only_analysed_steps_count() -> None:
     frame = steps(comm_s=0.05, comm_exposed_s=0.05)
     frame["analyzed"] = False

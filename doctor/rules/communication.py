@@ -1,4 +1,8 @@
-"""Communication rules over the profiler window: collectives not hidden behind compute."""
+"""Communication rules over the profiler window: collectives not hidden behind compute.
+
+The time ranks spend in collectives waiting for a straggler (doctor.rules.distributed) is the
+straggler's: it is taken out of the exposed communication, so that one cause is not reported
+twice."""
 
 from __future__ import annotations
 
@@ -32,10 +36,22 @@ COMPRESS = Fix(
 )
 
 
+def straggler_wait(ev: Evidence, frame_ranks: int) -> float:
+    """Seconds a step the ranks spend, on average, waiting in collectives for a straggler (its
+    finding's cause, not the communication's)."""
+    search = ev.stragglers
+    if search is None or not search.stragglers or frame_ranks <= 0:
+        return 0.0
+    return sum(sum(s.waiting.values()) for s in search.stragglers) / frame_ranks
+
+
 @rule("comm.exposed", needs=("window",))
 def exposed_communication(ev: Evidence) -> list[Finding]:
     f = window_steps(ev, device=None)
-    step, comm, exposed = means(f, "dur_s", "comm_s", "comm_exposed_s")
+    step, comm, exposed_all = means(f, "dur_s", "comm_s", "comm_exposed_s")
+    waited = min(straggler_wait(ev, int(f["rank"].nunique()) if "rank" in f else 1),
+                 exposed_all)
+    exposed = exposed_all - waited  # waiting for a straggler is the straggler's finding
     share = exposed / step
     if share < 0.05:
         return []
@@ -50,6 +66,7 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
             f"({overlapped:.0%} of communication is overlapped)"
         ),
         evidence=dict(comm_s_per_step=comm, comm_exposed_s_per_step=exposed,
+                      waiting_for_straggler_s_per_step=waited,
                       comm_exposed_share=share, comm_overlapped_fraction=overlapped,
                       world_size=world if isinstance(world, int) else None),
         fixes=(
