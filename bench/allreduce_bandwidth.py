@@ -95,7 +95,7 @@ def main() -> None:
             if k["kind"] != "allreduce":
                 continue
             per_call = (k["bytes"] or 0) / max(k["calls"], 1)
-            bus = k["bus_bytes_s"]
+            bus = k["bus_gb_per_s"] * 1e9 if k["bus_gb_per_s"] is not None else None
             ratio = bus / statistics.median(bare_bus) if bus else float("nan")
             print(f"  doctor, rank {r['rank']}: {k['calls']} all-reduces of "
                   f"{per_call / 2**20:.1f} MiB, bus bandwidth median {bus / 1e9:.3f} GB/s "

@@ -32,7 +32,7 @@ LATENCY_BYTES = 256 * 1024
 WAITING_SHARE = 0.5
 WAITING, LATENCY, BANDWIDTH = "waiting", "latency", "bandwidth"
 UNKNOWN = "unknown"  # neither waiting nor of a known size
-SHOWN = ("rank", "kind", "calls", "bytes", "seconds", "exposed_s", "bus_bytes_s", "waiting_s",
+SHOWN = ("rank", "kind", "calls", "bytes", "time_s", "exposed_s", "bus_gb_per_s", "waiting_s",
          "bound")
 
 
@@ -43,7 +43,7 @@ class RankComms:
     window_s: float  # the profiled steps' time, for per-step figures
 
     def by_kind(self) -> pd.DataFrame:
-        """Per kind of collective: calls, bytes, seconds, exposed, median bus bandwidth, time
+        """Per kind of collective: calls, bytes, time, exposed, median bus bandwidth (GB/s), time
         waiting, and the class with the most exposed time."""
         c = self.calls
         if c.empty:
@@ -51,8 +51,8 @@ class RankComms:
         g = c.groupby("kind", sort=False)
         out = pd.DataFrame({
             "calls": g.size(), "bytes": g["bytes"].sum(min_count=1),
-            "seconds": g["seconds"].sum(), "exposed_s": g["exposed_s"].sum(),
-            "bus_bytes_s": g["bus_bytes_s"].median(), "waiting_s": g["waiting_s"].sum(),
+            "time_s": g["seconds"].sum(), "exposed_s": g["exposed_s"].sum(),
+            "bus_gb_per_s": g["bus_bytes_s"].median() / 1e9, "waiting_s": g["waiting_s"].sum(),
         }).reset_index()
         out["bound"] = [_main_bound(c[c["kind"] == k]) for k in out["kind"]]
         out.insert(0, "rank", self.rank)
