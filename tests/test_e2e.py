@@ -55,8 +55,10 @@ def test_compute_bound_job(tmp_path: Path) -> None:
 
 
 def test_input_bound_job(tmp_path: Path) -> None:
+    # exaggerated: a small model; 60 steps, so that py-spy attaches while steps remain even on
+    # a loaded machine (with 30, the split was missed once in CI: verdict "input")
     verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "input_bound.py"),
-                      "--steps", "30", "--hidden", "256")  # exaggerated: a small model
+                      "--steps", "60", "--hidden", "256")
     assert verdict["bottleneck"] == "preprocess"
     assert verdict["shares"]["preprocess"] > 0.6
     assert verdict["probes"]["stacks"]["ok"] is True
