@@ -76,6 +76,7 @@ REGISTRY: tuple[ProbeSpec, ...] = (
     ProbeSpec("torch_ops", JOB, "doctor.probes.torch_ops:DeepWindow.for_session"),
     ProbeSpec("memory", JOB, "doctor.probes.memory:MemoryProbe"),
     ProbeSpec("model_state", JOB, "doctor.probes.model_state:ModelStateProbe"),
+    ProbeSpec("ddp", JOB, "doctor.probes.ddp:DdpProbe"),
     ProbeSpec("host", PARENT, "doctor.probes.host:HostSampler.for_run"),
     ProbeSpec("gpu", PARENT, "doctor.probes.gpu:GpuSampler.for_run"),
     ProbeSpec("stacks", PARENT, "doctor.probes.stacks:PySpyRecorder.for_run"),

@@ -109,8 +109,21 @@ class GpuSampler:
                     "nvmlDeviceGetPowerManagementLimitConstraints", h)),
                 "pcie_gen_max": _num(self._query("nvmlDeviceGetMaxPcieLinkGeneration", h)),
                 "pcie_width_max": _num(self._query("nvmlDeviceGetMaxPcieLinkWidth", h)),
+                **self._nvlinks(h),
                 "gpm": gpm.supported, "gpm_reason": gpm.reason,
             })
+
+    def _nvlinks(self, h: Any) -> dict[str, Any]:
+        """The GPU's active NVLinks and their version (none on a PCIe-only GPU)."""
+        active, version = 0, None
+        for link in range(getattr(self._nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            state = self._query("nvmlDeviceGetNvLinkState", h, link)
+            if state is None:
+                break  # no NVLink here (or no more links)
+            if state:
+                active += 1
+                version = version or self._query("nvmlDeviceGetNvLinkVersion", h, link)
+        return {"nvlinks": active, "nvlink_version": _num(version) if version else None}
 
     def sample(self) -> None:
         if not self.check().ok:

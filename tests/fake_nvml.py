@@ -43,6 +43,8 @@ class FakeGpu:
     gpm_values: Mapping[int, float] = field(
         default_factory=lambda: {2: 90.0, 5: 60.0, 10: 30.0})  # SM, tensor, DRAM bandwidth
     pcie_gen: int = 5
+    nvlinks: int = 0  # active NVLinks (0: a PCIe-only GPU, NVLink queries unsupported)
+    nvlink_version: int = 4
     power_limit_mw: int = 700_000  # the board's maximum: 700 W
 
 
@@ -96,6 +98,14 @@ class FakeNvml:
     def nvmlDeviceGetPcieThroughput(self, h: int, which: int) -> float:
         g = self.gpus[h]
         return (g.rx_kbps if which == self.NVML_PCIE_UTIL_RX_BYTES else g.tx_kbps)(self.time)
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
+        if self.gpus[h].nvlinks == 0:
+            raise NVMLError("Not Supported")
+        return 1 if link < self.gpus[h].nvlinks else 0
+
+    def nvmlDeviceGetNvLinkVersion(self, h: int, link: int) -> int:
+        return self.gpus[h].nvlink_version
 
     def nvmlDeviceGetMaxPcieLinkGeneration(self, h: int) -> int:
         return self.gpus[h].pcie_gen

@@ -94,7 +94,8 @@ def test_on_this_machine_the_probe_says_why_it_is_off() -> None:
 
 
 def test_gpm_metrics_processes_and_what_each_gpu_is(tmp_path: Path) -> None:
-    nvml = ReplayNvml([FakeGpu(pids=(4242, 4343)), FakeGpu(gpm=False, name="NVIDIA A100")])
+    nvml = ReplayNvml([FakeGpu(pids=(4242, 4343), nvlinks=18),
+                       FakeGpu(gpm=False, name="NVIDIA A100")])
     sample_run(tmp_path, nvml, seconds=5.0)
     frame = read_gpu(tmp_path)
     first = frame[frame["gpu"] == 0]
@@ -111,6 +112,8 @@ def test_gpm_metrics_processes_and_what_each_gpu_is(tmp_path: Path) -> None:
     assert info[0]["gpm"] and not info[1]["gpm"] and "no GPM" in info[1]["gpm_reason"]
     assert info[0]["sm_clock_max_mhz"] == 1980 and info[0]["power_limit_w"] == 700
     assert info[0]["pcie_gen_max"] == 5
+    assert (info[0]["nvlinks"], info[0]["nvlink_version"]) == (18, 4)
+    assert info[1]["nvlinks"] == 0 and info[1]["nvlink_version"] is None  # PCIe only
 
 
 def test_gpm_that_fails_while_sampling_ends_once_with_its_reason(tmp_path: Path) -> None:

@@ -67,6 +67,7 @@ def _load_node(run_dir: Path) -> RunData:
     model_states: list[dict[str, Any]] = []
     ops: list[pd.DataFrame] = []
     collectives: list[pd.DataFrame] = []
+    ddp: list[dict[str, Any]] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
         meta = _meta(proc_dir)
@@ -76,6 +77,7 @@ def _load_node(run_dir: Path) -> RunData:
                       "reason": s.get("reason", ""), "hint": s.get("hint", "")}
                      for name, s in (meta.get("probes") or {}).items() if isinstance(s, dict)]
         model_states += _model_state_rows(who, meta)
+        ddp += _ddp_rows(who, meta)
         counts = meta.get("batch_tensors") or {}
         loaders += [{**who, **lo, "batch_tensors": counts.get(str(lo.get("id")))}
                     for lo in meta.get("loaders") or []]
@@ -116,7 +118,7 @@ def _load_node(run_dir: Path) -> RunData:
         "gpu_procs": read_gpu_procs(run_dir).assign(node=0),
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
-        "collectives": _concat(collectives),
+        "collectives": _concat(collectives), "ddp": ddp,
     }
     frames = empty_frames()
     for name, rows in parts.items():
@@ -144,6 +146,7 @@ def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecor
         bootstrap_errors=errors, problems=tuple(problems), tries=tuple(read_tries(run_dir)),
         gpus=tuple({**g, "node": 0} for g in read_gpu_info(run_dir)),
         visible_devices=(raw.get("env") or {}).get("CUDA_VISIBLE_DEVICES"),
+        links=raw.get("links") if isinstance(raw.get("links"), dict) else None,
     )
 
 
@@ -180,6 +183,34 @@ def _model_state_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[st
               "bytes": 0, "tensors": 0} for tag, state in states.items()
              if isinstance(state, dict) for name in state.get("optimizers") or ()]
     return rows + _activation_rows(who, meta.get("saved_tensors"))
+
+
+def _ddp_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each DistributedDataParallel the process built (doctor.probes.ddp): bucket bytes summed,
+    the last bucket's (reduced when backward ends: never overlapped), seconds from DDP's
+    nanoseconds."""
+    rows = []
+    for d in meta.get("ddp") or ():
+        if not isinstance(d, dict):
+            continue
+        sizes = [float(b) for b in d.get("bucket_bytes") or () if isinstance(b, int | float)]
+        rows.append({
+            **who, "bucket_cap_bytes": d.get("bucket_cap_bytes"), "buckets": len(sizes),
+            "bucket_bytes": sum(sizes) if sizes else None,
+            "last_bucket_bytes": sizes[-1] if sizes else None,
+            "parameter_bytes": d.get("parameter_bytes"),
+            "dtypes": ",".join(str(t) for t in d.get("dtypes") or ()),
+            "backend": d.get("backend"), "world_size": d.get("world_size"),
+            **{f"backward_{k}_s": _seconds(d.get(f"backward_{k}_ns"))
+               for k in ("compute", "comm", "overlap")},
+            **{k: bool(d.get(k)) for k in ("gradient_as_bucket_view", "static_graph",
+                                           "find_unused_parameters")},
+        })
+    return rows
+
+
+def _seconds(ns: Any) -> float | None:
+    return float(ns) * 1e-9 if isinstance(ns, int | float) and ns > 0 else None
 
 
 def _activation_rows(who: dict[str, Any], saved: Any) -> list[dict[str, Any]]:

@@ -74,6 +74,11 @@ OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:f
 COLLECTIVE_COLUMNS = columns(f"{WHO} kind:object start_us end_us seconds bytes:float64 "
                              "group:int64 exposed_s alg_bytes_s bus_bytes_s:float64 "
                              "on_gpu:bool")
+#: Each DistributedDataParallel of a process: its settings and buckets (doctor.probes.ddp).
+DDP_COLUMNS = columns(f"{WHO} bucket_cap_bytes buckets:int64 bucket_bytes last_bucket_bytes "
+                      "parameter_bytes:float64 dtypes backend:object world_size:int64 "
+                      "backward_compute_s backward_comm_s backward_overlap_s:float64 "
+                      "gradient_as_bucket_view static_graph find_unused_parameters:bool")
 #: The profiler window's steps: the trace's step frame, and which process recorded it.
 WINDOW_COLUMNS: dict[str, str] = {**STEP_COLUMNS, "node": "int64", "pid": "int64"}
 
@@ -155,7 +160,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
                "rank": "int64", "node": "int64"},
     "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
     "model_state": MODEL_STATE_COLUMNS, "ops": OPS_COLUMNS,
-    "collectives": COLLECTIVE_COLUMNS,
+    "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
 }
 
 
@@ -189,6 +194,7 @@ class RunRecord:
     tries: tuple[Mapping[str, Any], ...] = ()  # doctor try records of the run, oldest first
     gpus: tuple[Mapping[str, Any], ...] = ()  # what each GPU is (gpus.json), with its node
     visible_devices: str | None = None  # the job's CUDA_VISIBLE_DEVICES, when it set one
+    links: Mapping[str, Any] | None = None  # the machine's links (doctor.probes.links)
 
     @property
     def job_seen(self) -> bool:
@@ -214,7 +220,8 @@ class RunData:
     - ``model_state``: bytes of parameters, gradients and optimizer state by device and dtype,
       at the window's start and at exit (doctor.probes.model_state);
     - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops);
-    - ``collectives``: one row per collective of each window (doctor.trace.comm_calls).
+    - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
+    - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp).
     """
 
     record: RunRecord
@@ -236,6 +243,7 @@ class RunData:
     model_state: pd.DataFrame
     ops: pd.DataFrame
     collectives: pd.DataFrame
+    ddp: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(
