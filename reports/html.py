@@ -47,9 +47,12 @@ TABLE_TITLES: dict[str, str] = {
     "ops": "Top ops of the lowest rank's window: time, class and share of the roof",
     "communication": "Per rank: collectives by kind (bytes, time, exposed, bus bandwidth, "
                      "waiting for other ranks, and what bounds them)",
+    "comm_what_if": "What the communication model predicts: each change's exposed "
+                    "communication and step (the measured step changed by that alone), and the "
+                    "step at more ranks for the same global batch",
 }
 #: Keys of the verdict's extra that the report shows as tables or sections of their own.
-EXTRA_AS_TABLES = ("gpus", "memory", "ops", "communication")
+EXTRA_AS_TABLES = ("gpus", "memory", "ops", "communication", "comm_model")
 #: Tables drawn as charts only.
 TABLES_AS_CHARTS = ("memory_over_run",)
 

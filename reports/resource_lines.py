@@ -67,3 +67,31 @@ def ops_lines(verdict: Verdict) -> list[str]:
         parts.append(f"model FLOP utilisation {format_value('share', first['mfu'])} "
                      f"({first['mfu_dtype']})")
     return [f"Ops, rank {first['rank']}: " + "; ".join(parts)] if parts else []
+
+
+def comm_lines(verdict: Verdict) -> list[str]:
+    """One line for the critical rank's communication (the verdict's ``comm_model``, the rank
+    with the most exposed): bytes a step, bus bandwidth against its link, the exposed share,
+    and at 4x the ranks."""
+    models = verdict.extra.get("comm_model") or []
+    if not models:
+        return []
+    m = max(models, key=lambda m: m.get("exposed_s") or 0.0)
+    calls = m["buckets_per_step"]
+    parts = [f"{format_value('bytes', m['bytes_per_step'])} all-reduced a step in "
+             f"{calls:.3g} bucket(s)"]
+    link = m.get("link")
+    if m.get("fit") == "latency":  # small calls: their time is the latency, not the bytes
+        parts[0] += f", {format_value('time_s', m['alpha_s'])} each: latency-bound"
+    else:
+        parts[0] += f" at {m['bus_gb_per_s']:.3g} GB/s bus"
+        if link and link.get("gb_per_s"):
+            parts[0] += (f" ({format_share(m['bus_gb_per_s'] / link['gb_per_s'])} of "
+                         f"{link['name']}'s {link['gb_per_s']:.3g} GB/s)")
+    if m.get("step_s"):
+        parts.append(f"exposed {format_share(m['exposed_s'] / m['step_s'])} of the step")
+    points = m.get("scaling") or []
+    far = [p for p in points if p["ranks"] >= 4 * m["world"]]
+    if far:
+        parts.append(f"at {far[0]['ranks']} ranks {format_share(far[0]['exposed_share'])}")
+    return [f"Communication, rank {m['rank']}: " + "; ".join(parts)]

@@ -219,7 +219,7 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
     finding with all its evidence and fixes, the notes and the job's details.
     ``report_path`` names the HTML report to point at, when one was written.
     """
-    from doctor.reports.resource_lines import gpu_lines, memory_lines, ops_lines
+    from doctor.reports.resource_lines import comm_lines, gpu_lines, memory_lines, ops_lines
 
     verdict = analysis.verdict
     width = max(width, 40)
@@ -229,7 +229,7 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
     out.append(clean(f"doctor: {headline(verdict)}"))
     out.append(clean(f"  {steps_line(verdict)}"))
     out += [clean(f"  {line}") for line in gpu_lines(verdict) + memory_lines(verdict)
-                                             + ops_lines(verdict)]
+                                             + ops_lines(verdict) + comm_lines(verdict)]
     out += _share_bars(verdict, width)
 
     findings = verdict.findings

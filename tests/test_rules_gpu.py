@@ -53,7 +53,8 @@ def test_the_analysis_runs_every_gpu_rule() -> None:
 
     assert {r.id for r in default_rules()} >= GPU_RULE_IDS
     assert {"gpu.pageable_copy", "gpu.transfer_exposed", "gpu.host_sync", "gpu.launch_bound",
-            "gpu.no_tensor_cores", "comm.exposed", "memory.fragmentation"} == GPU_RULE_IDS
+            "gpu.no_tensor_cores", "comm.exposed", "comm.scaling",
+            "memory.fragmentation"} == GPU_RULE_IDS
 
 
 def test_pageable_copies() -> None:
@@ -213,6 +214,9 @@ def everything() -> list[Finding]:
     found = run(frame, memory(alloc_retries=[0, 0, 1]), world_size=4)
     found += run(steps(htod_pinned_count=5, transfer_s=0.02, transfer_exposed_s=0.01))
     found += run(steps(gemm_s=0.06, gpu_cc=7.0))
+    from tests.test_comm_model import model  # the communication model, for comm.scaling
+
+    found += run(comm_models={0: model()})
     return found
 
 

@@ -17,13 +17,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from doctor.analyse.comm_model import (
+    LinkFit,
+    RankComm,
+    ScalePoint,
+    WhatIf,
+    bucket_what_ifs,
+    compress_what_if,
+    no_sync_what_if,
+    rank_comm,
+    scaling,
+)
 from doctor.analyse.steps import RankSteps
-from doctor.store.rundata import RunData
+from doctor.store.rundata import RunData, RunRecord
+
+if TYPE_CHECKING:
+    from doctor.rules.evidence import JobFacts
 
 #: Below this a message's transfer time is small against a collective's round trips (NCCL's
 #: low-latency protocol is used up to about this size; gloo's TCP rounds cost more).
@@ -33,7 +47,61 @@ WAITING_SHARE = 0.5
 WAITING, LATENCY, BANDWIDTH = "waiting", "latency", "bandwidth"
 UNKNOWN = "unknown"  # neither waiting nor of a known size
 SHOWN = ("rank", "kind", "calls", "bytes", "time_s", "exposed_s", "bus_gb_per_s", "waiting_s",
-         "bound")
+         "bound", "link", "of_link")
+
+
+#: NVLink bandwidth per link and direction, GB/s, by NVLink version (V100: 2, A100: 3,
+#: H100: 4, B200: 5); PCIe per lane and direction, GB/s, by generation (after encoding).
+NVLINK_GB_PER_S = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+PCIE_LANE_GB_PER_S = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+
+@dataclass(frozen=True)
+class Link:
+    """The link a rank's collectives run over, as far as it is known."""
+
+    name: str  # "NVLink 4 x18", "PCIe 5 x16", "TCP loopback", "network (eth0)"
+    gb_per_s: float  # one direction
+    source: str  # "NVML", "measured", "stated (DOCTOR_LINK_GBPS)", "interface speed"
+    across_nodes: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "gb_per_s": round(self.gb_per_s, 3), "source": self.source,
+                "across_nodes": self.across_nodes}
+
+
+def node_link(record: RunRecord, on_gpu: bool) -> Link | None:
+    """The link between ranks of one node: the GPUs' NVLink or PCIe (NVML), or TCP loopback
+    (measured after the job) for collectives on the CPU."""
+    if on_gpu:
+        for g in record.gpus:
+            links, version = g.get("nvlinks"), g.get("nvlink_version")
+            if isinstance(links, int | float) and links > 0:
+                v = int(version) if isinstance(version, int | float) and version == version else 0
+                return Link(f"NVLink {v or '?'} x{int(links)}",
+                            int(links) * NVLINK_GB_PER_S.get(v, 25.0), "NVML")
+            gen, width = g.get("pcie_gen_max"), g.get("pcie_width_max")
+            if isinstance(gen, int | float) and isinstance(width, int | float) and \
+                    int(gen) in PCIE_LANE_GB_PER_S and width > 0:
+                return Link(f"PCIe {int(gen)} x{int(width)}",
+                            PCIE_LANE_GB_PER_S[int(gen)] * width, "NVML")
+        return None
+    loop = (record.links or {}).get("loopback_gb_per_s")
+    if isinstance(loop, int | float) and loop > 0:
+        return Link("TCP loopback", float(loop), "measured")
+    return None
+
+
+def network_link(record: RunRecord) -> Link | None:
+    """The link between nodes: a figure the user stated (``DOCTOR_LINK_GBPS``), else the
+    fastest network interface's speed."""
+    links = record.links or {}
+    stated, nic = links.get("stated_gb_per_s"), links.get("nic_gb_per_s")
+    if isinstance(stated, int | float) and stated > 0:
+        return Link("network", float(stated), "stated (DOCTOR_LINK_GBPS)", True)
+    if isinstance(nic, int | float) and nic > 0:
+        return Link(f"network ({links.get('nic', '?')})", float(nic), "interface speed", True)
+    return None
 
 
 @dataclass(frozen=True)
@@ -41,6 +109,7 @@ class RankComms:
     rank: int
     calls: pd.DataFrame  # one row per collective, with waiting_s and bound
     window_s: float  # the profiled steps' time, for per-step figures
+    link: Link | None = None  # what its collectives run over, where known
 
     def by_kind(self) -> pd.DataFrame:
         """Per kind of collective: calls, bytes, time, exposed, median bus bandwidth (GB/s), time
@@ -55,6 +124,8 @@ class RankComms:
             "bus_gb_per_s": g["bus_bytes_s"].median() / 1e9, "waiting_s": g["waiting_s"].sum(),
         }).reset_index()
         out["bound"] = [_main_bound(c[c["kind"] == k]) for k in out["kind"]]
+        out["link"] = self.link.name if self.link else ""
+        out["of_link"] = out["bus_gb_per_s"] / self.link.gb_per_s if self.link else np.nan
         out.insert(0, "rank", self.rank)
         return out.sort_values("exposed_s", ascending=False).reset_index(drop=True)
 
@@ -64,6 +135,7 @@ class RankComms:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "window_s": self.window_s,
+                "link": self.link.to_dict() if self.link else None,
                 "exposed_by_bound_s": self.exposed_by_bound(),
                 "by_kind": self.by_kind().to_dict(orient="records")}
 
@@ -114,12 +186,16 @@ def comms_evidence(run: RunData, ranks: Mapping[int, RankSteps], window: pd.Data
     calls["rank"] = [mains[(int(n), int(p))] for n, p in
                      zip(calls["node"], calls["pid"], strict=True)]
     calls = classify(calls, waiting_times(calls))
+    nodes = {m.node for m in ranks.values()}
+    across = network_link(run.record) if len(nodes) > 1 else None
     out = {}
     for rank in sorted(set(calls["rank"])):
         mine = calls[calls["rank"] == rank]
         steps = window[window["rank"] == rank] if "rank" in window else window
         window_s = float(steps["dur_s"].sum()) if "dur_s" in steps and len(steps) else 0.0
-        out[rank] = RankComms(rank, mine.reset_index(drop=True), window_s)
+        on_gpu = bool(mine["on_gpu"].any()) if "on_gpu" in mine else False
+        link = across if len(nodes) > 1 else node_link(run.record, on_gpu)
+        out[rank] = RankComms(rank, mine.reset_index(drop=True), window_s, link)
     return out
 
 
@@ -127,3 +203,101 @@ def comms_table(comms: Mapping[int, RankComms]) -> dict[str, pd.DataFrame]:
     """The report's table (none without collectives): every rank's collectives by kind."""
     parts = [c.by_kind() for _, c in sorted(comms.items())]
     return {"communication": pd.concat(parts, ignore_index=True)} if parts else {}
+
+
+@dataclass(frozen=True)
+class CommModel:
+    """The communication model of one rank (doctor.analyse.comm_model) and what it predicts."""
+
+    model: RankComm
+    what_ifs: tuple[WhatIf, ...]
+    scaling: tuple[ScalePoint, ...]
+    link: Link | None = None
+
+    def best(self, fix: str) -> WhatIf | None:
+        same = [w for w in self.what_ifs if w.fix == fix]
+        return max(same, key=lambda w: w.speedup) if same else None
+
+    def table(self) -> pd.DataFrame:
+        rows = [{"rank": self.model.rank, "change": w.setting, "exposed_s": w.exposed_s,
+                 "step_s": w.step_s, "speedup": w.speedup, "note": w.note}
+                for w in self.what_ifs]
+        base = self.scaling[0] if self.scaling else None
+        rows += [{"rank": self.model.rank, "change": f"{p.ranks} ranks, same global batch",
+                  "exposed_s": p.exposed_s, "step_s": p.step_s,
+                  "speedup": self.model.step_s / p.step_s if p.step_s else 0.0,
+                  "note": f"{p.exposed_share:.0%} of the step exposed; scaling efficiency "
+                          f"{p.efficiency(base):.0%}" + (" (across nodes)" if p.across_nodes
+                                                          else "")}
+                 for p in self.scaling[1:] if base is not None]
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.model
+        return {
+            "rank": m.rank, "world": m.world, "step_s": m.step_s, "comm_s": m.comm_s,
+            "exposed_s": m.exposed_s, "bytes_per_step": m.bytes_per_step,
+            "buckets_per_step": m.calls_per_step, "bucket_cap_bytes": m.cap_bytes,
+            "overlap_capacity_s": m.capacity_s, "backward_s": m.backward_s,
+            "overlap_cores": m.overlap_cores,
+            "alpha_s": m.link.alpha_s, "bus_gb_per_s": m.link.beta_bytes_s / 1e9,
+            "fit": m.link.how, "link": self.link.to_dict() if self.link else None,
+            "what_if": [w.to_dict() for w in self.what_ifs],
+            "scaling": [p.to_dict() for p in self.scaling],
+        }
+
+
+def comm_models(run: RunData, comms: Mapping[int, RankComms], window: pd.DataFrame,
+                job: JobFacts, inter_node: LinkFit | None = None) -> dict[int, CommModel]:
+    """Each rank's model, from its window's analysed steps, its collectives and its DDP
+    settings; a rank's waits for a slower rank (its time waiting in collectives beyond the
+    least-waiting rank's) are taken out of its exposed time first. ``inter_node``: the link
+    between nodes, for the scaling past one node."""
+    world = job.world_size if isinstance(job.world_size, int) else len(comms)
+    # every rank waits a little in each collective for its peers (jitter, the ring's own
+    # rounds): only the wait beyond the least-waiting rank's is for a slower rank
+    least_wait = min(float(c.calls["waiting_s"].sum()) for c in comms.values()) if comms else 0
+    out: dict[int, CommModel] = {}
+    for rank, c in comms.items():
+        steps = window[window["rank"] == rank] if "rank" in window else window
+        if "analyzed" in steps:
+            steps = steps[steps["analyzed"].astype(bool)]
+        if steps.empty:
+            continue
+        pids = set(c.calls["pid"]) if "pid" in c.calls else set()
+        ddp = run.ddp[run.ddp["pid"].isin(pids)] if not run.ddp.empty else run.ddp
+        on_gpu = bool(c.calls["on_gpu"].any()) if "on_gpu" in c.calls else False
+        spare = 1.0 if on_gpu or not job.cores else job.cores / max(job.ranks_here, 1) - 1.0
+        waited = (float(c.calls["waiting_s"].sum()) - least_wait) / len(steps)
+        groups = c.calls.loc[c.calls["kind"] == "allreduce", "group"] \
+            if "group" in c.calls else pd.Series(dtype=float)
+        groups = groups[groups > 1]
+        # the group the all-reduces ran in, as the trace says it; else the job's world
+        group = int(groups.median()) if len(groups) else world
+        model = rank_comm(rank, group, steps, c.calls, ddp, waited_s=waited,
+                          overlap_cores=spare,
+                          link_bytes_s=c.link.gb_per_s * 1e9 if c.link else None)
+        if model is None:
+            continue
+        fixes = [*bucket_what_ifs(model), no_sync_what_if(model)]
+        if (w := compress_what_if(model)) is not None:
+            fixes.append(w)
+        points = scaling(model, link=inter_node, ranks_per_node=job.ranks_here)
+        out[rank] = CommModel(model, tuple(fixes), tuple(points), c.link)
+    return out
+
+
+def inter_node_link(record: RunRecord) -> LinkFit | None:
+    """The link between nodes as a bus bandwidth (network_link), for the scaling past one
+    node; None when it is not known (the scaling then keeps the link measured between the
+    ranks)."""
+    link = network_link(record)
+    return LinkFit(0.0, link.gb_per_s * 1e9, 0, link.source) if link is not None else None
+
+
+def critical(models: Mapping[int, CommModel]) -> CommModel | None:
+    """The rank on the critical path: the one with the most exposed communication once waits
+    for slower ranks are taken out (the ranks that wait have slack; this one does not)."""
+    if not models:
+        return None
+    return max(models.values(), key=lambda m: (m.model.exposed_s, -m.model.rank))

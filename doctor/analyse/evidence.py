@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from doctor.analyse.comms import CommModel
 from doctor.analyse.contention import Span, cores_used, within
 from doctor.analyse.distributed import search_stragglers
 from doctor.analyse.gpus import GpuCounters, said_cuda
@@ -63,7 +64,8 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
                    span: Span | None, ranged: bool, unsplit_reason: str,
                    gpus: GpuCounters | None = None,
                    memory_use: MemoryEvidence | None = None,
-                   ops: Mapping[int, RankOps] | None = None) -> Evidence:
+                   ops: Mapping[int, RankOps] | None = None,
+                   comm_models: Mapping[int, CommModel] | None = None) -> Evidence:
     """The evidence of the run; ``workers`` the DataLoader workers of each rank, ``window``
     marked analysed (window_analysed), ``loaders`` of the training processes
     (training_loaders), ``gpus`` the GPU counters of a GPU job (doctor.analyse.gpus),
@@ -83,7 +85,7 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
         worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
                                                for p in workers[rank]], span, total=True),
         traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
-        gpus=gpus, memory_use=memory_use, ops=ops or None,
+        gpus=gpus, memory_use=memory_use, ops=ops or None, comm_models=comm_models or None,
     )
 
 

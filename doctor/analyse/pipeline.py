@@ -16,7 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from doctor.analyse import facts
-from doctor.analyse.comms import comms_evidence, comms_table
+from doctor.analyse.comms import (
+    comm_models,
+    comms_evidence,
+    comms_table,
+    critical,
+    inter_node_link,
+)
 from doctor.analyse.contention import COMMUNICATION, INPUT, analysed_span, core_contention
 from doctor.analyse.evidence import build_evidence, job_facts, training_loaders, window_analysed
 from doctor.analyse.gpu_split import counter_splits, crosscheck_notes
@@ -70,9 +76,10 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                              job.world_size)
     ops = ops_evidence(run, job.device, ranks, window, counters)
     comms = comms_evidence(run, ranks, window)
+    models = comm_models(run, comms, window, job, inter_node_link(run.record))
     evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
                               outside, span, in_range is not None,
-                              facts.stacks_reason(run, ranks), counters, memory, ops)
+                              facts.stacks_reason(run, ranks), counters, memory, ops, models)
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)
     findings = attach_verified(outcome.findings, run.record.tries)
@@ -96,12 +103,14 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                **({"gpus": [g.to_dict() for g in counters.gpus]} if counters else {}),
                **({"memory": memory.to_dict()} if memory else {}),
                **({"ops": [o.to_dict() for o in ops.values()]} if ops else {}),
-               **({"communication": [c.to_dict() for c in comms.values()]} if comms else {})},
+               **({"communication": [c.to_dict() for c in comms.values()]} if comms else {}),
+               **({"comm_model": [m.to_dict() for m in models.values()]} if models else {})},
     )
     tables = {**report_tables(ledger, window, loaders, run.host, run.processes, splits, outside),
               **gpu_tables(counters), **memory_tables(memory),
               **({"ops": next(iter(ops.values())).top()} if ops else {}),
-              **comms_table(comms)}
+              **comms_table(comms),
+              **({"comm_what_if": m.table()} if (m := critical(models)) is not None else {})}
     return Analysis(verdict=verdict, ledger=ledger, source=run.record.source, tables=tables)
 
 

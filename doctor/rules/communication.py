@@ -6,9 +6,13 @@ twice."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from doctor.analyse.comm_model import WhatIf
+from doctor.analyse.comms import critical
 from doctor.rules.base import rule
 from doctor.rules.evidence import Evidence
-from doctor.rules.window import means, window_finding, window_steps
+from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 
 NO_SYNC = Fix(
@@ -36,6 +40,57 @@ COMPRESS = Fix(
 )
 
 
+def bucket_fix(ddp_devices: str, best: WhatIf | None) -> Fix:
+    """DDP's bucket cap: the one the model predicts best, 50 MB where there is no model."""
+    cap = float(best.setting.split("=", 1)[1]) if best is not None else 50.0
+    why = ("all-reduce starts when a bucket fills: smaller buckets start earlier in backward "
+           "and overlap more of it, larger ones pay the per-call latency fewer times")
+    if best is not None:
+        why += f"; the model's best cap here is {cap:g} MB ({best.note})"
+    return Fix(
+        title=f"Set DDP's bucket_cap_mb={cap:g}",
+        why=why,
+        code=(
+            "model = torch.nn.parallel.DistributedDataParallel(\n"
+            f"    model,{ddp_devices}\n"
+            f"    bucket_cap_mb={cap:g}, gradient_as_bucket_view=True, static_graph=True,\n"
+            ")"
+        ),
+        # static_graph is left to the user: it breaks a model whose graph changes
+        apply={"ddp": {"bucket_cap_mb": cap, "gradient_as_bucket_view": True}},
+        estimated_speedup=best.speedup if best is not None else None,
+    )
+
+
+def model_fixes(ev: Evidence, ddp_devices: str, share: float) -> tuple[Fix, ...]:
+    """The fixes, each with the speedup the communication model predicts for it, best first;
+    a change the model predicts no gain for (under 2 %) is left out. The model says what share
+    of the exposed communication a fix saves; ``share`` (communication's share of the step)
+    turns that into a speedup. Without a model (no all-reduce of known size): the fixes without
+    estimates."""
+    model = critical(ev.comm_models or {})
+    if model is None:
+        return bucket_fix(ddp_devices, None), NO_SYNC, COMPRESS
+    fixes: list[Fix] = []
+    exposed = model.model.exposed_s
+
+    def estimate(w: WhatIf | None) -> float | None:
+        if w is None or exposed <= 0:
+            return None
+        value = speedup(1.0, share * (exposed - w.exposed_s) / exposed)
+        return value if value >= 1.02 else None
+
+    best = model.best("bucket_cap")
+    if (value := estimate(best)) is not None:
+        fixes.append(replace(bucket_fix(ddp_devices, best), estimated_speedup=value))
+    for fix, name in ((NO_SYNC, "no_sync"), (COMPRESS, "compress")):
+        w = model.best(name)
+        if (value := estimate(w)) is not None and w is not None:
+            why = fix.why + (f" ({w.note})" if w.note else "")
+            fixes.append(replace(fix, why=why, estimated_speedup=value))
+    return tuple(sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)))
+
+
 def straggler_wait(ev: Evidence, frame_ranks: int) -> float:
     """Seconds a step the ranks spend, on average, waiting in collectives for a straggler (its
     finding's cause, not the communication's)."""
@@ -57,6 +112,10 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
         return []
     world = ev.job.world_size
     overlapped = 1.0 - exposed / comm if comm > 0 else 0.0
+    # the ledger's share (every analysed step, and the cores communication threads took)
+    # sizes the estimate; the window's (profiled steps only) where there is no ledger
+    ledger_share = ledger_comm_share(ev)
+    removed = share if ledger_share is None else max(ledger_share - waited / step, 0.0)
     on_gpu = bool((f["device"] == "cuda").any()) if "device" in f else True
     ddp_devices = " device_ids=[local_rank]," if on_gpu else ""
     return [window_finding(
@@ -68,23 +127,51 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
         evidence=dict(comm_s_per_step=comm, comm_exposed_s_per_step=exposed,
                       waiting_for_straggler_s_per_step=waited,
                       comm_exposed_share=share, comm_overlapped_fraction=overlapped,
+                      comm_share_of_steps=removed,
                       world_size=world if isinstance(world, int) else None),
-        fixes=(
-            Fix(
-                title="Tune DDP's gradient buckets",
-                why="all-reduce starts when a bucket fills; smaller buckets start earlier in "
-                    "backward and overlap more, larger ones cost fewer launches (default 25 MB)",
-                code=(
-                    "model = torch.nn.parallel.DistributedDataParallel(\n"
-                    f"    model,{ddp_devices}\n"
-                    "    bucket_cap_mb=50, gradient_as_bucket_view=True, static_graph=True,\n"
-                    ")"
-                ),
-                # static_graph is left to the user: it breaks a model whose graph changes
-                apply={"ddp": {"bucket_cap_mb": 50, "gradient_as_bucket_view": True}},
-            ),
-            NO_SYNC,
-            COMPRESS,
-        ),
-        step_s=step, removed_s=exposed,
+        fixes=model_fixes(ev, ddp_devices, removed),
+        step_s=1.0, removed_s=removed,
+    )]
+
+
+def ledger_comm_share(ev: Evidence) -> float | None:
+    """Communication's share of the analysed steps in the ledger (None: no ledger)."""
+    led = ev.ledger
+    if led is None or led.empty or "communication" not in led or "wall_s" not in led:
+        return None
+    wall = float(led["wall_s"].sum())
+    return float(led["communication"].sum()) / wall if wall > 0 else None
+
+
+#: The scaling finding names the step at this many times the job's ranks.
+SCALE_FACTOR = 4
+SCALE_SHARE = 0.3  # exposed communication at that scale that makes it worth saying
+
+
+@rule("comm.scaling", needs=("comm_models",))
+def scaling_outlook(ev: Evidence) -> list[Finding]:
+    """What the communication model predicts for more ranks on the same global batch: said
+    (as information) where the exposed share would reach SCALE_SHARE."""
+    model = critical(ev.comm_models or {})
+    if model is None or len(model.scaling) < 2:
+        return []
+    base = model.scaling[0]
+    target = base.ranks * SCALE_FACTOR
+    point = next((p for p in model.scaling if p.ranks >= target), model.scaling[-1])
+    if point.exposed_share < SCALE_SHARE:
+        return []
+    return [Finding(
+        id="comm.scaling", category="communication", severity="info",
+        title=(f"At {point.ranks} ranks with the same global batch, {point.exposed_share:.0%} "
+               f"of the step would be exposed communication (scaling efficiency "
+               f"{point.efficiency(base):.0%}; {base.exposed_share:.0%} at {base.ranks} now)"),
+        evidence={"ranks_now": base.ranks, "ranks": point.ranks,
+                  "step_s_now": base.step_s, "step_s": point.step_s,
+                  "exposed_share_now": base.exposed_share,
+                  "exposed_share": point.exposed_share,
+                  "scaling_efficiency": point.efficiency(base),
+                  "across_nodes": point.across_nodes,
+                  "bytes_per_step": model.model.bytes_per_step,
+                  "bus_gb_per_s": model.model.link.beta_bytes_s / 1e9},
+        fixes=(NO_SYNC, COMPRESS),
     )]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 if TYPE_CHECKING:
+    from doctor.analyse.comms import CommModel
     from doctor.analyse.gpus import GpuCounters
     from doctor.analyse.memory import MemoryEvidence
     from doctor.analyse.ops import RankOps
@@ -102,7 +103,9 @@ class Evidence:
     - ``memory_use``: where each rank's memory goes, its capacity and headroom, growth over the
       run, DataLoader workers' growth (doctor.analyse.memory);
     - ``ops``: each rank's ops against the roofline (doctor.analyse.ops), where its window
-      recorded ops.
+      recorded ops;
+    - ``comm_models``: each rank's communication model and its what-ifs (doctor.analyse.comms),
+      where its window recorded all-reduces of known size.
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -123,6 +126,7 @@ class Evidence:
     gpus: GpuCounters | None = None
     memory_use: MemoryEvidence | None = None
     ops: Mapping[int, RankOps] | None = None
+    comm_models: Mapping[int, CommModel] | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
