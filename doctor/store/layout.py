@@ -16,6 +16,18 @@
         <round>-<arm>/                 one attempt: a run directory, and the job's
             stdout.txt, stderr.txt     output (their tails)
 
+A job of several nodes, each recorded by its own ``doctor run --out DIR`` (the same DIR on a
+shared filesystem), so that no file is written by two nodes:
+
+    DIR/node-<K>/                      node K's run directory, as above (its rank folders are
+                                       named by the job's global rank), and in it
+        node.json                      which node of how many it is; whether its own verdict
+                                       and report are written
+    DIR/.merge-<key>.lock              taken (O_CREAT|O_EXCL) by the one node that merges a
+                                       set of node runs (``key`` names the set)
+    DIR/nodes.json                     written by that node: which node runs it merged
+    DIR/verdict.json, report.html      the whole job's, from every node
+
 The bootstrap's ``sitecustomize`` names ``bootstrap-errors`` itself: it writes there when doctor
 cannot be imported at all.
 """
@@ -31,6 +43,8 @@ from pathlib import Path
 #: nothing reads afterwards. A ring written by an older doctor is refused on its own.
 FORMAT = "doctor.run/2"
 READS = ("doctor.run/1", FORMAT)
+#: The format of a multi-node job's nodes.json.
+NODES_FORMAT = "doctor.nodes/1"
 
 RUN_RECORD = "run.json"
 CONTROL = "control.jsonl"
@@ -46,6 +60,9 @@ TRY_RECORD = "try.json"
 STDOUT = "stdout.txt"
 STDERR = "stderr.txt"
 
+NODE_RECORD = "node.json"
+NODES_RECORD = "nodes.json"
+
 META = "meta.json"
 STACKS_TXT = "stacks.txt"
 STACKS_JSON = "stacks.json"
@@ -54,6 +71,8 @@ TRACE = "trace.json"
 TRACE_GZ = "trace.json.gz"
 
 _PROC_DIR = re.compile(r"^(?P<role>[a-z]+\d*)-(?P<pid>\d+)$")
+_NODE_DIR = re.compile(r"^node-(?P<node>\d+)$")
+NODE_GLOB = "node-*"
 
 
 def process_dir(run_dir: Path, rank: int, role: str, pid: int) -> Path:
@@ -97,3 +116,25 @@ def bootstrap_errors(run_dir: Path) -> list[Path]:
 
 def uncompressed_traces(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob(f"rank-*/*/{TRACE}"))
+
+
+def node_dir(job_dir: Path, node: int) -> Path:
+    """Node ``node``'s run directory in a multi-node job's directory."""
+    return job_dir / f"node-{node}"
+
+
+def node_of_dir(path: Path) -> int | None:
+    """The node whose folder ``path`` is named as (``node-3``: 3); None for any other name."""
+    m = _NODE_DIR.match(path.name)
+    return int(m["node"]) if m else None
+
+
+def node_dirs(job_dir: Path) -> list[tuple[int, Path]]:
+    """(node, folder) of every node folder in ``job_dir``, in node order."""
+    return sorted((node, path) for path in job_dir.glob(NODE_GLOB)
+                  if (node := node_of_dir(path)) is not None and path.is_dir())
+
+
+def merge_lock(job_dir: Path, key: str) -> Path:
+    """The file the merging node creates, for the set of node runs named ``key``."""
+    return job_dir / f".merge-{key}.lock"

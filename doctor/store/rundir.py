@@ -1,5 +1,7 @@
 """Run directories as a whole: make one, find the newest, the run record (``run.json``), and
-what is done to one after the job (compress its traces, measure it, write the outputs).
+what is done to one after the job (compress its traces, measure it, write the outputs); and the
+directory of a multi-node job: its nodes' folders, how far each has got, and the claim of the
+one node that merges them.
 
 The layout is doctor.store.layout's. The run record carries the format (``schema``): a run
 directory of a format this doctor does not read is refused in one line that says what to do,
@@ -9,11 +11,15 @@ not read as empty.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +50,20 @@ def new_run_dir(out: Path | None, name: str, root: Path = DEFAULT_ROOT) -> Path:
 
 
 def newest_run(root: Path = DEFAULT_ROOT) -> Path:
-    runs = list(root.glob(f"*/{layout.RUN_RECORD}")) if root.is_dir() else []
-    if not runs:
+    """The run directory under ``root`` whose record changed last: a run's own, or a multi-node
+    job's directory (the newest record of its nodes counts)."""
+    records = [*root.glob(f"*/{layout.RUN_RECORD}"),
+               *(p for p in root.glob(f"*/{layout.NODE_GLOB}/{layout.RUN_RECORD}")
+                 if layout.node_of_dir(p.parent) is not None)] if root.is_dir() else []
+    if not records:
         raise RunDirError(f"no runs under ./{root}: run `doctor run train.py` first, "
                           "or name a run directory or trace file")
-    return max(runs, key=lambda p: p.stat().st_mtime).parent
+    newest = max(records, key=lambda p: p.stat().st_mtime).parent
+    return newest if newest.parent == root else newest.parent
 
 
 def write_run_record(run_dir: Path, record: dict[str, Any]) -> None:
-    tmp = run_dir / (layout.RUN_RECORD + ".tmp")
-    tmp.write_text(json.dumps({"schema": layout.FORMAT, **record}, indent=2, default=str))
-    tmp.replace(run_dir / layout.RUN_RECORD)
+    _write_json(run_dir / layout.RUN_RECORD, {"schema": layout.FORMAT, **record})
 
 
 def read_run_record(run_dir: Path) -> dict[str, Any]:
@@ -107,3 +116,104 @@ def write_outputs(run_dir: Path, verdict_json: str, report_html: str) -> None:
 
 def report_path(run_dir: Path) -> Path:
     return run_dir / layout.REPORT
+
+
+def write_node_record(run_dir: Path, node: int, nnodes: int, done: bool) -> None:
+    """Which node of how many ``run_dir`` records, and whether its own outputs are written
+    (``done``: the merge waits for every node's, so that it never reads a file being written)."""
+    _write_json(run_dir / layout.NODE_RECORD, {"node": node, "nnodes": nnodes, "done": done})
+
+
+def write_nodes_record(job_dir: Path, record: Mapping[str, Any]) -> None:
+    """What the merging node merged, beside the job's merged outputs."""
+    _write_json(job_dir / layout.NODES_RECORD, record)
+
+
+def _write_json(path: Path, record: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+@dataclass(frozen=True)
+class JobNodes:
+    """The node folders of a multi-node job's directory, and how far each one has got."""
+
+    job_dir: Path
+    nnodes: int  # the job's nodes: the most any node said, and at least every folder seen
+    recorded: Mapping[int, Path]  # node -> its run directory (a folder with a run record)
+    ended: frozenset[int]  # nodes whose run record has the job's exit status
+    done: frozenset[int]  # ... and whose own verdict and report are written
+    key: str  # names this set of node runs (a run again into the same directory is another)
+
+    @property
+    def dirs(self) -> list[Path]:
+        """The recorded nodes' run directories, in node order."""
+        return [self.recorded[k] for k in sorted(self.recorded)]
+
+    @property
+    def missing(self) -> list[int]:
+        return [k for k in range(self.nnodes) if k not in self.recorded]
+
+    @property
+    def running(self) -> list[int]:
+        """Recorded nodes whose job has not ended (or was stopped before it could say so)."""
+        return [k for k in sorted(self.recorded) if k not in self.ended]
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and len(self.done) == len(self.recorded)
+
+
+def is_job_dir(path: Path) -> bool:
+    """Whether ``path`` is a multi-node job's directory: no run record of its own, node folders
+    with one."""
+    return (path.is_dir() and not (path / layout.RUN_RECORD).is_file()
+            and any((d / layout.RUN_RECORD).is_file() for _, d in layout.node_dirs(path)))
+
+
+def job_nodes(job_dir: Path, nnodes: int | None = None) -> JobNodes:
+    """The nodes of ``job_dir`` as they stand now (``nnodes``: the count this node knows)."""
+    counts = [nnodes or 1]
+    recorded: dict[int, Path] = {}
+    ended, done, keys = set(), set(), []
+    for node, run_dir in layout.node_dirs(job_dir):
+        mine = _read_json(run_dir / layout.NODE_RECORD)
+        counts.append(mine["nnodes"] if isinstance(mine.get("nnodes"), int) else 1)
+        if not (run_dir / layout.RUN_RECORD).is_file():
+            continue
+        recorded[node] = run_dir
+        counts.append(node + 1)
+        try:
+            record = read_run_record(run_dir)
+        except RunDirError:
+            continue
+        keys.append([node, record.get("host"), record.get("started"),
+                     record.get("t0_monotonic_s")])
+        if record.get("exit_code") is not None:
+            ended.add(node)
+            if mine.get("done") is True:
+                done.add(node)
+    key = hashlib.sha256(json.dumps(keys, default=str).encode()).hexdigest()[:16]
+    return JobNodes(job_dir, max(counts), recorded, frozenset(ended), frozenset(done), key)
+
+
+def claim_merge(nodes: JobNodes) -> bool:
+    """Claim the merge of ``nodes`` for this process: True for exactly one claimant of each set
+    of node runs, across the nodes that share the directory (O_CREAT|O_EXCL, atomic on NFS)."""
+    try:
+        fd = os.open(layout.merge_lock(nodes.job_dir, nodes.key),
+                     os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{socket.gethostname()} {os.getpid()}\n")
+    return True
