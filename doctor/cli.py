@@ -6,6 +6,7 @@ Errors a user can hit are DoctorError subclasses, printed as one line (exit stat
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from doctor.errors import DoctorError, UsageError
 from doctor.version import __version__
 
 if TYPE_CHECKING:
+    from doctor.nodes import Node
     from doctor.verdict import Analysis
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -41,17 +43,33 @@ def run(out: Path | None, window: str | None, command: tuple[str, ...]) -> None:
     COMMAND is what you would type: train.py ARGS, python train.py ARGS,
     python -m pkg.train ARGS, torchrun --nproc-per-node 2 train.py. The exit status is the
     job's own.
+
+    On several nodes, give every node the same --out DIR on a shared filesystem: node K
+    records into DIR/node-K/, and the last node to finish writes the job's report into DIR.
     """
     from doctor.command import resolve_command
     from doctor.launch import run_job
-    from doctor.store.rundir import new_run_dir
+    from doctor.nodes import node_of
+    from doctor.store import layout
+    from doctor.store.rundir import new_run_dir, write_node_record
 
     if window is not None and window.lower() != "off" and not _valid_window(window):
         raise UsageError(f"--window takes START,STEPS (e.g. 8,5) or off, not {window!r}")
     job = resolve_command(command)
-    run_dir = new_run_dir(out, job.name)
+    node = node_of(job.argv, os.environ)
+    if node is None:
+        run_dir = new_run_dir(out, job.name)
+        result = run_job(job, run_dir, window=window)
+        _summarise(run_dir)
+        sys.exit(result.exit_code)
+    if out is None:
+        raise UsageError(f"this is node {node.rank} of a {node.nnodes}-node job: give every "
+                         "node's doctor run the same --out DIR on a shared filesystem (this "
+                         f"node records into {layout.node_dir(Path('DIR'), node.rank)}/)")
+    run_dir = new_run_dir(layout.node_dir(out, node.rank), job.name)
+    write_node_record(run_dir, node.rank, node.nnodes, done=False)
     result = run_job(job, run_dir, window=window)
-    _summarise(run_dir)
+    _summarise_node(run_dir.parent, run_dir, node)
     sys.exit(result.exit_code)
 
 
@@ -62,18 +80,69 @@ def _valid_window(text: str) -> bool:
 
 def _summarise(run_dir: Path) -> None:
     """Analyse and report; a failure here never changes the job's exit status."""
+    analysis = _finalize(run_dir)
+    if analysis is not None:
+        _print_summary(analysis, run_dir)
+
+
+def _finalize(run_dir: Path) -> Analysis | None:
+    """The run's verdict and report, written; None (and a line saying why) when they could not
+    be made."""
     from doctor.outputs import finalize_run
-    from doctor.reports.text import render_text
-    from doctor.store.rundir import report_path
 
     try:
-        analysis = finalize_run(run_dir)
+        return finalize_run(run_dir)
     except Exception as err:  # the job ran; say why there is no report, keep its status
         click.echo(f"doctor: could not analyse the run in {run_dir}: "
                    f"{type(err).__name__}: {err}", err=True)
-        return
+        return None
+
+
+def _print_summary(analysis: Analysis, run_dir: Path) -> None:
+    from doctor.reports.text import render_text
+    from doctor.store.rundir import report_path
+
     click.echo("", err=True)
     click.echo(render_text(analysis, report_path=str(report_path(run_dir))), err=True)
+
+
+def _summarise_node(job_dir: Path, run_dir: Path, node: Node) -> None:
+    """Node ``node``'s own verdict and report; then the whole job's, written into ``job_dir``
+    and printed instead, when this node is the last to finish. Never changes the exit status."""
+    from doctor.outputs import NodeFinish, finish_node
+    from doctor.store.rundir import report_path
+
+    analysis = _finalize(run_dir)
+    finish: NodeFinish | None = None
+    try:
+        finish = finish_node(job_dir, run_dir, node)
+    except Exception as err:  # the node's own report stands; the job's can be made later
+        click.echo(f"doctor: could not merge the nodes' runs in {job_dir}: "
+                   f"{type(err).__name__}: {err} (`doctor report {job_dir}` makes it later)",
+                   err=True)
+    if finish is not None and finish.merged is not None:
+        _print_summary(finish.merged, job_dir)
+        click.echo(f"doctor: every node has finished: this is the job's verdict over "
+                   f"{finish.nodes.nnodes} nodes; node {node.rank}'s own report is "
+                   f"{report_path(run_dir)}", err=True)
+        return
+    if analysis is not None:
+        _print_summary(analysis, run_dir)
+    if finish is None:
+        return
+    waiting = finish.waiting_for
+    if waiting:
+        click.echo(f"doctor: node {node.rank} of {finish.nodes.nnodes} is done; "
+                   f"{_nodes_text(waiting)} still running: the last node to finish writes the "
+                   f"job's merged report into {job_dir} (or run `doctor report {job_dir}` once "
+                   "they have)", err=True)
+    else:
+        click.echo(f"doctor: every node has finished; another node is writing the job's merged "
+                   f"report into {job_dir}", err=True)
+
+
+def _nodes_text(nodes: list[int]) -> str:
+    return ("node " if len(nodes) == 1 else "nodes ") + ", ".join(map(str, nodes))
 
 
 @cli.command()
@@ -132,7 +201,8 @@ def parse_step_range(text: str) -> tuple[int | None, int | None]:
 
 def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = None
           ) -> tuple[Analysis, Path]:
-    from doctor.analyse.pipeline import analyze_run, analyze_traces
+    from doctor.analyse.pipeline import analyze_traces
+    from doctor.outputs import analyse_runs
     from doctor.store.rundir import newest_run, report_path
 
     if not sources:
@@ -157,7 +227,7 @@ def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = Non
         if steps is not None:
             raise UsageError("--steps applies to run directories, not to traces")
         return analyze_traces(traces), Path(traces[0].name.split(".")[0] + ".report.html")
-    return analyze_run(dirs, steps), report_path(dirs[0])
+    return analyse_runs(dirs, steps), report_path(dirs[0])
 
 
 @cli.command("try")
@@ -183,10 +253,13 @@ def try_(run_dir: Path | None, fixes: tuple[str, ...], sets: tuple[str, ...], st
     from doctor.outputs import finalize_run
     from doctor.reports.tries import render_try_html, render_try_text
     from doctor.store import layout
-    from doctor.store.rundir import newest_run
+    from doctor.store.rundir import is_job_dir, newest_run
     from doctor.tries.runner import execute, plan_lines, prepare
 
     run_dir = run_dir or newest_run()
+    if is_job_dir(run_dir):
+        raise UsageError(f"{run_dir} holds the nodes of a multi-node job, and doctor try re-runs "
+                         "one launcher: try one node's folder in it, or a single-node run")
     prepared = prepare(run_dir, fixes, sets, steps, repeat)
     for line in plan_lines(prepared):
         click.echo(line, err=True)

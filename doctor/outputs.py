@@ -1,13 +1,29 @@
-"""Finish a run directory: compress traces, analyse, write verdict.json and report.html."""
+"""Finish a run directory: compress traces, analyse, write verdict.json and report.html; and, on
+a node of a multi-node job, the whole job's verdict and report once every node has finished."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from doctor.analyse.pipeline import analyze_run
+from doctor.nodes import Node
 from doctor.reports.html import render_html
 from doctor.reports.json import render_json
-from doctor.store.rundir import disk_usage_bytes, gzip_traces, write_outputs
+from doctor.store import layout
+from doctor.store.rundir import (
+    JobNodes,
+    claim_merge,
+    disk_usage_bytes,
+    gzip_traces,
+    is_job_dir,
+    job_nodes,
+    write_node_record,
+    write_nodes_record,
+    write_outputs,
+)
 from doctor.verdict import Analysis
 
 DISK_WARN_BYTES = 100 * 2**20
@@ -22,3 +38,67 @@ def finalize_run(run_dir: Path) -> Analysis:
             f"This run directory holds {used / 2**20:.0f} MB of probe data (over 100 MB).")
     write_outputs(run_dir, render_json(analysis), render_html(analysis))
     return analysis
+
+
+def analyse_runs(dirs: Sequence[Path], steps: tuple[int | None, int | None] | None = None
+                 ) -> Analysis:
+    """Run directories as one job (doctor.analyse.pipeline.analyze_run), a multi-node job's
+    directory among them expanded to its node folders in node order, with a note naming the
+    node folders that are missing or whose job had not ended."""
+    expanded: list[Path] = []
+    notes: list[str] = []
+    for run_dir in dirs:
+        if is_job_dir(run_dir):
+            nodes = job_nodes(run_dir)
+            expanded += nodes.dirs
+            notes += node_notes(nodes)
+        else:
+            expanded.append(run_dir)
+    analysis = analyze_run(expanded, steps)
+    analysis.verdict.notes.extend(notes)
+    return analysis
+
+
+def node_notes(nodes: JobNodes) -> list[str]:
+    """What a report of ``nodes`` lacks: node folders missing, nodes not finished."""
+    notes = []
+    if nodes.missing:
+        notes.append(f"Node folders missing from {nodes.job_dir}: {_names(nodes.missing)}; this "
+                     f"report has {len(nodes.recorded)} of the job's {nodes.nnodes} nodes.")
+    if nodes.running:
+        notes.append(f"Unfinished node folders (their job had not ended when this report was "
+                     f"made): {_names(nodes.running)}.")
+    return notes
+
+
+def _names(nodes: Sequence[int]) -> str:
+    return ", ".join(layout.node_dir(Path(), k).name for k in nodes)
+
+
+@dataclass(frozen=True)
+class NodeFinish:
+    """What a node of a multi-node job found when it had finished its own run directory."""
+
+    nodes: JobNodes  # the job's nodes as this node saw them
+    merged: Analysis | None  # the job's analysis, when this node wrote the merged outputs
+
+    @property
+    def waiting_for(self) -> list[int]:
+        """The nodes not finished yet (missing, running, or writing their own report)."""
+        return [k for k in range(self.nodes.nnodes) if k not in self.nodes.done]
+
+
+def finish_node(job_dir: Path, run_dir: Path, node: Node) -> NodeFinish:
+    """Mark ``run_dir`` (node ``node`` of the job in ``job_dir``) done; when every node is, and
+    this one claims the merge first, write the whole job's verdict and report into ``job_dir``."""
+    write_node_record(run_dir, node.rank, node.nnodes, done=True)
+    nodes = job_nodes(job_dir, node.nnodes)
+    if not nodes.complete or not claim_merge(nodes):
+        return NodeFinish(nodes, None)
+    write_nodes_record(job_dir, {
+        "schema": layout.NODES_FORMAT, "nnodes": nodes.nnodes,
+        "nodes": [d.name for d in nodes.dirs], "merged_by": node.rank, "key": nodes.key,
+        "merged": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    analysis = analyse_runs([job_dir])
+    write_outputs(job_dir, render_json(analysis), render_html(analysis))
+    return NodeFinish(nodes, analysis)
