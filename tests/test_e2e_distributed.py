@@ -48,6 +48,32 @@ def test_allreduce_bound_ddp_job(tmp_path: Path) -> None:
         assert (meta["rank"], meta["world_size"], meta["local_rank"]) == (rank, 2, rank)
     html = (out / "report.html").read_text()
     assert "Per rank" in html and "window_comm_hidden_fraction" in html
+    # one 25 MB bucket, bandwidth-bound: the model of each rank and its what-if table
+    models = verdict["comm_model"]
+    assert {m["rank"] for m in models} == {0, 1}
+    assert all(m["buckets_per_step"] == 1 and m["bytes_per_step"] > 20e6 for m in models)
+    assert {c["by_kind"][0]["bound"] for c in verdict["communication"]} <= {"bandwidth",
+                                                                            "waiting"}
+    assert "What the communication model predicts" in html
+
+
+def test_many_tiny_buckets_are_latency_bound_and_the_model_picks_a_larger_cap(tmp_path: Path
+                                                                              ) -> None:
+    verdict, _ = torchrun(tmp_path, "ddp_latency_bound.py", "--steps", "30")
+    assert verdict["bottleneck"] == "communication"
+    assert all(m["fit"] == "latency" and m["buckets_per_step"] > 100
+               for m in verdict["comm_model"])
+    comm = findings(verdict)["comm.exposed"]
+    bucket = next(f for f in comm["fixes"] if f.get("apply"))
+    assert bucket["apply"]["ddp"]["bucket_cap_mb"] >= 1  # from 0.001 MB: far fewer calls
+    assert bucket["estimated_speedup"] > 1.5
+    assert comm["fixes"][0] is bucket  # the best fix first
+
+
+def test_an_all_reduce_hidden_behind_compute_is_not_the_bottleneck(tmp_path: Path) -> None:
+    verdict, _ = torchrun(tmp_path, "ddp_overlapped.py", "--steps", "20")
+    assert verdict["bottleneck"] == "compute"
+    assert verdict["shares"]["communication"] < 0.3
 
 
 def test_slow_rank_is_named_with_its_input_cause(tmp_path: Path) -> None:

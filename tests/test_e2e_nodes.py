@@ -52,6 +52,10 @@ def test_two_nodes_write_their_own_folders_and_one_merged_verdict(tmp_path: Path
     verdict = json.loads((out / "verdict.json").read_text())
     assert verdict["job"]["ranks"] == 2
     assert verdict["bottleneck"] == "communication"
+    # both nodes on this host: their link is the loopback doctor measured, not a network
+    links = [c["link"] for c in verdict["communication"]]
+    assert [link["name"] for link in links] == ["TCP loopback"] * 2
+    assert all(c["by_kind"][0]["bus_gb_per_s"] > 0 for c in verdict["communication"])
     assert (out / "report.html").is_file()
     merged = [e for _, e in results if f"Report: {out / 'report.html'}" in e]
     assert len(merged) == 1  # one node wrote and printed the merged verdict

@@ -187,14 +187,16 @@ def comms_evidence(run: RunData, ranks: Mapping[int, RankSteps], window: pd.Data
                      zip(calls["node"], calls["pid"], strict=True)]
     calls = classify(calls, waiting_times(calls))
     nodes = {m.node for m in ranks.values()}
-    across = network_link(run.record) if len(nodes) > 1 else None
+    hosts = {run.record.nodes[n] for n in nodes if n < len(run.record.nodes)}
+    one_host = len(hosts) == 1 and None not in hosts  # nodes side by side (a test, loopback)
+    across = network_link(run.record) if len(nodes) > 1 and not one_host else None
     out = {}
     for rank in sorted(set(calls["rank"])):
         mine = calls[calls["rank"] == rank]
         steps = window[window["rank"] == rank] if "rank" in window else window
         window_s = float(steps["dur_s"].sum()) if "dur_s" in steps and len(steps) else 0.0
         on_gpu = bool(mine["on_gpu"].any()) if "on_gpu" in mine else False
-        link = across if len(nodes) > 1 else node_link(run.record, on_gpu)
+        link = across if len(nodes) > 1 and not one_host else node_link(run.record, on_gpu)
         out[rank] = RankComms(rank, mine.reset_index(drop=True), window_s, link)
     return out
 
