@@ -7,12 +7,19 @@ Each job has one known cause and a switch that removes it. Per repeat and job:
    the estimate of the finding that names the cause (``comm.exposed``'s for the communication
    jobs, ``distributed.straggler``'s for the slow rank; 1.0 where it did not fire);
 2. the job bare, and bare with its switch: the measured speedup is the job's own median step
-   (rank 0's clock, ``StepTimer``) without the switch over with it;
+   (its slowest rank's: without the all-reduce the ranks no longer wait for each other) without
+   the switch over with it. The communication jobs' switch is ``--skip-allreduce``: DDP as it
+   is, with a communication hook that reduces nothing, so only the collectives go. For
+   reference, the ``no DDP`` column times the job without DDP at all (``--no-allreduce``),
+   which also removes DDP's own work on the training thread (its hooks, zeroing gradients that
+   are views of its buckets), work doctor counts as compute;
 3. for ddp_latency_bound, also the fix: the speedup doctor's communication model predicts for
    its best bucket cap (the comm.exposed fix that sets ``bucket_cap_mb``) against the job bare
    with that cap.
 
-With ``--repeat N`` (3 by default) the table takes the medians and the most common verdict.
+With ``--repeat N`` (3 by default) the table takes the medians and the most common verdict. The
+last column puts each speedup as the share of the step it removes (1 - 1/speedup), estimated and
+measured: near the top, a few points of share are a large factor.
 
     python bench/comm_accuracy.py [--repeat 3] [--jobs ddp_latency_bound ...] [--json rows.json]
 """
@@ -41,16 +48,17 @@ class Job:
     switch: tuple[str, ...]
     args: tuple[str, ...] = ()
     fix_flag: str | None = None  # the job's flag that sets what the fix's apply sets
+    without_ddp: bool = True  # also time it without DDP (--no-allreduce), for reference
 
 
+SKIP = ("--skip-allreduce",)  # DDP kept, its all-reduces skipped (sample_jobs/_ddp.py)
 JOBS = {
-    "ddp_allreduce_bound": Job("communication", "comm.exposed", ("--no-allreduce",),
-                               ("--steps", "60")),
-    "ddp_latency_bound": Job("communication", "comm.exposed", ("--no-allreduce",),
-                             ("--steps", "60"), fix_flag="--bucket-cap-mb"),
-    "ddp_overlapped": Job("compute", "comm.exposed", ("--no-allreduce",), ("--steps", "30")),
+    "ddp_allreduce_bound": Job("communication", "comm.exposed", SKIP, ("--steps", "60")),
+    "ddp_latency_bound": Job("communication", "comm.exposed", SKIP, ("--steps", "60"),
+                             fix_flag="--bucket-cap-mb"),
+    "ddp_overlapped": Job("compute", "comm.exposed", SKIP, ("--steps", "30")),
     "ddp_slow_rank": Job("communication", "distributed.straggler", ("--balanced",),
-                         ("--steps", "40")),
+                         ("--steps", "40"), without_ddp=False),
 }
 
 
@@ -66,9 +74,11 @@ def torchrun(job: str, *args: str, under: Path | None = None) -> subprocess.Comp
 
 
 def median_step(out: str) -> float:
+    """The job's median step: its slowest rank's, where it says (the DDP jobs), else rank 0's."""
     for line in reversed(out.splitlines()):
         if line.startswith("{") and "median_step_s" in line:
-            return float(json.loads(line)["median_step_s"])
+            timing = json.loads(line)
+            return float(timing.get("slowest_median_step_s") or timing["median_step_s"])
     raise SystemExit("the job printed no timing line")
 
 
@@ -86,6 +96,9 @@ def one(name: str, job: Job, tmp: Path) -> dict[str, Any]:
         "estimate": (finding or {}).get("estimated_speedup") or 1.0,
         "measured": bare / switched, "bare_s": bare, "switched_s": switched,
     }
+    if job.without_ddp:
+        row["without_ddp"] = bare / median_step(torchrun(name, *job.args,
+                                                         "--no-allreduce").stdout)
     fixes = [f for f in (finding or {}).get("fixes", []) if (f.get("apply") or {}).get("ddp")]
     if job.fix_flag and fixes and fixes[0].get("estimated_speedup"):
         cap = fixes[0]["apply"]["ddp"]["bucket_cap_mb"]
@@ -109,6 +122,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                "verdict": verdict if n == len(mine) else f"{verdict} ({n}/{len(mine)})",
                **{k: statistics.median(r[k] for r in mine)
                   for k in ("communication", "estimate", "measured")},
+               **({"without_ddp": statistics.median(r["without_ddp"] for r in mine)}
+                  if all("without_ddp" in r for r in mine) else {}),
                "estimates": [r["estimate"] for r in mine],
                "measured_each": [r["measured"] for r in mine]}
         fixed = [r for r in mine if "fix" in r]
@@ -137,11 +152,14 @@ def main() -> None:
                       f"est {rows[-1]['estimate']:.2f}x, measured {rows[-1]['measured']:.2f}x",
                       flush=True)
     table = summarise(rows)
-    print(f"\n{'job':22} {'expected':14} {'verdict':18} {'comm':>6} {'est':>6} {'meas':>6}  ±25%")
+    print(f"\n{'job':22} {'expected':14} {'verdict':18} {'comm':>6} {'est':>6} {'meas':>6}  ±25%"
+          f"  {'no DDP':>6}  share est/meas")
     for t in table:
+        no_ddp = f"{t['without_ddp']:5.2f}x" if "without_ddp" in t else ""
         print(f"{t['job']:22} {t['expected']:14} {t['verdict']:18} {t['communication']:6.0%} "
               f"{t['estimate']:5.2f}x {t['measured']:5.2f}x  "
-              f"{'yes' if within(t['estimate'], t['measured']) else 'no'}")
+              f"{'yes' if within(t['estimate'], t['measured']) else 'no ':4} {no_ddp:>7}  "
+              f"{1 - 1 / t['estimate']:.0%}/{1 - 1 / t['measured']:.0%}")
         if "fix" in t:
             print(f"  fix {t['fix']:35} {'':9} {t['fix_estimate']:5.2f}x {t['fix_measured']:5.2f}x"
                   f"  {'yes' if within(t['fix_estimate'], t['fix_measured']) else 'no'}")

@@ -1,12 +1,18 @@
 """Shared by the DDP sample jobs (gloo, CPU, under torchrun): the process group, the model in
-DDP or alone (``--no-allreduce``: each rank trains its own copy, so the communication share can
-be measured by ablation), the settings line, and the timed loop."""
+DDP, the settings line, and the timed loop.
+
+Two ablations: ``--skip-allreduce`` keeps DDP as it is (its hooks, its buckets, the gradients as
+views of them) and registers a communication hook that hands each bucket back unreduced: the
+collectives alone are gone, so the communication share is measured by it. ``--no-allreduce``
+drops DDP altogether (each rank trains its own copy): that also removes DDP's own work on the
+training thread, more than its communication."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
 from collections.abc import Callable
 
@@ -25,6 +31,8 @@ def ddp_arguments(ap: argparse.ArgumentParser, steps: int = 30) -> None:
     ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--no-allreduce", action="store_true",
                     help="the same training without DDP: no all-reduce")
+    ap.add_argument("--skip-allreduce", action="store_true",
+                    help="DDP as it is, but its buckets are not all-reduced")
 
 
 def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
@@ -37,6 +45,8 @@ def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
     kwargs = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb is not None else {}
     wrapped: nn.Module = model if args.no_allreduce else DistributedDataParallel(
         model, gradient_as_bucket_view=True, **kwargs)
+    if args.skip_allreduce and isinstance(wrapped, DistributedDataParallel):
+        wrapped.register_comm_hook(None, _unreduced)
     if rank == 0 and isinstance(wrapped, DistributedDataParallel):
         print(json.dumps({"settings": {
             "bucket_cap_mb": wrapped.bucket_bytes_cap / 2**20,
@@ -51,10 +61,24 @@ def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
         loss.backward()
         opt.step()
         timer.step()
+    # without the all-reduce the ranks no longer wait for each other: the job goes at the pace
+    # of its slowest rank, which is what an ablation compares
+    steady = timer.steps[len(timer.steps) // 5:] or timer.steps
+    medians: list[float | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(medians, statistics.median(steady) if steady else None)
     if rank == 0:
         timer.report(job=job, no_allreduce=args.no_allreduce,
-                     world_size=dist.get_world_size(), **extra)
+                     skip_allreduce=args.skip_allreduce, world_size=dist.get_world_size(),
+                     slowest_median_step_s=max(m for m in medians if m is not None), **extra)
     dist.destroy_process_group()
+
+
+def _unreduced(_state, bucket):  # type: ignore[no-untyped-def]
+    """A DDP communication hook that does no communication: the bucket as it is (unannotated:
+    DDP refuses annotations that are not its own classes, and strings are not)."""
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
 
 
 def random_batches(rank: int, batch: int, width: int, n: int = 8) -> list[Batch]:

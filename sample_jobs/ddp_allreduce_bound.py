@@ -6,9 +6,10 @@ Run it under torchrun: ``torchrun --nproc-per-node 2 sample_jobs/ddp_allreduce_b
 
 Switches: ``--small-grads`` freezes the embedding table (``requires_grad=False``): the same
 lookups and the same small model, but only the small model's gradients are all-reduced (and the
-table's gradient is not computed, nor stepped). ``--no-allreduce`` keeps every computation and
-drops the all-reduce alone: each rank trains its own copy, without DDP, so the communication
-share can be measured by ablation.
+table's gradient is not computed, nor stepped). ``--skip-allreduce`` keeps DDP and every
+computation and skips the all-reduce alone (a communication hook that reduces nothing), so the
+communication share can be measured by ablation; ``--no-allreduce`` drops DDP altogether (each
+rank trains its own copy), which also removes DDP's own work on the training thread.
 """
 
 from __future__ import annotations

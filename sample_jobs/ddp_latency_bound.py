@@ -5,7 +5,8 @@ all-reduces nearly every parameter on its own, each call paying a round trip for
 Run it under torchrun: ``torchrun --nproc-per-node 2 sample_jobs/ddp_latency_bound.py``.
 
 Switches: ``--bucket-cap-mb 25`` (DDP's default) packs the same gradients into one bucket: the
-same bytes in one call. ``--no-allreduce`` drops the all-reduce (each rank trains alone).
+same bytes in one call. ``--skip-allreduce`` keeps DDP and skips its all-reduces (a
+communication hook that reduces nothing); ``--no-allreduce`` drops DDP (each rank trains alone).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ bucket by bucket while backward goes on. Communication should not be the bottlen
 
 Run it under torchrun: ``torchrun --nproc-per-node 2 sample_jobs/ddp_overlapped.py``.
 
-Switch: ``--no-allreduce`` drops the all-reduce (each rank trains alone): the step should barely
-change.
+Switch: ``--skip-allreduce`` keeps DDP and skips its all-reduces (a communication hook that
+reduces nothing): the step should barely change. ``--no-allreduce`` drops DDP altogether.
 """
 
 from __future__ import annotations

@@ -194,3 +194,30 @@ def test_sizes_whose_times_no_line_explains_give_the_best_bandwidth_and_the_smal
     assert fit is not None and fit.how == "bandwidth"
     assert fit.beta_bytes_s == pytest.approx(180 * MB / 1.8e-3)
     assert 40e-6 < fit.alpha_s < 80e-6
+
+
+def test_the_summary_line_names_the_critical_rank_its_link_and_the_share_at_scale() -> None:
+    from doctor.reports.resource_lines import comm_lines
+    from doctor.verdict import Verdict
+
+    link = {"name": "TCP loopback", "gb_per_s": 1.5, "source": "measured"}
+    ranks = [{**model(exposed=e).to_dict(), "link": link} for e in (0.02, 0.1)]
+    ranks[1]["rank"] = 1
+    verdict = Verdict(bottleneck="communication", shares={}, steps={}, findings=[], probes={},
+                      job={}, extra={"comm_model": ranks})
+    (line,) = comm_lines(verdict)
+    assert line.startswith("Communication, rank 1: 100.0 MiB all-reduced a step in 1 bucket(s)")
+    assert "of TCP loopback's 1.5 GB/s" in line and "at 8 ranks" in line
+    assert comm_lines(Verdict(bottleneck="compute", shares={}, steps={}, findings=[], probes={},
+                              job={})) == []
+
+
+def test_all_reduces_of_unknown_size_take_ddps_mean_bucket() -> None:
+    from doctor.analyse.comms import sized_by_ddp
+
+    frame = calls([float("nan")] * 4, [0.01] * 4)
+    sized = sized_by_ddp(frame, ddp(buckets=4, bucket_bytes=100 * MB))
+    assert sized["bytes"].tolist() == [25 * MB] * 4
+    assert sized_by_ddp(frame, ddp().iloc[0:0])["bytes"].isna().all()  # no DDP seen
+    known = calls([8 * MB], [0.01])
+    assert sized_by_ddp(known, ddp(buckets=1, bucket_bytes=1.0))["bytes"].tolist() == [8 * MB]

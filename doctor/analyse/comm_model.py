@@ -187,7 +187,7 @@ def rank_comm(rank: int, world: int, steps: pd.DataFrame, calls: pd.DataFrame,
 class WhatIf:
     """One change and what the model predicts for a rank's step."""
 
-    fix: str  # "bucket_cap", "no_sync", "compress", "scale"
+    fix: str  # "bucket_cap", "no_sync", "compress"
     setting: str  # what it sets, in the job's own terms
     exposed_s: float
     step_s: float

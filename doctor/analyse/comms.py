@@ -276,7 +276,7 @@ def comm_models(run: RunData, comms: Mapping[int, RankComms], window: pd.DataFra
         groups = groups[groups > 1]
         # the group the all-reduces ran in, as the trace says it; else the job's world
         group = int(groups.median()) if len(groups) else world
-        model = rank_comm(rank, group, steps, c.calls, ddp, waited_s=waited,
+        model = rank_comm(rank, group, steps, sized_by_ddp(c.calls, ddp), ddp, waited_s=waited,
                           overlap_cores=spare,
                           link_bytes_s=c.link.gb_per_s * 1e9 if c.link else None)
         if model is None:
@@ -287,6 +287,18 @@ def comm_models(run: RunData, comms: Mapping[int, RankComms], window: pd.DataFra
         points = scaling(model, link=inter_node, ranks_per_node=job.ranks_here)
         out[rank] = CommModel(model, tuple(fixes), tuple(points), c.link)
     return out
+
+
+def sized_by_ddp(calls: pd.DataFrame, ddp: pd.DataFrame) -> pd.DataFrame:
+    """The all-reduces whose size the trace does not give (older GPU traces), given DDP's mean
+    bucket (doctor.probes.ddp: DDP all-reduces each of its buckets once a step)."""
+    if ddp.empty or calls.empty:
+        return calls
+    row = ddp.iloc[0]
+    unsized = (calls["kind"] == "allreduce") & calls["bytes"].isna()
+    if not unsized.any() or not (row["buckets"] > 0 and row["bucket_bytes"] > 0):
+        return calls
+    return calls.assign(bytes=calls["bytes"].mask(unsized, row["bucket_bytes"] / row["buckets"]))
 
 
 def inter_node_link(record: RunRecord) -> LinkFit | None:
