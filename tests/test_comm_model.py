@@ -135,6 +135,10 @@ def test_the_exposed_finding_takes_its_fixes_and_estimates_from_the_model() -> N
     bucket = next(x for x in f.fixes if x.apply)
     cap = bucket.apply["ddp"]["bucket_cap_mb"]
     assert f"bucket_cap_mb={cap:g}" in bucket.code and cap < 128
+    # a model that can size nothing (no exposed time left once waits are out): fixes as they are
+    (h,) = run_rules(evidence(window=frame, comm_models={0: model(exposed=0.0)}, world_size=2),
+                     [communication.exposed_communication]).findings
+    assert len(h.fixes) == 3 and all(x.estimated_speedup is None for x in h.fixes)
     # without a model, the fixes come without estimates
     (g,) = run_rules(evidence(window=frame, world_size=2),
                      [communication.exposed_communication]).findings

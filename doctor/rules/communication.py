@@ -88,7 +88,10 @@ def model_fixes(ev: Evidence, ddp_devices: str, share: float) -> tuple[Fix, ...]
         if (value := estimate(w)) is not None and w is not None:
             why = fix.why + (f" ({w.note})" if w.note else "")
             fixes.append(replace(fix, why=why, estimated_speedup=value))
-    return tuple(sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)))
+    # none the model can size (the critical rank's exposed time was all waiting): the fixes
+    # as they are, without estimates
+    return tuple(sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0))) or (
+        bucket_fix(ddp_devices, None), NO_SYNC, COMPRESS)
 
 
 def straggler_wait(ev: Evidence, frame_ranks: int) -> float:
