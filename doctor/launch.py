@@ -116,7 +116,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     probes = samplers.stop()
     handoff = _measure_handoff() if launch.measure_handoff else None
     peaks = _machine_peaks() if launch.measure_handoff else None
-    links = _links(run_dir, command.argv, env) if launch.measure_handoff else None
+    links = _links(run_dir, env) if launch.measure_handoff else None
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
     record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,
@@ -213,21 +213,14 @@ def _machine_peaks() -> dict[str, Any] | None:
         return None
 
 
-#: Launchers of a distributed job (the links between its ranks are then measured).
-LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "srun", "mpirun",
-             "mpiexec", "deepspeed", "accelerate")
-
-
-def _links(run_dir: Path, argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any] | None:
-    """The links between ranks (doctor.probes.links), after a job with several ranks."""
+def _links(run_dir: Path, env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The links between ranks (doctor.probes.links), after a job with several ranks (on this
+    node or, for one node of several, on others)."""
     from doctor.probes.links import links
+    from doctor.store.reader import job_world_size
 
-    ranked = any(p.name != "rank-0" for p in run_dir.glob("rank-*"))
-    launched = any(os.path.basename(a) in LAUNCHERS for a in argv[:3])
-    if not (ranked or launched):
-        return None
     try:
-        return links(env)
+        return links(env) if job_world_size(run_dir) > 1 else None
     except Exception:  # evidence for the bandwidth model, never a reason to fail the run
         return None
 

@@ -109,3 +109,18 @@ def test_typed_frames_fill_what_a_row_lacks() -> None:
     assert frame["ok"].tolist() == [True, False]  # a missing flag is False, never NaN-True
     assert frame["n"].isna().tolist() == [False, True]
     assert frame["reason"].tolist() == [None, "x"]
+
+
+def test_the_jobs_world_size_from_its_processes(tmp_path: Path) -> None:
+    from doctor.store.layout import process_dir
+    from doctor.store.reader import job_world_size
+
+    assert job_world_size(tmp_path) == 1  # no process recorded anything
+    one = process_dir(tmp_path, 0, "main", 11)
+    one.mkdir(parents=True)
+    (one / "meta.json").write_text(json.dumps({"rank": 0, "world_size": None}))
+    assert job_world_size(tmp_path) == 1
+    (one / "meta.json").write_text(json.dumps({"rank": 0, "world_size": 4}))
+    assert job_world_size(tmp_path) == 4  # node 0 of a job whose other ranks are elsewhere
+    process_dir(tmp_path, 5, "main", 12).mkdir(parents=True)
+    assert job_world_size(tmp_path) == 6  # a rank folder past what the meta said

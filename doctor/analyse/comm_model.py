@@ -193,6 +193,7 @@ class WhatIf:
     step_s: float
     speedup: float
     note: str = ""
+    value: float | None = None  # the number the setting sets (a bucket cap, in MB)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -202,9 +203,10 @@ def _step(m: RankComm, exposed: float) -> float:
     return max(m.step_s - m.exposed_s + exposed, 1e-9)
 
 
-def _what_if(m: RankComm, fix: str, setting: str, exposed: float, note: str = "") -> WhatIf:
+def _what_if(m: RankComm, fix: str, setting: str, exposed: float, note: str = "",
+             value: float | None = None) -> WhatIf:
     step = _step(m, exposed)
-    return WhatIf(fix, setting, exposed, step, m.step_s / step, note)
+    return WhatIf(fix, setting, exposed, step, m.step_s / step, note, value)
 
 
 def overlap_capacity(m: RankComm, k: float) -> float:
@@ -235,8 +237,9 @@ def bucket_what_ifs(m: RankComm) -> list[WhatIf]:
         note = f"{k:g} buckets"
         if smaller and m.link.how.endswith("latency unknown"):
             note += " (each call's latency unknown: counted as none)"
-        out.append(_what_if(m, "bucket_cap", f"bucket_cap_mb={cap / 2**20:g}",
-                            m.exposed(comm, last_s, capacity), note))
+        cap_mb = float(f"{cap / 2**20:g}")  # as the setting says it
+        out.append(_what_if(m, "bucket_cap", f"bucket_cap_mb={cap_mb:g}",
+                            m.exposed(comm, last_s, capacity), note, cap_mb))
     return out
 
 

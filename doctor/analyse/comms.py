@@ -16,7 +16,7 @@ bandwidth. Each exposed collective is classed:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -111,6 +111,11 @@ class RankComms:
     window_s: float  # the profiled steps' time, for per-step figures
     link: Link | None = None  # what its collectives run over, where known
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether its collectives ran on a GPU (NCCL kernels), not on the CPU (gloo)."""
+        return bool(self.calls["on_gpu"].any()) if "on_gpu" in self.calls else False
+
     def by_kind(self) -> pd.DataFrame:
         """Per kind of collective: calls, bytes, time, exposed, median bus bandwidth (GB/s), time
         waiting, and the class with the most exposed time."""
@@ -189,15 +194,15 @@ def comms_evidence(run: RunData, ranks: Mapping[int, RankSteps], window: pd.Data
     nodes = {m.node for m in ranks.values()}
     hosts = {run.record.nodes[n] for n in nodes if n < len(run.record.nodes)}
     one_host = len(hosts) == 1 and None not in hosts  # nodes side by side (a test, loopback)
-    across = network_link(run.record) if len(nodes) > 1 and not one_host else None
+    across_nodes = len(nodes) > 1 and not one_host
     out = {}
     for rank in sorted(set(calls["rank"])):
         mine = calls[calls["rank"] == rank]
         steps = window[window["rank"] == rank] if "rank" in window else window
         window_s = float(steps["dur_s"].sum()) if "dur_s" in steps and len(steps) else 0.0
-        on_gpu = bool(mine["on_gpu"].any()) if "on_gpu" in mine else False
-        link = across if len(nodes) > 1 and not one_host else node_link(run.record, on_gpu)
-        out[rank] = RankComms(rank, mine.reset_index(drop=True), window_s, link)
+        comms = RankComms(rank, mine.reset_index(drop=True), window_s)
+        link = network_link(run.record) if across_nodes else node_link(run.record, comms.on_gpu)
+        out[rank] = replace(comms, link=link)
     return out
 
 
@@ -268,8 +273,7 @@ def comm_models(run: RunData, comms: Mapping[int, RankComms], window: pd.DataFra
             continue
         pids = set(c.calls["pid"]) if "pid" in c.calls else set()
         ddp = run.ddp[run.ddp["pid"].isin(pids)] if not run.ddp.empty else run.ddp
-        on_gpu = bool(c.calls["on_gpu"].any()) if "on_gpu" in c.calls else False
-        spare = 1.0 if on_gpu or not job.cores else job.cores / max(job.ranks_here, 1) - 1.0
+        spare = 1.0 if c.on_gpu or not job.cores else job.cores / max(job.ranks_here, 1) - 1.0
         waited = (float(c.calls["waiting_s"].sum()) - least_wait) / len(steps)
         groups = c.calls.loc[c.calls["kind"] == "allreduce", "group"] \
             if "group" in c.calls else pd.Series(dtype=float)

@@ -42,7 +42,7 @@ COMPRESS = Fix(
 
 def bucket_fix(ddp_devices: str, best: WhatIf | None) -> Fix:
     """DDP's bucket cap: the one the model predicts best, 50 MB where there is no model."""
-    cap = float(best.setting.split("=", 1)[1]) if best is not None else 50.0
+    cap = best.value if best is not None and best.value is not None else 50.0
     why = ("all-reduce starts when a bucket fills: smaller buckets start earlier in backward "
            "and overlap more of it, larger ones pay the per-call latency fewer times")
     if best is not None:

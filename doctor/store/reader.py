@@ -164,6 +164,16 @@ def _first_line(path: Path) -> str:
         return "no message"
 
 
+def job_world_size(run_dir: Path) -> int:
+    """The most ranks any process of the run says its job has (``WORLD_SIZE``), or the ranks of
+    its folders if more: 1 for a job without ranks."""
+    world = 1
+    for proc_dir, rank, _role, _pid in layout.process_dirs(run_dir):
+        size = _meta(proc_dir).get("world_size")
+        world = max(world, rank + 1, size if isinstance(size, int) else 1)
+    return world
+
+
 def _meta(proc_dir: Path) -> dict[str, Any]:
     try:
         meta = json.loads((proc_dir / layout.META).read_text())
