@@ -12,6 +12,7 @@ control file (so that ``doctor run`` starts py-spy while it is open).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from doctor.probes.stacks import sample_own_stacks_if_asked
@@ -36,6 +37,14 @@ ENV_SHAPES = "DOCTOR_SHAPES"
 
 def shapes_wanted(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
     return environ.get(ENV_SHAPES, "").strip().lower() not in ("off", "0", "no", "false")
+
+
+def clock_pair() -> tuple[int, int]:
+    """(the session's clock, the Unix clock), in ns, read together: Kineto stamps its events on
+    the Unix clock, so this puts the window's events on the clock of the process's rings."""
+    before = time.perf_counter_ns()
+    unix = time.time_ns()
+    return (before + time.perf_counter_ns()) // 2, unix
 
 
 class DeepWindow:
@@ -107,7 +116,8 @@ class DeepWindow:
             self.state = ACTIVE
             self._opened_at = count
             self._note({"state": ACTIVE, "start_step": count, "steps": self.steps,
-                        "cuda": "CUDA" in str(activities), "shapes": shapes})
+                        "cuda": "CUDA" in str(activities), "shapes": shapes,
+                        "clock": clock_pair()})
         except Exception as err:
             self._fail(err)
 
@@ -129,7 +139,8 @@ class DeepWindow:
     def _note(self, record: dict[str, Any]) -> None:
         self._record = record
         self.session.update_meta(window=record)
-        post_window(self.session.run_dir, self.session.rank, self.session.pid, record["state"])
+        post_window(self.session.run_dir, self.session.rank, self.session.pid, record["state"],
+                    steps=record.get("steps"), t_s=time.perf_counter())
 
     def _fail(self, err: BaseException) -> None:
         self.state = FAILED

@@ -28,6 +28,8 @@ class Control:
     stacks_mode: str | None = None  # None: py-spy from the parent; "in-process": the fallback
     stacks_reason: str = ""
     windows: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, pid) -> state
+    #: (rank, pid) -> the facts that came with each state: {state: {"steps": N, "t_s": T}}
+    window_facts: dict[tuple[int, int], dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def open_windows(self) -> list[tuple[int, int]]:
         """(rank, pid) of every main process whose window has opened (active or done)."""
@@ -43,9 +45,11 @@ def _post(run_dir: Path, signal: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def post_window(run_dir: Path, rank: int, pid: int, state: str) -> None:
-    """A process's profiler window changed state (active, done, failed)."""
-    _post(run_dir, {"window": state, "rank": rank, "pid": pid})
+def post_window(run_dir: Path, rank: int, pid: int, state: str, **facts: Any) -> None:
+    """A process's profiler window changed state (active, done, failed); ``facts`` (its steps,
+    the process's clock in seconds) go with it for the parent's progress lines."""
+    _post(run_dir, {"window": state, "rank": rank, "pid": pid,
+                    **{k: v for k, v in facts.items() if v is not None}})
 
 
 def post_stacks_mode(run_dir: Path, mode: str, reason: str) -> None:
@@ -60,6 +64,7 @@ def read_control(run_dir: Path) -> Control:
         return Control()
     mode, reason = None, ""
     windows: dict[tuple[int, int], str] = {}
+    facts: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for line in text.splitlines():
         try:
             signal = json.loads(line)
@@ -68,8 +73,11 @@ def read_control(run_dir: Path) -> Control:
         if "stacks" in signal:
             mode, reason = str(signal["stacks"]), str(signal.get("reason", ""))
         elif "window" in signal:
-            windows[(int(signal["rank"]), int(signal["pid"]))] = str(signal["window"])
-    return Control(mode, reason, windows)
+            key, state = (int(signal["rank"]), int(signal["pid"])), str(signal["window"])
+            windows[key] = state
+            facts.setdefault(key, {})[state] = {k: v for k, v in signal.items()
+                                                if k not in ("window", "rank", "pid")}
+    return Control(mode, reason, windows, facts)
 
 
 def in_process_stacks(run_dir: Path) -> bool:
