@@ -301,6 +301,23 @@ def compare(run_a: Path, run_b: Path, fmt: str, output: Path | None) -> None:
     _emit(text, output)
 
 
+@cli.command()
+@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Write here (default: RUN_DIR/timeline.json.gz).")
+def export(run_dir: Path | None, output: Path | None) -> None:
+    """The run on a time axis: a Chrome-trace / Perfetto file (timeline.json.gz) of its steps,
+    DataLoader waits, workers' fetches, samples and profiler window, for ui.perfetto.dev or
+    chrome://tracing (default: the newest run)."""
+    from doctor.outputs import export_timeline
+    from doctor.store.rundir import newest_run
+
+    run_dir = run_dir or newest_run()
+    if not run_dir.is_dir():
+        raise UsageError(f"no such run directory: {run_dir}")
+    click.echo(str(export_timeline(run_dir, output)))
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)

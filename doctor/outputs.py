@@ -8,11 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from doctor.analyse.pipeline import analyze_run
+from doctor.analyse.pipeline import analyse, analyze_run
+from doctor.analyse.timeline import run_timeline
+from doctor.errors import UsageError
 from doctor.nodes import Node
 from doctor.reports.html import render_html
 from doctor.reports.json import render_json
+from doctor.reports.timeline import write_timeline
 from doctor.store import layout
+from doctor.store.reader import load_run
+from doctor.store.rundata import RunData
 from doctor.store.rundir import (
     JobNodes,
     claim_merge,
@@ -30,14 +35,42 @@ DISK_WARN_BYTES = 100 * 2**20
 
 
 def finalize_run(run_dir: Path) -> Analysis:
+    """Compress the traces; write the timeline, then verdict.json and report.html."""
     gzip_traces(run_dir)
-    analysis = analyze_run(run_dir)
+    run = load_run(run_dir)
+    analysis = analyse(run)
+    timeline = _write_timeline(run, analysis, run_dir / layout.TIMELINE)
     used = disk_usage_bytes(run_dir)
     if used > DISK_WARN_BYTES:
         analysis.verdict.notes.append(
             f"This run directory holds {used / 2**20:.0f} MB of probe data (over 100 MB).")
-    write_outputs(run_dir, render_json(analysis), render_html(analysis))
+    write_outputs(run_dir, render_json(analysis), render_html(analysis, timeline=timeline))
     return analysis
+
+
+def _write_timeline(run: RunData, analysis: Analysis, path: Path) -> str | None:
+    """The run's timeline written to ``path``: its name, for the report to link to; None (and a
+    note saying why) when it could not be made, which costs the timeline, not the report."""
+    try:
+        write_timeline(run_timeline(run, analysis.ledger), analysis.source, path)
+    except Exception as err:
+        analysis.verdict.notes.append(
+            f"The timeline could not be written ({type(err).__name__}: {err}); `doctor export "
+            f"{path.parent}` tries again.")
+        return None
+    return path.name
+
+
+def export_timeline(run_dir: Path, output: Path | None = None) -> Path:
+    """``doctor export``: the timeline of a run recorded before (or again), to ``output``
+    (default: the run directory's own timeline.json.gz)."""
+    dirs = job_nodes(run_dir).dirs if is_job_dir(run_dir) else [run_dir]
+    run = load_run(dirs)
+    target = output or run_dir / layout.TIMELINE
+    try:
+        return write_timeline(run_timeline(run, analyse(run).ledger), str(run_dir), target)
+    except OSError as err:
+        raise UsageError(f"cannot write {target}: {err.strerror or err}") from err
 
 
 def analyse_runs(dirs: Sequence[Path], steps: tuple[int | None, int | None] | None = None
@@ -99,6 +132,8 @@ def finish_node(job_dir: Path, run_dir: Path, node: Node) -> NodeFinish:
         "schema": layout.NODES_FORMAT, "nnodes": nodes.nnodes,
         "nodes": [d.name for d in nodes.dirs], "merged_by": node.rank, "key": nodes.key,
         "merged": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    analysis = analyse_runs([job_dir])
-    write_outputs(job_dir, render_json(analysis), render_html(analysis))
+    run = load_run(nodes.dirs)
+    analysis = analyse(run)
+    timeline = _write_timeline(run, analysis, job_dir / layout.TIMELINE)
+    write_outputs(job_dir, render_json(analysis), render_html(analysis, timeline=timeline))
     return NodeFinish(nodes, analysis)

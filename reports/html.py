@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -90,10 +91,21 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render_html(analysis: Analysis) -> str:
-    """The report for ``analysis`` as one self-contained HTML document."""
+def render_html(analysis: Analysis, timeline: str | None = None) -> str:
+    """The report for ``analysis`` as one self-contained HTML document; ``timeline``: where the
+    run's timeline file is, relative to the report (or absolute), for a link to it."""
     template = environment().get_template("report.html.j2")
-    return template.render(**_context(analysis))
+    return template.render(**_context(analysis), **_timeline_context(analysis, timeline))
+
+
+def _timeline_context(analysis: Analysis, timeline: str | None) -> dict[str, Any]:
+    from doctor.reports.timeline import HOW_TO_OPEN
+
+    if not timeline:
+        return {"timeline": None}
+    return {"timeline": Path(timeline).as_uri() if Path(timeline).is_absolute() else timeline,
+            "timeline_name": Path(timeline).name, "timeline_how": HOW_TO_OPEN,
+            "timeline_kernels": analysis.verdict.job.get("device") == "cuda"}
 
 
 def _context(analysis: Analysis) -> dict[str, Any]:

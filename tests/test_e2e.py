@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests import chrome_trace
 from tests.conftest import SAMPLE_JOBS, doctor_cmd
 
 pytestmark = pytest.mark.e2e
@@ -93,6 +94,10 @@ def test_dataloader_workers_have_sessions_of_their_own(tmp_path: Path) -> None:
     loader = {f["id"]: f for f in verdict["findings"]}["input.loader"]
     assert loader["evidence"]["batch_tensors"] == 2  # images and labels, each handed over
     assert loader["evidence"]["batch_handoff_s"] > 0
+    # the run on a time axis: each step once, each worker's fetches on its track, the window
+    # inside its steps
+    events = chrome_trace.check_run_timeline(tmp_path / "run")
+    assert sum(e["name"].startswith("fetch: preprocess") for e in events) >= 30
 
 
 def test_watch_decorator_and_context_manager(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests import chrome_trace
 from tests.conftest import SAMPLE_JOBS, doctor_cmd
 
 pytestmark = [
@@ -55,6 +56,8 @@ def test_allreduce_bound_ddp_job(tmp_path: Path) -> None:
     assert {c["by_kind"][0]["bound"] for c in verdict["communication"]} <= {"bandwidth",
                                                                             "waiting"}
     assert "What the communication model predicts" in html
+    events = chrome_trace.check_run_timeline(out)  # each rank's steps once, on its own track
+    assert len({e["pid"] for e in events if e["ph"] == "X" and e["cat"] == "step"}) == 2
 
 
 def test_many_tiny_buckets_are_latency_bound_and_the_model_picks_a_larger_cap(tmp_path: Path

@@ -22,6 +22,7 @@ from doctor.store.rundir import (
     newest_run,
     write_node_record,
 )
+from tests import chrome_trace
 from tests.conftest import doctor_cmd
 from tests.loops import record_loop, write_record
 
@@ -332,7 +333,8 @@ def test_two_nodes_one_directory_one_merged_verdict(tmp_path: Path) -> None:
         assert (node / layout.RUN_RECORD).is_file() and (node / layout.VERDICT).is_file()
         assert (node / layout.REPORT).is_file()
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
-        "node-0", "node-1", layout.NODES_RECORD, layout.REPORT, layout.VERDICT]
+        "node-0", "node-1", layout.NODES_RECORD, layout.REPORT, layout.TIMELINE, layout.VERDICT]
+    chrome_trace.check_run_timeline(out)  # the job's timeline, from both nodes
     first, last = runs[0].stderr, runs[1].stderr
     assert f"Report: {out / 'node-0' / layout.REPORT}" in first
     assert (f"doctor: node 0 of 2 is done; node 1 still running: the last node to finish "

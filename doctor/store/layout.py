@@ -10,7 +10,7 @@
         stacks.txt, stacks.json        stack samples (py-spy's raw format) and how they were taken
         memory.jsonl                   CUDA allocator snapshots
         trace.json[.gz]                the torch.profiler window
-    RUN_DIR/verdict.json, report.html
+    RUN_DIR/verdict.json, report.html, timeline.json.gz   the verdict, the report, the timeline
     RUN_DIR/tries/<stamp>/             one doctor try of the run (doctor.store.tries):
         try.json, report.html          what was tried and measured
         <round>-<arm>/                 one attempt: a run directory, and the job's
@@ -54,6 +54,7 @@ GPU_INFO = "gpus.json"
 BOOTSTRAP_ERRORS = "bootstrap-errors"
 VERDICT = "verdict.json"
 REPORT = "report.html"
+TIMELINE = "timeline.json.gz"
 
 TRIES = "tries"
 TRY_RECORD = "try.json"

@@ -25,7 +25,7 @@ from doctor.errors import (
     WindowUnavailable,
 )
 from doctor.store import layout
-from doctor.store.records import INTERVAL_RINGS
+from doctor.store.records import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, INTERVAL_RINGS
 from doctor.store.ringbuffer import VERSION as RING_VERSION
 from doctor.store.ringbuffer import read_ring
 from doctor.store.rundata import (
@@ -41,7 +41,7 @@ from doctor.store.rundir import read_run_record
 from doctor.store.samples import read_gpu, read_gpu_info, read_gpu_procs, read_host, read_memory
 from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
 from doctor.store.tries import read_tries
-from doctor.store.windows import read_window
+from doctor.store.windows import on_process_clock, read_window
 from doctor.verdict import ProbeStatus
 
 
@@ -67,6 +67,7 @@ def _load_node(run_dir: Path) -> RunData:
     model_states: list[dict[str, Any]] = []
     ops: list[pd.DataFrame] = []
     collectives: list[pd.DataFrame] = []
+    window_events: list[pd.DataFrame] = []
     ddp: list[dict[str, Any]] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
@@ -84,7 +85,7 @@ def _load_node(run_dir: Path) -> RunData:
         marks.append(_ring(proc_dir, "steps", who, problems))
         for name in INTERVAL_RINGS:
             intervals.append(_ring(proc_dir, name, who, problems).assign(name=name))
-        events.append(_ring(proc_dir, "events", who, problems))
+        events.append(process_events := _ring(proc_dir, "events", who, problems))
         taken = read_stacks_meta(proc_dir)
         samples = read_stacks(proc_dir, taken) if taken is not None else None
         if samples is not None:
@@ -97,11 +98,15 @@ def _load_node(run_dir: Path) -> RunData:
         trace = layout.trace_of(proc_dir)
         if trace is not None and not role.startswith("worker"):
             try:
-                steps, op_rows, calls = read_window(trace, rank)
-                windows.append(steps.assign(node=0, pid=pid))
-                ops.append(op_rows.assign(**who))
-                collectives.append(calls.assign(**who))
-                window_status.append({**who, "ok": True, "reason": ""})
+                window = read_window(trace, rank)
+                windows.append(window.steps.assign(node=0, pid=pid))
+                ops.append(window.ops.assign(**who))
+                collectives.append(window.calls.assign(**who))
+                window_events.append(on_process_clock(
+                    window.events, meta.get("window") or {},
+                    _window_span(process_events)).assign(**who))
+                window_status.append({**who, "ok": True, "reason": "",
+                                      "events": window.events_total})
             except WindowUnavailable as err:
                 window_status.append({**who, "ok": False, "reason": f"trace unreadable: {err}"})
         if not role.startswith("worker"):
@@ -119,12 +124,22 @@ def _load_node(run_dir: Path) -> RunData:
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
         "collectives": _concat(collectives), "ddp": ddp,
+        "window_events": _concat(window_events),
     }
     frames = empty_frames()
     for name, rows in parts.items():
         if len(rows):
             frames[name] = typed(rows, FRAME_COLUMNS[name])
     return RunData(record=_record(run_dir, raw, problems), **frames)
+
+
+def _window_span(events: pd.DataFrame) -> tuple[int, int] | None:
+    """(window start, stop begin) on the process's clock, from its events ring; None if absent."""
+    if events.empty:
+        return None
+    codes, times = events["event"].to_numpy(), events["t_ns"].to_numpy()
+    start, stop = times[codes == EVENT_WINDOW_START], times[codes == EVENT_WINDOW_STOP_BEGIN]
+    return (int(start[0]), int(stop[0])) if len(start) and len(stop) else None
 
 
 def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecord:

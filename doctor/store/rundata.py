@@ -64,7 +64,7 @@ INTERVAL_COLUMNS = columns(f"{WHO} name:object t0_ns t1_ns key:int64")
 EVENT_COLUMNS = columns(f"{WHO} t_ns event value:int64")
 STACK_COLUMNS = columns(f"{WHO} stack:object count:int64")
 STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns end_ns taken:int64")
-WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object")
+WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object events:int64")
 MODEL_STATE_COLUMNS = columns(f"{WHO} tag kind device dtype:object bytes tensors:int64")
 #: The ops of each process's profiler window (doctor.trace.ops.OP_COLUMNS).
 OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
@@ -79,6 +79,9 @@ DDP_COLUMNS = columns(f"{WHO} bucket_cap_bytes buckets:int64 bucket_bytes last_b
                       "parameter_bytes:float64 dtypes backend:object world_size:int64 "
                       "backward_compute_s backward_comm_s backward_overlap_s:float64 "
                       "gradient_as_bucket_view static_graph find_unused_parameters:bool")
+#: The profiler window's events, newest first kept (doctor.trace.window_events), on the process's
+#: clock (ns, as its rings).
+WINDOW_EVENT_COLUMNS = columns(f"{WHO} kind track name:object t0_ns t1_ns:int64")
 #: The profiler window's steps: the trace's step frame, and which process recorded it.
 WINDOW_COLUMNS: dict[str, str] = {**STEP_COLUMNS, "node": "int64", "pid": "int64"}
 
@@ -161,6 +164,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
     "model_state": MODEL_STATE_COLUMNS, "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
+    "window_events": WINDOW_EVENT_COLUMNS,
 }
 
 
@@ -221,7 +225,9 @@ class RunData:
       at the window's start and at exit (doctor.probes.model_state);
     - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops);
     - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
-    - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp).
+    - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
+    - ``window_events``: the profiler window's events on the process's clock, capped
+      (doctor.trace.window_events), and ``window_status.events`` how many the trace had.
     """
 
     record: RunRecord
@@ -244,6 +250,7 @@ class RunData:
     ops: pd.DataFrame
     collectives: pd.DataFrame
     ddp: pd.DataFrame
+    window_events: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(

@@ -1,23 +1,43 @@
-"""A process's profiler window, read from its trace into the step frame (doctor.trace.steps)."""
+"""A process's profiler window, read from its trace into the step frame (doctor.trace.steps), its
+ops and collectives, and its events on the process's own clock (for the timeline)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from doctor.errors import WindowUnavailable
 
+#: How far (ns) the window's events may sit outside the window's own span on the process's clock
+#: before the clock pair is not believed (an old run without one, a clock stepped by NTP).
+CLOCK_SLACK_NS = 2_000_000_000
 
-def read_window(trace: Path, rank: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(one row per profiled step (doctor.trace.steps.STEP_COLUMNS), one row per op
-    (doctor.trace.ops.OP_COLUMNS), one row per collective (doctor.trace.comm_calls)), from one
-    read of the trace; WindowUnavailable when the trace cannot be read or has no step (a damaged
-    trace costs the split, not the verdict)."""
+
+@dataclass(frozen=True)
+class Window:
+    """What one trace gives the run: one row per profiled step (STEP_COLUMNS), per op
+    (OP_COLUMNS), per collective (comm_calls), and its events (window_events.EVENT_COLUMNS on the
+    trace's clock) with how many it had before the cap."""
+
+    steps: pd.DataFrame
+    ops: pd.DataFrame
+    calls: pd.DataFrame
+    events: pd.DataFrame
+    events_total: int
+
+
+def read_window(trace: Path, rank: int) -> Window:
+    """The window of one trace, from one read of it; WindowUnavailable when the trace cannot be
+    read or has no step (a damaged trace costs the split, not the verdict)."""
     from doctor.trace.comm_calls import collective_calls
     from doctor.trace.events import load_timeline
     from doctor.trace.ops import op_table
     from doctor.trace.steps import step_frame_from_timeline
+    from doctor.trace.window_events import window_events
 
     try:
         timeline = load_timeline(trace)
@@ -26,4 +46,29 @@ def read_window(trace: Path, rank: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.
         raise WindowUnavailable(f"{type(err).__name__}: {err}") from err
     if frame.empty:
         raise WindowUnavailable("the trace has no profiled step")
-    return frame, op_table(timeline), collective_calls(timeline)
+    events, total = window_events(timeline)
+    return Window(frame, op_table(timeline), collective_calls(timeline), events, total)
+
+
+def on_process_clock(events: pd.DataFrame, window: dict[str, Any],
+                     span_ns: tuple[int, int] | None) -> pd.DataFrame:
+    """The window's events with ``t0_ns``/``t1_ns`` on the process's clock (its rings'): by the
+    clock pair the window recorded as it opened (``window["clock"]``: session ns, Unix ns), else,
+    or when that puts them outside the window's span (``span_ns``: its start and stop events),
+    by its first event at the window's start."""
+    start_us = events["start_us"].to_numpy(np.float64)
+    end_us = events["end_us"].to_numpy(np.float64)
+    offset: float | None = None
+    pair = window.get("clock")
+    if isinstance(pair, list | tuple) and len(pair) == 2:
+        offset = (int(pair[1]) - int(pair[0])) / 1e3  # Unix us minus session us
+    if len(start_us) and span_ns is not None:
+        first = (start_us.min() - (offset or 0.0)) * 1e3
+        last = (end_us.max() - (offset or 0.0)) * 1e3
+        lo, hi = span_ns[0] - CLOCK_SLACK_NS, span_ns[1] + CLOCK_SLACK_NS
+        if offset is None or first < lo or last > hi:
+            offset = start_us.min() - span_ns[0] / 1e3
+    if offset is None:
+        return events.iloc[0:0].assign(t0_ns=np.zeros(0, np.int64), t1_ns=np.zeros(0, np.int64))
+    return events.assign(t0_ns=np.round((start_us - offset) * 1e3).astype(np.int64),
+                         t1_ns=np.round((end_us - offset) * 1e3).astype(np.int64))

@@ -124,22 +124,23 @@ class Timeline:
     origin_us: float
     names: list[str]
     steps: list[tuple[int, float, float]]  # (step number, start, end) from ProfilerStep#N
-    optimizer_steps: EventArrays
+    optimizer_steps: EventArrays  # attrs: tid
     host_ops: EventArrays  # attrs: tid, name, comm (1 for collectives), cost_kind and dtype
     # (codes in op_costs.COST_KINDS/COST_DTYPES, -1: no cost), flops, bytes, layout (a
     # convolution's input: op_costs.LAYOUTS)
     python: EventArrays  # python_function events (with_stack): tid, name
-    dataloader: EventArrays
+    dataloader: EventArrays  # attrs: tid
     comm_ops: EventArrays  # attrs: tid, coll, bytes, group (doctor.trace.collectives; -1:
     # not in the trace), name
     comm_kernels: EventArrays  # the collectives' kernels: coll, bytes, group, corr
-    kernels: EventArrays  # attrs: kind, name, corr (the correlation of its launch)
-    memcpy: EventArrays  # attrs: kind, mem, bytes, corr
-    memset: EventArrays
+    kernels: EventArrays  # attrs: kind, name, corr (the correlation of its launch), tid (stream)
+    memcpy: EventArrays  # attrs: kind, mem, bytes, corr, tid
+    memset: EventArrays  # attrs: tid
     runtime: EventArrays  # attrs: kind, tid, name, corr
     memory: EventArrays  # [memory] instants: device_type, device, allocated, reserved (bytes)
     first_us: float
     last_us: float
+    tids: list[str] = field(default_factory=list)  # the trace's ``tid`` of each tid code
 
     @property
     def has_gpu(self) -> bool:
@@ -190,16 +191,16 @@ class _Collector:
         self._name_ids: dict[str, int] = {}
         self._tids: dict[Any, int] = {}
         self.steps: dict[int, tuple[float, float]] = {}
-        self.optimizer = _Columns()
+        self.optimizer = _Columns(("tid",))
         self.host = _Columns(("tid", "name", "comm", "cost_kind", "dtype", "flops", "bytes",
                               "layout"))
         self.python = _Columns(("tid", "name"))
-        self.dataloader = _Columns()
+        self.dataloader = _Columns(("tid",))
         self.comm = _Columns(("tid", "coll", "bytes", "group", "name"))
         self.comm_kernels = _Columns(("coll", "bytes", "group", "corr"))
-        self.kernels = _Columns(("kind", "name", "corr"))
-        self.memcpy = _Columns(("kind", "mem", "bytes", "corr"))
-        self.memset = _Columns()
+        self.kernels = _Columns(("kind", "name", "corr", "tid"))
+        self.memcpy = _Columns(("kind", "mem", "bytes", "corr", "tid"))
+        self.memset = _Columns(("tid",))
         self.runtime = _Columns(("kind", "tid", "name", "corr"))
         self.memory = _Columns(("device_type", "device", "allocated", "reserved"))
         self.first = float("inf")
@@ -212,6 +213,10 @@ class _Collector:
             nid = self._name_ids[name] = len(self.names)
             self.names.append(name)
         return nid
+
+    @property
+    def tid_names(self) -> list[str]:
+        return list(self._tids)  # codes are given in order of first sight
 
     def tid_id(self, tid: Any) -> int:
         key = str(tid)
@@ -246,7 +251,8 @@ class _Collector:
             kind = self._kernel_kinds.get(name)
             if kind is None:
                 kind = self._kernel_kinds[name] = _kernel_kind(name)
-            self.kernels.add(ts, end, kind, self.name_id(name), _int_arg(args, "correlation"))
+            self.kernels.add(ts, end, kind, self.name_id(name), _int_arg(args, "correlation"),
+                             self.tid_id(ev.get("tid")))
             if kind == K_COMM:
                 self.comm_kernels.add(ts, end, *collective_args(name, args),
                                       _int_arg(args, "correlation"))
@@ -254,9 +260,9 @@ class _Collector:
             kind, mem = _copy_kind(name, args)
             nbytes = _number(args.get("bytes"))
             self.memcpy.add(ts, end, kind, mem, int(nbytes) if nbytes is not None else -1,
-                            _int_arg(args, "correlation"))
+                            _int_arg(args, "correlation"), self.tid_id(ev.get("tid")))
         elif cat in ("gpu_memset", "memset"):
-            self.memset.add(ts, end)
+            self.memset.add(ts, end, self.tid_id(ev.get("tid")))
         elif cat in ("cuda_runtime", "runtime", "cuda_driver"):
             if name in _SYNC_CALLS:
                 kind = RT_SYNC
@@ -295,10 +301,10 @@ class _Collector:
                 self.steps[number] = (ts, end)
             return
         if "DataLoader" in name and "__next__" in name:
-            self.dataloader.add(ts, end)
+            self.dataloader.add(ts, end, self.tid_id(ev.get("tid")))
             return
         if name.startswith("Optimizer.step#"):
-            self.optimizer.add(ts, end)
+            self.optimizer.add(ts, end, self.tid_id(ev.get("tid")))
         comm = name.lower().startswith(_COMM_OP)
         if comm:
             args = ev.get("args")
@@ -370,4 +376,5 @@ def _freeze(col: _Collector, meta: TraceMeta) -> Timeline:
         memory=col.memory.freeze(origin),
         first_us=0.0,
         last_us=0.0 if empty else col.last - origin,
+        tids=list(col.tid_names),
     )

@@ -1,0 +1,288 @@
+"""The run on a time axis: what each process did when, for reports.timeline to write out.
+
+Every process of the job is a process track (the training process of each rank, each of its
+DataLoader workers), each with thread tracks: the steps (one slice per step, with its ledger
+split), what the rings timed (DataLoader waits, backward, optimizer steps, the workers' fetches
+and collates), the deep window and stack-sampling spans, and the profiler window's own events
+(each thread and stream of the trace a track of its own, on the same clock). The parent's samples
+are counter tracks: CPU, RSS and reads per process; the machine's busy and iowait cores; each
+GPU's utilisation, memory and PCIe traffic.
+
+Times are microseconds from the start of the node's run (each node's own clock: several nodes
+are aligned at their run starts). Bounded whatever the run's length: every step is kept; each
+process keeps its newest INTERVAL_CAP intervals (the trace's events are capped as they are read,
+doctor.trace.window_events), and each counter track at most COUNTER_CAP samples (evenly thinned);
+``notes`` say what was left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from doctor.analyse.frames import MAIN_SCOPE, WORKER_SCOPE
+from doctor.analyse.split import StageSplit, loader_workers, stack_samples
+from doctor.analyse.steps import RankSteps, training_processes
+from doctor.categories import CATEGORIES, UNSPLIT_INPUT
+from doctor.store.rundata import Process, RunData, split_by
+
+INTERVAL_CAP = 10_000  # ring intervals kept per process (the newest)
+COUNTER_CAP = 10_000  # samples kept per counter track (evenly thinned)
+NODE_PIDS = 10_000_000  # track pid of process P on node K: P + K * NODE_PIDS
+THREADS = 64  # track tids of a process: its track pid * THREADS + k
+MACHINE_PID, GPU_PID = 2**30, 2**30 + 1000  # the parent's samples' tracks (+ node, + gpu)
+INTERVAL_NAMES = {"loader_wait": "DataLoader wait", "backward": "backward",
+                  "optimizer": "optimizer step", "fetch": "fetch", "collate": "collate"}
+
+
+@dataclass(frozen=True)
+class Slices:
+    """Slices of one kind on one thread track (microseconds; ``args`` per slice or None)."""
+
+    category: str
+    names: list[str]
+    start_us: np.ndarray
+    dur_us: np.ndarray
+    args: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Thread:
+    tid: int
+    name: str
+    slices: list[Slices]
+
+
+@dataclass(frozen=True)
+class Counter:
+    """One counter track: one or more series sampled at ``t_us``."""
+
+    name: str
+    t_us: np.ndarray
+    series: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ProcessTrack:
+    pid: int
+    name: str
+    sort: int
+    threads: list[Thread] = field(default_factory=list)
+    counters: list[Counter] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunTimeline:
+    processes: list[ProcessTrack]
+    notes: list[str]
+
+
+def run_timeline(run: RunData, ledger: pd.DataFrame, cap: int = INTERVAL_CAP,
+                 counter_cap: int = COUNTER_CAP) -> RunTimeline:
+    """The timeline of ``run`` with the steps of its ledger (doctor.analyse.ledger)."""
+    ranks = training_processes(run)
+    trainers = {r.process: r for r in ranks.values()}
+    notes: list[str] = []
+    several_nodes = run.processes["node"].nunique() > 1
+    tracks: list[ProcessTrack] = []
+    procs = run.processes.sort_values(["node", "rank", "role", "pid"], kind="stable")
+    for node, rank, role, pid in zip(procs["node"], procs["rank"], procs["role"], procs["pid"],
+                                     strict=True):
+        process = (int(node), int(rank), int(pid))
+        name = f"rank {rank} {role} (pid {pid})"
+        if several_nodes:
+            name = f"node {node} {name}"
+        track = ProcessTrack(_pid(process), name, _sort(process, str(role)))
+        origin = run.record.t0_ns.get(process[0], 0)
+        steps = trainers.get(process)
+        if steps is not None:
+            track.threads.append(_steps_thread(track.pid, ledger, steps.rank))
+            doctor = _doctor_thread(run, track.pid, steps, origin)
+            if doctor.slices:
+                track.threads.append(doctor)
+        rings = _rings_thread(run, track.pid, process, str(role), origin, cap, notes, name)
+        if rings.slices:
+            track.threads.append(rings)
+        track.threads.extend(_window_threads(run, track.pid, process, origin, notes, name))
+        track.counters.extend(_process_counters(run, process, counter_cap, notes, name))
+        tracks.append(track)
+    tracks.extend(_machine_tracks(run, counter_cap, notes))
+    if several_nodes:
+        notes.append("Each node's times are from its own run's start, on its own clock: the "
+                     "nodes are aligned at their starts, not to the microsecond.")
+    return RunTimeline(tracks, notes)
+
+
+def _pid(process: Process) -> int:
+    return process[2] + process[0] * NODE_PIDS
+
+
+def _sort(process: Process, role: str) -> int:
+    node, rank, _pid = process
+    worker = int(role[len("worker"):] or 0) + 1 if role.startswith("worker") else 0
+    return (node * 100_000 + rank) * 1_000 + worker
+
+
+def _steps_thread(pid: int, ledger: pd.DataFrame, rank: int) -> Thread:
+    """One slice per step of the rank, with its split (ms) and whether the shares count it."""
+    rows = ledger[ledger["rank"] == rank] if not ledger.empty else ledger
+    cats = [c for c in (*CATEGORIES, UNSPLIT_INPUT) if c in rows]
+    args: list[dict[str, Any]] = []
+    for row in rows.to_dict("records"):
+        split = {c: round(float(row[c]) * 1e3, 3) for c in cats
+                 if pd.notna(row[c]) and row[c] > 0}
+        arg: dict[str, Any] = {"wall_ms": round(float(row["wall_s"]) * 1e3, 3),
+                               "split_ms": split, "analysed": bool(row.get("analyzed"))}
+        for flag, word in (("warmup", "warm-up"), ("in_window", "deep window"),
+                           ("window_close", "closes the deep window"),
+                           ("sampled", "stack sampling")):
+            if bool(row.get(flag, False)):
+                arg.setdefault("marks", []).append(word)
+        args.append(arg)
+    start = rows["start_s"].to_numpy(np.float64) * 1e6
+    dur = rows["wall_s"].to_numpy(np.float64) * 1e6
+    names = [f"step {int(s)}" for s in rows["step"]]
+    return Thread(pid * THREADS, "steps", [Slices("step", names, start, dur, args)])
+
+
+def _doctor_thread(run: RunData, pid: int, steps: RankSteps, origin: int) -> Thread:
+    """The deep window (its closing part apart) and the stack sampler's span."""
+    slices = []
+    if steps.window_ns is not None:
+        start, stop, end = (np.array([t], np.float64) for t in steps.window_ns)
+        slices.append(Slices("doctor", ["deep window (torch.profiler)"],
+                             (start - origin) / 1e3, (end - start) / 1e3))
+        slices.append(Slices("doctor", ["closing the window (profiler stop and export)"],
+                             (stop - origin) / 1e3, (end - stop) / 1e3))
+    if steps.sampled_ns is not None:
+        start, end = (np.array([t], np.float64) for t in steps.sampled_ns)
+        slices.append(Slices("doctor", ["stack sampling"], (start - origin) / 1e3,
+                             (end - start) / 1e3))
+    return Thread(pid * THREADS + 1, "doctor", slices)
+
+
+def _rings_thread(run: RunData, pid: int, process: Process, role: str, origin: int, cap: int,
+                  notes: list[str], who: str) -> Thread:
+    """What the process's rings timed, its newest ``cap`` intervals; a worker's fetches (and a
+    main process's that loads for itself) named by the stage its stack samples were in most."""
+    found = {name: run.intervals_of(process, name) for name in INTERVAL_NAMES}
+    starts = np.concatenate([t0 for t0, _t1, _k in found.values()])
+    total = len(starts)
+    floor = np.partition(starts, total - cap)[total - cap] if total > cap else None
+    if floor is not None:
+        notes.append(f"{who}: the newest {cap:,} of its {total:,} DataLoader and step-hook "
+                     "intervals are kept (every step is).")
+    stage = _loading_stage(run, process, role)
+    slices = []
+    for ring, (t0, t1, _key) in found.items():
+        keep = t0 >= floor if floor is not None else np.ones(len(t0), dtype=bool)
+        if not keep.any():
+            continue
+        label = INTERVAL_NAMES[ring]
+        args = None
+        if ring == "fetch" and stage is not None:
+            label = f"fetch: {stage[0]}"
+            args = [{"stage": stage[0], "stage_shares": stage[1]}] * int(keep.sum())
+        slices.append(Slices(ring, [label] * int(keep.sum()),
+                             (t0[keep] - origin) / 1e3, (t1[keep] - t0[keep]) / 1e3, args))
+    return Thread(pid * THREADS + 2,
+                  "DataLoader worker" if role.startswith("worker") else "training thread",
+                  slices)
+
+
+def _loading_stage(run: RunData, process: Process, role: str
+                   ) -> tuple[str, dict[str, float]] | None:
+    """(the stage most of the process's loading samples were in, every stage's share), for a
+    worker or a main process without workers; None without stack samples."""
+    samples = stack_samples(run, process)
+    if samples is None:
+        return None
+    worker = role.startswith("worker")
+    if not worker:
+        main = RankSteps(process[1], process[0], process[2], "none", np.zeros(0), np.zeros(0))
+        if loader_workers(run, main) != 0:
+            return None
+    split = StageSplit()
+    split.add(samples, WORKER_SCOPE if worker else MAIN_SCOPE)
+    fractions = split.fractions
+    if fractions is None:
+        return None
+    stage = max(fractions, key=lambda s: fractions[s])
+    return stage, {s: round(v, 3) for s, v in fractions.items()}
+
+
+def _window_threads(run: RunData, pid: int, process: Process, origin: int, notes: list[str],
+                    who: str) -> list[Thread]:
+    """The profiler window's events, a thread track per thread and stream of the trace."""
+    events = run.rows("window_events", process)
+    if events.empty:
+        return []
+    status = run.rows("window_status", process)
+    total = int(status["events"].max()) if not status.empty else len(events)
+    if total > len(events):
+        notes.append(f"{who}: the newest {len(events):,} of the torch.profiler window's "
+                     f"{total:,} events are kept.")
+    threads = []
+    for k, (track, rows) in enumerate(events.groupby("track", sort=True)):
+        start = (rows["t0_ns"].to_numpy(np.float64) - origin) / 1e3
+        dur = (rows["t1_ns"].to_numpy(np.float64) - rows["t0_ns"].to_numpy(np.float64)) / 1e3
+        slices = [Slices(f"torch.profiler {kind}", part["name"].tolist(),
+                         start[(rows["kind"] == kind).to_numpy()],
+                         dur[(rows["kind"] == kind).to_numpy()])
+                  for kind, part in rows.groupby("kind", sort=True)]
+        threads.append(Thread(pid * THREADS + 3 + min(k, THREADS - 4),
+                              f"torch.profiler: {track}", slices))
+    return threads
+
+
+def _process_counters(run: RunData, process: Process, cap: int, notes: list[str], who: str
+                      ) -> list[Counter]:
+    host = run.host
+    rows = host[(host["node"] == process[0]) & (host["pid"] == process[2])]
+    if rows.empty:
+        return []
+    rows = _thin(rows.sort_values("t_s"), cap, notes, f"{who}: CPU, RSS and reads")
+    t = rows["t_s"].to_numpy(np.float64) * 1e6
+    counters = [Counter("CPU %", t, {"cpu": rows["cpu_pct"].to_numpy(np.float64)}),
+                Counter("RSS MB", t, {"rss": rows["rss_bytes"].to_numpy(np.float64) / 2**20})]
+    reads = rows["read_bytes"].to_numpy(np.float64)
+    if np.isfinite(reads).any() and len(t) > 1:
+        rate = np.diff(reads) / np.maximum(np.diff(t) / 1e6, 1e-9) / 1e6
+        counters.append(Counter("reads MB/s", t[1:], {"reads": np.maximum(rate, 0.0)}))
+    return counters
+
+
+def _machine_tracks(run: RunData, cap: int, notes: list[str]) -> list[ProcessTrack]:
+    tracks = []
+    for (node,), rows in sorted(split_by(run.system, "node").items()):
+        rows = _thin(rows.sort_values("t_s"), cap, notes, f"node {node}'s machine samples")
+        t = rows["t_s"].to_numpy(np.float64) * 1e6
+        series = {c: rows[c].to_numpy(np.float64) for c in ("busy_cores", "iowait_cores",
+                                                             "runnable")}
+        tracks.append(ProcessTrack(MACHINE_PID + node, f"machine (node {node})",
+                                   10**12 + node,
+                                   counters=[Counter("cores", t, series)]))
+    for (node, gpu), rows in sorted(split_by(run.gpu, "node", "gpu").items()):
+        rows = _thin(rows.sort_values("t_s"), cap, notes, f"GPU {gpu}'s samples")
+        t = rows["t_s"].to_numpy(np.float64) * 1e6
+        counters = [
+            Counter("utilization %", t, {"sm": rows["util_pct"].to_numpy(np.float64),
+                                         "memory": rows["mem_util_pct"].to_numpy(np.float64)}),
+            Counter("memory used GB", t, {"used": rows["mem_used_bytes"].to_numpy(np.float64)
+                                          / 1e9}),
+            Counter("PCIe MB/s", t, {"tx": rows["pcie_tx_kbps"].to_numpy(np.float64) / 1e3,
+                                     "rx": rows["pcie_rx_kbps"].to_numpy(np.float64) / 1e3})]
+        tracks.append(ProcessTrack(GPU_PID + node * 64 + gpu,
+                                   f"GPU {gpu} (node {node})", 10**12 + 1000 + gpu,
+                                   counters=counters))
+    return tracks
+
+
+def _thin(rows: pd.DataFrame, cap: int, notes: list[str], what: str) -> pd.DataFrame:
+    if len(rows) <= cap:
+        return rows
+    notes.append(f"{what}: {cap:,} of {len(rows):,} samples are drawn (evenly spaced).")
+    return rows.iloc[np.linspace(0, len(rows) - 1, cap).astype(np.int64)]
