@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import matplotlib
@@ -49,6 +50,14 @@ _RANK_COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948"
 MAX_POINTS = 240
 #: Ranks named in the legend; beyond this the lines stay unlabelled.
 MAX_LEGEND_RANKS = 8
+
+#: The legend's names of the steps the step chart marks, in legend order.
+WARMUP_LABEL = "warm-up"
+WINDOW_LABEL = "deep window (profiled)"
+SAMPLING_LABEL = "stack sampling"
+_MARK_LABELS = (WARMUP_LABEL, WINDOW_LABEL, SAMPLING_LABEL)
+_WINDOW_COLOR = "#5b2a86"
+_SAMPLING_COLOR = "#e8a33d"
 
 # Keys typed Any: matplotlib types rc keys as a Literal of every known name.
 _RC: dict[Any, Any] = {
@@ -110,12 +119,39 @@ def shares_chart(shares: Mapping[str, float], bottleneck: str = "") -> str | Non
         return _to_svg(fig, "shares")
 
 
+@dataclass(frozen=True)
+class StepMarks:
+    """The steps the step chart marks, each as (first, last) step number, None where the
+    ledger has none. With several ranks, each span covers every rank's (each rank has its own
+    warm-up, deep window and stack sampling, normally at the same steps)."""
+
+    warmup: tuple[int, int] | None = None
+    window: tuple[int, int] | None = None  # the torch.profiler deep window (``in_window``)
+    sampling: tuple[int, int] | None = None  # stack sampling (``sampled``)
+
+
+def step_marks(ledger: pd.DataFrame) -> StepMarks:
+    """Which steps of ``ledger`` are warm-up, deep window and stack sampling, by step number."""
+    if ledger is None or ledger.empty or "step" not in ledger:
+        return StepMarks()
+    frame = ledger.dropna(subset=["step"])
+    return StepMarks(*(_span(frame, flag) for flag in ("warmup", "in_window", "sampled")))
+
+
+def _span(frame: pd.DataFrame, flag: str) -> tuple[int, int] | None:
+    steps = frame.loc[_bool_column(frame, flag), "step"]
+    if steps.empty:
+        return None
+    return int(steps.min()), int(steps.max())
+
+
 def step_time_chart(ledger: pd.DataFrame) -> str | None:
-    """Step time over the run; warm-up steps shaded.
+    """Step time over the run; warm-up steps, the deep window and stack sampling marked.
 
     One rank: the step stacked by category (falls back to wall time when the ledger has no
     per-category split). Several ranks: one line of wall time per rank. Long ledgers are averaged
-    into at most MAX_POINTS buckets per rank. Returns None for an empty ledger.
+    into at most MAX_POINTS buckets per rank; the marks are placed by step number (step_marks),
+    so they stay on their steps. Returns None for an empty ledger.
     """
     if ledger is None or ledger.empty or "wall_s" not in ledger or "step" not in ledger:
         return None
@@ -125,6 +161,7 @@ def step_time_chart(ledger: pd.DataFrame) -> str | None:
     frame = frame.sort_values(["rank", "step"] if "rank" in frame else ["step"])
     ranks = sorted(frame["rank"].dropna().unique()) if "rank" in frame else [0]
     warm = _bool_column(frame, "warmup")
+    marks = step_marks(frame)
     scale, unit = _time_unit(frame.loc[~warm, "wall_s"] if (~warm).any() else frame["wall_s"])
     cats = [c for c in ordered_categories([c for c in frame.columns if c in CHART_ORDER])
             if _finite(frame[c].fillna(0).abs().sum()) > 0]
@@ -146,10 +183,9 @@ def step_time_chart(ledger: pd.DataFrame) -> str | None:
                     label = "wall time"
                 ax.plot(points["step"], points["wall_s"] * scale, linewidth=1.1,
                         color=_RANK_COLORS[i % len(_RANK_COLORS)], label=label)
-        _shade_warmup(ax, frame, warm)
-        if stacked or 1 < len(ranks) <= MAX_LEGEND_RANKS or warm.any():
-            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False,
-                      reverse=stacked)
+        _mark_steps(ax, marks)
+        if stacked or 1 < len(ranks) <= MAX_LEGEND_RANKS or marks != StepMarks():
+            _legend(ax, stacked)
         _clip_outliers(ax, frame, warm, scale, stacked)
         ax.set_xlabel("step")
         ax.set_ylabel(f"step time ({unit})")
@@ -242,12 +278,42 @@ def _decimate(rows: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True).fillna(0.0)
 
 
-def _shade_warmup(ax: Axes, frame: pd.DataFrame, warm: pd.Series) -> None:
-    if not warm.any():
-        return
-    steps = frame.loc[warm, "step"].astype(float)
-    ax.axvspan(steps.min() - 0.5, steps.max() + 0.5, facecolor="none", edgecolor="#555555",
-               hatch="////", linewidth=0, alpha=0.45, label="warm-up", zorder=3)
+def _mark_steps(ax: Axes, marks: StepMarks) -> None:
+    """Hatch the warm-up and the deep window, and bar the stack-sampling span along the top
+    (a bar stays visible above a stacked chart and whatever the y limits clip). Each mark is
+    an SVG group with its own id (``steps-warmup``, ``steps-deep-window``,
+    ``steps-stack-sampling``)."""
+    if marks.warmup is not None:
+        first, last = marks.warmup
+        span = ax.axvspan(first - 0.5, last + 0.5, facecolor="none", edgecolor="#555555",
+                          hatch="////", linewidth=0, alpha=0.45, label=WARMUP_LABEL, zorder=3)
+        span.set_gid("steps-warmup")
+    if marks.window is not None:
+        first, last = marks.window
+        span = ax.axvspan(first - 0.5, last + 0.5, facecolor="none", edgecolor=_WINDOW_COLOR,
+                          hatch="xxx", linewidth=0, alpha=0.75, label=WINDOW_LABEL, zorder=3)
+        span.set_gid("steps-deep-window")
+    if marks.sampling is not None:
+        first, last = marks.sampling
+        [bar] = ax.plot([first - 0.5, last + 0.5], [0.985, 0.985],
+                        transform=ax.get_xaxis_transform(), color=_SAMPLING_COLOR, linewidth=4,
+                        solid_capstyle="butt", clip_on=False, label=SAMPLING_LABEL, zorder=4)
+        bar.set_gid("steps-stack-sampling")
+
+
+def _legend(ax: Axes, stacked: bool) -> None:
+    """The series (a stack's categories top first) and then the marks, in MARK order."""
+    handles, labels = ax.get_legend_handles_labels()
+    series = [(h, text) for h, text in zip(handles, labels, strict=True)
+              if text not in _MARK_LABELS]
+    if stacked:
+        series.reverse()
+    marks = sorted(((h, text) for h, text in zip(handles, labels, strict=True)
+                    if text in _MARK_LABELS), key=lambda pair: _MARK_LABELS.index(pair[1]))
+    pairs = series + marks
+    if pairs:
+        ax.legend([h for h, _ in pairs], [text for _, text in pairs], loc="upper left",
+                  bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
 
 def _clip_outliers(ax: Axes, frame: pd.DataFrame, warm: pd.Series, scale: float,
@@ -267,9 +333,14 @@ def _clip_outliers(ax: Axes, frame: pd.DataFrame, warm: pd.Series, scale: float,
 __all__ = [
     "CATEGORY_COLORS",
     "CHART_ORDER",
+    "SAMPLING_LABEL",
+    "WARMUP_LABEL",
+    "WINDOW_LABEL",
+    "StepMarks",
     "color_of",
     "is_decimated",
     "ordered_categories",
     "shares_chart",
+    "step_marks",
     "step_time_chart",
 ]
