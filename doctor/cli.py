@@ -34,10 +34,13 @@ def cli() -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run directory (default: ./doctor-runs/<timestamp>-<name>).")
 @click.option("--window", default=None, metavar="START,STEPS",
-              help="Profile steps START..START+STEPS with torch.profiler (default 8,5); "
-                   "'off' to skip it.")
+              help="Profile STEPS steps from step START with torch.profiler (default 8,5: "
+                   "steps 8-12); 'off' to skip it.")
+@click.option("--quiet", "-q", is_flag=True,
+              help="Print only the summary at the end (no line as the job starts, none as the "
+                   "profiler window opens and closes).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(out: Path | None, window: str | None, command: tuple[str, ...]) -> None:
+def run(out: Path | None, window: str | None, quiet: bool, command: tuple[str, ...]) -> None:
     """Profile a training job: doctor run [OPTIONS] [--] COMMAND [ARGS]...
 
     COMMAND is what you would type: train.py ARGS, python train.py ARGS,
@@ -48,7 +51,7 @@ def run(out: Path | None, window: str | None, command: tuple[str, ...]) -> None:
     records into DIR/node-K/, and the last node to finish writes the job's report into DIR.
     """
     from doctor.command import resolve_command
-    from doctor.launch import run_job
+    from doctor.launch import Launch, run_job
     from doctor.nodes import node_of
     from doctor.store import layout
     from doctor.store.rundir import new_run_dir, write_node_record
@@ -57,9 +60,10 @@ def run(out: Path | None, window: str | None, command: tuple[str, ...]) -> None:
         raise UsageError(f"--window takes START,STEPS (e.g. 8,5) or off, not {window!r}")
     job = resolve_command(command)
     node = node_of(job.argv, os.environ)
+    launch = Launch(progress=None if quiet else _say)
     if node is None:
         run_dir = new_run_dir(out, job.name)
-        result = run_job(job, run_dir, window=window)
+        result = run_job(job, run_dir, window=window, launch=launch)
         _summarise(run_dir)
         sys.exit(result.exit_code)
     if out is None:
@@ -68,9 +72,14 @@ def run(out: Path | None, window: str | None, command: tuple[str, ...]) -> None:
                          f"node records into {layout.node_dir(Path('DIR'), node.rank)}/)")
     run_dir = new_run_dir(layout.node_dir(out, node.rank), job.name)
     write_node_record(run_dir, node.rank, node.nnodes, done=False)
-    result = run_job(job, run_dir, window=window)
+    result = run_job(job, run_dir, window=window, launch=launch)
     _summarise_node(run_dir.parent, run_dir, node)
     sys.exit(result.exit_code)
+
+
+def _say(line: str) -> None:
+    """A progress line of doctor run (doctor.progress), on stderr beside the job's own."""
+    click.echo(line, err=True)
 
 
 def _valid_window(text: str) -> bool:

@@ -22,7 +22,8 @@ from types import FrameType
 from typing import IO, Any
 
 from doctor.command import JobCommand
-from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW
+from doctor.progress import Say, WindowProgress, start_line
+from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
 from doctor.record.machine import memory_bytes, usable_cores
 from doctor.record.tracer import ENV_PARENT_PID
 from doctor.store.rundir import write_run_record
@@ -60,8 +61,9 @@ def job_environment(run_dir: Path, window: str | None,
 @dataclass(frozen=True)
 class Launch:
     """How ``doctor try`` starts a job instead of as typed (``doctor run`` uses the defaults):
-    the environment it starts from, where it runs, where its output goes, and how long it may
-    take before it is stopped (SIGTERM, then SIGKILL)."""
+    the environment it starts from, where it runs, where its output goes, how long it may
+    take before it is stopped (SIGTERM, then SIGKILL), and who hears doctor's progress lines
+    (doctor.progress: the start, the deep window; None, the default, says nothing)."""
 
     env: Mapping[str, str] | None = None
     cwd: str | None = None
@@ -70,6 +72,7 @@ class Launch:
     timeout_s: float | None = None
     measure_handoff: bool = True  # time the worker-to-training handoff (and read the
     # machine's roofline, measured once per machine) after the job
+    progress: Say | None = None
 
 
 def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
@@ -92,6 +95,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
 
     restore = _forward_signals(proc)
     samplers = ParentProbes(ParentContext(run_dir, proc.pid, clock, t0), probes_of(PARENT))
+    progress = _start_progress(launch.progress, command, run_dir, env, samplers)
     deadline = t0 + launch.timeout_s if launch.timeout_s else None
     timed_out = False
     try:
@@ -107,12 +111,16 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
                 rc = _terminate(proc)
                 break
             samplers.sample()
+            if progress is not None:
+                progress = _progress_step(progress, lambda p: p.tick(clock()))
             next_tick += SAMPLE_INTERVAL_S
             if next_tick < clock():  # fell behind (suspended laptop, loaded host): skip ahead
                 next_tick = clock() + SAMPLE_INTERVAL_S
     finally:
         restore()
     duration = clock() - t0
+    if progress is not None:
+        _progress_step(progress, WindowProgress.finish)
     probes = samplers.stop()
     handoff = _measure_handoff() if launch.measure_handoff else None
     peaks = _machine_peaks() if launch.measure_handoff else None
@@ -127,6 +135,31 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
                         **({"timed_out": True} if timed_out else {}))
     write_run_record(run_dir, record)
     return JobResult(exit_code, sig, duration, probes, timed_out)
+
+
+def _start_progress(say: Say | None, command: JobCommand, run_dir: Path,
+                    env: Mapping[str, str], samplers: ParentProbes) -> WindowProgress | None:
+    """Say what the run records, now that the parent's probes have started; the reporter of
+    the deep window's lines (None when nobody listens, or when saying failed)."""
+    if say is None:
+        return None
+    window = parse_window(env.get(ENV_WINDOW, ""))
+    try:
+        say(start_line(command.name, run_dir, samplers.status, window))
+    except Exception:  # a line doctor could not print never stops the job
+        return None
+    return WindowProgress(run_dir, say, stacks=lambda: "stacks" in samplers.running)
+
+
+def _progress_step(progress: WindowProgress,
+                   step: Callable[[WindowProgress], None]) -> WindowProgress | None:
+    """One step of the progress lines; None from then on where it failed (a line doctor
+    could not say is no reason to disturb the job or its report)."""
+    try:
+        step(progress)
+    except Exception:  # said in the docstring: progress is a courtesy
+        return None
+    return progress
 
 
 def _terminate(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int:

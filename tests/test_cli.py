@@ -23,7 +23,14 @@ def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
     return path
 
 
-def test_output_and_exit_status_are_the_jobs_own(tmp_path: Path) -> None:
+def without_progress(stderr: str) -> str:
+    """stderr less doctor run's progress lines (its start line, its deep window's)."""
+    return "".join(line for line in stderr.splitlines(keepends=True)
+                   if not line.startswith(("doctor: recording ", "doctor: deep window ")))
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_output_and_exit_status_are_the_jobs_own(tmp_path: Path, quiet: bool) -> None:
     job = script(tmp_path, """
         import sys
         print("to stdout", sys.argv[1:])
@@ -32,10 +39,22 @@ def test_output_and_exit_status_are_the_jobs_own(tmp_path: Path) -> None:
     """)
     bare = subprocess.run([sys.executable, str(job), "--lr", "0.1"], capture_output=True,
                           text=True)
-    run = doctor_cmd("run", "--out", str(tmp_path / "run"), str(job), "--lr", "0.1")
+    run = doctor_cmd("run", *(["--quiet"] if quiet else []), "--out", str(tmp_path / "run"),
+                     str(job), "--lr", "0.1")
     assert run.returncode == bare.returncode == 3
     assert run.stdout == bare.stdout
-    assert run.stderr.startswith(bare.stderr)
+    # doctor's own lines come on stderr: the start line beside the job's, the summary after it
+    assert without_progress(run.stderr).startswith(bare.stderr)
+    started = [line for line in run.stderr.splitlines() if line.startswith("doctor: recording")]
+    if quiet:
+        assert started == [] and run.stderr.startswith(bare.stderr)
+    else:
+        [line] = started  # (GPU samples too, on a machine with one)
+        assert line.startswith(f"doctor: recording job into {tmp_path / 'run'} (steps, "
+                               "DataLoader waits, CPU/IO samples, ")
+        assert line.endswith("stack samples, torch.profiler at steps 8-12); Ctrl-C stops the "
+                             "job and still writes a partial report")
+    assert "Report:" in run.stderr  # the summary stays, quiet or not
     verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
     assert verdict["partial"] is True
     assert verdict["job"]["exit_code"] == 3

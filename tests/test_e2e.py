@@ -180,6 +180,9 @@ def test_a_crash_mid_run_leaves_a_partial_report(tmp_path: Path) -> None:
     result = doctor_cmd("run", "--out", str(tmp_path / "run"), str(job))
     assert result.returncode == 1
     assert "RuntimeError: CUDA out of memory (pretend)" in result.stderr
+    # doctor's progress lines: as the job starts, and as its window (steps 8-12) closes
+    assert f"doctor: recording crash into {tmp_path / 'run'} (steps, " in result.stderr
+    assert "doctor: deep window closed on rank 0" in result.stderr
     verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
     assert verdict["partial"] is True
     assert verdict["steps"]["count"] == 29
