@@ -124,6 +124,7 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         "steps_svg": Markup(steps_svg) if steps_svg else None,
         "multi_rank": _rank_count(analysis.ledger) > 1,
         "has_warmup": _has_warmup(analysis.ledger),
+        "marks": charts.step_marks(analysis.ledger),
         "decimated": charts.is_decimated(analysis.ledger),
         "findings": [_finding(f) for f in verdict.findings],
         "probes": [

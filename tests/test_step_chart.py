@@ -109,6 +109,13 @@ def test_the_caption_says_what_the_marks_mean() -> None:
     assert caption is not None
     words = " ".join(caption.group(1).split())
     assert "hatched steps at the start are warm-up" in words
-    assert "cross-hatched steps are the deep window" in words
-    assert "bar along the top spans the steps under stack sampling" in words
-    assert "each mark spans every rank's steps" in words
+    marks = charts.step_marks(ledger(80, ranks=2))
+    assert marks.window is not None and marks.sampling is not None
+    assert (f"cross-hatched steps {marks.window[0]}-{marks.window[1]} are the deep window"
+            in words)
+    assert (f"bar along the top spans steps {marks.sampling[0]}-{marks.sampling[1]}, under "
+            "stack sampling" in words)
+    assert "Each mark spans every rank's steps" in words
+    quiet = ledger(80, ranks=1).assign(in_window=False, sampled=False)
+    html = render_html(Analysis(verdict, quiet, "doctor-runs/x"))
+    assert "cross-hatched" not in html and "bar along the top" not in html
