@@ -111,8 +111,13 @@ def _print_summary(analysis: Analysis, run_dir: Path) -> None:
     from doctor.reports.text import render_text
     from doctor.store.rundir import report_path
 
+    from doctor.store import layout
+
     click.echo("", err=True)
     click.echo(render_text(analysis, report_path=str(report_path(run_dir))), err=True)
+    if (run_dir / layout.TIMELINE).is_file():
+        click.echo(f"Timeline: {run_dir / layout.TIMELINE} (ui.perfetto.dev or chrome://tracing)",
+                   err=True)
 
 
 def _summarise_node(job_dir: Path, run_dir: Path, node: Node) -> None:
@@ -176,13 +181,28 @@ def report(sources: tuple[Path, ...], fmt: str, output: Path | None,
     analysis, default_html = _load(list(sources), steps)
     target: Path | None
     if fmt == "html":
-        text = render_html(analysis)
         target = output or default_html
+        text = render_html(analysis, timeline=_timeline_beside(target, sources))
     elif fmt == "json":
         text, target = render_json(analysis), output
     else:
         text, target = render_text(analysis, full=True), output
     _emit(text, target)
+
+
+def _timeline_beside(report: Path, sources: tuple[Path, ...]) -> str | None:
+    """Where the run's timeline is for a report written to ``report``: its name when the report
+    sits beside it, else its absolute path; None for traces, or a run without one."""
+    from doctor.store import layout
+    from doctor.store.rundir import newest_run
+
+    run_dir = sources[0] if sources else newest_run()
+    timeline = run_dir / layout.TIMELINE
+    if len(sources) > 1 or not timeline.is_file():
+        return None
+    if report.resolve().parent == run_dir.resolve():
+        return timeline.name
+    return str(timeline.resolve())
 
 
 def _emit(text: str, target: Path | None) -> None:

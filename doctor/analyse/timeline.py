@@ -32,7 +32,7 @@ from doctor.store.rundata import Process, RunData, split_by
 INTERVAL_CAP = 10_000  # ring intervals kept per process (the newest)
 COUNTER_CAP = 10_000  # samples kept per counter track (evenly thinned)
 NODE_PIDS = 10_000_000  # track pid of process P on node K: P + K * NODE_PIDS
-THREADS = 64  # track tids of a process: its track pid * THREADS + k
+THREADS = 1024  # track tids of a process: its track pid * THREADS + k
 MACHINE_PID, GPU_PID = 2**30, 2**30 + 1000  # the parent's samples' tracks (+ node, + gpu)
 INTERVAL_NAMES = {"loader_wait": "DataLoader wait", "backward": "backward",
                   "optimizer": "optimizer step", "fetch": "fetch", "collate": "collate"}
