@@ -226,3 +226,36 @@ def test_the_nodes_of_a_job_are_named_and_said_to_be_aligned_at_their_starts(tmp
     assert [m.split(" (")[0] for m in mains] == ["node 0 rank 0 main", "node 1 rank 1 main"]
     assert len({p.pid for p in timeline.processes}) == len(timeline.processes)
     assert any("aligned at their starts" in n for n in timeline.notes)
+
+
+LONG_JOB = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = TensorDataset(torch.randn(20_000, 4), torch.randn(20_000, 1))
+for x, y in DataLoader(data, batch_size=1):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+print("done")
+"""
+
+
+@pytest.mark.e2e
+def test_a_job_of_20000_steps_has_a_timeline_of_a_few_mb(tmp_path: Path) -> None:
+    job = tmp_path / "long.py"
+    job.write_text(LONG_JOB)
+    out = tmp_path / "run"
+    result = doctor_cmd("run", "--quiet", "--out", str(out), "python", str(job), timeout=300)
+    assert result.returncode == 0 and result.stdout == "done\n", result.stderr[-2000:]
+    path = out / "timeline.json.gz"
+    data = chrome_trace.load(path)
+    events = chrome_trace.check(data)
+    steps = [e["name"] for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert len(steps) == len(set(steps)) >= 19_990  # every step, once
+    assert slices_by_thread(events)["training thread"] == INTERVAL_CAP
+    assert data["otherData"]["capped"] and path.stat().st_size < 5 * MB
+    assert not [line for line in result.stderr.splitlines()
+                if line.startswith("doctor: recording")]  # --quiet
