@@ -109,9 +109,8 @@ def _finalize(run_dir: Path) -> Analysis | None:
 
 def _print_summary(analysis: Analysis, run_dir: Path) -> None:
     from doctor.reports.text import render_text
-    from doctor.store.rundir import report_path
-
     from doctor.store import layout
+    from doctor.store.rundir import report_path
 
     click.echo("", err=True)
     click.echo(render_text(analysis, report_path=str(report_path(run_dir))), err=True)

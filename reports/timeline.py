@@ -86,10 +86,12 @@ def render_timeline(timeline: RunTimeline, source: str) -> dict[str, Any]:
             "format": FORMAT, "doctor_version": __version__, "source": source,
             "clock": "microseconds from the run's start (each node's monotonic clock); the "
                      "torch.profiler window's events are put on it by the clock pair the window "
-                     "recorded as it opened",
+                     "recorded as it opened (a run recorded without one: its first event at the "
+                     "window's start)",
             "bounded": f"every step is kept; each process keeps its newest {INTERVAL_CAP:,} "
                        f"DataLoader and step-hook intervals and its profiler window its newest "
-                       f"{EVENT_CAP:,} events; counters at most {COUNTER_CAP:,} samples each",
+                       f"{EVENT_CAP:,} events (fewer in a run of many processes); counters at "
+                       f"most {COUNTER_CAP:,} samples each; `capped` says what was left out",
             "capped": timeline.notes,
             "how_to_open": HOW_TO_OPEN,
         },

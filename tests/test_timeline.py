@@ -259,3 +259,26 @@ def test_a_job_of_20000_steps_has_a_timeline_of_a_few_mb(tmp_path: Path) -> None
     assert data["otherData"]["capped"] and path.stat().st_size < 5 * MB
     assert not [line for line in result.stderr.splitlines()
                 if line.startswith("doctor: recording")]  # --quiet
+
+
+def test_a_run_of_many_processes_shares_the_run_s_budget(tmp_path: Path) -> None:
+    from doctor.analyse.pipeline import analyse
+    from doctor.analyse.timeline import Caps, run_timeline
+    from doctor.store.reader import load_run
+
+    for rank in range(8):
+        record_loop(tmp_path, 60, rank=rank)
+    write_record(tmp_path)
+    run = load_run(tmp_path)
+    caps = Caps(detail=2 * 8 * 100, steps=8 * 20)
+    timeline = run_timeline(run, analyse(run).ledger, caps)
+    mains = [p for p in timeline.processes if " main " in p.name]
+    assert len(mains) == 8
+    for proc in mains:
+        threads = {t.name: sum(len(s.names) for s in t.slices) for t in proc.threads}
+        assert threads["training thread"] == 100  # 180 recorded, 1,600 / 16 kept
+        assert threads["steps"] == 20  # the newest 20 of 59
+    assert sum("newest 20 of its 59 steps" in n for n in timeline.notes) == 8
+    full = run_timeline(run, analyse(run).ledger)
+    assert all(sum(len(s.names) for t in p.threads if t.name == "steps" for s in t.slices)
+               == 59 for p in full.processes if " main " in p.name)

@@ -9,10 +9,12 @@ are counter tracks: CPU, RSS and reads per process; the machine's busy and iowai
 GPU's utilisation, memory and PCIe traffic.
 
 Times are microseconds from the start of the node's run (each node's own clock: several nodes
-are aligned at their run starts). Bounded whatever the run's length: every step is kept; each
-process keeps its newest INTERVAL_CAP intervals (the trace's events are capped as they are read,
-doctor.trace.window_events), and each counter track at most COUNTER_CAP samples (evenly thinned);
-``notes`` say what was left out.
+are aligned at their run starts). Bounded whatever the run's length and its number of processes
+(Caps): every step is kept (up to Caps.steps over the run, the newest of each rank beyond); each
+process keeps its newest Caps.intervals intervals and profiler events (the trace's are capped as
+they are read too, doctor.trace.window_events), fewer when the run has so many processes that
+Caps.detail would be passed; each counter track at most Caps.counters samples, evenly thinned,
+fewer under Caps.samples. ``notes`` say what was left out.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from doctor.analyse.split import StageSplit, loader_workers, stack_samples
 from doctor.analyse.steps import RankSteps, training_processes
 from doctor.categories import CATEGORIES, UNSPLIT_INPUT
 from doctor.store.rundata import Process, RunData, split_by
+from doctor.trace.window_events import STEP
 
-INTERVAL_CAP = 10_000  # ring intervals kept per process (the newest)
+INTERVAL_CAP = 10_000  # ring intervals (and profiler events) kept per process: the newest
 COUNTER_CAP = 10_000  # samples kept per counter track (evenly thinned)
 NODE_PIDS = 10_000_000  # track pid of process P on node K: P + K * NODE_PIDS
 THREADS = 1024  # track tids of a process: its track pid * THREADS + k
@@ -75,13 +78,27 @@ class ProcessTrack:
 
 
 @dataclass(frozen=True)
+class Caps:
+    """How much of a run the timeline keeps: per process and track, and over the whole run."""
+
+    intervals: int = INTERVAL_CAP  # per process: its rings' intervals; its window's events
+    counters: int = COUNTER_CAP  # per counter track
+    detail: int = 400_000  # intervals and window events over the whole run
+    samples: int = 300_000  # counter samples over the whole run
+    steps: int = 1_000_000  # step slices over the whole run
+
+    def share(self, total: int, parts: int, most: int) -> int:
+        """What each of ``parts`` may keep of ``total`` over the run, at most ``most``."""
+        return max(1, min(most, total // max(1, parts)))
+
+
+@dataclass(frozen=True)
 class RunTimeline:
     processes: list[ProcessTrack]
     notes: list[str]
 
 
-def run_timeline(run: RunData, ledger: pd.DataFrame, cap: int = INTERVAL_CAP,
-                 counter_cap: int = COUNTER_CAP) -> RunTimeline:
+def run_timeline(run: RunData, ledger: pd.DataFrame, caps: Caps = Caps()) -> RunTimeline:
     """The timeline of ``run`` with the steps of its ledger (doctor.analyse.ledger)."""
     ranks = training_processes(run)
     trainers = {r.process: r for r in ranks.values()}
@@ -89,6 +106,11 @@ def run_timeline(run: RunData, ledger: pd.DataFrame, cap: int = INTERVAL_CAP,
     several_nodes = run.processes["node"].nunique() > 1
     tracks: list[ProcessTrack] = []
     procs = run.processes.sort_values(["node", "rank", "role", "pid"], kind="stable")
+    cap = caps.share(caps.detail, 2 * len(procs), caps.intervals)
+    tracked = len(procs) * 3 + len(run.system.groupby("node")) + 3 * len(run.gpu.groupby(
+        ["node", "gpu"]))
+    counter_cap = caps.share(caps.samples, tracked, caps.counters)
+    steps_cap = caps.share(caps.steps, len(ranks), caps.steps)
     for node, rank, role, pid in zip(procs["node"], procs["rank"], procs["role"], procs["pid"],
                                      strict=True):
         process = (int(node), int(rank), int(pid))
@@ -99,14 +121,15 @@ def run_timeline(run: RunData, ledger: pd.DataFrame, cap: int = INTERVAL_CAP,
         origin = run.record.t0_ns.get(process[0], 0)
         steps = trainers.get(process)
         if steps is not None:
-            track.threads.append(_steps_thread(track.pid, ledger, steps.rank))
+            track.threads.append(_steps_thread(track.pid, ledger, steps.rank, steps_cap, notes,
+                                               name))
             doctor = _doctor_thread(run, track.pid, steps, origin)
             if doctor.slices:
                 track.threads.append(doctor)
         rings = _rings_thread(run, track.pid, process, str(role), origin, cap, notes, name)
         if rings.slices:
             track.threads.append(rings)
-        track.threads.extend(_window_threads(run, track.pid, process, origin, notes, name))
+        track.threads.extend(_window_threads(run, track.pid, process, origin, cap, notes, name))
         track.counters.extend(_process_counters(run, process, counter_cap, notes, name))
         tracks.append(track)
     tracks.extend(_machine_tracks(run, counter_cap, notes))
@@ -126,9 +149,15 @@ def _sort(process: Process, role: str) -> int:
     return (node * 100_000 + rank) * 1_000 + worker
 
 
-def _steps_thread(pid: int, ledger: pd.DataFrame, rank: int) -> Thread:
-    """One slice per step of the rank, with its split (ms) and whether the shares count it."""
+def _steps_thread(pid: int, ledger: pd.DataFrame, rank: int, cap: int, notes: list[str],
+                  who: str) -> Thread:
+    """One slice per step of the rank (its newest ``cap``), with its split (ms) and whether the
+    shares count it."""
     rows = ledger[ledger["rank"] == rank] if not ledger.empty else ledger
+    if len(rows) > cap:
+        notes.append(f"{who}: the newest {cap:,} of its {len(rows):,} steps are kept (the run "
+                     "has more steps than a timeline holds).")
+        rows = rows.iloc[len(rows) - cap:]
     cats = [c for c in (*CATEGORIES, UNSPLIT_INPUT) if c in rows]
     args: list[dict[str, Any]] = []
     for row in rows.to_dict("records"):
@@ -214,14 +243,19 @@ def _loading_stage(run: RunData, process: Process, role: str
     return stage, {s: round(v, 3) for s, v in fractions.items()}
 
 
-def _window_threads(run: RunData, pid: int, process: Process, origin: int, notes: list[str],
-                    who: str) -> list[Thread]:
-    """The profiler window's events, a thread track per thread and stream of the trace."""
+def _window_threads(run: RunData, pid: int, process: Process, origin: int, cap: int,
+                    notes: list[str], who: str) -> list[Thread]:
+    """The profiler window's events (its newest ``cap``, and every ProfilerStep), a thread track
+    per thread and stream of the trace."""
     events = run.rows("window_events", process)
     if events.empty:
         return []
     status = run.rows("window_status", process)
-    total = int(status["events"].max()) if not status.empty else len(events)
+    total = max(int(status["events"].max()) if not status.empty else 0, len(events))
+    detail = events["kind"] != STEP
+    if detail.sum() > cap:
+        newest = events.loc[detail, "t0_ns"].nlargest(cap).index
+        events = events[~detail | events.index.isin(newest)]
     if total > len(events):
         notes.append(f"{who}: the newest {len(events):,} of the torch.profiler window's "
                      f"{total:,} events are kept.")
