@@ -83,8 +83,10 @@ def test_removing_the_input_bottleneck_removes_the_verdict(tmp_path: Path) -> No
 
 
 def test_dataloader_workers_have_sessions_of_their_own(tmp_path: Path) -> None:
+    # steps of 10 ms: 120 of them keep the workers alive long enough after the window opens
+    # for the parent's next tick to start their stack recorders
     verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "input_bound.py"),
-                      "--steps", "30", "--workers", "2", "--work", "300",
+                      "--steps", "120", "--workers", "2", "--work", "300",
                       "--hidden", "256")
     workers = sorted(p.name.split("-")[0] for p in (tmp_path / "run" / "rank-0").iterdir()
                      if p.name.startswith("worker"))

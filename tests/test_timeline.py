@@ -282,3 +282,48 @@ def test_a_run_of_many_processes_shares_the_run_s_budget(tmp_path: Path) -> None
     full = run_timeline(run, analyse(run).ledger)
     assert all(sum(len(s.names) for t in p.threads if t.name == "steps" for s in t.slices)
                == 59 for p in full.processes if " main " in p.name)
+
+
+def test_the_window_and_the_sampling_span_each_have_a_track(tmp_path: Path) -> None:
+    """Stack sampling starts with the window and outlasts it: on one track they would overlap
+    (a viewer draws one of them on the wrong row)."""
+    from doctor.record.session import Session
+    from doctor.store.records import (
+        EVENT_WINDOW_START,
+        EVENT_WINDOW_STOP_BEGIN,
+        EVENT_WINDOW_STOP_END,
+        STEP_OPTIMIZER,
+    )
+    from doctor.store.stacks import write_stacks
+
+    clock = FakeClock()
+    session = Session(tmp_path, rank=0, clock=clock, window_start=10**9)
+    marks: dict[str, int] = {}
+    for i in range(40):
+        if i == 10:
+            session.record_event(EVENT_WINDOW_START, 10)
+            marks["start"] = clock()
+        if i == 15:
+            session.record_event(EVENT_WINDOW_STOP_BEGIN, 0)
+            clock.tick(0.05)
+            session.record_event(EVENT_WINDOW_STOP_END, 0)
+        clock.tick(0.01)
+        session.record_optimizer_start()
+        clock.tick(0.002)
+        session.record_optimizer_end(0)
+        session.count_step(STEP_OPTIMIZER)
+    session.close()
+    write_record(tmp_path)
+    proc = next((tmp_path / "rank-0").iterdir())
+    write_stacks(proc, {("train.py:loop",): 10}, recorder="py-spy", rate_hz=50,
+                 start_ns=marks["start"] + 10**6, end_ns=clock(), taken=10)
+    events = chrome_trace.check(chrome_trace.load(export_timeline(tmp_path)))
+    threads = chrome_trace.names(events, "thread_name")
+    by_name = {e["name"]: threads[(e["pid"], e["tid"])] for e in events if e["ph"] == "X"
+               and e["cat"] == "doctor"}
+    assert by_name == {"deep window (torch.profiler)": "deep window",
+                       "closing the window (profiler stop and export)": "deep window",
+                       "stack sampling": "stack sampling"}
+    steps = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert any("deep window" in e["args"].get("marks", []) for e in steps)
+    assert any("stack sampling" in e["args"].get("marks", []) for e in steps)

@@ -123,9 +123,7 @@ def run_timeline(run: RunData, ledger: pd.DataFrame, caps: Caps = Caps()) -> Run
         if steps is not None:
             track.threads.append(_steps_thread(track.pid, ledger, steps.rank, steps_cap, notes,
                                                name))
-            doctor = _doctor_thread(run, track.pid, steps, origin)
-            if doctor.slices:
-                track.threads.append(doctor)
+            track.threads.extend(_doctor_threads(track.pid, steps, origin))
         rings = _rings_thread(run, track.pid, process, str(role), origin, cap, notes, name)
         if rings.slices:
             track.threads.append(rings)
@@ -177,20 +175,22 @@ def _steps_thread(pid: int, ledger: pd.DataFrame, rank: int, cap: int, notes: li
     return Thread(pid * THREADS, "steps", [Slices("step", names, start, dur, args)])
 
 
-def _doctor_thread(run: RunData, pid: int, steps: RankSteps, origin: int) -> Thread:
-    """The deep window (its closing part apart) and the stack sampler's span."""
-    slices = []
+def _doctor_threads(pid: int, steps: RankSteps, origin: int) -> list[Thread]:
+    """The deep window (its closing part inside it) and the stack sampler's span, each on a
+    track of its own: sampling starts with the window and goes on after it."""
+    threads = []
     if steps.window_ns is not None:
         start, stop, end = (np.array([t], np.float64) for t in steps.window_ns)
-        slices.append(Slices("doctor", ["deep window (torch.profiler)"],
-                             (start - origin) / 1e3, (end - start) / 1e3))
-        slices.append(Slices("doctor", ["closing the window (profiler stop and export)"],
-                             (stop - origin) / 1e3, (end - stop) / 1e3))
+        threads.append(Thread(pid * THREADS + 1, "deep window", [
+            Slices("doctor", ["deep window (torch.profiler)"], (start - origin) / 1e3,
+                   (end - start) / 1e3),
+            Slices("doctor", ["closing the window (profiler stop and export)"],
+                   (stop - origin) / 1e3, (end - stop) / 1e3)]))
     if steps.sampled_ns is not None:
         start, end = (np.array([t], np.float64) for t in steps.sampled_ns)
-        slices.append(Slices("doctor", ["stack sampling"], (start - origin) / 1e3,
-                             (end - start) / 1e3))
-    return Thread(pid * THREADS + 1, "doctor", slices)
+        threads.append(Thread(pid * THREADS + THREADS - 1, "stack sampling", [
+            Slices("doctor", ["stack sampling"], (start - origin) / 1e3, (end - start) / 1e3)]))
+    return threads
 
 
 def _rings_thread(run: RunData, pid: int, process: Process, role: str, origin: int, cap: int,
@@ -267,7 +267,7 @@ def _window_threads(run: RunData, pid: int, process: Process, origin: int, cap: 
                          start[(rows["kind"] == kind).to_numpy()],
                          dur[(rows["kind"] == kind).to_numpy()])
                   for kind, part in rows.groupby("kind", sort=True)]
-        threads.append(Thread(pid * THREADS + 3 + min(k, THREADS - 4),
+        threads.append(Thread(pid * THREADS + 3 + min(k, THREADS - 5),
                               f"torch.profiler: {track}", slices))
     return threads
 
