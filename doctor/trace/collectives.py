@@ -22,7 +22,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
+
+
+class ArgsLike(Protocol):
+    """An event's ``args`` as the analysis reads them: a dict, or a typed record of them
+    (doctor.trace.typed_events.Args)."""
+
+    def get(self, key: str, default: Any = None, /) -> Any: ...
+
+    def __contains__(self, key: str, /) -> bool: ...
 
 #: Kinds of collective (codes in integer columns, doctor.trace.events).
 COLLECTIVES = ("other", "allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
@@ -97,7 +106,7 @@ def _int(value: Any) -> int | None:
     return None
 
 
-def message_bytes(kind: int, args: dict[str, Any]) -> int | None:
+def message_bytes(kind: int, args: ArgsLike) -> int | None:
     """A collective's message size in bytes from Kineto's ``In/Out msg nelems`` and ``dtype``
     (None where they are absent)."""
     size = _size(args.get("dtype"))
@@ -143,7 +152,7 @@ def bus_factor(kind: int, group: int) -> float:
     return 1.0
 
 
-def collective_args(name: str, args: dict[str, Any]) -> tuple[int, int, int]:
+def collective_args(name: str, args: ArgsLike) -> tuple[int, int, int]:
     """(kind code, message bytes or -1, group size or -1) of a host op or kernel from its name
     and arguments."""
     kind = kind_code(args.get("Collective name")) or kind_code(name) or kernel_kind_code(name)

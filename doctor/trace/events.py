@@ -30,6 +30,7 @@ import numpy.typing as npt
 from doctor.trace.collectives import collective_args
 from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, OpCost, conv_layout, op_cost
 from doctor.trace.reader import TraceMeta, TraceStream
+from doctor.trace.typed_events import Args, Event, from_dicts
 
 __all__ = ["Timeline", "build_timeline", "load_timeline"]
 
@@ -68,6 +69,7 @@ _SYNC_CALLS = frozenset({
     "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2", "hipMemcpy", "hipMemcpyWithStream", "hipMemcpy2D",
 })
 _HOST_CATS = frozenset({"cpu_op", "operator"})
+_NO_ARGS = Args()
 _GPU_ANNOTATION = "gpu_user_annotation"
 
 
@@ -170,7 +172,17 @@ def _kernel_kind(name: str) -> int:
     return K_OTHER
 
 
-def _copy_kind(name: str, args: dict[str, Any]) -> tuple[int, int]:
+def _runtime_kind(name: str) -> int:
+    if name in _SYNC_CALLS:
+        return RT_SYNC
+    if "launch" in name.lower():
+        return RT_LAUNCH
+    if "memcpy" in name.lower():
+        return RT_COPY
+    return RT_OTHER
+
+
+def _copy_kind(name: str, args: Args) -> tuple[int, int]:
     low = name.lower()
     text = f"{low} {str(args.get('kind', '')).lower()}"
     if "htod" in text or "host -> device" in low:
@@ -225,34 +237,30 @@ class _Collector:
             tid_id = self._tids[key] = len(self._tids)
         return tid_id
 
-    def add(self, ev: dict[str, Any]) -> None:
-        if ev.get("ph") != "X":
-            if ev.get("name") == "[memory]":
+    def add(self, ev: Event) -> None:
+        if ev.ph != "X":
+            if ev.name == "[memory]":
                 self._memory(ev)
             return
-        ts = _number(ev.get("ts"))
-        dur = _number(ev.get("dur"))
+        ts, dur = ev.ts, ev.dur
         if ts is None or dur is None or dur < 0:
             return
         end = ts + dur
-        name = ev.get("name")
-        name = name if isinstance(name, str) else ""
-        cat = ev.get("cat")
-        cat = cat.lower() if isinstance(cat, str) else ""
+        name = ev.name or ""
+        cat = ev.cat.lower() if ev.cat else ""
         if cat == "trace":
             return  # the profiler's own span
         if ts < self.first:
             self.first = ts
         if end > self.last:
             self.last = end
-        args = ev.get("args")
-        args = args if isinstance(args, dict) else {}
+        args = ev.args if ev.args is not None else _NO_ARGS
         if cat == "kernel":
             kind = self._kernel_kinds.get(name)
             if kind is None:
                 kind = self._kernel_kinds[name] = _kernel_kind(name)
             self.kernels.add(ts, end, kind, self.name_id(name), _int_arg(args, "correlation"),
-                             self.tid_id(ev.get("tid")))
+                             self.tid_id(ev.tid))
             if kind == K_COMM:
                 self.comm_kernels.add(ts, end, *collective_args(name, args),
                                       _int_arg(args, "correlation"))
@@ -260,38 +268,30 @@ class _Collector:
             kind, mem = _copy_kind(name, args)
             nbytes = _number(args.get("bytes"))
             self.memcpy.add(ts, end, kind, mem, int(nbytes) if nbytes is not None else -1,
-                            _int_arg(args, "correlation"), self.tid_id(ev.get("tid")))
+                            _int_arg(args, "correlation"), self.tid_id(ev.tid))
         elif cat in ("gpu_memset", "memset"):
-            self.memset.add(ts, end, self.tid_id(ev.get("tid")))
+            self.memset.add(ts, end, self.tid_id(ev.tid))
         elif cat in ("cuda_runtime", "runtime", "cuda_driver"):
-            if name in _SYNC_CALLS:
-                kind = RT_SYNC
-            elif "launch" in name.lower():
-                kind = RT_LAUNCH
-            elif "memcpy" in name.lower():
-                kind = RT_COPY
-            else:
-                kind = RT_OTHER
-            self.runtime.add(ts, end, kind, self.tid_id(ev.get("tid")), self.name_id(name),
+            kind = _runtime_kind(name)
+            self.runtime.add(ts, end, kind, self.tid_id(ev.tid), self.name_id(name),
                              _int_arg(args, "correlation"))
         elif cat == _GPU_ANNOTATION or cat.startswith("gpu_"):
             return
         elif cat == "python_function":
-            self.python.add(ts, end, self.tid_id(ev.get("tid")), self.name_id(name))
+            self.python.add(ts, end, self.tid_id(ev.tid), self.name_id(name))
         else:
-            self._host(name, cat, ts, end, ev)
+            self._host(name, cat, ts, end, ev, args)
 
-    def _memory(self, ev: dict[str, Any]) -> None:
-        args = ev.get("args")
-        ts = _number(ev.get("ts"))
-        if not isinstance(args, dict) or ts is None:
+    def _memory(self, ev: Event) -> None:
+        args, ts = ev.args, ev.ts
+        if args is None or ts is None:
             return
         values = [_number(args.get(k)) for k in ("Device Type", "Device Id", "Total Allocated",
                                                   "Total Reserved")]
         if all(v is not None for v in values):
             self.memory.add(ts, ts, *(int(v) for v in values if v is not None))
 
-    def _host(self, name: str, cat: str, ts: float, end: float, ev: dict[str, Any]) -> None:
+    def _host(self, name: str, cat: str, ts: float, end: float, ev: Event, args: Args) -> None:
         if name.startswith("ProfilerStep#"):
             try:
                 number = int(name[len("ProfilerStep#"):])
@@ -301,28 +301,24 @@ class _Collector:
                 self.steps[number] = (ts, end)
             return
         if "DataLoader" in name and "__next__" in name:
-            self.dataloader.add(ts, end, self.tid_id(ev.get("tid")))
+            self.dataloader.add(ts, end, self.tid_id(ev.tid))
             return
         if name.startswith("Optimizer.step#"):
-            self.optimizer.add(ts, end, self.tid_id(ev.get("tid")))
+            self.optimizer.add(ts, end, self.tid_id(ev.tid))
         comm = name.lower().startswith(_COMM_OP)
         if comm:
-            args = ev.get("args")
-            self.comm.add(ts, end, self.tid_id(ev.get("tid")),
-                          *collective_args(name, args if isinstance(args, dict) else {}),
+            self.comm.add(ts, end, self.tid_id(ev.tid), *collective_args(name, args),
                           self.name_id(name))
         if cat in _HOST_CATS:
-            args = ev.get("args")
-            args = args if isinstance(args, dict) else {}
             dims = args.get("Input Dims")
             cost = op_cost(name, dims, args.get("Input type")) if dims is not None else None
             layout = conv_layout(name, dims, args.get("Input Strides")) \
                 if cost is not None and "Input Strides" in args else 0
-            self.host.add(ts, end, self.tid_id(ev.get("tid")), self.name_id(name), int(comm),
+            self.host.add(ts, end, self.tid_id(ev.tid), self.name_id(name), int(comm),
                           *_cost_columns(cost), layout)
 
 
-def _int_arg(args: dict[str, Any], key: str) -> int:
+def _int_arg(args: Args, key: str) -> int:
     """An integer argument (the correlation that ties a kernel to its launch); -1: none."""
     value = args.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
@@ -337,20 +333,23 @@ def _cost_columns(cost: OpCost | None) -> tuple[int, int, int, int]:
 
 
 def build_timeline(events: Iterable[dict[str, Any]], meta: TraceMeta | None = None) -> Timeline:
-    """Reduce an iterable of trace events to a :class:`Timeline`."""
+    """Reduce an iterable of trace events (dicts) to a :class:`Timeline`."""
     col = _Collector()
-    for ev in events:
-        if isinstance(ev, dict):
-            col.add(ev)
+    for ev in from_dicts(events):
+        col.add(ev)
     return _freeze(col, meta or TraceMeta(path="<events>"))
 
 
 def load_timeline(path: str | Path) -> Timeline:
-    """Stream the trace at ``path`` into a :class:`Timeline` (raises TraceError if unreadable)."""
+    """Stream the trace at ``path`` into a :class:`Timeline` (raises TraceError if unreadable):
+    blocks of events decoded into typed records (doctor.trace.typed_events), never a dict per
+    event."""
     stream = TraceStream(path)
     col = _Collector()
-    for ev in stream:
-        col.add(ev)
+    add = col.add
+    for block in stream.blocks():
+        for ev in block:
+            add(ev)
     return _freeze(col, stream.meta)
 
 

@@ -1,0 +1,138 @@
+"""Typed events decoded a block at a time (doctor.trace.typed_events, TraceStream.blocks): the same
+events as the standard library's, whatever falls on a block's edge, and the same timeline."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from doctor.trace import reader
+from doctor.trace.events import build_timeline, load_timeline
+from doctor.trace.reader import TraceError, TraceStream
+from doctor.trace.typed_events import ARG_KEYS, READER, Event, from_dict
+
+TRICKY: list[dict[str, Any]] = [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+     "args": {"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}},
+    {"ph": "X", "cat": "kernel", "name": 'sgemm "}, {" },\n{', "pid": 0, "tid": "stream 7",
+     "ts": 12.5, "dur": 3.25, "args": {"correlation": 9, "note": "}, {\"ph\": \"X\"}"}},
+    # args first, not last: "}, " inside the event, before more keys
+    {"args": {"correlation": 11, "nested": [{"a": 1}, {"b": [{"c": 2}]}]}, "ph": "X",
+     "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 11, "dur": 1, "tid": 1},
+    {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 13, "pid": 1, "tid": 1,
+     "args": {"Device Type": 1, "Device Id": 0, "Total Allocated": 2**40, "Total Reserved": 2**41}},
+    # unusual types: the block is read again by the standard library
+    {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": "14.5", "dur": "2", "tid": 1.0},
+    {"ph": "X", "cat": "cpu_op", "name": 17, "ts": 15, "dur": 1, "tid": True, "args": [1, 2]},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 16,
+     "dur": 4, "tid": "stream 7", "args": {"bytes": 4096, "correlation": 12}},
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 9, "dur": 20, "tid": 1},
+]
+
+
+#: The events msgspec decodes typed (the others make their block fall back).
+CLEAN = [ev for ev in TRICKY if (not isinstance(ev.get("ts"), str) and "args" not in ev)
+         or (isinstance(ev.get("args"), dict) and not isinstance(ev.get("ts"), str))]
+
+
+def fields(ev: Event) -> tuple[Any, ...]:
+    args = ev.args
+    return (ev.ph, ev.cat, ev.name, ev.ts, ev.dur, ev.tid,
+            None if args is None else tuple(args.get(k) for k in ARG_KEYS))
+
+
+def write(path: Path, events: list[dict[str, Any]], *, bare: bool = False, gz: bool = False,
+          indent: int | None = None) -> Path:
+    payload: Any = events if bare else {"schemaVersion": 1, "traceEvents": events,
+                                        "baseTimeNanoseconds": 1_700_000_000_000_000_000}
+    text = json.dumps(payload, indent=indent)
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_typed_decoder_is_the_c_one() -> None:
+    assert READER == "msgspec"
+
+
+@pytest.mark.parametrize("block", [16, 64, 257, 1 << 20])
+@pytest.mark.parametrize("layout", ["object", "bare", "indented", "gz"])
+@pytest.mark.parametrize("kinds", ["clean", "unusual"])
+def test_blocks_give_the_standard_library_s_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   block: int, layout: str, kinds: str) -> None:
+    monkeypatch.setattr(reader, "BLOCK_CHARS", block)
+    typed_blocks = []
+    decode = reader.decode_block
+
+    def counting(text: str) -> list[Event] | None:
+        found = decode(text)
+        typed_blocks.append(found is not None and all(type(e) is Event for e in found))
+        return found
+
+    monkeypatch.setattr(reader, "decode_block", counting)
+    events = (CLEAN if kinds == "clean" else TRICKY) * 7
+    path = write(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",
+                 indent=2 if layout == "indented" else None)
+    stream = TraceStream(path, chunk_chars=max(8, block // 2))
+    typed = [ev for chunk in stream.blocks() for ev in chunk]
+    assert [fields(ev) for ev in typed] == [fields(from_dict(ev)) for ev in events]
+    assert stream.event_count == len(events)
+    if block >= 257:  # blocks hold several events: decoded as blocks, not one by one
+        assert typed_blocks and any(typed_blocks)
+    if layout != "bare":
+        assert stream.meta.base_time_ns == 1_700_000_000_000_000_000
+
+
+def test_a_truncated_trace_is_one_line_in_blocks_too(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader, "BLOCK_CHARS", 200)
+    text = json.dumps({"traceEvents": TRICKY * 40})
+    path = tmp_path / "cut.json"
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(TraceError) as err:
+        for _ in TraceStream(path, chunk_chars=100).blocks():
+            pass
+    assert "\n" not in str(err.value) and "cut.json" in str(err.value)
+
+
+def test_the_timeline_from_blocks_is_the_one_from_dicts(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader, "BLOCK_CHARS", 300)
+    events = TRICKY * 30
+    blocks = load_timeline(write(tmp_path / "t.json", events))
+    dicts = build_timeline(events)
+    for kind in ("host_ops", "kernels", "runtime", "memcpy", "memory"):
+        a, b = getattr(blocks, kind), getattr(dicts, kind)
+        assert len(a) > 0, kind
+        np.testing.assert_array_equal(a.start, b.start)
+        np.testing.assert_array_equal(a.end, b.end)
+        for key in a.attrs:
+            np.testing.assert_array_equal(a.attrs[key], b.attrs[key], err_msg=f"{kind}.{key}")
+    assert blocks.steps == dicts.steps and blocks.names == dicts.names
+
+
+def test_several_traces_read_in_parallel_come_back_in_order(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    from doctor.store import traces
+
+    monkeypatch.setattr(traces, "PARALLEL_BYTES", 0)
+    files = []
+    for rank in range(3):
+        events = [dict(ev, ts=ev["ts"] + rank * 1000) if isinstance(ev.get("ts"), int) else ev
+                  for ev in CLEAN * (rank + 1)]
+        files.append(write(tmp_path / f"rank-{rank}.json", events))
+    serial = traces.read_timelines(files, workers=1)
+    parallel = traces.read_timelines(files, workers=3)
+    assert [len(t.host_ops) for t in parallel] == [len(t.host_ops) for t in serial] == [1, 2, 3]
+    for a, b in zip(serial, parallel, strict=True):
+        np.testing.assert_array_equal(a.host_ops.start, b.host_ops.start)
+        assert a.origin_us == b.origin_us and a.names == b.names
