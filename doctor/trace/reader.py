@@ -193,15 +193,8 @@ class TraceStream:
                         self._pos = 0
                     continue
             self._pos = pos
-            nxt = self._skip(_SKIP)
-            if nxt == "]":
-                self._pos += 1
+            if self._array_ends(where):
                 return
-            if not nxt:
-                raise TraceError(
-                    f"{self.path.name}: file ends inside {where} after {self.event_count} events "
-                    "(truncated?)"
-                )
             value = self._value(where)
             if isinstance(value, dict):
                 self.event_count += 1
@@ -210,22 +203,27 @@ class TraceStream:
                 self._buf = self._buf[self._pos:]
                 self._pos = 0
 
+    def _array_ends(self, where: str) -> bool:
+        """Skip to the next element of the event array: True at its closing bracket (then
+        passed); TraceError when the file ends first."""
+        nxt = self._skip(_SKIP)
+        if nxt == "]":
+            self._pos += 1
+            return True
+        if not nxt:
+            raise TraceError(
+                f"{self.path.name}: file ends inside {where} after {self.event_count} events "
+                "(truncated?)"
+            )
+        return False
+
     def _event_blocks(self, where: str) -> Iterator[list[Event]]:
         """The event array in blocks of about BLOCK_CHARS: each ends at the last event of the
         buffer whose text decodes (a split inside a value does not); an event that no block
         holds (larger than a block, or a file that ends early) is read the slow way, which says
         what is wrong with it."""
         self._expect("[", where)
-        while True:
-            nxt = self._skip(_SKIP)
-            if nxt == "]":
-                self._pos += 1
-                return
-            if not nxt:
-                raise TraceError(
-                    f"{self.path.name}: file ends inside {where} after {self.event_count} events "
-                    "(truncated?)"
-                )
+        while not self._array_ends(where):
             while len(self._buf) - self._pos < BLOCK_CHARS and self._fill(BLOCK_CHARS):
                 pass
             block = self._block()
