@@ -92,12 +92,13 @@ class _Columns:
 
     def __post_init__(self) -> None:
         self.extra = {name: array("q") for name in self.ints}
+        self._appends = [self.extra[name].append for name in self.ints]
 
     def add(self, start: float, end: float, *values: int) -> None:
         self.start.append(start)
         self.end.append(end)
-        for name, v in zip(self.ints, values, strict=True):
-            self.extra[name].append(v)
+        for append, v in zip(self._appends, values, strict=True):
+            append(v)
 
     def freeze(self, origin: float) -> EventArrays:
         s = _f64(self.start) - origin
@@ -231,7 +232,7 @@ class _Collector:
         return list(self._tids)  # codes are given in order of first sight
 
     def tid_id(self, tid: Any) -> int:
-        key = str(tid)
+        key = tid if type(tid) is str else str(tid)
         tid_id = self._tids.get(key)
         if tid_id is None:
             tid_id = self._tids[key] = len(self._tids)
@@ -259,22 +260,22 @@ class _Collector:
             kind = self._kernel_kinds.get(name)
             if kind is None:
                 kind = self._kernel_kinds[name] = _kernel_kind(name)
-            self.kernels.add(ts, end, kind, self.name_id(name), _int_arg(args, "correlation"),
+            self.kernels.add(ts, end, kind, self.name_id(name), _correlation(args),
                              self.tid_id(ev.tid))
             if kind == K_COMM:
                 self.comm_kernels.add(ts, end, *collective_args(name, args),
-                                      _int_arg(args, "correlation"))
+                                      _correlation(args))
         elif cat in ("gpu_memcpy", "memcpy"):
             kind, mem = _copy_kind(name, args)
             nbytes = _number(args.get("bytes"))
             self.memcpy.add(ts, end, kind, mem, int(nbytes) if nbytes is not None else -1,
-                            _int_arg(args, "correlation"), self.tid_id(ev.tid))
+                            _correlation(args), self.tid_id(ev.tid))
         elif cat in ("gpu_memset", "memset"):
             self.memset.add(ts, end, self.tid_id(ev.tid))
         elif cat in ("cuda_runtime", "runtime", "cuda_driver"):
             kind = _runtime_kind(name)
             self.runtime.add(ts, end, kind, self.tid_id(ev.tid), self.name_id(name),
-                             _int_arg(args, "correlation"))
+                             _correlation(args))
         elif cat == _GPU_ANNOTATION or cat.startswith("gpu_"):
             return
         elif cat == "python_function":
@@ -286,8 +287,8 @@ class _Collector:
         args, ts = ev.args, ev.ts
         if args is None or ts is None:
             return
-        values = [_number(args.get(k)) for k in ("Device Type", "Device Id", "Total Allocated",
-                                                  "Total Reserved")]
+        values = [_number(v) for v in (args.device_type, args.device_id, args.total_allocated,
+                                       args.total_reserved)]
         if all(v is not None for v in values):
             self.memory.add(ts, ts, *(int(v) for v in values if v is not None))
 
@@ -318,10 +319,10 @@ class _Collector:
                           *_cost_columns(cost), layout)
 
 
-def _int_arg(args: Args, key: str) -> int:
-    """An integer argument (the correlation that ties a kernel to its launch); -1: none."""
-    value = args.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+def _correlation(args: Args) -> int:
+    """The correlation that ties a kernel to its launch (an integer); -1: none."""
+    value = args.correlation
+    return value if type(value) is int else -1
 
 
 def _cost_columns(cost: OpCost | None) -> tuple[int, int, int, int]:
