@@ -172,7 +172,6 @@ def report(sources: tuple[Path, ...], fmt: str, output: Path | None,
            step_range: str | None) -> None:
     """Report on a run directory (default: the newest under ./doctor-runs) or on
     torch.profiler traces (*.json, *.json.gz, one per rank)."""
-    from doctor.reports.html import render_html
     from doctor.reports.json import render_json
     from doctor.reports.text import render_text
 
@@ -180,6 +179,8 @@ def report(sources: tuple[Path, ...], fmt: str, output: Path | None,
     analysis, default_html = _load(list(sources), steps)
     target: Path | None
     if fmt == "html":
+        from doctor.reports.html import render_html  # matplotlib and jinja2: only for the HTML
+
         target = output or default_html
         text = render_html(analysis, timeline=_timeline_beside(target, sources))
     elif fmt == "json":
@@ -229,8 +230,6 @@ def parse_step_range(text: str) -> tuple[int | None, int | None]:
 
 def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = None
           ) -> tuple[Analysis, Path]:
-    from doctor.analyse.pipeline import analyze_traces
-    from doctor.outputs import analyse_runs
     from doctor.store.rundir import newest_run, report_path
 
     if not sources:
@@ -254,7 +253,11 @@ def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = Non
             raise UsageError(f"{bad[0]} is not a trace (*.json or *.json.gz)")
         if steps is not None:
             raise UsageError("--steps applies to run directories, not to traces")
+        from doctor.analyse.pipeline import analyze_traces
+
         return analyze_traces(traces), Path(traces[0].name.split(".")[0] + ".report.html")
+    from doctor.outputs import analyse_runs
+
     return analyse_runs(dirs, steps), report_path(dirs[0])
 
 

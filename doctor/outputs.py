@@ -12,7 +12,6 @@ from doctor.analyse.pipeline import analyse, analyze_run
 from doctor.analyse.timeline import run_timeline
 from doctor.errors import UsageError
 from doctor.nodes import Node
-from doctor.reports.html import render_html
 from doctor.reports.json import render_json
 from doctor.reports.timeline import write_timeline
 from doctor.store import layout
@@ -36,6 +35,8 @@ DISK_WARN_BYTES = 100 * 2**20
 
 def finalize_run(run_dir: Path) -> Analysis:
     """Compress the traces; write the timeline, then verdict.json and report.html."""
+    from doctor.reports.html import render_html  # matplotlib and jinja2: only for the HTML
+
     gzip_traces(run_dir)
     run = load_run(run_dir)
     analysis = analyse(run)
@@ -124,6 +125,8 @@ class NodeFinish:
 def finish_node(job_dir: Path, run_dir: Path, node: Node) -> NodeFinish:
     """Mark ``run_dir`` (node ``node`` of the job in ``job_dir``) done; when every node is, and
     this one claims the merge first, write the whole job's verdict and report into ``job_dir``."""
+    from doctor.reports.html import render_html  # matplotlib and jinja2: only for the HTML
+
     write_node_record(run_dir, node.rank, node.nnodes, done=True)
     nodes = job_nodes(job_dir, node.nnodes)
     if not nodes.complete or not claim_merge(nodes):

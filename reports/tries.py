@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from doctor.reports.html import environment
 from doctor.reports.text import CATEGORY_WORDS
 from doctor.reports.verified import OUTCOME_WORDS, UNMEASURED, millis, times
 
@@ -68,6 +67,8 @@ def render_try_text(record: Mapping[str, Any], report: str | None = None) -> str
 
 
 def render_try_html(record: Mapping[str, Any]) -> str:
+    from doctor.reports.html import environment  # jinja2: only for the HTML
+
     return environment().get_template("try.html.j2").render(
         kind="try", record=record, rows=try_rows(record))
 
@@ -87,6 +88,8 @@ def render_compare_text(comparison: Mapping[str, Any]) -> str:
 
 
 def render_compare_html(comparison: Mapping[str, Any]) -> str:
+    from doctor.reports.html import environment  # jinja2: only for the HTML
+
     return environment().get_template("try.html.j2").render(
         kind="compare", comparison=comparison, words=CATEGORY_WORDS,
         fmt={"ms": millis, "x": times})
