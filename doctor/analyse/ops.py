@@ -18,7 +18,6 @@ import pandas as pd
 from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.roofline import Roofs, classify, measured_roofs, mfu, published_roofs
 from doctor.analyse.steps import RankSteps
-from doctor.probes.torch_ops import ENV_SHAPES
 from doctor.store.rundata import RunData
 
 TOP = 15
@@ -92,6 +91,8 @@ def _no_costs(run: RunData, main: RankSteps, table: pd.DataFrame) -> str | None:
     proc = run.rows("processes", main.process)
     shapes = proc["window_shapes"].iloc[0] if "window_shapes" in proc and len(proc) else None
     if shapes is not None and not pd.isna(shapes) and not bool(shapes):
+        from doctor.probes.torch_ops import ENV_SHAPES  # a probe module: for this line only
+
         return (f"the window recorded no input shapes ({ENV_SHAPES}=off): the ops are by time "
                 "only, with no FLOPs, bytes or roofline")
     return ("the trace has no input shapes (record_shapes=False): the ops are by time only, "
