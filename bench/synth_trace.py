@@ -258,9 +258,12 @@ def main() -> None:
     ap.add_argument("-o", "--output", type=Path, required=True,
                     help="the trace to write (.gz: gzipped)")
     ap.add_argument("--level", type=int, default=6, help="gzip level (default 6)")
+    ap.add_argument("--info", type=Path, help="also write what was written, as JSON, here")
     args = ap.parse_args()
     info = build(args.source, args.output, args.copies, args.events, args.size, args.level,
                  progress=True)
+    if args.info:
+        args.info.write_text(json.dumps({**info, "source": str(args.source)}, indent=1))
     print(f"{info['path']}: {info['copies']} copies, {info['events']} events, "
           f"{info['steps']} steps, {info['json_bytes'] / 1e6:.1f} MB JSON, "
           f"{info['file_bytes'] / 1e6:.1f} MB on disk, {info['seconds']:.1f} s")

@@ -34,6 +34,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -46,9 +47,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import synth_trace  # noqa: E402
-
+SYNTH = ROOT / "bench" / "synth_trace.py"
 TRACES = ROOT.parent / "shared" / "traces"
 if not TRACES.is_dir():
     TRACES = Path("/work/shared/traces")
@@ -56,7 +55,7 @@ DEFAULT_TRACES = ["a100_rank0_of_16_pageable.json.gz", "ddp_v100_rank1_of_2.json
 SYNTH_SOURCE = "ddp_v100_rank1_of_2.json.gz"
 X10_NAME = "ddp_v100_rank1_of_2_x10.json.gz"
 BIG_NAME = "ddp_v100_rank1_of_2_4G.json.gz"
-BIG_BYTES = 4 * 10**9
+BIG_SIZE = "4G"
 
 JSON_LOAD = r"""
 import gzip, json, sys
@@ -138,6 +137,10 @@ def run_child(argv: list[str], cwd: Path, timeout: float, stdout_path: Path) -> 
         timer.start()
         try:
             _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # interrupted: take the child's whole group down with us
+            kill()
+            os.wait4(proc.pid, 0)
+            raise
         finally:
             timer.cancel()
         seconds = time.perf_counter() - t0
@@ -213,15 +216,17 @@ def hta_dir(cache: Path, trace: Path) -> Path:
     return d
 
 
-def synth(cache: Path, name: str, **how: Any) -> Path:
+def synth(cache: Path, name: str, how: list[str]) -> Path:
     out = cache / name
     info_path = cache / (name + ".info.json")
     if not (out.exists() and info_path.exists()):
-        print(f"building {out} from {SYNTH_SOURCE} ({how}) ...", flush=True)
-        info = synth_trace.build(TRACES / SYNTH_SOURCE, out, **how)
-        info_path.write_text(json.dumps(info, indent=1))
-        print(f"  {info['events']} events, {info['json_bytes'] / 1e6:.0f} MB JSON, "
-              f"{info['file_bytes'] / 1e6:.0f} MB gz, {info['seconds']:.0f} s", flush=True)
+        # In a child: the source trace it loads must not swell this process, whose peak RSS is
+        # the floor of every child's ru_maxrss (a forked child starts with its parent's pages).
+        print(f"building {out} from {SYNTH_SOURCE} ...", flush=True)
+        argv = [sys.executable, str(SYNTH), str(TRACES / SYNTH_SOURCE), "-o", str(out),
+                "--info", str(info_path), *how]
+        if subprocess.run(argv, env=clean_env(), stdin=subprocess.DEVNULL).returncode != 0:
+            sys.exit(f"could not build {out}")
     return out
 
 
@@ -324,6 +329,7 @@ def main() -> None:
         sys.exit(f"{args.python} cannot import doctor: {where.stderr.strip().splitlines()[-1:]}")
     doctor_file, py_version = where.stdout.split()
     print(f"doctor: {Path(doctor_file).parent} (python {py_version}, {args.python})")
+    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     hta_py = None
     if args.hta:
@@ -339,9 +345,9 @@ def main() -> None:
     traces: list[tuple[Path, bool]] = [(p, False) for p in args.traces]
     if not traces:
         traces = [(TRACES / n, False) for n in DEFAULT_TRACES]
-        traces.append((synth(args.cache, X10_NAME, copies=10), False))
+        traces.append((synth(args.cache, X10_NAME, ["--copies", "10"]), False))
     if args.big:
-        traces.append((synth(args.cache, BIG_NAME, size=BIG_BYTES), True))
+        traces.append((synth(args.cache, BIG_NAME, ["--bytes", BIG_SIZE]), True))
     for p, _ in traces:
         if not p.exists():
             sys.exit(f"{p}: no such trace")
@@ -359,7 +365,9 @@ def main() -> None:
 
     print()
     print(f"median of {args.repeat} fresh processes (the 4 GB trace: {args.big_repeat}); "
-          "s: wall time, start-up included; MB: peak RSS; speed-up: the other's time / doctor's")
+          "s: wall time, start-up included; MB: peak RSS; vs: the other's time / doctor's")
+    floor = max(floor, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(f"(this process peaked at {floor:.0f} MB: no child's peak reads lower)")
     head = (f"{'trace':36s} {'events':>9s} {'JSON MB':>8s} | {'doctor s':>17s} {'MB':>6s} | "
             f"{'json.load s':>17s} {'MB':>6s} | {'HTA s':>17s} {'MB':>6s} | "
             f"{'vs json':>7s} {'vs HTA':>7s}")
