@@ -313,7 +313,10 @@ def main() -> None:
                     help="measure HTA's load too (makes CACHE/hta-venv when absent)")
     ap.add_argument("--big", action="store_true",
                     help="add the 4 GB synthetic trace (built once; doctor only)")
+    ap.add_argument("--big-only", action="store_true", help="the 4 GB synthetic trace alone")
     ap.add_argument("--big-repeat", type=int, default=1, help="runs on the 4 GB trace (1)")
+    ap.add_argument("--max-load-mb", type=float, default=2500.0,
+                    help="traces of more JSON than this are run by doctor only (2500)")
     ap.add_argument("--cache", type=Path, default=Path("/tmp/doctor-bench"),
                     help="synthetic traces, the HTA venv, outputs (default /tmp/doctor-bench)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run (600)")
@@ -343,10 +346,10 @@ def main() -> None:
             print(f"HTA: HolisticTraceAnalysis {ver} ({hta_py})")
 
     traces: list[tuple[Path, bool]] = [(p, False) for p in args.traces]
-    if not traces:
+    if not traces and not args.big_only:
         traces = [(TRACES / n, False) for n in DEFAULT_TRACES]
         traces.append((synth(args.cache, X10_NAME, ["--copies", "10"]), False))
-    if args.big:
+    if args.big or args.big_only:
         traces.append((synth(args.cache, BIG_NAME, ["--bytes", BIG_SIZE]), True))
     for p, _ in traces:
         if not p.exists():
@@ -357,48 +360,50 @@ def main() -> None:
         facts = trace_facts(path)
         print(f"{path.name}: {path.stat().st_size / 1e6:.1f} MB on disk, "
               f"{facts['json_mb']:.0f} MB JSON", flush=True)
+        big = big or facts["json_mb"] > args.max_load_mb
         tools = measure_trace(path, args, hta_py, doctor_only=big,
                               repeat=args.big_repeat if big else args.repeat)
         if facts["events"] is None:
             facts["events"] = tools["json"].events
-        results.append((path, facts, tools))
+        results.append((path, facts, tools, big))
 
     print()
-    print(f"median of {args.repeat} fresh processes (the 4 GB trace: {args.big_repeat}); "
+    big_note = f" (doctor only: {args.big_repeat})" if any(r[3] for r in results) else ""
+    print(f"median of {args.repeat} fresh processes{big_note}; "
           "s: wall time, start-up included; MB: peak RSS; vs: the other's time / doctor's")
     floor = max(floor, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(f"(this process peaked at {floor:.0f} MB: no child's peak reads lower)")
-    head = (f"{'trace':36s} {'events':>9s} {'JSON MB':>8s} | {'doctor s':>17s} {'MB':>6s} | "
-            f"{'json.load s':>17s} {'MB':>6s} | {'HTA s':>17s} {'MB':>6s} | "
+    head = (f"{'trace':36s} {'events':>9s} {'JSON MB':>8s} | {'doctor s':>19s} {'MB':>6s} | "
+            f"{'json.load s':>19s} {'MB':>6s} | {'HTA s':>19s} {'MB':>6s} | "
             f"{'vs json':>7s} {'vs HTA':>7s}")
     print(head)
     print("-" * len(head))
     saved = []
-    for path, facts, tools in results:
+    for path, facts, tools, _ in results:
         d, j, h = tools["doctor"], tools["json"], tools["hta"]
         events = f"{facts['events'] / 1e3:.0f} k" if facts["events"] else "?"
         print(f"{path.name[:36]:36s} {events:>9s} {facts['json_mb']:8.0f} | "
-              f"{fmt_s(d):>17s} {fmt_mb(d):>6s} | {fmt_s(j):>17s} {fmt_mb(j):>6s} | "
-              f"{fmt_s(h):>17s} {fmt_mb(h):>6s} | {ratio(j, d):>7s} {ratio(h, d):>7s}")
+              f"{fmt_s(d):>19s} {fmt_mb(d):>6s} | {fmt_s(j):>19s} {fmt_mb(j):>6s} | "
+              f"{fmt_s(h):>19s} {fmt_mb(h):>6s} | {ratio(j, d):>7s} {ratio(h, d):>7s}")
         saved.append({"trace": str(path), **facts,
                       **{k: {"median_s": t.median_s(), "median_peak_mb": t.median_mb(),
                              "runs": [[r.seconds, r.peak_mb, r.rc] for r in t.runs],
                              "skipped": t.skipped} for k, t in tools.items()},
                       "reader": tools["doctor"].reader})
     print()
-    for path, _, tools in results:
+    for path, _, tools, _ in results:
         d = tools["doctor"]
         print(f"{path.name}: doctor's reader: {', '.join(d.reader) if d.reader else 'not said'}"
               f"; peak memory doctor {fmt_mb(d)} MB, json.load {fmt_mb(tools['json'])} MB, "
               f"HTA {fmt_mb(tools['hta'])} MB")
         if d.failed is not None:
             print(f"  doctor failed: {d.failed.stderr_tail}")
-    skipped = {t.skipped for _, _, tl in results if (t := tl["hta"]).skipped}
+    skipped = {t.skipped for _, _, tl, _ in results if (t := tl["hta"]).skipped}
     if skipped:
         print(f"HTA: {'; '.join(sorted(skipped))}")
     print()
     print("issue 21's targets:")
-    for path, facts, tools in results:
+    for path, facts, tools, _ in results:
         d = tools["doctor"]
         ds, dmb = d.median_s(), d.median_mb()
         ev = facts["events"] or 0
