@@ -158,7 +158,7 @@ def find_key(obj: Any, key: str) -> list[Any]:
     found: list[Any] = []
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if k == key:
+            if k == key or k.endswith("_" + key):  # "reader", "trace_reader"
                 found.append(v)
             found += find_key(v, key)
     elif isinstance(obj, list):
