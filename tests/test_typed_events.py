@@ -3,7 +3,6 @@ events as the standard library's, whatever falls on a block's edge, and the same
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from doctor.trace import reader
 from doctor.trace.events import build_timeline, load_timeline
 from doctor.trace.reader import TraceError, TraceStream
 from doctor.trace.typed_events import ARG_KEYS, READER, Event, from_dict
+from tests.test_trace_reader import write as write_trace
 
 TRICKY: list[dict[str, Any]] = [
     {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
@@ -50,13 +50,7 @@ def write(path: Path, events: list[dict[str, Any]], *, bare: bool = False, gz: b
           indent: int | None = None) -> Path:
     payload: Any = events if bare else {"schemaVersion": 1, "traceEvents": events,
                                         "baseTimeNanoseconds": 1_700_000_000_000_000_000}
-    text = json.dumps(payload, indent=indent)
-    if gz:
-        with gzip.open(path, "wt", encoding="utf-8") as fh:
-            fh.write(text)
-    else:
-        path.write_text(text, encoding="utf-8")
-    return path
+    return write_trace(path, None, gz, raw=json.dumps(payload, indent=indent))
 
 
 def test_the_typed_decoder_is_the_c_one() -> None:

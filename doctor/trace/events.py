@@ -30,7 +30,7 @@ import numpy.typing as npt
 from doctor.trace.collectives import collective_args
 from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, OpCost, conv_layout, op_cost
 from doctor.trace.reader import TraceMeta, TraceStream
-from doctor.trace.typed_events import Args, Event, from_dicts
+from doctor.trace.typed_events import Args, Event, from_dicts, number
 
 __all__ = ["Timeline", "build_timeline", "load_timeline"]
 
@@ -150,19 +150,6 @@ class Timeline:
         return len(self.kernels) + len(self.memcpy) + len(self.memset) > 0
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
 def _kernel_kind(name: str) -> int:
     if _COMM_KERNEL.search(name):
         return K_COMM
@@ -267,7 +254,7 @@ class _Collector:
                                       _correlation(args))
         elif cat in ("gpu_memcpy", "memcpy"):
             kind, mem = _copy_kind(name, args)
-            nbytes = _number(args.get("bytes"))
+            nbytes = number(args.get("bytes"))
             self.memcpy.add(ts, end, kind, mem, int(nbytes) if nbytes is not None else -1,
                             _correlation(args), self.tid_id(ev.tid))
         elif cat in ("gpu_memset", "memset"):
@@ -287,7 +274,7 @@ class _Collector:
         args, ts = ev.args, ev.ts
         if args is None or ts is None:
             return
-        values = [_number(v) for v in (args.device_type, args.device_id, args.total_allocated,
+        values = [number(v) for v in (args.device_type, args.device_id, args.total_allocated,
                                        args.total_reserved)]
         if all(v is not None for v in values):
             self.memory.add(ts, ts, *(int(v) for v in values if v is not None))

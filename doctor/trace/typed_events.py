@@ -103,7 +103,8 @@ else:  # pragma: no cover
     _ERRORS = ()
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A JSON value as a number: ints, floats and numeric strings (never a bool); else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -126,8 +127,8 @@ def from_dict(ev: dict[str, Any]) -> Event:
         args = Args(**{attr: raw[key] for key, attr in ARG_KEYS.items() if key in raw})
     name, cat, ph, tid = ev.get("name"), ev.get("cat"), ev.get("ph"), ev.get("tid")
     return Event(ph=ph if isinstance(ph, str) else None, cat=cat if isinstance(cat, str) else None,
-                 name=name if isinstance(name, str) else None, ts=_number(ev.get("ts")),
-                 dur=_number(ev.get("dur")),
+                 name=name if isinstance(name, str) else None, ts=number(ev.get("ts")),
+                 dur=number(ev.get("dur")),
                  tid=tid if isinstance(tid, int | str) and not isinstance(tid, bool) else
                  (None if tid is None else str(tid)), args=args)
 
