@@ -140,8 +140,11 @@ class DataLoaderProbe:
             worker_id = kwargs.get("worker_id", args[worker_id_at] if len(args) > worker_id_at
                                    else -1)
             session.role = f"worker{worker_id}"
-            _record_memory_at_start(session)
-            return orig_loop(*args, **kwargs)
+            _record_memory(session, "memory_at_start")
+            try:
+                return orig_loop(*args, **kwargs)
+            finally:  # the loop returns when the loader shuts its workers down
+                _record_memory(session, "memory_at_end")
 
         # DataLoader resolves the target when it creates a worker; spawn children find this
         # wrapper by name once their own bootstrap has patched the module.
@@ -194,13 +197,13 @@ def _timed_fetch(orig: Any, session: Session) -> Any:
     return fetch
 
 
-def _record_memory_at_start(session: Session) -> None:
-    """A worker's own and resident bytes as it starts (once, ~10 ms for a large parent): the
-    baseline against which copy-on-read shows (doctor.analyse.memory_growth)."""
+def _record_memory(session: Session, key: str) -> None:
+    """A worker's own and resident bytes as it starts and as it ends (~10 ms each for a large
+    parent): copy-on-read shows between the two (doctor.analyse.memory_growth) even in a worker
+    that lives for less than the host probe's interval."""
     try:
-        session.update_meta(memory_at_start={"t_ns": session.clock(),
-                                             "private_bytes": private_bytes(),
-                                             "rss_bytes": rss_bytes()})
+        session.update_meta(**{key: {"t_ns": session.clock(), "private_bytes": private_bytes(),
+                                     "rss_bytes": rss_bytes()}})
     except Exception:  # a measurement never stops a worker
         pass
 

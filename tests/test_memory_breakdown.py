@@ -70,6 +70,41 @@ def test_copied_pages_are_told_from_allocated_ones() -> None:
     assert worker_growth(0, [small, small]) is None
 
 
+def record_short_lived_workers(run_dir: Path, copied: float, allocated: float) -> None:
+    """A training process and two DataLoader workers that each lived for less than the host
+    probe's interval (no reading of theirs in host.ring): only what each worker recorded of
+    itself as it started and as it ended, ``copied`` bytes turned own and ``allocated`` added."""
+    clock = FakeClock()
+    main = Session(run_dir, rank=0, clock=clock)
+    for _ in range(20):
+        clock.tick(0.05)
+        main.record_optimizer_start()
+        clock.tick(0.01)
+        main.record_optimizer_end(0)
+    for k in range(2):
+        worker = Session(run_dir, rank=0, clock=clock, role=f"worker{k}")
+        worker.pid = main.pid + 1 + k
+        start = {"t_ns": clock(), "private_bytes": 3 * MIB, "rss_bytes": 330 * MIB}
+        clock.tick(0.4)
+        end = {"t_ns": clock(), "private_bytes": 3 * MIB + copied + allocated,
+               "rss_bytes": 330 * MIB + allocated}
+        worker.update_meta(ppid=main.pid, memory_at_start=start, memory_at_end=end)
+        worker.close()
+    main.close()
+    write_record(run_dir)
+
+
+def test_workers_read_only_at_their_start_and_end_are_measured(tmp_path: Path) -> None:
+    record_short_lived_workers(tmp_path / "copied", copied=100 * MIB, allocated=0.0)
+    [f] = [f for f in analyze_run(tmp_path / "copied").verdict.findings
+           if f.id == "memory.worker_growth"]
+    assert f.evidence["workers"] == 2 and f.evidence["growing"] == 2
+    assert f.evidence["median_growth_bytes"] == pytest.approx(100 * MIB)
+    record_short_lived_workers(tmp_path / "allocated", copied=0.0, allocated=100 * MIB)
+    assert "memory.worker_growth" not in [
+        f.id for f in analyze_run(tmp_path / "allocated").verdict.findings]
+
+
 def gpu_rank(**overrides: Any) -> RankMemory:
     fields: dict[str, Any] = dict(
         rank=0, node=0, device="cuda",

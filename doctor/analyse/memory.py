@@ -341,8 +341,9 @@ def memory_evidence(run: RunData, device: str, ranks: Mapping[int, RankSteps],
 
 def _worker_readings(run: RunData, main: RankSteps, pids: list[int]
                      ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(seconds, own bytes, RSS) of each worker: what it recorded as it started, then the
-    parent's readings."""
+    """(seconds, own bytes, RSS) of each worker, in time order: the parent's readings, and
+    what the worker recorded itself as it started and as it ended (a worker that lives for
+    less than the parent's interval between readings still has two)."""
     host = run.host[run.host["node"] == main.node] if not run.host.empty else run.host
     procs = run.processes[run.processes["node"] == main.node]
     t0 = run.record.t0_ns.get(main.node, 0)
@@ -351,11 +352,14 @@ def _worker_readings(run: RunData, main: RankSteps, pids: list[int]
         rows = host[host["pid"] == pid]
         t, own, rss = (rows["t_s"].to_numpy(float), rows["private_bytes"].to_numpy(float),
                        rows["rss_bytes"].to_numpy(float))
-        start = procs[procs["pid"] == pid]
-        if len(start) and np.isfinite(start["start_private_bytes"].iloc[0]):
-            first = start.iloc[0]
-            t = np.concatenate([[(first["start_memory_ns"] - t0) * NS], t])
-            own = np.concatenate([[first["start_private_bytes"]], own])
-            rss = np.concatenate([[first["start_rss_bytes"]], rss])
-        out.append((t, own, rss))
+        mine = procs[procs["pid"] == pid]
+        if len(mine):
+            row = mine.iloc[0]
+            for when in ("start", "end"):
+                if np.isfinite(row[f"{when}_private_bytes"]):
+                    t = np.append(t, (row[f"{when}_memory_ns"] - t0) * NS)
+                    own = np.append(own, row[f"{when}_private_bytes"])
+                    rss = np.append(rss, row[f"{when}_rss_bytes"])
+        order = np.argsort(t, kind="stable")
+        out.append((t[order], own[order], rss[order]))
     return out

@@ -259,8 +259,8 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str,
                  ) -> dict[str, Any]:
     window = meta.get("window")
     window = window if isinstance(window, dict) else {}
-    start = meta.get("memory_at_start")
-    start = start if isinstance(start, dict) else {}
+    start, end = (m if isinstance(m := meta.get(key), dict) else {}
+                  for key in ("memory_at_start", "memory_at_end"))
     return {**who, "role": role, "path": str(proc_dir), "ppid": meta.get("ppid"),
             "started_ns": meta.get("started_ns"), "ended_ns": meta.get("ended_ns"),
             "cores": meta.get("cores"), "world_size": meta.get("world_size"),
@@ -272,7 +272,9 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str,
             "cuda_initialized": meta.get("cuda_initialized"),
             "cuda_device": meta.get("cuda_device"),
             "start_private_bytes": start.get("private_bytes"),
-            "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns")}
+            "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns"),
+            "end_private_bytes": end.get("private_bytes"), "end_rss_bytes": end.get("rss_bytes"),
+            "end_memory_ns": end.get("t_ns")}
 
 
 def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -> pd.DataFrame:

@@ -53,7 +53,8 @@ PROCESS_COLUMNS = columns(
     f"{WHO} role path:object ppid started_ns ended_ns cores world_size:float64 "
     "torch_version:object torch_threads:float64 cuda crashed:object crashed_ns:float64 "
     "window_state window_reason window_shapes cuda_initialized cuda_uuid:object cuda_device "
-    "start_private_bytes start_rss_bytes start_memory_ns:float64 device_name:object")
+    "start_private_bytes start_rss_bytes start_memory_ns end_private_bytes end_rss_bytes "
+    "end_memory_ns:float64 device_name:object")
 PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
 LOADER_COLUMNS = columns(
     f"{WHO} id num_workers:int64 batch_size:object pin_memory:bool prefetch_factor:object "
