@@ -53,15 +53,15 @@ def test_a_real_trace_ties_its_kernels_to_ops() -> None:
 
 
 def test_transposes_belong_to_the_convolution_and_strides_give_its_layout() -> None:
-    from doctor.trace.events import K_GEMM, K_LAYOUT, K_OTHER, _kernel_kind
+    from doctor.trace.kinds import K_GEMM, K_LAYOUT, K_OTHER, kernel_kind
 
-    assert _kernel_kind("void cudnn::ops::nchwToNhwcKernel<float, float, float, false>") \
+    assert kernel_kind("void cudnn::ops::nchwToNhwcKernel<float, float, float, false>") \
         == K_LAYOUT
-    assert _kernel_kind("void cudnn::ops::nhwcToNchwKernel<float, float, float, true>") \
+    assert kernel_kind("void cudnn::ops::nhwcToNchwKernel<float, float, float, true>") \
         == K_LAYOUT
-    assert _kernel_kind("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 512>") \
+    assert kernel_kind("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 512>") \
         == K_OTHER  # cuDNN's, but batch normalisation, not a GEMM
-    assert _kernel_kind("volta_scudnn_128x64_relu_interior_nn_v1") == K_GEMM
+    assert kernel_kind("volta_scudnn_128x64_relu_interior_nn_v1") == K_GEMM
     conv = {"Input Dims": [[32, 64, 56, 56], [128, 64, 3, 3], [], [], [], [], [], [], []],
             "Input type": ["float", "float", "", "ScalarList", "ScalarList", "ScalarList",
                            "Scalar", "Scalar", "Scalar"],

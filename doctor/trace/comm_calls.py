@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 
 from doctor.trace.collectives import COLLECTIVES, OTHER, SENDRECV, bandwidths
-from doctor.trace.events import K_COMM, EventArrays, Timeline
+from doctor.trace.events import EventArrays, Timeline
 from doctor.trace.intervals import overlap_per_span, union
+from doctor.trace.kinds import K_COMM
 
 #: Host ops that are a backend's own work on its threads.
 BACKEND_WORK = ("gloo:", "mpi:", "ucc:")

@@ -17,7 +17,6 @@ trace of millions of events costs tens of bytes per event. Names recognised acro
 
 from __future__ import annotations
 
-import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,49 +27,22 @@ import numpy as np
 import numpy.typing as npt
 
 from doctor.trace.collectives import collective_args
+from doctor.trace.kinds import (
+    COMM_OP,
+    GPU_ANNOTATION,
+    HOST_CATS,
+    K_COMM,
+    copy_kind,
+    kernel_kind,
+    runtime_kind,
+)
 from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, OpCost, conv_layout, op_cost
 from doctor.trace.reader import TraceMeta, TraceStream
 from doctor.trace.typed_events import Args, Event, from_dicts, number
 
 __all__ = ["Timeline", "build_timeline", "load_timeline"]
 
-# memcpy kinds and host memory kinds (codes kept in int arrays)
-HTOD, DTOH, DTOD, OTHER_COPY = 0, 1, 2, 3
-MEM_UNKNOWN, PAGEABLE, PINNED = 0, 1, 2
-# runtime call kinds
-RT_OTHER, RT_LAUNCH, RT_SYNC, RT_COPY = 0, 1, 2, 3
-# kernel kinds
-K_OTHER, K_COMM, K_GEMM, K_GEMM_TC, K_LAYOUT = 0, 1, 2, 3, 4
-
-_COMM_KERNEL = re.compile(r"(?:^|[\s_:])(?:nccl|rccl)", re.IGNORECASE)
-#: Host ops of communication: the collectives (c10d's calls, the backends' work) and DDP's
-#: reducer's own work on the training thread (``torch::distributed::reducer::mul_out``: the
-#: gradients' division by the world size), which a job without DDP does not do.
-_COMM_OP = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:", "c10d:",
-            "torch::distributed::reducer::")
-_GEMM = re.compile(
-    r"gemm|conv|cudnn|cublas|cutlass|xmma|wgrad|dgrad|fprop|winograd|matmul|mma", re.IGNORECASE
-)
-#: cuDNN's transposes between NCHW and NHWC around a convolution that runs NHWC (Tensor Cores)
-#: on NCHW tensors: neither GEMM nor the model's own work.
-_LAYOUT_KERNEL = re.compile(r"nchw_?to_?nhwc|nhwc_?to_?nchw|nchw2nhwc|nhwc2nchw", re.IGNORECASE)
-#: cuDNN kernels that match _GEMM by their library's name but are batch normalisation.
-_NOT_GEMM = re.compile(r"(?:^|[^a-z])bn_|batch_?norm", re.IGNORECASE)
-_TENSOR_CORE = re.compile(
-    r"884|1688|16816|hmma|xmma|wmma|gmma|tensorop|tf32|bf16|f16|fp16|half|_tc_|tensor_core",
-    re.IGNORECASE,
-)
-_SYNC_CALLS = frozenset({
-    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
-    "cuCtxSynchronize", "cuEventSynchronize", "hipStreamSynchronize", "hipDeviceSynchronize",
-    "hipEventSynchronize",
-    # synchronous copies block the host until the copy is done
-    "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol",
-    "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2", "hipMemcpy", "hipMemcpyWithStream", "hipMemcpy2D",
-})
-_HOST_CATS = frozenset({"cpu_op", "operator"})
 _NO_ARGS = Args()
-_GPU_ANNOTATION = "gpu_user_annotation"
 
 
 def _f64(buf: array[float]) -> npt.NDArray[np.float64]:
@@ -150,41 +122,6 @@ class Timeline:
         return len(self.kernels) + len(self.memcpy) + len(self.memset) > 0
 
 
-def _kernel_kind(name: str) -> int:
-    if _COMM_KERNEL.search(name):
-        return K_COMM
-    if _LAYOUT_KERNEL.search(name):
-        return K_LAYOUT
-    if _GEMM.search(name) and not _NOT_GEMM.search(name):
-        return K_GEMM_TC if _TENSOR_CORE.search(name) else K_GEMM
-    return K_OTHER
-
-
-def _runtime_kind(name: str) -> int:
-    if name in _SYNC_CALLS:
-        return RT_SYNC
-    if "launch" in name.lower():
-        return RT_LAUNCH
-    if "memcpy" in name.lower():
-        return RT_COPY
-    return RT_OTHER
-
-
-def _copy_kind(name: str, args: Args) -> tuple[int, int]:
-    low = name.lower()
-    text = f"{low} {str(args.get('kind', '')).lower()}"
-    if "htod" in text or "host -> device" in low:
-        kind = HTOD
-    elif "dtoh" in text:
-        kind = DTOH
-    elif "dtod" in text:
-        kind = DTOD
-    else:
-        kind = OTHER_COPY
-    mem = PAGEABLE if "pageable" in low else PINNED if "pinned" in low else MEM_UNKNOWN
-    return kind, mem
-
-
 class _Collector:
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -205,7 +142,7 @@ class _Collector:
         self.memory = _Columns(("device_type", "device", "allocated", "reserved"))
         self.first = float("inf")
         self.last = float("-inf")
-        self._kernel_kinds: dict[str, int] = {}
+        self.kernel_kinds: dict[str, int] = {}
 
     def name_id(self, name: str) -> int:
         nid = self._name_ids.get(name)
@@ -244,26 +181,26 @@ class _Collector:
             self.last = end
         args = ev.args if ev.args is not None else _NO_ARGS
         if cat == "kernel":
-            kind = self._kernel_kinds.get(name)
+            kind = self.kernel_kinds.get(name)
             if kind is None:
-                kind = self._kernel_kinds[name] = _kernel_kind(name)
+                kind = self.kernel_kinds[name] = kernel_kind(name)
             self.kernels.add(ts, end, kind, self.name_id(name), _correlation(args),
                              self.tid_id(ev.tid))
             if kind == K_COMM:
                 self.comm_kernels.add(ts, end, *collective_args(name, args),
                                       _correlation(args))
         elif cat in ("gpu_memcpy", "memcpy"):
-            kind, mem = _copy_kind(name, args)
+            kind, mem = copy_kind(name, args)
             nbytes = number(args.get("bytes"))
             self.memcpy.add(ts, end, kind, mem, int(nbytes) if nbytes is not None else -1,
                             _correlation(args), self.tid_id(ev.tid))
         elif cat in ("gpu_memset", "memset"):
             self.memset.add(ts, end, self.tid_id(ev.tid))
         elif cat in ("cuda_runtime", "runtime", "cuda_driver"):
-            kind = _runtime_kind(name)
+            kind = runtime_kind(name)
             self.runtime.add(ts, end, kind, self.tid_id(ev.tid), self.name_id(name),
                              _correlation(args))
-        elif cat == _GPU_ANNOTATION or cat.startswith("gpu_"):
+        elif cat == GPU_ANNOTATION or cat.startswith("gpu_"):
             return
         elif cat == "python_function":
             self.python.add(ts, end, self.tid_id(ev.tid), self.name_id(name))
@@ -293,11 +230,11 @@ class _Collector:
             return
         if name.startswith("Optimizer.step#"):
             self.optimizer.add(ts, end, self.tid_id(ev.tid))
-        comm = name.lower().startswith(_COMM_OP)
+        comm = name.lower().startswith(COMM_OP)
         if comm:
             self.comm.add(ts, end, self.tid_id(ev.tid), *collective_args(name, args),
                           self.name_id(name))
-        if cat in _HOST_CATS:
+        if cat in HOST_CATS:
             dims = args.get("Input Dims")
             cost = op_cost(name, dims, args.get("Input type")) if dims is not None else None
             layout = conv_layout(name, dims, args.get("Input Strides")) \

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from doctor.trace.events import K_LAYOUT, Timeline
+from doctor.trace.events import Timeline
+from doctor.trace.kinds import K_LAYOUT
 from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, LAYOUT_NCHW, LAYOUT_NHWC
 
 US = 1e-6

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from doctor.trace import events as ev
+from doctor.trace import kinds as ev
 from doctor.trace.events import EventArrays, Timeline, build_timeline, load_timeline
 from doctor.trace.intervals import (
     Spans,

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from doctor.trace import events as ev
+from doctor.trace import kinds as ev
 from doctor.trace.events import EventArrays, Timeline
 
 __all__ = ["sync_sources"]
