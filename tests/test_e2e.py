@@ -240,8 +240,10 @@ def test_workers_fall_back_to_sampling_themselves(tmp_path: Path) -> None:
 
 
 def test_batches_built_without_a_dataloader_are_input(tmp_path: Path) -> None:
+    # 200 steps: stack sampling starts with the deep window and lasts seconds; 60 steps ended
+    # before it in CI (every sample taken as the job exited, without a frame of the loop)
     verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "get_batch_bound.py"),
-                      "--steps", "60")
+                      "--steps", "200")
     found = {f["id"]: f for f in verdict["findings"]}
     outside = found["input.outside_loader"]
     assert outside["evidence"]["share_of_step"] > 0.15
