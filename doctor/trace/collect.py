@@ -1,0 +1,350 @@
+"""Sort a block of typed trace events into per-kind columns, a whole block at a time.
+
+A block (tens of thousands of :class:`doctor.trace.typed_events.Event` records, decoded in C) is
+turned into columns with a few passes that run in C: one ``map`` of an attribute getter and a
+transpose give the block's fields as tuples, numpy makes the times arrays, and each category,
+name and thread is looked up in a dict that codes it (``map`` of the dict's own lookup, so only
+a value seen for the first time runs Python). What each category and name means is decided
+once per distinct value (doctor.trace.kinds), and each kind of event is picked out of the
+block with a mask. Only the events that need their ``args`` read one at a time do so: copies,
+collectives, memory instants, steps, and the host ops whose name has a cost formula
+(doctor.trace.op_costs). The result is the same as sorting the events one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+try:
+    import msgspec
+except ImportError:  # pragma: no cover - a dependency; doctor.trace.typed_events falls back
+    msgspec = None  # type: ignore[assignment]
+
+from doctor.trace.collectives import collective_args
+from doctor.trace.kinds import (
+    COMM_OP,
+    GPU_ANNOTATION,
+    HOST_CATS,
+    K_COMM,
+    copy_kind,
+    kernel_kind,
+    runtime_kind,
+)
+from doctor.trace.op_costs import (
+    CONV,
+    CONV_BACKWARD,
+    COPY,
+    COST_DTYPES,
+    COST_KINDS,
+    ELEMENTWISE,
+    MATMUL,
+    NORMALISE,
+    OpCost,
+    conv_layout,
+    op_cost,
+)
+from doctor.trace.typed_events import Args, Event, number
+
+Int64s = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+
+# What an event's category makes it (one code per distinct category).
+C_HOST, C_HOST_OP, C_TRACE, C_KERNEL, C_MEMCPY, C_MEMSET, C_RUNTIME, C_GPU, C_PYTHON = range(9)
+#: Names with a cost formula: only their host ops have their shapes read.
+_COSTED = MATMUL | CONV | CONV_BACKWARD | ELEMENTWISE | NORMALISE | COPY
+_NO_ARGS = Args()
+_STEP = "ProfilerStep#"
+# What a host event's name makes it.
+R_OP, R_STEP, R_NOT_A_STEP, R_DATALOADER = 0, 1, 2, 3
+#: Each kind's integer columns, in the order the Timeline keeps them.
+KIND_COLUMNS: dict[str, tuple[str, ...]] = {
+    "optimizer": ("tid",),
+    "host": ("tid", "name", "comm", "cost_kind", "dtype", "flops", "bytes", "layout"),
+    "python": ("tid", "name"),
+    "dataloader": ("tid",),
+    "comm": ("tid", "coll", "bytes", "group", "name"),
+    "comm_kernels": ("coll", "bytes", "group", "corr"),
+    "kernels": ("kind", "name", "corr", "tid"),
+    "memcpy": ("kind", "mem", "bytes", "corr", "tid"),
+    "memset": ("tid",),
+    "runtime": ("kind", "tid", "name", "corr"),
+    "memory": ("device_type", "device", "allocated", "reserved"),
+}
+
+
+class _Lookup(dict[Any, int]):
+    """A dict that computes (once) what a key it has not seen maps to."""
+
+    def __init__(self, compute: Callable[[Any], int]) -> None:
+        super().__init__()
+        self._compute = compute
+
+    def __missing__(self, key: Any) -> int:
+        value = self[key] = self._compute(key)
+        return value
+
+    def codes(self, keys: Sequence[Any] | npt.NDArray[Any]) -> Int64s:
+        """What each of ``keys`` maps to, as an array (the loop runs in C)."""
+        return np.fromiter(map(self.__getitem__, keys), np.int64, len(keys))
+
+
+class _Args:
+    """The ``args`` of a block's events, read only for the events that need them."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, events: list[Event]) -> None:
+        self._events = events
+
+    def __getitem__(self, j: int) -> Args | None:
+        return self._events[j].args
+
+    def of(self, at: Int64s) -> list[Args | None]:
+        events = self._events
+        return [events[j].args for j in at.tolist()]
+
+
+def _category(cat: Any) -> int:
+    low = cat.lower() if isinstance(cat, str) and cat else ""
+    if low == "trace":
+        return C_TRACE  # the profiler's own span
+    if low == "kernel":
+        return C_KERNEL
+    if low in ("gpu_memcpy", "memcpy"):
+        return C_MEMCPY
+    if low in ("gpu_memset", "memset"):
+        return C_MEMSET
+    if low in ("cuda_runtime", "runtime", "cuda_driver"):
+        return C_RUNTIME
+    if low == GPU_ANNOTATION or low.startswith("gpu_"):
+        return C_GPU  # a GPU-side copy of host annotations: not read
+    if low == "python_function":
+        return C_PYTHON
+    return C_HOST_OP if low in HOST_CATS else C_HOST
+
+
+def _host_role(name: str) -> int:
+    if name.startswith(_STEP):
+        try:
+            int(name[len(_STEP):])
+        except ValueError:
+            return R_NOT_A_STEP
+        return R_STEP
+    return R_DATALOADER if "DataLoader" in name and "__next__" in name else R_OP
+
+
+def _correlations(args: Sequence[Any]) -> Int64s:
+    """The correlation that ties each kernel, copy or runtime call to its launch; -1: none."""
+    return np.fromiter((a.correlation if a is not None and type(a.correlation) is int else -1
+                        for a in args), np.int64, len(args))
+
+
+def _cost_columns(cost: OpCost | None) -> tuple[int, int, int, int]:
+    """(kind code, dtype code, flops, bytes) of an op's cost; -1 codes and zeros for none."""
+    if cost is None:
+        return -1, -1, 0, 0
+    return (COST_KINDS.index(cost.kind), COST_DTYPES.index(cost.dtype), int(cost.flops),
+            int(cost.bytes))
+
+
+class BlockCollector:
+    """Columns of every kind of event, added to a block at a time (:meth:`add`)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.tid_names: list[str] = []  # the trace's tid of each code, in order of first sight
+        self.steps: dict[int, tuple[float, float]] = {}
+        self.first = float("inf")
+        self.last = float("-inf")
+        self.chunks: dict[str, list[tuple[Floats, Floats, list[Int64s]]]] = {
+            kind: [] for kind in KIND_COLUMNS}
+        self._categories = _Lookup(_category)
+        self._name_codes = _Lookup(self._new_name)
+        self._tid_codes = _Lookup(self._new_tid)
+        self._tid_of_text: dict[str, int] = {}
+        self._kernel_kinds = _Lookup(lambda code: kernel_kind(self.names[code]))
+        self._runtime_kinds = _Lookup(lambda code: runtime_kind(self.names[code]))
+        self._host_roles = _Lookup(lambda code: _host_role(self.names[code]))
+        self._optimizer = _Lookup(lambda code: int(self.names[code].startswith("Optimizer.step#")))
+        self._comm = _Lookup(lambda code: int(self.names[code].lower().startswith(COMM_OP)))
+        self._collectives: dict[bytes | str, tuple[int, int, int]] = {}
+        self._costed = _Lookup(lambda code: int(self.names[code] in _COSTED))
+
+    def _new_name(self, name: Any) -> int:
+        text = name if isinstance(name, str) and name else ""
+        if text is not name:
+            return self._name_codes[text]
+        self.names.append(text)
+        return len(self.names) - 1
+
+    def _new_tid(self, tid: Any) -> int:
+        text = tid if type(tid) is str else str(tid)
+        code = self._tid_of_text.get(text)
+        if code is None:
+            code = self._tid_of_text[text] = len(self.tid_names)
+            self.tid_names.append(text)
+        return code
+
+    def _put(self, kind: str, start: Floats, end: Floats, *columns: Int64s | Sequence[int]
+             ) -> None:
+        if len(start):
+            self.chunks[kind].append((start, end, [np.asarray(c, np.int64) for c in columns]))
+
+    def add(self, events: list[Event]) -> None:
+        """Sort one block of events into the columns."""
+        if not events:
+            return
+        n = len(events)
+        # a list comprehension per field: faster than one tuple per event
+        phs = np.array([e.ph for e in events], dtype=object)
+        name = [e.name for e in events]
+        ts_t = [e.ts for e in events]
+        dur_t = [e.dur for e in events]
+        cat = [e.cat for e in events]
+        args = _Args(events)
+        timed = phs == "X"
+        if not timed.all():
+            self._memory(np.flatnonzero(~timed & (np.array(name, dtype=object) == "[memory]")),
+                         ts_t, args)
+        ts = np.array(ts_t, dtype=np.float64)
+        dur = np.array(dur_t, dtype=np.float64)
+        cls = self._categories.codes(cat)
+        with np.errstate(invalid="ignore"):
+            keep = timed & ~np.isnan(ts) & ~np.isnan(dur) & (dur >= 0) & (cls != C_TRACE)
+        idx = np.flatnonzero(keep)
+        if not len(idx):
+            return
+        end = ts + dur
+        self.first = min(self.first, float(ts[idx].min()))
+        self.last = max(self.last, float(end[idx].max()))
+        names = np.array(name, dtype=object)
+        codes = np.full(n, -1, np.int64)
+        codes[idx] = self._name_codes.codes(names[idx])
+        roles = np.full(n, -1, np.int64)
+        host = np.flatnonzero(keep & ((cls == C_HOST) | (cls == C_HOST_OP)))
+        roles[host] = self._host_roles.codes(codes[host])
+        ops = host[roles[host] == R_OP]
+        optimizer = ops[self._optimizer.codes(codes[ops]).astype(bool)]
+        comm = self._comm.codes(codes[ops]).astype(bool)
+        host_ops = ops[comm | (cls[ops] == C_HOST_OP)]
+        # the thread or stream codes, given in event order to the events that keep one
+        with_tid = keep & ((cls == C_KERNEL) | (cls == C_MEMCPY) | (cls == C_MEMSET)
+                           | (cls == C_RUNTIME) | (cls == C_PYTHON) | (roles == R_DATALOADER))
+        with_tid[optimizer] = True
+        with_tid[host_ops] = True
+        tids = np.full(n, -1, np.int64)
+        tid_at = np.flatnonzero(with_tid)
+        tids[tid_at] = self._tid_codes.codes([events[j].tid for j in tid_at.tolist()])
+        at = {c: idx[cls[idx] == c] for c in (C_KERNEL, C_MEMCPY, C_MEMSET, C_RUNTIME,
+                                              C_PYTHON)}
+        self._kernels(at[C_KERNEL], ts, end, codes, tids, names, args)
+        self._memcpy(at[C_MEMCPY], ts, end, tids, names, args)
+        i = at[C_MEMSET]
+        self._put("memset", ts[i], end[i], tids[i])
+        i = at[C_RUNTIME]
+        self._put("runtime", ts[i], end[i], self._runtime_kinds.codes(codes[i]), tids[i],
+                  codes[i], _correlations(args.of(i)))
+        i = at[C_PYTHON]
+        self._put("python", ts[i], end[i], tids[i], codes[i])
+        for j in host[roles[host] == R_STEP].tolist():
+            number = int(names[j][len(_STEP):])
+            if number not in self.steps or ts[j] < self.steps[number][0]:
+                self.steps[number] = (float(ts[j]), float(end[j]))
+        i = host[roles[host] == R_DATALOADER]
+        self._put("dataloader", ts[i], end[i], tids[i])
+        self._put("optimizer", ts[optimizer], end[optimizer], tids[optimizer])
+        self._comm_ops(ops[comm], ts, end, codes, tids, names, args)
+        self._host_ops(host_ops[cls[host_ops] == C_HOST_OP], ts, end, codes, tids, names, args)
+
+    def _kernels(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
+                 names: npt.NDArray[Any], args: _Args) -> None:
+        kinds = self._kernel_kinds.codes(codes[i])
+        corr = _correlations(args.of(i))
+        self._put("kernels", ts[i], end[i], kinds, codes[i], corr, tids[i])
+        comm = np.flatnonzero(kinds == K_COMM)
+        rows = [self._collective(names[j], args[j]) for j in i[comm].tolist()]
+        self._put("comm_kernels", ts[i[comm]], end[i[comm]], *_transpose(rows, 3), corr[comm])
+
+    def _memcpy(self, i: Int64s, ts: Floats, end: Floats, tids: Int64s,
+                names: npt.NDArray[Any], args: _Args) -> None:
+        rows = []
+        for j in i.tolist():
+            a = args[j] or _NO_ARGS
+            kind, mem = copy_kind(names[j] or "", a)
+            nbytes = number(a.get("bytes"))
+            rows.append((kind, mem, int(nbytes) if nbytes is not None else -1))
+        self._put("memcpy", ts[i], end[i], *_transpose(rows, 3),
+                  _correlations(args.of(i)), tids[i])
+
+    def _comm_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
+                  names: npt.NDArray[Any], args: _Args) -> None:
+        rows = [self._collective(names[j], args[j]) for j in i.tolist()]
+        self._put("comm", ts[i], end[i], tids[i], *_transpose(rows, 3), codes[i])
+
+    def _host_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
+                  names: npt.NDArray[Any], args: _Args) -> None:
+        """The host ops (``cpu_op``): their cost where the name has a formula and the trace
+        has the shapes."""
+        m = len(i)
+        cost = np.full((4, m), -1, np.int64)
+        cost[2:] = 0
+        layout = np.zeros(m, np.int64)
+        for k in np.flatnonzero(self._costed.codes(codes[i])).tolist():
+            a = args[int(i[k])]
+            dims = a.get("Input Dims") if a is not None else None
+            if a is None or dims is None:
+                continue
+            name = names[int(i[k])]
+            found = op_cost(name, dims, a.get("Input type"))
+            cost[:, k] = _cost_columns(found)
+            if found is not None and "Input Strides" in a:
+                layout[k] = conv_layout(name, dims, a.get("Input Strides"))
+        comm = self._comm.codes(codes[i])
+        self._put("host", ts[i], end[i], tids[i], codes[i], comm, *cost, layout)
+
+    def _collective(self, name: str, args: Args | None) -> tuple[int, int, int]:
+        """collective_args of a host op or kernel, once per distinct name and arguments (the
+        calls of a job repeat every step)."""
+        a = args or _NO_ARGS
+        key = _key((name, a.collective_name, a.in_nelems, a.out_nelems, a.dtype, a.group_size,
+                    a.input_dims, a.input_type))
+        found = self._collectives.get(key)
+        if found is None:
+            found = self._collectives[key] = collective_args(name, a)
+        return found
+
+    def _memory(self, i: Int64s, ts: Sequence[Any], args: _Args) -> None:
+        """``[memory]`` instants: the allocator's totals after each allocation and free."""
+        given = [(t, a) for t, a in zip([ts[j] for j in i.tolist()], args.of(i), strict=True)
+                 if t is not None and a is not None]
+        times = np.array([t for t, _ in given], dtype=np.float64)
+        values = [_numbers([getattr(a, f) for _, a in given]) for f in
+                  ("device_type", "device_id", "total_allocated", "total_reserved")]
+        ok = ~np.isnan(values[0]) & ~np.isnan(values[1]) & ~np.isnan(values[2]) & \
+            ~np.isnan(values[3])
+        self._put("memory", times[ok], times[ok].copy(), *(v[ok].astype(np.int64) for v in values))
+
+
+def _numbers(values: list[Any]) -> Floats:
+    """The values as numbers (doctor.trace.typed_events.number), nan where one is not."""
+    if set(map(type, values)) <= {int, float}:
+        return np.array(values, dtype=np.float64)
+    return np.array([number(v) for v in values], dtype=np.float64)
+
+
+def _key(values: tuple[Any, ...]) -> bytes | str:
+    """A key for JSON values that tells 1, 1.0 and true apart."""
+    if msgspec is not None:
+        return msgspec.json.encode(values)
+    return repr(values)  # pragma: no cover - msgspec missing
+
+
+def _transpose(rows: Sequence[tuple[int, ...]], width: int) -> list[Int64s]:
+    """Columns of ``rows`` (each ``width`` integers) as arrays."""
+    if not rows:
+        return [np.empty(0, np.int64) for _ in range(width)]
+    return [np.array(col, dtype=np.int64) for col in zip(*rows, strict=True)]

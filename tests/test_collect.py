@@ -1,0 +1,109 @@
+"""The block collector (doctor.trace.collect) gives the timeline the per-event one gave
+(tests/reference_collector.py), on every shared trace and on events made to be awkward: every
+kind's times and columns, the steps, the threads; names compared as text (their codes may be
+given in another order)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from doctor.trace import reader
+from doctor.trace.events import Timeline, build_timeline, load_timeline
+from tests.reference_collector import reference_from_dicts, reference_timeline
+from tests.test_doors import TRACES
+from tests.test_typed_events import TRICKY, write
+
+KINDS = ("optimizer_steps", "host_ops", "python", "dataloader", "comm_ops", "comm_kernels",
+         "kernels", "memcpy", "memset", "runtime", "memory")
+SHARED = sorted(TRACES.glob("**/*.json.gz")) if TRACES.is_dir() else []
+
+
+def assert_same_timeline(got: Timeline, want: Timeline) -> None:
+    assert got.steps == want.steps
+    assert (got.origin_us, got.first_us, got.last_us) == (want.origin_us, want.first_us,
+                                                         want.last_us)
+    assert got.tids == want.tids
+    assert got.meta == want.meta
+    for kind in KINDS:
+        a, b = getattr(got, kind), getattr(want, kind)
+        np.testing.assert_array_equal(a.start, b.start, err_msg=kind)
+        np.testing.assert_array_equal(a.end, b.end, err_msg=kind)
+        assert list(a.attrs) == list(b.attrs), kind
+        for key, values in a.attrs.items():
+            assert values.dtype == b.attrs[key].dtype, f"{kind}.{key}"
+            if key == "name":
+                assert [got.names[c] for c in values] == [want.names[c] for c in
+                                                          b.attrs[key]], f"{kind}.{key}"
+            else:
+                np.testing.assert_array_equal(values, b.attrs[key], err_msg=f"{kind}.{key}")
+
+
+@pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
+@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
+def test_every_shared_trace_gives_the_per_event_timeline(path: Path) -> None:
+    assert_same_timeline(load_timeline(path), reference_timeline(path))
+
+
+AWKWARD: list[dict[str, Any]] = [
+    *TRICKY,
+    {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#x", "ts": 1, "dur": 2, "tid": 4},
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 8, "dur": 30,
+     "tid": 1},  # the same step again, earlier: it wins
+    {"ph": "X", "cat": "cpu_op", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter"
+     ".__next__", "ts": 20, "dur": 3, "tid": 9},
+    {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "ts": 21, "dur": 2,
+     "tid": 5},
+    {"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "ts": 22, "dur": 2, "tid": 5,
+     "args": {"Collective name": "allreduce", "In msg nelems": 10, "dtype": "Float",
+              "Group size": 2}},
+    {"ph": "X", "cat": "user_annotation", "name": "c10d::allreduce_", "ts": 22, "dur": 1,
+     "tid": 6},
+    {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": 23,
+     "dur": 5, "tid": "stream 20", "args": {"correlation": 40}},
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "Optimizer.step#SGD.step", "ts": 24,
+     "dur": 1, "tid": "stream 7"},
+    {"ph": "X", "cat": "python_function", "name": "train.py(10): <module>", "ts": 2, "dur": 50,
+     "tid": 1},
+    {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler", "ts": 0, "dur": 1000},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::convolution", "ts": 30, "dur": 4, "tid": 1,
+     "args": {"Input Dims": [[8, 3, 32, 32], [16, 3, 3, 3], [], [], [], [], [], [], []],
+              "Input type": ["c10::Half", "c10::Half"],
+              "Input Strides": [[3072, 1, 96, 3], [27, 1, 9, 3]]}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": 31, "dur": -1, "tid": 1},
+    {"ph": "X", "cat": None, "name": None, "ts": 32, "dur": 1, "tid": None},
+    {"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "ts": 33, "dur": 1,
+     "tid": 7, "args": {"correlation": "12"}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 34, "dur": 9,
+     "tid": 1},
+    {"ph": "f", "cat": "ac2g", "name": "ac2g", "ts": 35, "id": 3, "bp": "e"},
+    {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 36, "dur": 1,
+     "tid": "stream 7"},
+]
+
+
+@pytest.mark.parametrize("block", [64, 300, 1 << 20])
+def test_awkward_events_give_the_per_event_timeline(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    block: int) -> None:
+    monkeypatch.setattr(reader, "BLOCK_CHARS", block)
+    events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
+              for k in range(5) for ev in AWKWARD]
+    path = write(tmp_path / "t.json", events)
+    got = load_timeline(path)
+    assert_same_timeline(got, reference_timeline(path))
+    assert_same_timeline(build_timeline(events), reference_from_dicts(events))
+    for kind in ("host_ops", "kernels", "runtime", "memcpy", "memset", "memory", "comm_ops",
+                 "comm_kernels", "dataloader", "optimizer_steps", "python"):
+        assert len(getattr(got, kind)) > 0, kind  # each kind has events to compare
+    assert got.steps and any(got.host_ops.attrs["layout"] > 0)
+
+
+def test_a_timeline_of_no_events() -> None:
+    empty = build_timeline([])
+    assert_same_timeline(empty, reference_from_dicts([]))
+    assert json.dumps(empty.tids) == "[]"
