@@ -137,7 +137,7 @@ def test_memory_stays_bounded_below_the_decoded_size(tmp_path: Path) -> None:
     event = {"ph": "X", "cat": "kernel", "name": "void at::native::kernel<float>()" * 3,
              "pid": 0, "tid": 7, "ts": 1.5, "dur": 2.0, "args": {"stream": 7, "grid": [1, 2, 3]}}
     path = tmp_path / "big.json.gz"
-    n = 40_000
+    n = 80_000  # 17 MB of JSON: ISA-L's gunzip reads its compressed input 512 KB at a time
     with gzip.open(path, "wt", encoding="utf-8") as fh:
         fh.write('{"schemaVersion": 1, "traceEvents": [')
         fh.write(",".join([json.dumps(event)] * n))
@@ -150,5 +150,5 @@ def test_memory_stays_bounded_below_the_decoded_size(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert count == n
-    assert decoded > 8_000_000
+    assert decoded > 16_000_000
     assert peak < decoded / 5, f"peak {peak} bytes for {decoded} bytes of JSON"

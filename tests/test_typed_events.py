@@ -53,8 +53,9 @@ def write(path: Path, events: list[dict[str, Any]], *, bare: bool = False, gz: b
     return write_trace(path, None, gz, raw=json.dumps(payload, indent=indent))
 
 
-def test_the_typed_decoder_is_the_c_one() -> None:
+def test_the_typed_decoder_and_the_gunzip_are_the_c_ones() -> None:
     assert READER == "msgspec"
+    assert reader.GUNZIP == "isal"
 
 
 @pytest.mark.parametrize("block", [16, 64, 257, 1 << 20])

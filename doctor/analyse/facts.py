@@ -112,10 +112,12 @@ def job_dict(run: RunData, job: JobFacts) -> dict[str, Any]:
     }
     if len(r.nodes) > 1:
         out["nodes"] = list(r.nodes)
-    if not run.window_status.empty:  # which decoder read the traces (msgspec, or json)
+    if not run.window_status.empty:  # which decoder and gunzip read the traces
+        from doctor.trace.reader import GUNZIP
         from doctor.trace.typed_events import READER
 
         out["trace_reader"] = READER
+        out["trace_gunzip"] = GUNZIP
     return {k: v for k, v in out.items() if v is not None or k == "exit_code"}
 
 

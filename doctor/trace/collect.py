@@ -200,15 +200,14 @@ class BlockCollector:
             return
         n = len(events)
         # a list comprehension per field: faster than one tuple per event
-        phs = np.array([e.ph for e in events], dtype=object)
-        name = [e.name for e in events]
+        timed = np.array([e.ph for e in events], dtype=object) == "X"
+        codes = self._name_codes.codes([e.name for e in events])
         ts_t = [e.ts for e in events]
         dur_t = [e.dur for e in events]
         cat = [e.cat for e in events]
         args = _Args(events)
-        timed = phs == "X"
         if not timed.all():
-            self._memory(np.flatnonzero(~timed & (np.array(name, dtype=object) == "[memory]")),
+            self._memory(np.flatnonzero(~timed & (codes == self._name_codes["[memory]"])),
                          ts_t, args)
         ts = np.array(ts_t, dtype=np.float64)
         dur = np.array(dur_t, dtype=np.float64)
@@ -221,9 +220,7 @@ class BlockCollector:
         end = ts + dur
         self.first = min(self.first, float(ts[idx].min()))
         self.last = max(self.last, float(end[idx].max()))
-        names = np.array(name, dtype=object)
-        codes = np.full(n, -1, np.int64)
-        codes[idx] = self._name_codes.codes(names[idx])
+        names = self.names
         roles = np.full(n, -1, np.int64)
         host = np.flatnonzero(keep & ((cls == C_HOST) | (cls == C_HOST_OP)))
         roles[host] = self._host_roles.codes(codes[host])
@@ -242,7 +239,7 @@ class BlockCollector:
         at = {c: idx[cls[idx] == c] for c in (C_KERNEL, C_MEMCPY, C_MEMSET, C_RUNTIME,
                                               C_PYTHON)}
         self._kernels(at[C_KERNEL], ts, end, codes, tids, names, args)
-        self._memcpy(at[C_MEMCPY], ts, end, tids, names, args)
+        self._memcpy(at[C_MEMCPY], ts, end, codes, tids, names, args)
         i = at[C_MEMSET]
         self._put("memset", ts[i], end[i], tids[i])
         i = at[C_RUNTIME]
@@ -251,7 +248,7 @@ class BlockCollector:
         i = at[C_PYTHON]
         self._put("python", ts[i], end[i], tids[i], codes[i])
         for j in host[roles[host] == R_STEP].tolist():
-            number = int(names[j][len(_STEP):])
+            number = int(names[codes[j]][len(_STEP):])
             if number not in self.steps or ts[j] < self.steps[number][0]:
                 self.steps[number] = (float(ts[j]), float(end[j]))
         i = host[roles[host] == R_DATALOADER]
@@ -261,44 +258,47 @@ class BlockCollector:
         self._host_ops(host_ops[cls[host_ops] == C_HOST_OP], ts, end, codes, tids, names, args)
 
     def _kernels(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
-                 names: npt.NDArray[Any], args: _Args) -> None:
+                 names: list[str], args: _Args) -> None:
         kinds = self._kernel_kinds.codes(codes[i])
         corr = _correlations(args.of(i))
         self._put("kernels", ts[i], end[i], kinds, codes[i], corr, tids[i])
         comm = np.flatnonzero(kinds == K_COMM)
-        rows = [self._collective(names[j], args[j]) for j in i[comm].tolist()]
+        rows = [self._collective(names[codes[j]], args[j]) for j in i[comm].tolist()]
         self._put("comm_kernels", ts[i[comm]], end[i[comm]], *_transpose(rows, 3), corr[comm])
 
-    def _memcpy(self, i: Int64s, ts: Floats, end: Floats, tids: Int64s,
-                names: npt.NDArray[Any], args: _Args) -> None:
+    def _memcpy(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
+                names: list[str], args: _Args) -> None:
         rows = []
         for j in i.tolist():
             a = args[j] or _NO_ARGS
-            kind, mem = copy_kind(names[j] or "", a)
+            kind, mem = copy_kind(names[codes[j]], a)
             nbytes = number(a.get("bytes"))
             rows.append((kind, mem, int(nbytes) if nbytes is not None else -1))
         self._put("memcpy", ts[i], end[i], *_transpose(rows, 3),
                   _correlations(args.of(i)), tids[i])
 
     def _comm_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
-                  names: npt.NDArray[Any], args: _Args) -> None:
-        rows = [self._collective(names[j], args[j]) for j in i.tolist()]
+                  names: list[str], args: _Args) -> None:
+        rows = [self._collective(names[codes[j]], args[j]) for j in i.tolist()]
         self._put("comm", ts[i], end[i], tids[i], *_transpose(rows, 3), codes[i])
 
     def _host_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
-                  names: npt.NDArray[Any], args: _Args) -> None:
+                  names: list[str], args: _Args) -> None:
         """The host ops (``cpu_op``): their cost where the name has a formula and the trace
         has the shapes."""
         m = len(i)
         cost = np.full((4, m), -1, np.int64)
         cost[2:] = 0
         layout = np.zeros(m, np.int64)
-        for k in np.flatnonzero(self._costed.codes(codes[i])).tolist():
+        costed = np.flatnonzero(self._costed.codes(codes[i]))
+        shaped = [k for k, a in zip(costed.tolist(), args.of(i[costed]), strict=True)
+                  if a is not None and a.input_dims is not None]  # record_shapes=True
+        for k in shaped:
             a = args[int(i[k])]
             dims = a.get("Input Dims") if a is not None else None
             if a is None or dims is None:
                 continue
-            name = names[int(i[k])]
+            name = names[codes[int(i[k])]]
             found = op_cost(name, dims, a.get("Input type"))
             cost[:, k] = _cost_columns(found)
             if found is not None and "Input Strides" in a:
@@ -319,11 +319,14 @@ class BlockCollector:
 
     def _memory(self, i: Int64s, ts: Sequence[Any], args: _Args) -> None:
         """``[memory]`` instants: the allocator's totals after each allocation and free."""
-        given = [(t, a) for t, a in zip([ts[j] for j in i.tolist()], args.of(i), strict=True)
-                 if t is not None and a is not None]
-        times = np.array([t for t, _ in given], dtype=np.float64)
-        values = [_numbers([getattr(a, f) for _, a in given]) for f in
-                  ("device_type", "device_id", "total_allocated", "total_reserved")]
+        at = i.tolist()
+        given = [a for a, j in zip(args.of(i), at, strict=True) if a is not None and
+                 ts[j] is not None]
+        times = np.array([ts[j] for a, j in zip(args.of(i), at, strict=True)
+                          if a is not None and ts[j] is not None], dtype=np.float64)
+        values = [_numbers([a.device_type for a in given]), _numbers([a.device_id for a in given]),
+                  _numbers([a.total_allocated for a in given]),
+                  _numbers([a.total_reserved for a in given])]
         ok = ~np.isnan(values[0]) & ~np.isnan(values[1]) & ~np.isnan(values[2]) & \
             ~np.isnan(values[3])
         self._put("memory", times[ok], times[ok].copy(), *(v[ok].astype(np.int64) for v in values))

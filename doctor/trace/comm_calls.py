@@ -10,6 +10,7 @@ from doctor.trace.collectives import COLLECTIVES, OTHER, SENDRECV, bandwidths
 from doctor.trace.events import EventArrays, Timeline
 from doctor.trace.intervals import overlap_per_span, union
 from doctor.trace.kinds import K_COMM
+from doctor.trace.ops import last_of, look_up
 
 #: Host ops that are a backend's own work on its threads.
 BACKEND_WORK = ("gloo:", "mpi:", "ucc:")
@@ -98,19 +99,31 @@ def _bytes_from_launchers(t: Timeline, kind: np.ndarray, nbytes: np.ndarray,
     if not len(unknown) or not len(t.comm_ops) or not len(t.runtime):
         return
     rt, ops = t.runtime, t.comm_ops
-    launch = {int(corr): i for i, corr in enumerate(rt.attrs["corr"]) if corr >= 0}
-    corr = t.comm_kernels.attrs["corr"]
-    for i in unknown:
-        j = launch.get(int(corr[i]))
-        if j is None:
+    corr = rt.attrs["corr"]
+    launch = look_up(last_of(corr[corr >= 0], np.flatnonzero(corr >= 0)),
+                     t.comm_kernels.attrs["corr"][unknown])
+    o_start, o_end, o_tid = ops.start, ops.end, ops.attrs["tid"]
+    o_bytes, o_coll, o_group = (ops.attrs[k].tolist() for k in ("bytes", "coll", "group"))
+    # per thread, its ops (sorted by start) and the latest end among each one and those before
+    threads = {}
+    for tid in np.unique(o_tid).tolist():
+        mine = np.flatnonzero(o_tid == tid)
+        threads[tid] = (o_start[mine], o_end[mine].tolist(),
+                        np.maximum.accumulate(o_end[mine]).tolist(), mine.tolist())
+    for i, j in zip(unknown.tolist(), launch.tolist(), strict=True):
+        if j < 0 or int(rt.attrs["tid"][j]) not in threads:
             continue
-        at, tid = rt.start[j], rt.attrs["tid"][j]
-        inside = np.flatnonzero((ops.start <= at) & (ops.end >= at) & (ops.attrs["tid"] == tid))
-        for o in inside[::-1]:  # the innermost first: it knows the most
-            if nbytes[i] < 0 and ops.attrs["bytes"][o] >= 0:
-                nbytes[i] = ops.attrs["bytes"][o]
-            if generic[i] and ops.attrs["coll"][o] != OTHER:
-                kind[i] = ops.attrs["coll"][o]
-                generic[i] = False
-            if group[i] < 0 and ops.attrs["group"][o] > 0:
-                group[i] = ops.attrs["group"][o]
+        starts, ends, reach, index = threads[int(rt.attrs["tid"][j])]
+        at = float(rt.start[j])
+        k = int(np.searchsorted(starts, at, side="right")) - 1
+        while k >= 0 and reach[k] >= at:  # the ops that contain it, the innermost first
+            if ends[k] >= at:
+                o = index[k]
+                if nbytes[i] < 0 and o_bytes[o] >= 0:
+                    nbytes[i] = o_bytes[o]
+                if generic[i] and o_coll[o] != OTHER:
+                    kind[i] = o_coll[o]
+                    generic[i] = False
+                if group[i] < 0 and o_group[o] > 0:
+                    group[i] = o_group[o]
+            k -= 1

@@ -25,52 +25,77 @@ OP_COLUMNS = ("op", "kind", "dtype", "calls", "self_s", "device_s", "kernels", "
 
 def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """Each op's duration less its direct children's on the same thread (events sorted by
-    start, as EventArrays are)."""
-    own = end - start
+    start, as EventArrays are). The loop runs on Python lists: indexing numpy arrays one
+    element at a time costs several times more."""
+    own = (end - start).tolist()
+    starts, ends = start.tolist(), end.tolist()
     stacks: dict[int, list[int]] = {}
-    for i in range(len(start)):
-        stack = stacks.setdefault(int(tid[i]), [])
-        while stack and end[stack[-1]] <= start[i]:
+    for i, t in enumerate(tid.tolist()):
+        stack = stacks.get(t)
+        if stack is None:
+            stack = stacks[t] = []
+        s = starts[i]
+        while stack and ends[stack[-1]] <= s:
             stack.pop()
         if stack:
-            own[stack[-1]] -= end[i] - start[i]
+            own[stack[-1]] -= ends[i] - s
         stack.append(i)
-    return np.maximum(own, 0.0)
+    return np.maximum(np.array(own, dtype=np.float64), 0.0)
 
 
 def _launching_ops(t: Timeline) -> np.ndarray:
     """For each runtime call, the index of the innermost host op on its thread that contains
     it (-1: none)."""
     host, rt = t.host_ops, t.runtime
-    out = np.full(len(rt), -1, dtype=np.int64)
+    out = [-1] * len(rt)
     if not len(host) or not len(rt):
-        return out
-    by_tid: dict[int, list[int]] = {}
-    for i, tid in enumerate(host.attrs["tid"]):
-        by_tid.setdefault(int(tid), []).append(i)
+        return np.array(out, dtype=np.int64)
+    h_start, h_end, r_start = host.start.tolist(), host.end.tolist(), rt.start.tolist()
+    by_tid = _group(host.attrs["tid"])
     for tid, calls in _group(rt.attrs["tid"]).items():
         ops = by_tid.get(tid, [])
         stack: list[int] = []
         k = 0
         for j in calls:  # runtime calls and host ops both sorted by start
-            at = rt.start[j]
-            while k < len(ops) and host.start[ops[k]] <= at:
-                while stack and host.end[stack[-1]] <= host.start[ops[k]]:
+            at = r_start[j]
+            while k < len(ops) and h_start[ops[k]] <= at:
+                while stack and h_end[stack[-1]] <= h_start[ops[k]]:
                     stack.pop()
                 stack.append(ops[k])
                 k += 1
-            while stack and host.end[stack[-1]] < at:
+            while stack and h_end[stack[-1]] < at:
                 stack.pop()
             if stack:
                 out[j] = stack[-1]
-    return out
+    return np.array(out, dtype=np.int64)
 
 
 def _group(values: np.ndarray) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for i, v in enumerate(values):
-        out.setdefault(int(v), []).append(i)
-    return out
+    """The indices of each value, in order."""
+    order = np.argsort(values, kind="stable")
+    keys, first = np.unique(values[order], return_index=True)
+    return {int(k): part.tolist() for k, part in zip(keys, np.split(order, first[1:]),
+                                                     strict=True)}
+
+
+def last_of(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A lookup table from ``keys`` to ``values`` where a key given twice maps to its last
+    value (as a dict built in order would): (sorted keys, their values) for :func:`look_up`."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
+    return sorted_keys[last], values[order][last]
+
+
+def look_up(table: tuple[np.ndarray, np.ndarray], keys: np.ndarray, missing: int = -1
+            ) -> np.ndarray:
+    """The value of each of ``keys`` in a :func:`last_of` table (``missing`` where absent)."""
+    sorted_keys, values = table
+    if not len(sorted_keys):
+        return np.full(len(keys), missing, dtype=np.int64)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return np.where(sorted_keys[at] == keys, values[at], missing)
 
 
 def op_table(t: Timeline, lo_us: float | None = None, hi_us: float | None = None
@@ -90,43 +115,48 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both; 
     launched = np.zeros(len(host), dtype=np.int64)
     if len(kernels) or len(t.memcpy):
         launcher = _launching_ops(t)
-        op_of = {int(c): int(launcher[j]) for j, c in enumerate(t.runtime.attrs["corr"])
-                 if c >= 0 and launcher[j] >= 0}
+        corr = t.runtime.attrs["corr"]
+        known = (corr >= 0) & (launcher >= 0)
+        op_of = last_of(corr[known], launcher[known])
         transposes = kernels.attrs["kind"] == K_LAYOUT
         for work, layout in ((kernels, transposes), (t.memcpy, np.zeros(len(t.memcpy), bool))):
-            # kernels, and copies (a copy op's device time)
-            for corr, dur, is_layout in zip(work.attrs["corr"], work.end - work.start, layout,
-                                            strict=True):
-                i = op_of.get(int(corr))
-                if i is not None:
-                    device[i] += dur
-                    launched[i] += 1
-                    if is_layout:
-                        layout_us[i] += dur
+            # kernels, and copies (a copy op's device time); np.add.at adds in order, as a
+            # loop would
+            i = look_up(op_of, work.attrs["corr"])
+            found = i >= 0
+            dur = (work.end - work.start)[found]
+            np.add.at(device, i[found], dur)
+            np.add.at(launched, i[found], 1)
+            np.add.at(layout_us, i[found][layout[found]], dur[layout[found]])
     keep = np.ones(len(host), dtype=bool)
     if lo_us is not None:
         keep &= host.start >= lo_us
     if hi_us is not None:
         keep &= host.start < hi_us
-    kind, dtype = a["cost_kind"], a["dtype"]
+    kind, dtype = a["cost_kind"][keep], a["dtype"][keep]
     frame = pd.DataFrame({
-        "op": [t.names[n] for n in a["name"][keep]],
-        "kind": [COST_KINDS[k] if k >= 0 else "" for k in kind[keep]],
-        "dtype": [COST_DTYPES[d] if d >= 0 else "" for d in dtype[keep]],
+        "op": a["name"][keep], "kind": kind, "dtype": dtype,
         "self_s": own[keep] * US, "device_s": device[keep] * US,
         "kernels": launched[keep], "flops": a["flops"][keep].astype(float),
-        "bytes": a["bytes"][keep].astype(float), "costed": kind[keep] >= 0,
+        "bytes": a["bytes"][keep].astype(float), "costed": kind >= 0,
         "layout_s": layout_us[keep] * US, "nchw": a["layout"][keep] == LAYOUT_NCHW,
         "nhwc": a["layout"][keep] == LAYOUT_NHWC,
     })
-    g = frame.groupby("op", sort=False)
+    g = frame.groupby("op", sort=False)  # by the name's code: in the order names first come
     table = pd.DataFrame({
-        "kind": g["kind"].agg(lambda s: next((k for k in s if k), "")),
-        "dtype": g["dtype"].agg(lambda s: next((d for d in s if d), "")),
         "calls": g.size(), "self_s": g["self_s"].sum(), "device_s": g["device_s"].sum(),
         "kernels": g["kernels"].sum(), "flops": g["flops"].sum(), "bytes": g["bytes"].sum(),
         "costed_calls": g["costed"].sum(), "layout_s": g["layout_s"].sum(),
         "nchw_calls": g["nchw"].sum(), "nhwc_calls": g["nhwc"].sum(),
-    }).reset_index()
+    })
+    for column, labels in (("kind", COST_KINDS), ("dtype", COST_DTYPES)):
+        # the first call's that names one
+        named = np.isin(frame[column].to_numpy(), [k for k, v in enumerate(labels) if v])
+        first = frame[named].groupby("op", sort=False)[column].first()
+        codes = first.reindex(table.index, fill_value=-1).to_numpy()
+        table.insert(len(table.columns) - 10, column,
+                     [labels[int(k)] if k >= 0 else "" for k in codes])
+    table.index = pd.Index([t.names[int(n)] for n in table.index], name="op")
+    table = table.reset_index()
     order = "device_s" if t.has_gpu else "self_s"
     return table.sort_values(order, ascending=False, kind="stable").reset_index(drop=True)
