@@ -11,6 +11,8 @@ launching thread.
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import pandas as pd
 
@@ -25,12 +27,12 @@ OP_COLUMNS = ("op", "kind", "dtype", "calls", "self_s", "device_s", "kernels", "
 
 def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """Each op's duration less its direct children's on the same thread (events sorted by
-    start, as EventArrays are). The loop runs on Python lists: indexing numpy arrays one
-    element at a time costs several times more."""
-    own = (end - start).tolist()
-    starts, ends = start.tolist(), end.tolist()
+    start, as EventArrays are). The loop reads ``array.array`` copies: indexing numpy arrays one
+    element at a time costs several times more, and lists of Python numbers several times the
+    memory."""
+    own, starts, ends = _doubles(end - start), _doubles(start), _doubles(end)
     stacks: dict[int, list[int]] = {}
-    for i, t in enumerate(tid.tolist()):
+    for i, t in enumerate(_ints(tid)):
         stack = stacks.get(t)
         if stack is None:
             stack = stacks[t] = []
@@ -40,20 +42,32 @@ def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
         if stack:
             own[stack[-1]] -= ends[i] - s
         stack.append(i)
-    return np.maximum(np.array(own, dtype=np.float64), 0.0)
+    return np.maximum(np.frombuffer(own, dtype=np.float64), 0.0)
+
+
+def _doubles(values: np.ndarray) -> array[float]:
+    out = array("d")
+    out.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+    return out
+
+
+def _ints(values: np.ndarray) -> array[int]:
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+    return out
 
 
 def _launching_ops(t: Timeline) -> np.ndarray:
     """For each runtime call, the index of the innermost host op on its thread that contains
     it (-1: none)."""
     host, rt = t.host_ops, t.runtime
-    out = [-1] * len(rt)
+    out = _ints(np.full(len(rt), -1, dtype=np.int64))
     if not len(host) or not len(rt):
-        return np.array(out, dtype=np.int64)
-    h_start, h_end, r_start = host.start.tolist(), host.end.tolist(), rt.start.tolist()
+        return np.frombuffer(out, dtype=np.int64).copy()
+    h_start, h_end, r_start = _doubles(host.start), _doubles(host.end), _doubles(rt.start)
     by_tid = _group(host.attrs["tid"])
     for tid, calls in _group(rt.attrs["tid"]).items():
-        ops = by_tid.get(tid, [])
+        ops = by_tid.get(tid, array("q"))
         stack: list[int] = []
         k = 0
         for j in calls:  # runtime calls and host ops both sorted by start
@@ -67,15 +81,15 @@ def _launching_ops(t: Timeline) -> np.ndarray:
                 stack.pop()
             if stack:
                 out[j] = stack[-1]
-    return np.array(out, dtype=np.int64)
+    return np.frombuffer(out, dtype=np.int64).copy()
 
 
-def _group(values: np.ndarray) -> dict[int, list[int]]:
+def _group(values: np.ndarray) -> dict[int, array[int]]:
     """The indices of each value, in order."""
     order = np.argsort(values, kind="stable")
     keys, first = np.unique(values[order], return_index=True)
-    return {int(k): part.tolist() for k, part in zip(keys, np.split(order, first[1:]),
-                                                     strict=True)}
+    return {int(k): _ints(part) for k, part in zip(keys, np.split(order, first[1:]),
+                                                   strict=True)}
 
 
 def last_of(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
