@@ -14,6 +14,7 @@ import pytest
 
 from doctor.trace import reader
 from doctor.trace.events import Timeline, build_timeline, load_timeline
+from doctor.trace.parallel import load_timeline_parallel
 from tests.reference_collector import reference_from_dicts, reference_timeline
 from tests.test_doors import TRACES
 from tests.test_typed_events import TRICKY, write
@@ -107,3 +108,73 @@ def test_a_timeline_of_no_events() -> None:
     empty = build_timeline([])
     assert_same_timeline(empty, reference_from_dicts([]))
     assert json.dumps(empty.tids) == "[]"
+
+
+@pytest.mark.parametrize("path", [p for p in SHARED if p.stat().st_size > 1 << 20][:2] or
+                         [None], ids=lambda p: p.name if p else "none")
+def test_a_trace_read_on_several_cores_gives_the_same_timeline(path: Path | None,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    if path is None:
+        pytest.skip("the shared traces are not beside this checkout")
+    monkeypatch.setattr(reader, "BLOCK_CHARS", 256 << 10)  # many blocks, on both workers
+    assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
+
+
+@pytest.mark.parametrize("block", [64, 300, 4096])
+def test_awkward_events_read_on_several_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              block: int) -> None:
+    """Cuts inside a value (the tricky strings hold "}, {") make a block that does not decode:
+    the trace is read again one block after the other; events larger than a block are decoded
+    by the reading process itself."""
+    monkeypatch.setattr(reader, "BLOCK_CHARS", block)
+    events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
+              for k in range(20) for ev in AWKWARD]
+    path = write(tmp_path / "t.json", events)
+    assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
+
+
+def test_a_single_large_trace_is_read_on_several_cores(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from doctor.store import traces
+    from doctor.trace import parallel
+
+    monkeypatch.setattr(traces, "PARALLEL_BYTES", 0)
+    calls = []
+    real = parallel.load_timeline_parallel
+    monkeypatch.setattr(parallel, "load_timeline_parallel",
+                        lambda p, w: calls.append(w) or real(p, w))
+    path = write(tmp_path / "t.json", [ev for ev in TRICKY if isinstance(ev.get("args"), dict)])
+    [got] = traces.read_timelines([path], workers=2)
+    assert calls == [2]
+    assert_same_timeline(got, reference_timeline(path))
+
+
+def test_a_cut_inside_a_string_is_read_again_one_block_after_the_other(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from doctor.trace import parallel
+
+    monkeypatch.setattr(reader, "BLOCK_CHARS", 1000)
+    # the last "}, {" before each block's end is inside a name, not between events
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{k} }}, {{" + "y" * 1500, "ts": k,
+               "dur": 1, "tid": 1} for k in range(40)]
+    path = write(tmp_path / "t.json", events)
+    again = []
+    monkeypatch.setattr(parallel, "load_timeline",
+                        lambda p: again.append(p) or load_timeline(p))
+    got = load_timeline_parallel(path, 2)
+    assert again == [path]
+    assert_same_timeline(got, reference_timeline(path))
+    assert len(got.host_ops) == 40
+
+
+def test_a_truncated_trace_read_on_several_cores_is_one_line(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.setattr(reader, "BLOCK_CHARS", 2000)
+    text = json.dumps({"traceEvents": AWKWARD * 40})
+    path = tmp_path / "cut.json"
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(reader.TraceError) as err:
+        load_timeline_parallel(path, 2)
+    assert "\n" not in str(err.value) and "cut.json" in str(err.value)

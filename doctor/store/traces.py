@@ -43,14 +43,20 @@ PARALLEL_BYTES = 16 << 20
 
 
 def read_timelines(files: Sequence[Path], workers: int | None = None) -> list[Timeline]:
-    """Each trace's timeline, in the order given: read in parallel, one process per core (at
-    most one per trace), when there are several and they are large enough to be worth it."""
+    """Each trace's timeline, in the order given, read on the machine's cores when they are
+    large enough to be worth it: several traces one process each; one trace its blocks across
+    processes (doctor.trace.parallel)."""
     from doctor.record.machine import usable_cores
 
-    workers = min(len(files), workers or usable_cores())
+    cores = workers or usable_cores()
     size = sum(p.stat().st_size for p in files if p.is_file())
-    if workers < 2 or size < PARALLEL_BYTES:
+    if cores < 2 or size < PARALLEL_BYTES:
         return [load_timeline(p) for p in files]
+    if len(files) == 1:
+        from doctor.trace.parallel import load_timeline_parallel
+
+        return [load_timeline_parallel(files[0], cores)]
+    workers = min(len(files), cores)
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods and os.name == "posix"
                                           else "spawn")

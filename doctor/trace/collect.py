@@ -174,6 +174,14 @@ class BlockCollector:
         self._collectives: dict[bytes | str, tuple[int, int, int]] = {}
         self._costed = _Lookup(lambda code: int(self.names[code] in _COSTED))
 
+    def name_code(self, name: str) -> int:
+        """The code of ``name`` (given now if it has none)."""
+        return self._name_codes[name]
+
+    def tid_code(self, tid: str) -> int:
+        """The code of the thread or stream ``tid`` (given now, in order, if it has none)."""
+        return self._tid_codes[tid]
+
     def _new_name(self, name: Any) -> int:
         text = name if isinstance(name, str) and name else ""
         if text is not name:

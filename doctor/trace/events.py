@@ -82,7 +82,7 @@ def build_timeline(events: Iterable[dict[str, Any]], meta: TraceMeta | None = No
     """Reduce an iterable of trace events (dicts) to a :class:`Timeline`."""
     col = BlockCollector()
     col.add(from_dicts(events))
-    return _freeze(col, meta or TraceMeta(path="<events>"))
+    return freeze(col, meta or TraceMeta(path="<events>"))
 
 
 def load_timeline(path: str | Path) -> Timeline:
@@ -93,7 +93,7 @@ def load_timeline(path: str | Path) -> Timeline:
     col = BlockCollector()
     for block in stream.blocks():
         col.add(block)
-    timeline = _freeze(col, stream.meta)
+    timeline = freeze(col, stream.meta)
     del col
     release_freed_memory()
     return timeline
@@ -132,7 +132,8 @@ def _arrays(col: BlockCollector, kind: str, origin: float) -> EventArrays:
     return EventArrays(start[order], end[order], attrs)
 
 
-def _freeze(col: BlockCollector, meta: TraceMeta) -> Timeline:
+def freeze(col: BlockCollector, meta: TraceMeta) -> Timeline:
+    """The timeline of what ``col`` collected."""
     empty = col.first == float("inf")
     origin = 0.0 if empty else col.first
     steps = sorted((n, s - origin, e - origin) for n, (s, e) in col.steps.items())

@@ -111,9 +111,10 @@ class TraceStream:
     after them (``baseTimeNanoseconds``, ``traceName`` in recent Kineto) once iteration ends.
     """
 
-    def __init__(self, path: str | Path, chunk_chars: int = CHUNK_CHARS) -> None:
+    def __init__(self, path: str | Path, chunk_chars: int | None = None) -> None:
         self.path = Path(path)
-        self.chunk_chars = chunk_chars
+        # text is read a chunk at a time, and no more than a block at once
+        self.chunk_chars = chunk_chars or min(CHUNK_CHARS, BLOCK_CHARS)
         self.top_level: dict[str, Any] = {}
         self.event_count = 0
         self.chars_read = 0
@@ -243,26 +244,49 @@ class TraceStream:
         what is wrong with it."""
         self._expect("[", where)
         while not self._array_ends(where):
-            while len(self._buf) - self._pos < BLOCK_CHARS and self._fill(BLOCK_CHARS):
-                pass
+            self._fill_block()
             block = self._block()
-            if block is not None:
-                yield block
-                continue
-            value = self._value(where)
-            if isinstance(value, dict):
-                self.event_count += 1
-                yield from_dicts([value])
+            yield block if block is not None else self._one_event(where)
 
-    def _block(self, tries: int = 8) -> list[Event] | None:
-        """The events from the cursor to the last whole event of the buffer, decoded; None when
-        no split within ``tries`` decodes."""
+    def _event_texts(self, where: str) -> Iterator[str | list[Event]]:
+        """The event array as the text of blocks of about BLOCK_CHARS (comma-separated events,
+        for another process to decode), each cut at the last ``}`` of the buffer that a next
+        event or the array's end follows; an event that no block holds comes decoded, as in
+        :meth:`_event_blocks`. A cut can fall inside a value (a string holding ``}, {``): the
+        text then does not decode, and the reader must say so (doctor.trace.parallel reads the
+        trace again, one block after the other)."""
+        self._expect("[", where)
+        while not self._array_ends(where):
+            self._fill_block()
+            close = next(self._cuts(), None)
+            if close is None:
+                yield self._one_event(where)
+                continue
+            text = self._buf[self._pos:close + 1]
+            self._pos = close + 1
+            yield text
+
+    def _fill_block(self) -> None:
+        while len(self._buf) - self._pos < BLOCK_CHARS and self._fill(BLOCK_CHARS):
+            pass
+
+    def _one_event(self, where: str) -> list[Event]:
+        """The next event, read the slow way (which says what is wrong with it)."""
+        value = self._value(where)
+        if not isinstance(value, dict):
+            return []
+        self.event_count += 1
+        return from_dicts([value])
+
+    def _cuts(self, tries: int = 8) -> Iterator[int]:
+        """Where the block from the cursor may end: the last ``}`` of the buffer (of the last
+        ``tries``) that a next event (``,{``) or the array's end follows."""
         buf, start = self._buf, self._pos
         end = len(buf)
         for _ in range(tries):
             close = buf.rfind("}", start, end)
             if close < 0:
-                return None
+                return
             end = close
             after = _WS.match(buf, close + 1).end()  # type: ignore[union-attr]
             if after >= len(buf):
@@ -273,7 +297,13 @@ class TraceStream:
                     continue  # inside an event ("args": {...}, "ts": ...)
             elif buf[after] != "]":
                 continue
-            events = decode_block(buf[start:close + 1])
+            yield close
+
+    def _block(self) -> list[Event] | None:
+        """The events from the cursor to the last whole event of the buffer, decoded; None when
+        no cut decodes."""
+        for close in self._cuts():
+            events = decode_block(self._buf[self._pos:close + 1])
             if events is not None:
                 self._pos = close + 1
                 self.event_count += len(events)
@@ -287,6 +317,11 @@ class TraceStream:
         """The events as typed records (doctor.trace.typed_events), a block at a time: the text
         of many events is decoded at once, at C speed, never a dict per event."""
         yield from self._walk(self._event_blocks)
+
+    def texts(self) -> Iterator[str | list[Event]]:
+        """The events as the text of blocks, for other processes to decode
+        (:meth:`_event_texts`); an event too large for a block comes decoded."""
+        yield from self._walk(self._event_texts)
 
     def _walk(self, events: Any) -> Iterator[Any]:
         if not self.path.exists():
