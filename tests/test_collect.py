@@ -161,7 +161,7 @@ def test_a_cut_inside_a_string_is_read_again_one_block_after_the_other(
     path = write(tmp_path / "t.json", events)
     again = []
     monkeypatch.setattr(parallel, "load_timeline",
-                        lambda p: again.append(p) or load_timeline(p))
+                        lambda p, limit: again.append(p) or load_timeline(p, limit))
     got = load_timeline_parallel(path, 2)
     assert again == [path]
     assert_same_timeline(got, reference_timeline(path))

@@ -178,6 +178,15 @@ def comm_contention_notes(contention: dict[int, float], cores: int | None) -> li
             "the input wait; that time counts as communication."]
 
 
+def trace_notes(run: RunData) -> list[str]:
+    """What traces read whole but not analysed whole say of it (doctor.trace.budget)."""
+    status = run.window_status
+    if status.empty:
+        return []
+    said = status[status["ok"].astype(bool) & (status["reason"].astype(str) != "")]
+    return sorted(set(said["reason"].astype(str)))
+
+
 def rule_notes(skipped: dict[str, str]) -> list[str]:
     """A rule that failed is said (one that lacked evidence is only listed in the verdict)."""
     return [f"Rule {rule_id} was skipped: {why}." for rule_id, why in sorted(skipped.items())

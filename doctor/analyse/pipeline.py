@@ -94,7 +94,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
               *facts.comm_contention_notes(comm_contention, job.cores),
               *(facts.range_notes(ledger, in_range) if in_range else []), *summary.notes,
               *facts.rule_notes(outcome.skipped), *facts.crash_notes(run),
-              *facts.sampling_notes(run)]
+              *facts.sampling_notes(run), *facts.trace_notes(run)]
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, ranks, window_problems),

@@ -91,7 +91,9 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
             status.append({**who, "ok": False, "reason": why})
         else:
             windows.append(frame.assign(node=0, pid=i + 1))
-            status.append({**who, "ok": True, "reason": ""})
+            # an ok trace's reason says what of it was left out (doctor.trace.budget)
+            status.append({**who, "ok": True,
+                           "reason": timeline.cut.note() if timeline.cut else ""})
     frames = empty_frames()
     if windows:
         frames["window"] = typed(pd.concat(windows, ignore_index=True), WINDOW_COLUMNS)

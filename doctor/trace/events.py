@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from doctor.trace.budget import EventBudget, TraceCut
 from doctor.trace.collect import KIND_COLUMNS, BlockCollector
 from doctor.trace.reader import TraceMeta, TraceStream
 from doctor.trace.typed_events import from_dicts
@@ -72,6 +73,7 @@ class Timeline:
     first_us: float
     last_us: float
     tids: list[str] = field(default_factory=list)  # the trace's ``tid`` of each tid code
+    cut: TraceCut | None = None  # the steps left out to keep memory bounded (trace.budget)
 
     @property
     def has_gpu(self) -> bool:
@@ -85,15 +87,17 @@ def build_timeline(events: Iterable[dict[str, Any]], meta: TraceMeta | None = No
     return freeze(col, meta or TraceMeta(path="<events>"))
 
 
-def load_timeline(path: str | Path) -> Timeline:
+def load_timeline(path: str | Path, max_events: int | None = None) -> Timeline:
     """Stream the trace at ``path`` into a :class:`Timeline` (raises TraceError if unreadable):
     blocks of events decoded into typed records (doctor.trace.typed_events) and sorted into
     columns a block at a time (doctor.trace.collect), never a dict per event."""
     stream = TraceStream(path)
     col = BlockCollector()
+    budget = EventBudget(max_events)
     for block in stream.blocks():
         col.add(block)
-    timeline = freeze(col, stream.meta)
+        budget.apply(col)
+    timeline = freeze(col, stream.meta, budget.finish(col))
     del col
     release_freed_memory()
     return timeline
@@ -132,8 +136,8 @@ def _arrays(col: BlockCollector, kind: str, origin: float) -> EventArrays:
     return EventArrays(start[order], end[order], attrs)
 
 
-def freeze(col: BlockCollector, meta: TraceMeta) -> Timeline:
-    """The timeline of what ``col`` collected."""
+def freeze(col: BlockCollector, meta: TraceMeta, cut: TraceCut | None = None) -> Timeline:
+    """The timeline of what ``col`` collected (``cut``: what the budget left out)."""
     empty = col.first == float("inf")
     origin = 0.0 if empty else col.first
     steps = sorted((n, s - origin, e - origin) for n, (s, e) in col.steps.items())
@@ -156,4 +160,5 @@ def freeze(col: BlockCollector, meta: TraceMeta) -> Timeline:
         first_us=0.0,
         last_us=0.0 if empty else col.last - origin,
         tids=list(col.tid_names),
+        cut=cut,
     )

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from doctor.errors import TraceError
+from doctor.trace.budget import EventBudget
 from doctor.trace.collect import KIND_COLUMNS, BlockCollector
 from doctor.trace.events import Timeline, freeze, load_timeline, release_freed_memory
 from doctor.trace.reader import TraceStream
@@ -102,7 +103,8 @@ class _Join:
         col.first, col.last = min(col.first, first), max(col.last, last)
 
 
-def load_timeline_parallel(path: str | Path, workers: int) -> Timeline:
+def load_timeline_parallel(path: str | Path, workers: int, max_events: int | None = None
+                           ) -> Timeline:
     """The timeline of the trace at ``path`` (as doctor.trace.events.load_timeline gives it),
     its blocks decoded by ``workers`` processes (fork, where the system has it)."""
     methods = multiprocessing.get_all_start_methods()
@@ -110,16 +112,16 @@ def load_timeline_parallel(path: str | Path, workers: int) -> Timeline:
                                           else "spawn")
     try:
         with context.Pool(workers, initializer=_start_worker) as pool:
-            timeline = _read(TraceStream(path), pool, workers)
+            timeline = _read(TraceStream(path), pool, workers, EventBudget(max_events))
     except (_CutInsideAValue, TraceError):
         # after a cut inside a value the next block starts inside it too, and may not parse:
         # one block after the other finds the right cuts, or says what is wrong with the file
-        return load_timeline(path)
+        return load_timeline(path, max_events)
     release_freed_memory()
     return timeline
 
 
-def _read(stream: TraceStream, pool: Any, workers: int) -> Timeline:
+def _read(stream: TraceStream, pool: Any, workers: int, budget: EventBudget) -> Timeline:
     join, here = _Join(), _Delta("here")
     pending: deque[AsyncResult[BlockColumns | None] | BlockColumns] = deque()
     for item in stream.texts():
@@ -128,15 +130,16 @@ def _read(stream: TraceStream, pool: Any, workers: int) -> Timeline:
         else:  # an event larger than a block, decoded here
             pending.append(here.take(item))
         while len(pending) > AHEAD * workers:
-            _join_next(join, pending)
+            _join_next(join, pending, budget)
     while pending:
-        _join_next(join, pending)
-    return freeze(join.col, stream.meta)
+        _join_next(join, pending, budget)
+    return freeze(join.col, stream.meta, budget.finish(join.col))
 
 
-def _join_next(join: _Join, pending: deque[Any]) -> None:
+def _join_next(join: _Join, pending: deque[Any], budget: EventBudget) -> None:
     item = pending.popleft()
     block = item.get() if isinstance(item, AsyncResult) else item
     if block is None:
         raise _CutInsideAValue
     join.add(block)
+    budget.apply(join.col)
