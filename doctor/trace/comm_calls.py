@@ -42,7 +42,7 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     if not len(c):
         return pd.DataFrame({col: pd.Series(dtype=float) for col in CALL_COLUMNS})
     world = t.meta.world_size
-    group = np.where(group > 0, group, world if world else -1)
+    group = np.where(group > 0, group, world if world else -1).astype(np.int64)
     seconds = (c.end - c.start) * 1e-6
     overlap = overlap_per_span(compute[0], compute[1], c.start, c.end) * 1e-6
     sizes = np.where(nbytes >= 0, nbytes.astype(float), np.nan)

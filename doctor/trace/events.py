@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from doctor.trace.budget import EventBudget, TraceCut
-from doctor.trace.collect import KIND_COLUMNS, BlockCollector
+from doctor.trace.collect import COLUMN_TYPES, KIND_COLUMNS, BlockCollector
 from doctor.trace.reader import TraceMeta, TraceStream
 from doctor.trace.typed_events import from_dicts
 
@@ -42,7 +42,7 @@ class EventArrays:
 
     start: npt.NDArray[np.float64]
     end: npt.NDArray[np.float64]
-    attrs: dict[str, npt.NDArray[np.int64]]
+    attrs: dict[str, npt.NDArray[np.integer[Any]]]  # types: doctor.trace.collect.COLUMN_TYPES
 
     def __len__(self) -> int:
         return int(self.start.size)
@@ -128,7 +128,7 @@ def _arrays(col: BlockCollector, kind: str, origin: float) -> EventArrays:
     names = KIND_COLUMNS[kind]
     if not chunks:
         empty = np.empty(0, np.float64)
-        return EventArrays(empty, empty.copy(), {k: np.empty(0, np.int64) for k in names})
+        return EventArrays(empty, empty.copy(), {k: np.empty(0, COLUMN_TYPES[k]) for k in names})
     start = np.concatenate([c[0] for c in chunks]) - origin
     end = np.concatenate([c[1] for c in chunks]) - origin
     order = np.argsort(start, kind="stable")

@@ -24,7 +24,7 @@ import numpy as np
 
 from doctor.errors import TraceError
 from doctor.trace.budget import EventBudget
-from doctor.trace.collect import KIND_COLUMNS, BlockCollector
+from doctor.trace.collect import COLUMN_TYPES, KIND_COLUMNS, BlockCollector
 from doctor.trace.events import Timeline, freeze, load_timeline, release_freed_memory
 from doctor.trace.reader import TraceStream
 from doctor.trace.typed_events import Event, decode_block
@@ -95,7 +95,7 @@ class _Join:
             columns = KIND_COLUMNS[kind]
             for start, end, values in parts:
                 col.chunks[kind].append((start, end, [
-                    recode[c][v] if c in recode else v
+                    recode[c][v].astype(COLUMN_TYPES[c]) if c in recode else v
                     for c, v in zip(columns, values, strict=True)]))
         for number, (s, e) in steps.items():
             if number not in col.steps or s < col.steps[number][0]:
