@@ -32,7 +32,7 @@ from doctor.store.rundata import (
     typed,
 )
 from doctor.trace.comm_calls import collective_calls
-from doctor.trace.events import Timeline, load_timeline
+from doctor.trace.events import Timeline, load_timeline, release_freed_memory
 from doctor.trace.ops import op_table
 from doctor.trace.reader import TraceMeta
 from doctor.trace.steps import step_frame_from_timeline
@@ -83,8 +83,10 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
                       "device_name": str(props[0].get("name")) if props and props[0].get("name")
                       else None})
         frame = step_frame_from_timeline(timeline, rank)
+        release_freed_memory()
         memory += _memory_rows(timeline, who)
         ops.append(op_table(timeline).assign(**who))
+        release_freed_memory()  # each step's temporaries: a column or two of every event
         collectives.append(collective_calls(timeline).assign(**who))
         if frame.empty:
             why = "the trace has no events" if timeline.last_us <= 0 else "no step could be found"

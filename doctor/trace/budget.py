@@ -23,6 +23,9 @@ from doctor.trace.collect import BlockCollector
 MAX_EVENTS = 4_000_000
 #: The share of the budget the steps kept fill when the cut is made.
 FILL = 0.75
+#: Blocks' pieces of a kind joined into one as they come (see EventBudget._merge).
+MERGE_PIECES = 64
+Part = tuple[np.ndarray, np.ndarray, list[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ class TraceCut:
 
 class EventBudget:
     """Applied to a collector after each block (:meth:`apply`): drops what starts after the
-    cut from the columns collected so far and from each new block."""
+    cut from the columns collected so far and from each new block, and joins the blocks'
+    pieces of each kind every MERGE_PIECES blocks."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = MAX_EVENTS if limit is None else limit
@@ -52,6 +56,7 @@ class EventBudget:
         self.kept = 0
         self.left_out = 0
         self._filtered: dict[str, int] = {}
+        self._merged: dict[str, int] = {}
         self._steps: set[int] = set()
 
     def apply(self, col: BlockCollector) -> None:
@@ -63,9 +68,21 @@ class EventBudget:
             self._filtered[kind] = len(parts)
         if self.kept > self.limit and col.steps:
             self._lower(col)
+        for kind, parts in col.chunks.items():
+            if len(parts) - self._merged.get(kind, 0) >= MERGE_PIECES:
+                self._merge(kind, parts)
 
-    def _cut(self, part: tuple[np.ndarray, np.ndarray, list[np.ndarray]]
-             ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    def _merge(self, kind: str, parts: list[Part]) -> None:
+        """Join the pieces of ``kind`` since the last join into one: thousands of small arrays,
+        freed and kept in turn, leave the heap in pieces that are never handed back."""
+        first = self._merged.get(kind, 0)
+        new = parts[first:]
+        joined = (np.concatenate([p[0] for p in new]), np.concatenate([p[1] for p in new]),
+                  [np.concatenate([p[2][n] for p in new]) for n in range(len(new[0][2]))])
+        parts[first:] = [joined]
+        self._merged[kind] = self._filtered[kind] = len(parts)
+
+    def _cut(self, part: Part) -> Part:
         start, end, columns = part
         if self.cutoff == math.inf:
             return part

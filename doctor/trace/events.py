@@ -124,16 +124,24 @@ _TRIM: Any = None
 def _arrays(col: BlockCollector, kind: str, origin: float) -> EventArrays:
     """One kind's columns, sorted by start (stable: events that start together keep the
     trace's order)."""
-    chunks = col.chunks.pop(kind)  # freed as soon as joined: memory for one copy, not two
+    chunks = col.chunks.pop(kind)
     names = KIND_COLUMNS[kind]
     if not chunks:
         empty = np.empty(0, np.float64)
         return EventArrays(empty, empty.copy(), {k: np.empty(0, COLUMN_TYPES[k]) for k in names})
-    start = np.concatenate([c[0] for c in chunks]) - origin
-    end = np.concatenate([c[1] for c in chunks]) - origin
+    # one column at a time, its pieces let go as soon as joined: memory for the columns and
+    # one more, not twice the columns
+    pieces: list[list[np.ndarray]] = [[c[0] for c in chunks], [c[1] for c in chunks],
+                                      *([c[2][n] for c in chunks] for n in range(len(names)))]
+    del chunks
+    start, pieces[0] = np.concatenate(pieces[0]) - origin, []
     order = np.argsort(start, kind="stable")
-    attrs = {k: np.concatenate([c[2][n] for c in chunks])[order] for n, k in enumerate(names)}
-    return EventArrays(start[order], end[order], attrs)
+    start = start[order]
+    columns: list[Any] = []
+    for k in range(1, len(pieces)):
+        column, pieces[k] = np.concatenate(pieces[k]), []
+        columns.append(column[order] - origin if k == 1 else column[order])
+    return EventArrays(start, columns[0], dict(zip(names, columns[1:], strict=True)))
 
 
 def freeze(col: BlockCollector, meta: TraceMeta, cut: TraceCut | None = None) -> Timeline:

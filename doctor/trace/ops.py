@@ -11,7 +11,7 @@ launching thread.
 
 from __future__ import annotations
 
-from array import array
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -27,12 +27,13 @@ OP_COLUMNS = ("op", "kind", "dtype", "calls", "self_s", "device_s", "kernels", "
 
 def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """Each op's duration less its direct children's on the same thread (events sorted by
-    start, as EventArrays are). The loop reads ``array.array`` copies: indexing numpy arrays one
-    element at a time costs several times more, and lists of Python numbers several times the
-    memory."""
-    own, starts, ends = _doubles(end - start), _doubles(start), _doubles(end)
+    start, as EventArrays are). The loop reads the arrays through memoryviews: indexing numpy
+    arrays one element at a time costs several times more, and lists of Python numbers
+    several times the memory."""
+    own = np.ascontiguousarray(end - start, dtype=np.float64)
+    mine, starts, ends = _view(own), _view(start), _view(end)
     stacks: dict[int, list[int]] = {}
-    for i, t in enumerate(_ints(tid)):
+    for i, t in enumerate(_view(tid)):
         stack = stacks.get(t)
         if stack is None:
             stack = stacks[t] = []
@@ -40,34 +41,30 @@ def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
         while stack and ends[stack[-1]] <= s:
             stack.pop()
         if stack:
-            own[stack[-1]] -= ends[i] - s
+            mine[stack[-1]] -= ends[i] - s
         stack.append(i)
-    return np.maximum(np.frombuffer(own, dtype=np.float64), 0.0)
+    return np.maximum(own, 0.0)
 
 
-def _doubles(values: np.ndarray) -> array[float]:
-    out = array("d")
-    out.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
-    return out
-
-
-def _ints(values: np.ndarray) -> array[int]:
-    out = array("q")
-    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
-    return out
+def _view(values: np.ndarray) -> memoryview:
+    """The elements of ``values`` as Python numbers, one at a time (no copy when contiguous;
+    a memoryview of a writable array writes through to it)."""
+    return np.ascontiguousarray(values).data
 
 
 def _launching_ops(t: Timeline) -> np.ndarray:
     """For each runtime call, the index of the innermost host op on its thread that contains
     it (-1: none)."""
     host, rt = t.host_ops, t.runtime
-    out = _ints(np.full(len(rt), -1, dtype=np.int64))
+    found = np.full(len(rt), -1, dtype=np.int64)
     if not len(host) or not len(rt):
-        return np.frombuffer(out, dtype=np.int64).copy()
-    h_start, h_end, r_start = _doubles(host.start), _doubles(host.end), _doubles(rt.start)
+        return found
+    out = _view(found)
+    h_start, h_end, r_start = _view(host.start), _view(host.end), _view(rt.start)
     by_tid = _group(host.attrs["tid"])
+    none = _view(np.empty(0, np.int64))
     for tid, calls in _group(rt.attrs["tid"]).items():
-        ops = by_tid.get(tid, array("q"))
+        ops = by_tid.get(tid, none)
         stack: list[int] = []
         k = 0
         for j in calls:  # runtime calls and host ops both sorted by start
@@ -81,15 +78,26 @@ def _launching_ops(t: Timeline) -> np.ndarray:
                 stack.pop()
             if stack:
                 out[j] = stack[-1]
-    return np.frombuffer(out, dtype=np.int64).copy()
+    return found
 
 
-def _group(values: np.ndarray) -> dict[int, array[int]]:
+def _group(values: np.ndarray) -> dict[int, memoryview]:
     """The indices of each value, in order."""
     order = np.argsort(values, kind="stable")
     keys, first = np.unique(values[order], return_index=True)
-    return {int(k): _ints(part) for k, part in zip(keys, np.split(order, first[1:]),
+    return {int(k): _view(part) for k, part in zip(keys, np.split(order, first[1:]),
                                                    strict=True)}
+
+
+def _first_named(group: np.ndarray, count: int, codes: np.ndarray, labels: Sequence[str]
+                 ) -> list[str]:
+    """Each group's label of the first of its calls whose code names one ("" for none)."""
+    named = np.isin(codes, [k for k, v in enumerate(labels) if v])
+    found, first = np.unique(group[named], return_index=True)
+    out = [""] * count
+    for g, code in zip(found.tolist(), codes[named][first].tolist(), strict=True):
+        out[g] = labels[code]
+    return out
 
 
 def last_of(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -123,7 +131,6 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both; 
     if not len(host):
         return pd.DataFrame({c: pd.Series(dtype=float) for c in OP_COLUMNS})
     a = host.attrs
-    own = _self_us(host.start, host.end, a["tid"])
     device = np.zeros(len(host))
     layout_us = np.zeros(len(host))
     launched = np.zeros(len(host), dtype=np.int64)
@@ -132,6 +139,7 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both; 
         corr = t.runtime.attrs["corr"]
         known = (corr >= 0) & (launcher >= 0)
         op_of = last_of(corr[known], launcher[known])
+        del launcher, known  # one column of each event at a time: a 2 M-event trace's peak
         transposes = kernels.attrs["kind"] == K_LAYOUT
         for work, layout in ((kernels, transposes), (t.memcpy, np.zeros(len(t.memcpy), bool))):
             # kernels, and copies (a copy op's device time); np.add.at adds in order, as a
@@ -142,35 +150,39 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both; 
             np.add.at(device, i[found], dur)
             np.add.at(launched, i[found], 1)
             np.add.at(layout_us, i[found][layout[found]], dur[layout[found]])
-    keep = np.ones(len(host), dtype=bool)
-    if lo_us is not None:
-        keep &= host.start >= lo_us
-    if hi_us is not None:
-        keep &= host.start < hi_us
-    kind, dtype = a["cost_kind"][keep], a["dtype"][keep]
-    frame = pd.DataFrame({
-        "op": a["name"][keep], "kind": kind, "dtype": dtype,
-        "self_s": own[keep] * US, "device_s": device[keep] * US,
-        "kernels": launched[keep], "flops": a["flops"][keep].astype(float),
-        "bytes": a["bytes"][keep].astype(float), "costed": kind >= 0,
-        "layout_s": layout_us[keep] * US, "nchw": a["layout"][keep] == LAYOUT_NCHW,
-        "nhwc": a["layout"][keep] == LAYOUT_NHWC,
-    })
-    g = frame.groupby("op", sort=False)  # by the name's code: in the order names first come
+        del op_of
+    own = _self_us(host.start, host.end, a["tid"])
+    keep: slice | np.ndarray = slice(None)  # the whole trace: no copy of each column
+    if lo_us is not None or hi_us is not None:
+        keep = np.ones(len(host), dtype=bool)
+        if lo_us is not None:
+            keep &= host.start >= lo_us
+        if hi_us is not None:
+            keep &= host.start < hi_us
+    # grouped by the name's code, in the order names first come: the counts by np.bincount
+    # (exact), the sums of seconds, flops and bytes by pandas (compensated, as before), one
+    # column at a time (no frame of every op: a copy of each column)
+    group, names = pd.factorize(a["name"][keep], sort=False)
+    count = len(names)
+
+    def total(values: np.ndarray) -> np.ndarray:
+        return np.bincount(group, weights=values, minlength=count).astype(np.int64)
+
+    def summed(values: np.ndarray) -> np.ndarray:
+        return pd.Series(values).groupby(group, sort=False).sum().to_numpy()
+
+    kind, dtype, layout = a["cost_kind"][keep], a["dtype"][keep], a["layout"][keep]
     table = pd.DataFrame({
-        "calls": g.size(), "self_s": g["self_s"].sum(), "device_s": g["device_s"].sum(),
-        "kernels": g["kernels"].sum(), "flops": g["flops"].sum(), "bytes": g["bytes"].sum(),
-        "costed_calls": g["costed"].sum(), "layout_s": g["layout_s"].sum(),
-        "nchw_calls": g["nchw"].sum(), "nhwc_calls": g["nhwc"].sum(),
+        "op": [t.names[int(n)] for n in names],
+        **{column: _first_named(group, count, codes, labels)
+           for column, codes, labels in (("kind", kind, COST_KINDS),
+                                         ("dtype", dtype, COST_DTYPES))},
+        "calls": np.bincount(group, minlength=count).astype(np.int64),
+        "self_s": summed(own[keep] * US), "device_s": summed(device[keep] * US),
+        "kernels": total(launched[keep]), "flops": summed(a["flops"][keep].astype(float)),
+        "bytes": summed(a["bytes"][keep].astype(float)), "costed_calls": total(kind >= 0),
+        "layout_s": summed(layout_us[keep] * US), "nchw_calls": total(layout == LAYOUT_NCHW),
+        "nhwc_calls": total(layout == LAYOUT_NHWC),
     })
-    for column, labels in (("kind", COST_KINDS), ("dtype", COST_DTYPES)):
-        # the first call's that names one
-        named = np.isin(frame[column].to_numpy(), [k for k, v in enumerate(labels) if v])
-        first = frame[named].groupby("op", sort=False)[column].first()
-        codes = first.reindex(table.index, fill_value=-1).to_numpy()
-        table.insert(len(table.columns) - 10, column,
-                     [labels[int(k)] if k >= 0 else "" for k in codes])
-    table.index = pd.Index([t.names[int(n)] for n in table.index], name="op")
-    table = table.reset_index()
     order = "device_s" if t.has_gpu else "self_s"
     return table.sort_values(order, ascending=False, kind="stable").reset_index(drop=True)
