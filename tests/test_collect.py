@@ -179,3 +179,22 @@ def test_a_truncated_trace_read_on_several_cores_is_one_line(tmp_path: Path,
     with pytest.raises(reader.TraceError) as err:
         load_timeline_parallel(path, 2)
     assert "\n" not in str(err.value) and "cut.json" in str(err.value)
+
+
+def _host_ops_read_in(path: Path) -> int:
+    from doctor.store import traces
+
+    return len(traces.read_timelines([path], workers=2)[0].host_ops)
+
+
+def test_a_daemonic_process_reads_a_trace_by_itself(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool's worker may not start processes: a trace read there is read by that worker."""
+    import multiprocessing
+
+    from doctor.store import traces
+
+    monkeypatch.setattr(traces, "PARALLEL_BYTES", 0)
+    path = write(tmp_path / "t.json", AWKWARD)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_host_ops_read_in, (path,)) == len(reference_timeline(path).host_ops)

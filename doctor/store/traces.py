@@ -50,7 +50,8 @@ def read_timelines(files: Sequence[Path], workers: int | None = None) -> list[Ti
 
     cores = workers or usable_cores()
     size = sum(p.stat().st_size for p in files if p.is_file())
-    if cores < 2 or size < PARALLEL_BYTES:
+    if cores < 2 or size < PARALLEL_BYTES or multiprocessing.current_process().daemon:
+        # (a daemonic process, such as a pool's worker, may not start processes of its own)
         return [load_timeline(p) for p in files]
     if len(files) == 1:
         from doctor.trace.parallel import load_timeline_parallel
