@@ -198,3 +198,22 @@ def test_a_daemonic_process_reads_a_trace_by_itself(tmp_path: Path,
     path = write(tmp_path / "t.json", AWKWARD)
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_host_ops_read_in, (path,)) == len(reference_timeline(path).host_ops)
+
+
+def _stuck(text: str) -> None:
+    import time
+
+    time.sleep(5)
+
+
+def test_a_block_that_never_comes_back_is_read_again_here(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A worker killed (out of memory) loses its block without a word from the pool: after a
+    while the trace is read again one block after the other, not waited for forever."""
+    from doctor.trace import parallel
+
+    monkeypatch.setattr(parallel, "_collect", _stuck)
+    monkeypatch.setattr(parallel, "BLOCK_TIMEOUT_S", 0.2)
+    path = write(tmp_path / "t.json", AWKWARD * 3)
+    assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))

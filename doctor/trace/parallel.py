@@ -31,6 +31,9 @@ from doctor.trace.typed_events import Event, decode_block
 
 #: Blocks handed out ahead of the one being joined, per worker.
 AHEAD = 3
+#: A block takes milliseconds; one not back after this long is lost (a worker killed: a pool
+#: does not say so), and the trace is read again here, one block after the other.
+BLOCK_TIMEOUT_S = 120.0
 
 #: What a worker sends for one block: its key, the block's columns by kind, the names and
 #: threads it codes for the first time (in code order), the steps, the first start and last end.
@@ -73,7 +76,7 @@ def _collect(text: str) -> BlockColumns | None:
 
 
 class _CutInsideAValue(Exception):
-    pass
+    """A block that did not decode (or did not come back): read the trace again, serially."""
 
 
 class _Join:
@@ -138,7 +141,10 @@ def _read(stream: TraceStream, pool: Any, workers: int, budget: EventBudget) -> 
 
 def _join_next(join: _Join, pending: deque[Any], budget: EventBudget) -> None:
     item = pending.popleft()
-    block = item.get() if isinstance(item, AsyncResult) else item
+    try:
+        block = item.get(BLOCK_TIMEOUT_S) if isinstance(item, AsyncResult) else item
+    except multiprocessing.TimeoutError:
+        raise _CutInsideAValue from None
     if block is None:
         raise _CutInsideAValue
     join.add(block)
