@@ -1,8 +1,10 @@
 """Sort the events of one trace into compact per-kind arrays: the timeline the step analysis reads.
 
-One pass over :func:`doctor.trace.reader.iter_events`; each event the analysis needs is reduced
-to a few numbers in ``array.array`` buffers (8 bytes a value, not a dict of Python objects), so a
-trace of millions of events costs tens of bytes per event. Names recognised across releases:
+One pass over the trace's blocks (:meth:`doctor.trace.reader.TraceStream.blocks`), each sorted
+into numpy columns a block at a time (doctor.trace.collect): each event the analysis needs is
+reduced to a few numbers (about 45 bytes, not a dict of Python objects), and past
+doctor.trace.budget.MAX_EVENTS events only the first steps are kept. Names recognised across
+releases (doctor.trace.kinds):
 
 - host ops: category ``cpu_op`` (torch >= 1.9) or ``Operator`` (1.8); annotations
   ``user_annotation``; steps ``ProfilerStep#N``; DataLoader ``enumerate(DataLoader)#...__next__``;
