@@ -46,6 +46,7 @@ def candidate(record: dict[str, Any], label: str) -> dict[str, Any]:
     return next(c for c in record["candidates"] if c["label"] == label)
 
 
+@pytest.mark.usefixtures("two_cores")
 def test_workers_fix_of_the_input_bound_job_is_measured(tmp_path: Path) -> None:
     run_dir, record = run_then_try(
         tmp_path, ["python", str(SAMPLE_JOBS / "input_bound.py"), "--steps", "40"],
@@ -151,6 +152,7 @@ def library_job(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
 
 
+@pytest.mark.usefixtures("two_cores")
 def test_a_dataloader_built_in_a_library_gets_the_setting(tmp_path: Path) -> None:
     library_job(tmp_path)
     # 20 tried steps: with 10, the workers' start-up on a loaded 2-core machine can leave the
