@@ -311,13 +311,10 @@ class BlockCollector:
         cost[2:] = 0
         layout = np.zeros(m, np.int64)
         costed = np.flatnonzero(self._costed.codes(codes[i]))
-        shaped = [k for k, a in zip(costed.tolist(), args.of(i[costed]), strict=True)
-                  if a is not None and a.input_dims is not None]  # record_shapes=True
-        for k in shaped:
-            a = args[int(i[k])]
-            dims = a.get("Input Dims") if a is not None else None
+        for k, a in zip(costed.tolist(), args.of(i[costed]), strict=True):
+            dims = a.input_dims if a is not None else None
             if a is None or dims is None:
-                continue
+                continue  # shapes only with record_shapes=True
             name = names[codes[int(i[k])]]
             found = op_cost(name, dims, a.get("Input type"))
             cost[:, k] = _cost_columns(found)
@@ -339,11 +336,10 @@ class BlockCollector:
 
     def _memory(self, i: Int64s, ts: Sequence[Any], args: _Args) -> None:
         """``[memory]`` instants: the allocator's totals after each allocation and free."""
-        at = i.tolist()
-        given = [a for a, j in zip(args.of(i), at, strict=True) if a is not None and
-                 ts[j] is not None]
-        times = np.array([ts[j] for a, j in zip(args.of(i), at, strict=True)
-                          if a is not None and ts[j] is not None], dtype=np.float64)
+        pairs = [(a, ts[j]) for a, j in zip(args.of(i), i.tolist(), strict=True)
+                 if a is not None and ts[j] is not None]
+        given = [a for a, _ in pairs]
+        times = np.array([t for _, t in pairs], dtype=np.float64)
         values = [_numbers([a.device_type for a in given]), _numbers([a.device_id for a in given]),
                   _numbers([a.total_allocated for a in given]),
                   _numbers([a.total_reserved for a in given])]
