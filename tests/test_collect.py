@@ -217,3 +217,29 @@ def test_a_block_that_never_comes_back_is_read_again_here(tmp_path: Path,
     monkeypatch.setattr(parallel, "BLOCK_TIMEOUT_S", 0.2)
     path = write(tmp_path / "t.json", AWKWARD * 3)
     assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
+
+
+def test_blocks_go_to_the_workers_through_shared_memory_or_the_pipe(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks are handed over in the shared ring (text far from ASCII included); one too large
+    for a slot goes through the pool's pipe: the timeline is the same either way."""
+    from doctor.trace import parallel
+
+    handed: list[str] = []
+    real = parallel._Slots.hand
+
+    def hand(self: Any, text: str) -> Any:
+        got = real(self, text)
+        handed.append("ring" if isinstance(got, tuple) else "pipe")
+        return got
+
+    monkeypatch.setattr(parallel._Slots, "hand", hand)
+    monkeypatch.setattr(reader, "BLOCK_CHARS", 512)
+    monkeypatch.setattr(parallel, "SLOT_BYTES", 800)  # some blocks fit, some do not
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::ünïcödé_名前_{k % 7}" * (1 + k % 5),
+               "ts": 10 * k, "dur": 5, "tid": 1 + k % 3} for k in range(400)]
+    events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}",
+                "ts": 1000 * s, "dur": 1000, "tid": 1} for s in range(4)]
+    path = write(tmp_path / "t.json", events)
+    assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
+    assert "ring" in handed and "pipe" in handed

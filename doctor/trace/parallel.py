@@ -13,6 +13,7 @@ is wrong with a broken file).
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 from collections import deque
@@ -27,13 +28,17 @@ from doctor.trace.budget import EventBudget
 from doctor.trace.collect import COLUMN_TYPES, KIND_COLUMNS, BlockCollector
 from doctor.trace.events import Timeline, freeze, load_timeline, release_freed_memory
 from doctor.trace.reader import TraceStream
-from doctor.trace.typed_events import Event, decode_block
+from doctor.trace.typed_events import Event, decode_array, decode_block
 
 #: Blocks handed out ahead of the one being joined, per worker.
 AHEAD = 3
 #: A block takes milliseconds; one not back after this long is lost (a worker killed: a pool
 #: does not say so), and the trace is read again here, one block after the other.
 BLOCK_TIMEOUT_S = 120.0
+#: The bytes of one slot of the shared ring that hands blocks to the workers: a block of text
+#: (BLOCK_CHARS, up to twice that where the buffer ran on) with its brackets; a larger one (text
+#: far from ASCII) goes through the pool's pipe.
+SLOT_BYTES = (2 << 20) + 4096
 
 #: What a worker sends for one block: its key, the block's columns by kind, the names and
 #: threads it codes for the first time (in code order), the steps, the first start and last end.
@@ -61,6 +66,9 @@ class _Delta:
 
 
 _WORKER: _Delta | None = None
+#: The ring of slots this process writes blocks into and its workers read them from: memory
+#: shared across fork, so a block's text is copied once, not pickled through a pipe both ways.
+_RING: mmap.mmap | None = None
 
 
 def _start_worker() -> None:
@@ -68,11 +76,46 @@ def _start_worker() -> None:
     _WORKER = _Delta(os.getpid())
 
 
-def _collect(text: str) -> BlockColumns | None:
-    """In a worker: one block's columns; None when its text does not decode (a bad cut)."""
+def _collect(block: str | tuple[int, int]) -> BlockColumns | None:
+    """In a worker: one block's columns; None when it does not decode (a bad cut). ``block`` is
+    its text, or (slot, length) of its bytes (a JSON array) in the shared ring."""
     assert _WORKER is not None
-    events = decode_block(text)
+    if isinstance(block, str):
+        events = decode_block(block)
+    else:
+        assert _RING is not None
+        slot, length = block
+        with memoryview(_RING) as ring:
+            events = decode_array(ring[slot * SLOT_BYTES:slot * SLOT_BYTES + length])
     return None if events is None else _WORKER.take(events)
+
+
+class _Slots:
+    """This process's side of the ring: a block's bytes put in the next slot, in turn. There are
+    more slots than blocks in flight, so a slot is written again only once its block is
+    joined."""
+
+    def __init__(self, ring: mmap.mmap | None, count: int) -> None:
+        self._ring, self._count, self._next = ring, count, 0
+
+    def hand(self, text: str) -> str | tuple[int, int]:
+        """What a worker is given for ``text``: its slot and length, or the text itself."""
+        if self._ring is None:
+            return text
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            return text
+        if len(data) + 2 > SLOT_BYTES:
+            return text
+        slot = self._next
+        self._next = (slot + 1) % self._count
+        at = slot * SLOT_BYTES
+        ring = self._ring
+        ring[at:at + 1] = b"["
+        ring[at + 1:at + 1 + len(data)] = data
+        ring[at + 1 + len(data):at + 2 + len(data)] = b"]"
+        return slot, len(data) + 2
 
 
 class _CutInsideAValue(Exception):
@@ -110,26 +153,36 @@ def load_timeline_parallel(path: str | Path, workers: int, max_events: int | Non
                            ) -> Timeline:
     """The timeline of the trace at ``path`` (as doctor.trace.events.load_timeline gives it),
     its blocks decoded by ``workers`` processes (fork, where the system has it)."""
+    global _RING
     methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods and os.name == "posix"
-                                          else "spawn")
+    fork = "fork" in methods and os.name == "posix"
+    context = multiprocessing.get_context("fork" if fork else "spawn")
+    count = AHEAD * workers + 2  # more than are ever in flight
+    # an anonymous mapping is shared with the children forked after it (not with spawned ones)
+    _RING = mmap.mmap(-1, count * SLOT_BYTES) if fork else None
     try:
         with context.Pool(workers, initializer=_start_worker) as pool:
-            timeline = _read(TraceStream(path), pool, workers, EventBudget(max_events))
+            timeline = _read(TraceStream(path), pool, workers, EventBudget(max_events),
+                             _Slots(_RING, count))
     except (_CutInsideAValue, TraceError):
         # after a cut inside a value the next block starts inside it too, and may not parse:
         # one block after the other finds the right cuts, or says what is wrong with the file
         return load_timeline(path, max_events)
+    finally:
+        if _RING is not None:
+            _RING.close()
+        _RING = None
     release_freed_memory()
     return timeline
 
 
-def _read(stream: TraceStream, pool: Any, workers: int, budget: EventBudget) -> Timeline:
+def _read(stream: TraceStream, pool: Any, workers: int, budget: EventBudget, slots: _Slots
+          ) -> Timeline:
     join, here = _Join(), _Delta("here")
     pending: deque[AsyncResult[BlockColumns | None] | BlockColumns] = deque()
     for item in stream.texts():
         if isinstance(item, str):
-            pending.append(pool.apply_async(_collect, (item,)))
+            pending.append(pool.apply_async(_collect, (slots.hand(item),)))
         else:  # an event larger than a block, decoded here
             pending.append(here.take(item))
         while len(pending) > AHEAD * workers:

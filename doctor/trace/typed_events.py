@@ -140,7 +140,12 @@ def from_dicts(events: Iterable[Any]) -> list[Event]:
 def decode_block(text: str) -> list[Event] | None:
     """The events of ``text``, a comma-separated run of JSON objects (a block of the event
     array without its brackets); None when it is not that (a split inside a value)."""
-    body = "[" + text + "]"
+    return decode_array("[" + text + "]")
+
+
+def decode_array(body: str | bytes | memoryview) -> list[Event] | None:
+    """The events of ``body``, a JSON array of objects (text, or UTF-8 bytes: a block that
+    another process wrote into shared memory); None when it is not one."""
     if msgspec is not None:
         try:
             return _BLOCK.decode(body)
@@ -149,7 +154,7 @@ def decode_block(text: str) -> list[Event] | None:
         except _ERRORS:
             return None
     try:
-        values = json.loads(body)
+        values = json.loads(body if not isinstance(body, memoryview) else bytes(body))
     except ValueError:
         return None
     return from_dicts(values) if isinstance(values, list) else None
