@@ -14,6 +14,7 @@ import multiprocessing
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from doctor.store.rundata import (
     empty_frames,
     typed,
 )
+from doctor.trace.beside import Beside
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import Timeline, load_timeline, release_freed_memory
 from doctor.trace.ops import op_table
@@ -40,6 +42,10 @@ from doctor.trace.steps import step_frame_from_timeline
 #: Traces smaller than this in all (bytes on disk) are read one after the other: starting the
 #: worker processes would cost more than it saves.
 PARALLEL_BYTES = 16 << 20
+#: A timeline with more host ops and runtime calls than this has its op table and collectives
+#: computed in a forked child while this process finds its steps (doctor.trace.beside): each
+#: takes a fraction of a second per million events.
+BESIDE_EVENTS = 500_000
 
 
 def read_timelines(files: Sequence[Path], workers: int | None = None) -> list[Timeline]:
@@ -83,12 +89,14 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
                       "world_size": timeline.meta.world_size,
                       "device_name": str(props[0].get("name")) if props and props[0].get("name")
                       else None})
+        tables = Beside(partial(_op_and_collective_tables, timeline),
+                        fork=len(timeline.host_ops) + len(timeline.runtime) > BESIDE_EVENTS)
         frame = step_frame_from_timeline(timeline, rank)
         release_freed_memory()
         memory += _memory_rows(timeline, who)
-        ops.append(op_table(timeline).assign(**who))
-        release_freed_memory()  # each step's temporaries: a column or two of every event
-        collectives.append(collective_calls(timeline).assign(**who))
+        op_rows, collective_rows = tables.result()
+        ops.append(op_rows.assign(**who))
+        collectives.append(collective_rows.assign(**who))
         if frame.empty:
             why = "the trace has no events" if timeline.last_us <= 0 else "no step could be found"
             status.append({**who, "ok": False, "reason": why})
@@ -111,6 +119,12 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
                                       FRAME_COLUMNS["collectives"])
     return RunData(record=RunRecord(kind=TRACE, source=", ".join(str(p) for p in files)),
                    **frames)
+
+
+def _op_and_collective_tables(timeline: Timeline) -> tuple[pd.DataFrame, pd.DataFrame]:
+    ops = op_table(timeline)
+    release_freed_memory()  # each step's temporaries: a column or two of every event
+    return ops, collective_calls(timeline)
 
 
 GPU_DEVICE_TYPE = 1  # Kineto's device type of CUDA (and of ROCm's HIP) memory
