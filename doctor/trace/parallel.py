@@ -1,6 +1,8 @@
 """Read one large trace on several cores: this process cuts the event array into blocks of text
-(doctor.trace.reader), worker processes decode and sort them into columns
-(doctor.trace.collect), and their columns are joined here in the blocks' order.
+(doctor.trace.reader) and writes each into a slot of a ring of shared memory, worker processes
+(forked after the ring was made) decode the slot in place and sort its events into columns
+(doctor.trace.collect), and their columns are joined here in the blocks' order. Only a slot's
+number crosses the pool's pipe one way, and a block's columns the other.
 
 Each worker keeps one collector, so a name or thread is coded once per worker; with each block it
 sends the columns of that block and the names and threads it has not sent before, and this
@@ -16,6 +18,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
+import threading
 from collections import deque
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
@@ -69,6 +72,9 @@ _WORKER: _Delta | None = None
 #: The ring of slots this process writes blocks into and its workers read them from: memory
 #: shared across fork, so a block's text is copied once, not pickled through a pipe both ways.
 _RING: mmap.mmap | None = None
+#: One large trace read at a time in a process: the ring is a module global, for the workers
+#: forked from it.
+_ONE_AT_A_TIME = threading.Lock()
 
 
 def _start_worker() -> None:
@@ -153,6 +159,11 @@ def load_timeline_parallel(path: str | Path, workers: int, max_events: int | Non
                            ) -> Timeline:
     """The timeline of the trace at ``path`` (as doctor.trace.events.load_timeline gives it),
     its blocks decoded by ``workers`` processes (fork, where the system has it)."""
+    with _ONE_AT_A_TIME:
+        return _load(path, workers, max_events)
+
+
+def _load(path: str | Path, workers: int, max_events: int | None) -> Timeline:
     global _RING
     methods = multiprocessing.get_all_start_methods()
     fork = "fork" in methods and os.name == "posix"
