@@ -11,7 +11,6 @@ reserved, and the device's memory from the trace's ``deviceProperties``.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -32,7 +31,7 @@ from doctor.store.rundata import (
     empty_frames,
     typed,
 )
-from doctor.trace.beside import Beside
+from doctor.trace.beside import Beside, fork_available
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import Timeline, load_timeline, release_freed_memory
 from doctor.trace.ops import op_table
@@ -64,9 +63,7 @@ def read_timelines(files: Sequence[Path], workers: int | None = None) -> list[Ti
 
         return [load_timeline_parallel(files[0], cores)]
     workers = min(len(files), cores)
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods and os.name == "posix"
-                                          else "spawn")
+    context = multiprocessing.get_context("fork" if fork_available() else "spawn")
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         return list(pool.map(load_timeline, files))
 

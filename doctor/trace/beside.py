@@ -22,9 +22,14 @@ T = TypeVar("T")
 TIMEOUT_S = 300.0
 
 
+def fork_available() -> bool:
+    """Whether this system starts children by fork (POSIX with the fork start method): they
+    then see this process's memory (a timeline, a shared ring) without a copy."""
+    return "fork" in multiprocessing.get_all_start_methods() and os.name == "posix"
+
+
 def _can_fork() -> bool:
-    return ("fork" in multiprocessing.get_all_start_methods() and os.name == "posix"
-            and not multiprocessing.current_process().daemon)
+    return fork_available() and not multiprocessing.current_process().daemon
 
 
 class Beside(Generic[T]):

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from doctor.errors import TraceError
+from doctor.trace.beside import fork_available
 from doctor.trace.budget import EventBudget
 from doctor.trace.collect import COLUMN_TYPES, KIND_COLUMNS, BlockCollector
 from doctor.trace.events import Timeline, freeze, load_timeline, release_freed_memory
@@ -165,8 +166,7 @@ def load_timeline_parallel(path: str | Path, workers: int, max_events: int | Non
 
 def _load(path: str | Path, workers: int, max_events: int | None) -> Timeline:
     global _RING
-    methods = multiprocessing.get_all_start_methods()
-    fork = "fork" in methods and os.name == "posix"
+    fork = fork_available()
     context = multiprocessing.get_context("fork" if fork else "spawn")
     count = AHEAD * workers + 2  # more than are ever in flight
     # an anonymous mapping is shared with the children forked after it (not with spawned ones)
