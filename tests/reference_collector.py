@@ -186,9 +186,9 @@ class _Collector:
 
 
 def _correlation(args: Args) -> int:
-    """The correlation that ties a kernel to its launch (an integer); -1: none."""
+    """The correlation that ties a kernel to its launch (an integer of int64); -1: none."""
     value = args.correlation
-    return value if type(value) is int else -1
+    return value if type(value) is int and -(1 << 63) <= value < 1 << 63 else -1
 
 
 def _cost_columns(cost: OpCost | None) -> tuple[int, int, int, int]:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from doctor.trace import events as events_module
 from doctor.trace import reader
 from doctor.trace.collect import COLUMN_TYPES
 from doctor.trace.events import Timeline, build_timeline, load_timeline
@@ -47,7 +48,10 @@ def assert_same_timeline(got: Timeline, want: Timeline) -> None:
 
 @pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
 @pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_every_shared_trace_gives_the_per_event_timeline(path: Path) -> None:
+def test_every_shared_trace_gives_the_per_event_timeline(path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read by msgspec's typed blocks (the C scanner's own test: tests/test_scan.py)."""
+    monkeypatch.setattr(events_module, "SCANNER", False)
     assert_same_timeline(load_timeline(path), reference_timeline(path))
 
 
@@ -93,6 +97,7 @@ def test_awkward_events_give_the_per_event_timeline(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch,
                                                     block: int) -> None:
     monkeypatch.setattr(reader, "BLOCK_CHARS", block)
+    monkeypatch.setattr(events_module, "SCANNER", False)  # msgspec's blocks, cut small
     events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
               for k in range(5) for ev in AWKWARD]
     path = write(tmp_path / "t.json", events)
@@ -135,19 +140,26 @@ def test_awkward_events_read_on_several_cores(tmp_path: Path, monkeypatch: pytes
     assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
 
 
+@pytest.mark.parametrize("scanner", [False, True])
 def test_a_single_large_trace_is_read_on_several_cores(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       scanner: bool) -> None:
+    """Without the C scanner, a large trace's blocks are decoded by several processes; the
+    scanner reads it on two cores by itself (gunzip beside the scan)."""
     from doctor.store import traces
-    from doctor.trace import parallel
+    from doctor.trace import parallel, scan
 
+    if scanner and not scan.AVAILABLE:
+        pytest.skip("the C scanner is not built here")
     monkeypatch.setattr(traces, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(traces, "SCANNER", scanner)
     calls = []
     real = parallel.load_timeline_parallel
     monkeypatch.setattr(parallel, "load_timeline_parallel",
                         lambda p, w: calls.append(w) or real(p, w))
     path = write(tmp_path / "t.json", [ev for ev in TRICKY if isinstance(ev.get("args"), dict)])
     [got] = traces.read_timelines([path], workers=2)
-    assert calls == [2]
+    assert calls == ([] if scanner else [2])
     assert_same_timeline(got, reference_timeline(path))
 
 

@@ -114,7 +114,7 @@ def job_dict(run: RunData, job: JobFacts) -> dict[str, Any]:
         out["nodes"] = list(r.nodes)
     if not run.window_status.empty:  # which decoder and gunzip read the traces
         from doctor.trace.reader import GUNZIP
-        from doctor.trace.typed_events import READER
+        from doctor.trace.scan import READER
 
         out["trace_reader"] = READER
         out["trace_gunzip"] = GUNZIP

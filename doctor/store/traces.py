@@ -36,6 +36,7 @@ from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import Timeline, load_timeline, release_freed_memory
 from doctor.trace.ops import op_table
 from doctor.trace.reader import TraceMeta
+from doctor.trace.scan import AVAILABLE as SCANNER
 from doctor.trace.steps import step_frame_from_timeline
 
 #: Traces smaller than this in all (bytes on disk) are read one after the other: starting the
@@ -50,13 +51,15 @@ BESIDE_EVENTS = 500_000
 def read_timelines(files: Sequence[Path], workers: int | None = None) -> list[Timeline]:
     """Each trace's timeline, in the order given, read on the machine's cores when they are
     large enough to be worth it: several traces one process each; one trace its blocks across
-    processes (doctor.trace.parallel)."""
+    processes (doctor.trace.parallel) where the C scanner is missing (doctor.trace.scan)."""
     from doctor.record.machine import usable_cores
 
     cores = workers or usable_cores()
     size = sum(p.stat().st_size for p in files if p.is_file())
-    if cores < 2 or size < PARALLEL_BYTES or multiprocessing.current_process().daemon:
-        # (a daemonic process, such as a pool's worker, may not start processes of its own)
+    if cores < 2 or size < PARALLEL_BYTES or multiprocessing.current_process().daemon or (
+            len(files) == 1 and SCANNER):
+        # (a daemonic process, such as a pool's worker, may not start processes of its own;
+        # the C scanner reads one trace on two cores by itself: gunzip beside the scan)
         return [load_timeline(p) for p in files]
     if len(files) == 1:
         from doctor.trace.parallel import load_timeline_parallel

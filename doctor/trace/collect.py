@@ -14,7 +14,7 @@ collectives, memory instants, steps, and the host ops whose name has a cost form
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +57,7 @@ C_HOST, C_HOST_OP, C_TRACE, C_KERNEL, C_MEMCPY, C_MEMSET, C_RUNTIME, C_GPU, C_PY
 #: Names with a cost formula: only their host ops have their shapes read.
 _COSTED = MATMUL | CONV | CONV_BACKWARD | ELEMENTWISE | NORMALISE | COPY
 _NO_ARGS = Args()
+_INT64 = 1 << 63  # a correlation outside int64 is none
 _STEP = "ProfilerStep#"
 # What a host event's name makes it.
 R_OP, R_STEP, R_NOT_A_STEP, R_DATALOADER = 0, 1, 2, 3
@@ -102,20 +103,57 @@ class _Lookup(dict[Any, int]):
         return np.fromiter(map(self.__getitem__, keys), np.int64, len(keys))
 
 
-class _Args:
+class BlockArgs(Protocol):
     """The ``args`` of a block's events, read only for the events that need them."""
+
+    def of(self, at: Int64s) -> list[Args | None]:
+        """The ``args`` of the events at ``at`` (None: none)."""
+        ...
+
+    def correlations(self, at: Int64s) -> Int64s:
+        """The correlation that ties each event at ``at`` to its launch; -1: none."""
+        ...
+
+
+class _ByCode:
+    """What each name code maps to, computed once per code and looked up for a column of codes
+    at once (numpy indexing, no Python per event)."""
+
+    def __init__(self, compute: Callable[[int], int]) -> None:
+        self._compute = compute
+        self._values = np.zeros(0, np.int64)
+        self._known = np.zeros(0, np.bool_)
+
+    def codes(self, keys: Int64s) -> Int64s:
+        if not len(keys):
+            return np.zeros(0, np.int64)
+        top = int(keys.max()) + 1
+        if top > len(self._values):
+            grow = max(top, 2 * len(self._values)) - len(self._values)
+            self._values = np.concatenate([self._values, np.zeros(grow, np.int64)])
+            self._known = np.concatenate([self._known, np.zeros(grow, np.bool_)])
+        known = self._known[keys]
+        if not known.all():
+            for k in np.unique(keys[~known]).tolist():
+                self._values[k] = self._compute(k)
+                self._known[k] = True
+        return self._values[keys]
+
+
+class _Args:
+    """The ``args`` of a block of typed events."""
 
     __slots__ = ("_events",)
 
     def __init__(self, events: list[Event]) -> None:
         self._events = events
 
-    def __getitem__(self, j: int) -> Args | None:
-        return self._events[j].args
-
     def of(self, at: Int64s) -> list[Args | None]:
         events = self._events
         return [events[j].args for j in at.tolist()]
+
+    def correlations(self, at: Int64s) -> Int64s:
+        return _correlations(self.of(at))
 
 
 def _category(cat: Any) -> int:
@@ -149,7 +187,8 @@ def _host_role(name: str) -> int:
 
 def _correlations(args: Sequence[Any]) -> Int64s:
     """The correlation that ties each kernel, copy or runtime call to its launch; -1: none."""
-    return np.fromiter((a.correlation if a is not None and type(a.correlation) is int else -1
+    return np.fromiter((a.correlation if a is not None and type(a.correlation) is int
+                        and -_INT64 <= a.correlation < _INT64 else -1
                         for a in args), np.int64, len(args))
 
 
@@ -176,13 +215,13 @@ class BlockCollector:
         self._name_codes = _Lookup(self._new_name)
         self._tid_codes = _Lookup(self._new_tid)
         self._tid_of_text: dict[str, int] = {}
-        self._kernel_kinds = _Lookup(lambda code: kernel_kind(self.names[code]))
-        self._runtime_kinds = _Lookup(lambda code: runtime_kind(self.names[code]))
-        self._host_roles = _Lookup(lambda code: _host_role(self.names[code]))
-        self._optimizer = _Lookup(lambda code: int(self.names[code].startswith("Optimizer.step#")))
-        self._comm = _Lookup(lambda code: int(self.names[code].lower().startswith(COMM_OP)))
+        self._kernel_kinds = _ByCode(lambda code: kernel_kind(self.names[code]))
+        self._runtime_kinds = _ByCode(lambda code: runtime_kind(self.names[code]))
+        self._host_roles = _ByCode(lambda code: _host_role(self.names[code]))
+        self._optimizer = _ByCode(lambda code: int(self.names[code].startswith("Optimizer.step#")))
+        self._comm = _ByCode(lambda code: int(self.names[code].lower().startswith(COMM_OP)))
         self._collectives: dict[bytes | str, tuple[int, int, int]] = {}
-        self._costed = _Lookup(lambda code: int(self.names[code] in _COSTED))
+        self._costed = _ByCode(lambda code: int(self.names[code] in _COSTED))
 
     def name_code(self, name: str) -> int:
         """The code of ``name`` (given now if it has none)."""
@@ -214,24 +253,40 @@ class BlockCollector:
                 np.asarray(c, COLUMN_TYPES[name])
                 for name, c in zip(KIND_COLUMNS[kind], columns, strict=True)]))
 
+    def category_code(self, cat: str) -> int:
+        """What events of category ``cat`` are (C_HOST, C_KERNEL, ...)."""
+        return self._categories[cat]
+
     def add(self, events: list[Event]) -> None:
         """Sort one block of events into the columns."""
         if not events:
             return
-        n = len(events)
         # a list comprehension per field: faster than one tuple per event
         timed = np.array([e.ph for e in events], dtype=object) == "X"
         codes = self._name_codes.codes([e.name for e in events])
-        ts_t = [e.ts for e in events]
-        dur_t = [e.dur for e in events]
-        cat = [e.cat for e in events]
-        args = _Args(events)
+        ts = np.array([e.ts for e in events], dtype=np.float64)
+        dur = np.array([e.dur for e in events], dtype=np.float64)
+        cls = self._categories.codes([e.cat for e in events])
+
+        def tid_codes(at: Int64s) -> Int64s:
+            return self._tid_codes.codes([events[j].tid for j in at.tolist()])
+
+        self.add_columns(timed, codes, ts, dur, cls, tid_codes, _Args(events))
+
+    def add_columns(self, timed: npt.NDArray[np.bool_], codes: Int64s, ts: Floats, dur: Floats,
+                    cls: Int64s, tid_codes: Callable[[Int64s], Int64s], args: BlockArgs
+                    ) -> None:
+        """Sort one block of events, given as columns, into the columns: whether each is a
+        complete event (``ph`` "X"), its name's code (:meth:`name_code`), start and duration
+        (nan: none), what its category makes it (:meth:`category_code`); ``tid_codes`` gives
+        the thread codes of the events at the indices it is given (:meth:`tid_code`, in that
+        order), ``args`` their ``args``."""
+        n = len(timed)
+        if not n:
+            return
         if not timed.all():
             self._memory(np.flatnonzero(~timed & (codes == self._name_codes["[memory]"])),
-                         ts_t, args)
-        ts = np.array(ts_t, dtype=np.float64)
-        dur = np.array(dur_t, dtype=np.float64)
-        cls = self._categories.codes(cat)
+                         ts, args)
         with np.errstate(invalid="ignore"):
             keep = timed & ~np.isnan(ts) & ~np.isnan(dur) & (dur >= 0) & (cls != C_TRACE)
         idx = np.flatnonzero(keep)
@@ -255,7 +310,7 @@ class BlockCollector:
         with_tid[host_ops] = True
         tids = np.full(n, -1, np.int64)
         tid_at = np.flatnonzero(with_tid)
-        tids[tid_at] = self._tid_codes.codes([events[j].tid for j in tid_at.tolist()])
+        tids[tid_at] = tid_codes(tid_at)
         at = {c: idx[cls[idx] == c] for c in (C_KERNEL, C_MEMCPY, C_MEMSET, C_RUNTIME,
                                               C_PYTHON)}
         self._kernels(at[C_KERNEL], ts, end, codes, tids, names, args)
@@ -264,7 +319,7 @@ class BlockCollector:
         self._put("memset", ts[i], end[i], tids[i])
         i = at[C_RUNTIME]
         self._put("runtime", ts[i], end[i], self._runtime_kinds.codes(codes[i]), tids[i],
-                  codes[i], _correlations(args.of(i)))
+                  codes[i], args.correlations(i))
         i = at[C_PYTHON]
         self._put("python", ts[i], end[i], tids[i], codes[i])
         for j in host[roles[host] == R_STEP].tolist():
@@ -278,32 +333,34 @@ class BlockCollector:
         self._host_ops(host_ops[cls[host_ops] == C_HOST_OP], ts, end, codes, tids, names, args)
 
     def _kernels(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
-                 names: list[str], args: _Args) -> None:
+                 names: list[str], args: BlockArgs) -> None:
         kinds = self._kernel_kinds.codes(codes[i])
-        corr = _correlations(args.of(i))
+        corr = args.correlations(i)
         self._put("kernels", ts[i], end[i], kinds, codes[i], corr, tids[i])
         comm = np.flatnonzero(kinds == K_COMM)
-        rows = [self._collective(names[codes[j]], args[j]) for j in i[comm].tolist()]
+        rows = [self._collective(names[codes[j]], a)
+                for j, a in zip(i[comm].tolist(), args.of(i[comm]), strict=True)]
         self._put("comm_kernels", ts[i[comm]], end[i[comm]], *_transpose(rows, 3), corr[comm])
 
     def _memcpy(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
-                names: list[str], args: _Args) -> None:
+                names: list[str], args: BlockArgs) -> None:
         rows = []
-        for j in i.tolist():
-            a = args[j] or _NO_ARGS
+        for j, given in zip(i.tolist(), args.of(i), strict=True):
+            a = given or _NO_ARGS
             kind, mem = copy_kind(names[codes[j]], a)
             nbytes = number(a.get("bytes"))
             rows.append((kind, mem, int(nbytes) if nbytes is not None else -1))
-        self._put("memcpy", ts[i], end[i], *_transpose(rows, 3),
-                  _correlations(args.of(i)), tids[i])
+        self._put("memcpy", ts[i], end[i], *_transpose(rows, 3), args.correlations(i),
+                  tids[i])
 
     def _comm_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
-                  names: list[str], args: _Args) -> None:
-        rows = [self._collective(names[codes[j]], args[j]) for j in i.tolist()]
+                  names: list[str], args: BlockArgs) -> None:
+        rows = [self._collective(names[codes[j]], a)
+                for j, a in zip(i.tolist(), args.of(i), strict=True)]
         self._put("comm", ts[i], end[i], tids[i], *_transpose(rows, 3), codes[i])
 
     def _host_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
-                  names: list[str], args: _Args) -> None:
+                  names: list[str], args: BlockArgs) -> None:
         """The host ops (``cpu_op``): their cost where the name has a formula and the trace
         has the shapes."""
         m = len(i)
@@ -334,10 +391,10 @@ class BlockCollector:
             found = self._collectives[key] = collective_args(name, a)
         return found
 
-    def _memory(self, i: Int64s, ts: Sequence[Any], args: _Args) -> None:
+    def _memory(self, i: Int64s, ts: Floats, args: BlockArgs) -> None:
         """``[memory]`` instants: the allocator's totals after each allocation and free."""
-        pairs = [(a, ts[j]) for a, j in zip(args.of(i), i.tolist(), strict=True)
-                 if a is not None and ts[j] is not None]
+        pairs = [(a, t) for a, t in zip(args.of(i), ts[i].tolist(), strict=True)
+                 if a is not None and t == t]  # (nan: no time)
         given = [a for a, _ in pairs]
         times = np.array([t for _, t in pairs], dtype=np.float64)
         values = [_numbers([a.device_type for a in given]), _numbers([a.device_id for a in given]),

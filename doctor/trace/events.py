@@ -32,6 +32,8 @@ import numpy.typing as npt
 from doctor.trace.budget import EventBudget, TraceCut
 from doctor.trace.collect import COLUMN_TYPES, KIND_COLUMNS, BlockCollector
 from doctor.trace.reader import TraceMeta, TraceStream
+from doctor.trace.scan import AVAILABLE as SCANNER
+from doctor.trace.scan import NotScanned, load_scanned
 from doctor.trace.typed_events import from_dicts
 
 __all__ = ["Timeline", "build_timeline", "load_timeline"]
@@ -93,13 +95,25 @@ def load_timeline(path: str | Path, max_events: int | None = None) -> Timeline:
     """Stream the trace at ``path`` into a :class:`Timeline` (raises TraceError if unreadable):
     blocks of events decoded into typed records (doctor.trace.typed_events) and sorted into
     columns a block at a time (doctor.trace.collect), never a dict per event."""
+    if SCANNER:
+        col, budget = BlockCollector(), EventBudget(max_events)
+        try:
+            meta = load_scanned(Path(path), col, budget)
+        except NotScanned:
+            pass  # read again the slow way, which says what is wrong
+        else:
+            return _frozen(col, meta, budget)
     stream = TraceStream(path)
     col = BlockCollector()
     budget = EventBudget(max_events)
     for block in stream.blocks():
         col.add(block)
         budget.apply(col)
-    timeline = freeze(col, stream.meta, budget.finish(col))
+    return _frozen(col, stream.meta, budget)
+
+
+def _frozen(col: BlockCollector, meta: TraceMeta, budget: EventBudget) -> Timeline:
+    timeline = freeze(col, meta, budget.finish(col))
     del col
     release_freed_memory()
     return timeline

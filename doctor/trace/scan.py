@@ -1,0 +1,328 @@
+"""Read a trace at the speed of the disk: its event array scanned in C straight into columns.
+
+The C scanner (doctor/trace/_scan.c, built with the package where a compiler is) reads the
+gunzipped bytes of the event array and writes, for a block of events at a time, the fields the
+analysis reads into numpy columns: whether the event is complete (``ph`` "X"), the ids of its
+name, category and thread in tables of the distinct strings, its start and duration, the
+correlation of its launch, and where its ``args`` lie in the bytes. No Python object is made per
+event; each distinct string is decoded once, here, and the ``args`` of the few events the
+analysis reads them for (copies, collectives, memory instants, host ops with a cost formula)
+are decoded from their bytes one by one (msgspec). The columns go to the same collector as the
+typed events do (doctor.trace.collect), so the timeline is the same.
+
+The file is gunzipped in a thread beside this one (ISA-L and zlib let go of the interpreter while
+they inflate), so inflating and scanning run on two cores. An event whose fields have unusual
+types (a ``ts`` given as a string, ``args`` that is not an object) is decoded the slow way
+(doctor.trace.typed_events), with those around it; a file that is not JSON, or that ends early,
+raises :class:`NotScanned` and the caller reads it again the slow way, which says what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from doctor.trace.budget import EventBudget
+from doctor.trace.collect import BlockCollector, Int64s
+from doctor.trace.reader import _GUNZIP_ERRORS, TraceMeta, _gunzip
+from doctor.trace.typed_events import READER as TYPED_READER
+from doctor.trace.typed_events import Args, decode_array
+
+try:
+    from doctor.trace import _scan
+except ImportError:  # built with the package where a C compiler is; else msgspec reads
+    _scan = None  # type: ignore[assignment]
+
+try:
+    import msgspec
+except ImportError:  # pragma: no cover - a dependency
+    msgspec = None  # type: ignore[assignment]
+
+#: Whether the C scanner is here (it also needs msgspec, which decodes the args it points at).
+AVAILABLE = _scan is not None and msgspec is not None
+#: Which reader reads traces: the C scanner (msgspec decoding the events it leaves to the slow
+#: way), or msgspec alone (doctor.trace.typed_events.READER).
+READER = f"scan (C), {TYPED_READER} where it cannot" if AVAILABLE else TYPED_READER
+#: Events scanned into the columns at once.
+BLOCK_EVENTS = 16384
+#: Bytes inflated (or read) at a time.
+CHUNK_BYTES = 4 << 20
+#: Chunks inflated ahead of the scanner.
+AHEAD = 4
+#: Events of unusual types decoded the slow way together.
+SLOW_EVENTS = 4096
+_READ_ERRORS: tuple[type[Exception], ...] = (*_GUNZIP_ERRORS, ValueError)
+_SEPARATORS = re.compile(rb"[ \t\r\n,]*")
+_WS = re.compile(rb"[ \t\r\n]*")
+
+
+class NotScanned(Exception):
+    """The trace cannot be scanned (not JSON, cut short): read it the slow way."""
+
+
+def load_scanned(path: Path, col: BlockCollector, budget: EventBudget) -> TraceMeta:
+    """Scan the trace at ``path`` into ``col`` (``budget`` applied after each block); its
+    top-level facts. NotScanned when the slow way must read it."""
+    chunks = _Chunks(path)
+    try:
+        top = _Walk(chunks, col, budget).run()
+    finally:
+        chunks.close()
+    return TraceMeta.from_top_level(str(path), top)
+
+
+class _Chunks:
+    """The file's bytes (gunzipped when gzipped), read a chunk at a time by a thread beside
+    this one."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            with path.open("rb") as probe:
+                gz = probe.read(2) == b"\x1f\x8b"
+            self._fh: IO[bytes] = _gunzip(path) if gz else path.open("rb")
+        except OSError as err:
+            raise NotScanned(str(err)) from err
+        self._queue: queue.Queue[bytes | BaseException | None] = queue.Queue(AHEAD)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="doctor-gunzip", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while not self._stop.is_set():
+                data = self._fh.read(CHUNK_BYTES)
+                self._put(data or None)
+                if not data:
+                    return
+        except _READ_ERRORS as err:
+            self._put(err)
+
+    def _put(self, item: bytes | BaseException | None) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def next(self) -> bytes | None:
+        """The next chunk; None at the end of the file."""
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise NotScanned(f"cannot decompress: {item}")
+        if item is None:
+            self._queue.put(None)  # asked again, still the end
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._fh.close()
+
+
+class _Walk:
+    """The trace's structure: top-level keys around the event array, or a bare array."""
+
+    def __init__(self, chunks: _Chunks, col: BlockCollector, budget: EventBudget) -> None:
+        self.chunks, self.col, self.budget = chunks, col, budget
+        self.buf = b""
+        self.pos = 0
+        self.top: dict[str, Any] = {}
+        self.columns = _Columns(col)
+
+    def fill(self) -> bool:
+        """Read one more chunk onto what is left of the buffer; False at the end of the file."""
+        data = self.chunks.next()
+        if data is None:
+            return False
+        self.buf = self.buf[self.pos:] + data if self.pos < len(self.buf) else data
+        self.pos = 0
+        return True
+
+    def peek(self, pattern: re.Pattern[bytes] = _WS) -> int:
+        """The next byte after ``pattern`` (-1 at the end of the file)."""
+        while True:
+            m = pattern.match(self.buf, self.pos)
+            self.pos = m.end() if m else self.pos
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.fill():
+                return -1
+
+    def value_end(self) -> int:
+        """Where the JSON value at the cursor ends, reading on as needed."""
+        assert _scan is not None
+        while True:
+            end = _scan.value_end(self.buf, self.pos)
+            if end >= 0:
+                return end
+            if end == -2 or not self.fill():
+                raise NotScanned("not JSON")
+
+    def value(self) -> Any:
+        end = self.value_end()
+        try:
+            value = json.loads(self.buf[self.pos:end])
+        except ValueError as err:
+            raise NotScanned("not JSON") from err
+        self.pos = end
+        return value
+
+    def run(self) -> dict[str, Any]:
+        first = self.peek()
+        if first == ord("["):
+            self.events()
+        elif first == ord("{"):
+            self.pos += 1
+            while (nxt := self.peek(_SEPARATORS)) != ord("}"):
+                if nxt != ord('"'):
+                    raise NotScanned("not a trace")
+                key = self.value()
+                if self.peek() != ord(":"):
+                    raise NotScanned("not a trace")
+                self.pos += 1
+                if key == "traceEvents" and self.peek() == ord("["):
+                    self.events()
+                else:
+                    self.top[key] = self.value()
+        else:
+            raise NotScanned("not a trace")
+        return self.top
+
+    def events(self) -> None:
+        """The event array from its opening bracket to its closing one."""
+        assert _scan is not None
+        self.pos += 1
+        cols = self.columns
+        while True:
+            rows, self.pos, status = _scan.scan(self.buf, self.pos, *cols.tables, *cols.arrays)
+            if rows:
+                cols.add(rows, self.buf)
+                self.budget.apply(self.col)
+            if status == _scan.END:
+                return
+            if status == _scan.NEED_MORE:
+                if not self.fill():
+                    raise NotScanned("the file ends inside the event array")
+            elif status == _scan.ODD:
+                self.slow_events()
+            elif status == _scan.ERROR:
+                raise NotScanned("not JSON")
+
+    def slow_events(self) -> None:
+        """The events from the cursor (the first of unusual types), decoded the slow way."""
+        texts: list[bytes] = []
+        while len(texts) < SLOW_EVENTS and self.peek(_SEPARATORS) not in (ord("]"), -1):
+            end = self.value_end()
+            texts.append(self.buf[self.pos:end])
+            self.pos = end
+        body = b"[" + b",".join(texts) + b"]"
+        events = decode_array(body.decode("utf-8", "replace"))
+        if events is None:
+            raise NotScanned("not JSON")
+        self.col.add(events)
+        self.budget.apply(self.col)
+
+
+class _Columns:
+    """The scanner's columns for a block, and what its ids mean in the collector's codes."""
+
+    def __init__(self, col: BlockCollector) -> None:
+        assert _scan is not None
+        self.col = col
+        self.tables = (_scan.Interner(), _scan.Interner(), _scan.Interner())
+        n = BLOCK_EVENTS
+        self.ph = np.zeros(n, np.uint8)
+        self.name, self.cat, self.tid = (np.zeros(n, np.int32) for _ in range(3))
+        self.ts, self.dur = np.zeros(n, np.float64), np.zeros(n, np.float64)
+        self.corr, self.lo, self.hi = (np.zeros(n, np.int64) for _ in range(3))
+        self.arrays = (self.ph, self.name, self.cat, self.tid, self.ts, self.dur, self.corr,
+                       self.lo, self.hi)
+        # the collector's code of each id (-1: not given yet)
+        self._names = np.empty(0, np.int64)
+        self._cats = np.empty(0, np.int64)
+        self._tids = np.empty(0, np.int64)
+
+    def add(self, rows: int, buf: bytes) -> None:
+        names, cats, tids = (t.keys for t in self.tables)
+        col = self.col
+        # new names in order of first sight: the ids are given in that order
+        self._names = _extend(self._names, names, col.name_code)
+        self._cats = _extend(self._cats, cats, col.category_code)
+        if len(self._tids) < len(tids):
+            grown = np.full(len(tids), -1, np.int64)
+            grown[:len(self._tids)] = self._tids
+            self._tids = grown
+        tid_ids = self.tid[:rows].astype(np.int64)
+
+        def tid_codes(at: Int64s) -> Int64s:
+            ids = tid_ids[at]
+            codes = self._tids[ids]
+            new = codes < 0
+            if new.any():  # given in the order the events that keep a thread first show it
+                unseen, first = np.unique(ids[new], return_index=True)
+                for k in unseen[np.argsort(first)].tolist():
+                    self._tids[k] = col.tid_code(_text(tids[k]))
+                codes = self._tids[ids]
+            return codes
+
+        col.add_columns(self.ph[:rows].astype(bool), self._names[self.name[:rows]],
+                        self.ts[:rows].copy(), self.dur[:rows].copy(),
+                        self._cats[self.cat[:rows]], tid_codes,
+                        _RawArgs(buf, self.lo[:rows].copy(), self.hi[:rows].copy(),
+                                 self.corr[:rows].copy()))
+
+
+def _extend(codes: Int64s, keys: list[bytes], code_of: Any) -> Int64s:
+    if len(codes) == len(keys):
+        return codes
+    new = [code_of(_text(k)) for k in keys[len(codes):]]
+    return np.concatenate([codes, np.array(new, np.int64)])
+
+
+def _text(raw: bytes) -> str:
+    """A string as the trace's bytes write it between its quotes."""
+    if b"\\" not in raw:
+        return raw.decode("utf-8", "replace")
+    try:
+        text = json.loads(b'"' + raw + b'"')
+    except UnicodeDecodeError:
+        text = json.loads('"' + raw.decode("utf-8", "replace") + '"')
+    except ValueError as err:
+        raise NotScanned("not JSON") from err
+    assert isinstance(text, str)
+    return text
+
+
+if msgspec is not None:
+    _ARGS = msgspec.json.Decoder(list[Args | None])
+
+
+class _RawArgs:
+    """The ``args`` of a scanned block, decoded from their bytes when asked for: the ones
+    asked for at once joined into one JSON array, decoded in one call."""
+
+    __slots__ = ("_buf", "_corr", "_hi", "_lo")
+
+    def __init__(self, buf: bytes, lo: Int64s, hi: Int64s, corr: Int64s) -> None:
+        self._buf, self._lo, self._hi, self._corr = buf, lo, hi, corr
+
+    def of(self, at: Int64s) -> list[Args | None]:
+        if not len(at):
+            return []
+        buf = self._buf
+        body = b"[" + b",".join([buf[lo:hi] if lo >= 0 else b"null" for lo, hi in zip(
+            self._lo[at].tolist(), self._hi[at].tolist(), strict=True)]) + b"]"
+        try:
+            return _ARGS.decode(body)
+        except msgspec.DecodeError:  # not UTF-8: as the slow way reads it
+            return _ARGS.decode(body.decode("utf-8", "replace"))
+
+    def correlations(self, at: Int64s) -> Int64s:
+        return self._corr[at]

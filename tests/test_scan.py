@@ -1,0 +1,189 @@
+"""The C scanner (doctor.trace.scan) gives the timeline the per-event collector gives
+(tests/reference_collector.py): on every shared trace, on awkward events cut at every place by
+small chunks and blocks, on events of unusual types (decoded the slow way), and it says what is
+wrong with a broken file as the slow way does."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from doctor.errors import TraceError
+from doctor.trace import events as events_module
+from doctor.trace import scan
+from doctor.trace.budget import EventBudget
+from doctor.trace.collect import BlockCollector
+from doctor.trace.events import load_timeline
+from tests.reference_collector import reference_timeline
+from tests.test_collect import AWKWARD, SHARED, assert_same_timeline
+from tests.test_typed_events import CLEAN, write
+
+pytestmark = pytest.mark.skipif(not scan.AVAILABLE, reason="the C scanner is not built here "
+                                "(pip install -e . builds it where a C compiler is)")
+
+
+def scanned(path: Path) -> BlockCollector:
+    """The collector the scanner filled (NotScanned if it could not)."""
+    col = BlockCollector()
+    scan.load_scanned(path, col, EventBudget())
+    return col
+
+
+def test_the_scanner_is_built_and_says_so() -> None:
+    assert scan.READER.startswith("scan (C)")
+    assert events_module.SCANNER
+
+
+@pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
+@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
+def test_every_shared_trace_is_scanned_into_the_per_event_timeline(
+        path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow: list[int] = []
+    real = scan._Walk.slow_events
+    monkeypatch.setattr(scan._Walk, "slow_events", lambda self: slow.append(1) or real(self))
+    assert_same_timeline(load_timeline(path), reference_timeline(path))
+    assert not slow  # real traces are scanned whole, none of their events the slow way
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000, 4 << 20])
+@pytest.mark.parametrize("block", [1, 3, 16384])
+@pytest.mark.parametrize("layout", ["object", "bare", "indented", "gz"])
+def test_awkward_events_cut_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     chunk: int, block: int, layout: str) -> None:
+    """Chunks of a byte cut every event, string, number and escape somewhere; blocks of one
+    event make every event its own block."""
+    monkeypatch.setattr(scan, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(scan, "BLOCK_EVENTS", block)
+    events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
+              for k in range(3) for ev in AWKWARD]
+    path = write(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",
+                 indent=2 if layout == "indented" else None)
+    scanned(path)  # no NotScanned: the scanner read it (its odd events the slow way)
+    assert_same_timeline(load_timeline(path), reference_timeline(path))
+
+
+def test_events_of_usual_types_are_all_scanned(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    slow: list[int] = []
+    real = scan._Walk.slow_events
+    monkeypatch.setattr(scan._Walk, "slow_events", lambda self: slow.append(1) or real(self))
+    path = write(tmp_path / "t.json", CLEAN * 5)
+    assert_same_timeline(load_timeline(path), reference_timeline(path))
+    assert not slow
+
+
+ODD: list[Any] = [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": "14.5", "dur": "2", "tid": 1},
+    {"ph": "X", "cat": "cpu_op", "name": 17, "ts": 15, "dur": 1, "tid": 1},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mul", "ts": 16, "dur": 1, "tid": 1.5},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mul", "ts": 16, "dur": 1, "tid": True},
+    {"ph": "X", "cat": "kernel", "name": "k", "ts": 17, "dur": 1, "tid": 7, "args": [1, 2]},
+    {"ph": "X", "cat": "kernel", "name": "k", "ts": 18, "dur": 1, "tid": 7,
+     "args": {"correlation": 123456789012345678901234}},
+    {"ph": ["X"], "cat": "cpu_op", "name": "aten::sub", "ts": 19, "dur": 1, "tid": 1},
+    [1, 2, 3],
+    "a string where an event should be",
+]
+
+
+@pytest.mark.parametrize("odd", range(len(ODD)))
+def test_an_event_of_unusual_types_is_decoded_the_slow_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: int) -> None:
+    slow: list[int] = []
+    real = scan._Walk.slow_events
+    monkeypatch.setattr(scan._Walk, "slow_events", lambda self: slow.append(1) or real(self))
+    events = [*CLEAN, ODD[odd], *CLEAN]
+    path = write(tmp_path / "t.json", events)
+    scanned(path)
+    assert slow
+    assert_same_timeline(load_timeline(path), reference_timeline(path))
+
+
+def test_names_written_with_escapes_are_the_same_names(tmp_path: Path) -> None:
+    raw = ('{"traceEvents": ['
+           '{"ph": "X", "cat": "cpu_op", "name": "caf\\u00e9 \\"op\\"", "ts": 1, "dur": 1, '
+           '"tid": 1},'
+           '{"ph": "X", "cat": "cpu_op", "name": "café \\"op\\"", "ts": 2, "dur": 1, '
+           '"tid": 1},'
+           '{"ph": "X", "cat": "cpu\\u005fop", "name": "x", "ts": 3, "dur": 1, "tid": "1"}]}')
+    path = tmp_path / "t.json"
+    path.write_text(raw, encoding="utf-8")
+    got = load_timeline(path)
+    assert [got.names[c] for c in got.host_ops.attrs["name"]] == ['café "op"'] * 2 + ["x"]
+    assert got.tids == ["1"]  # the thread 1 and "1" are one thread, as str() writes it
+    assert_same_timeline(got, reference_timeline(path))
+
+
+def test_numbers_are_the_numbers_python_reads(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    texts = ["0", "-0", "1", "-1.5", "1e3", "2.5E-3", "123456789012345678901234567890",
+             "0.1", "1700000000000.123", "9007199254740993", "1.5e300",
+             "0.000000000000000000000000001", "5e-324"]
+    texts += [f"{rng.randrange(10**rng.randrange(1, 20))}.{rng.randrange(10**6):06d}"
+              for _ in range(300)]
+    raw = "[" + ",".join(f'{{"ph": "X", "cat": "cpu_op", "name": "n{k}", "ts": {t}, '
+                         f'"dur": {t}, "tid": 1}}' for k, t in enumerate(texts)) + "]"
+    path = tmp_path / "t.json"
+    path.write_text(raw)
+    got = load_timeline(path)  # (its origin is 0: the starts are the numbers themselves)
+    want = sorted(float(t) for t in texts if float(t) >= 0)
+    np.testing.assert_array_equal(np.sort(got.host_ops.start + got.origin_us), want)
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.6, 0.99])
+def test_a_truncated_trace_is_one_line(tmp_path: Path, cut: float) -> None:
+    text = json.dumps({"traceEvents": AWKWARD * 40})
+    path = tmp_path / "cut.json"
+    path.write_text(text[: int(len(text) * cut)])
+    with pytest.raises(TraceError) as err:
+        load_timeline(path)
+    assert "\n" not in str(err.value) and "cut.json" in str(err.value)
+    with pytest.raises(scan.NotScanned):
+        scanned(path)
+
+
+@pytest.mark.parametrize("text", ['{"traceEvents": [{"ph": "X",, "ts": 1}]}',
+                                  '{"traceEvents": [{"ph": "X" "ts": 1}]}',
+                                  '{"traceEvents": [{"ts": 1x}]}', "not json", ""])
+def test_text_that_is_not_json_is_one_line(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(TraceError) as err:
+        load_timeline(path)
+    assert "\n" not in str(err.value) and "bad.json" in str(err.value)
+
+
+def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="no such trace file"):
+        load_timeline(tmp_path / "nothing.json")
+
+
+def test_metadata_before_and_after_the_events(tmp_path: Path) -> None:
+    raw = ('{"distributedInfo": {"rank": 3, "world_size": 8, "backend": "nccl"}, '
+           '"deviceProperties": [{"name": "A100"}], "traceEvents": '
+           + json.dumps(CLEAN) + ', "baseTimeNanoseconds": 1700000000000000000, '
+           '"traceName": "x"}')
+    path = tmp_path / "t.json"
+    path.write_text(raw)
+    got = load_timeline(path)
+    assert (got.meta.rank, got.meta.world_size, got.meta.backend) == (3, 8, "nccl")
+    assert got.meta.base_time_ns == 1700000000000000000
+    assert_same_timeline(got, reference_timeline(path))
+
+
+def test_args_that_are_not_utf8_are_read_as_the_slow_way_reads_them(tmp_path: Path) -> None:
+    raw = (b'[{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", '
+           b'"ts": 1, "dur": 2, "tid": 7, "args": {"note": "\xff\xfe", "bytes": 4096, '
+           b'"correlation": 5}}, {"ph": "X", "cat": "kernel", "name": "k\xff", "ts": 3, '
+           b'"dur": 1, "tid": 7, "args": {"correlation": 6}}]')
+    path = tmp_path / "t.json"
+    path.write_bytes(raw)
+    got = load_timeline(path)
+    assert got.memcpy.attrs["bytes"].tolist() == [4096]
+    assert got.kernels.attrs["corr"].tolist() == [6]
+    assert_same_timeline(got, reference_timeline(path))
