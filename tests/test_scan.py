@@ -52,13 +52,15 @@ def test_every_shared_trace_is_scanned_into_the_per_event_timeline(
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000, 4 << 20])
 @pytest.mark.parametrize("block", [1, 3, 16384])
+@pytest.mark.parametrize("seam", [1, 50, 64 << 10])
 @pytest.mark.parametrize("layout", ["object", "bare", "indented", "gz"])
 def test_awkward_events_cut_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     chunk: int, block: int, layout: str) -> None:
+                                     chunk: int, block: int, seam: int, layout: str) -> None:
     """Chunks of a byte cut every event, string, number and escape somewhere; blocks of one
-    event make every event its own block."""
+    event make every event its own block; a seam shorter than an event joins the chunks."""
     monkeypatch.setattr(scan, "CHUNK_BYTES", chunk)
     monkeypatch.setattr(scan, "BLOCK_EVENTS", block)
+    monkeypatch.setattr(scan, "SEAM_BYTES", seam)
     events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
               for k in range(3) for ev in AWKWARD]
     path = write(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",

@@ -690,9 +690,192 @@ static PyObject *value_end(PyObject *module, PyObject *args) {
     return PyLong_FromSsize_t(result);
 }
 
+/* -- values of an event's args, for many events at once ---------------------------------- */
+
+#define MAX_KEYS 8
+
+/* The values of `keys` among the members of the args object at p (spans[k] = NULL when
+ * absent): 0, or -1 when it is not a whole object. */
+static int find_members(const char *p, const char *end, PyObject *keys, Py_ssize_t nkeys,
+                        const char **lo, const char **hi) {
+    for (Py_ssize_t k = 0; k < nkeys; k++) lo[k] = hi[k] = NULL;
+    if (p >= end || *p != '{') return -1;
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == '}') return 0;
+    for (;;) {
+        const char *k, *q;
+        Py_ssize_t kn;
+        if (member_key(&p, end, &k, &kn) != OK_EVENT) return -1;
+        q = skip_value(p, end);
+        if (IS_BAD(q)) return -1;
+        for (Py_ssize_t i = 0; i < nkeys; i++) {
+            PyObject *key = PyTuple_GET_ITEM(keys, i);
+            if (PyBytes_GET_SIZE(key) == kn && memcmp(PyBytes_AS_STRING(key), k, (size_t)kn) == 0) {
+                lo[i] = p; /* the last of a repeated key, as a decoder keeps it */
+                hi[i] = q;
+            }
+        }
+        p = skip_ws(q, end);
+        if (p >= end) return -1;
+        if (*p == '}') return 0;
+        if (*p != ',') return -1;
+        p = skip_ws(p + 1, end);
+    }
+}
+
+typedef struct {
+    Py_buffer text, lo, hi;
+    Py_ssize_t rows, nkeys;
+    PyObject *keys;
+} ArgsQuery;
+
+static int query_open(PyObject *args, ArgsQuery *q, PyObject **extra) {
+    PyObject *buf, *lo, *hi;
+    if (!PyArg_ParseTuple(args, "OOOO!|O", &buf, &lo, &hi, &PyTuple_Type, &q->keys, extra))
+        return -1;
+    q->nkeys = PyTuple_GET_SIZE(q->keys);
+    if (q->nkeys > MAX_KEYS) {
+        PyErr_SetString(PyExc_ValueError, "too many keys");
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < q->nkeys; k++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(q->keys, k))) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return -1;
+        }
+    }
+    if (PyObject_GetBuffer(buf, &q->text, PyBUF_SIMPLE) < 0) return -1;
+    if (PyObject_GetBuffer(lo, &q->lo, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&q->text);
+        return -1;
+    }
+    if (PyObject_GetBuffer(hi, &q->hi, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&q->text);
+        PyBuffer_Release(&q->lo);
+        return -1;
+    }
+    q->rows = q->lo.len / 8;
+    if (q->hi.len / 8 < q->rows) q->rows = q->hi.len / 8;
+    return 0;
+}
+
+static void query_close(ArgsQuery *q) {
+    PyBuffer_Release(&q->text);
+    PyBuffer_Release(&q->lo);
+    PyBuffer_Release(&q->hi);
+}
+
+/* Row i's args object: its span in the text, or 0 when it has none. */
+static int query_row(ArgsQuery *q, Py_ssize_t i, const char **p, const char **end) {
+    int64_t lo = ((int64_t *)q->lo.buf)[i], hi = ((int64_t *)q->hi.buf)[i];
+    if (lo < 0 || hi > q->text.len || lo > hi) return 0;
+    *p = (const char *)q->text.buf + lo;
+    *end = (const char *)q->text.buf + hi;
+    return 1;
+}
+
+PyDoc_STRVAR(args_numbers_doc,
+"args_numbers(buf, lo, hi, keys, out) -> bool\n\n"
+"For each row i, the values of the args members named by keys (a tuple of bytes) of the\n"
+"args object at buf[lo[i]:hi[i]] (lo -1: none) into out[i, k] (float64, rows x keys): a number\n"
+"as Python's float() reads it, nan for anything else. False (out unfinished) when a value is\n"
+"a string: its number is for the slow way to read.");
+
+static PyObject *args_numbers(PyObject *module, PyObject *args) {
+    ArgsQuery q;
+    PyObject *out_obj = NULL;
+    if (query_open(args, &q, &out_obj) < 0) return NULL;
+    Py_buffer out;
+    if (!out_obj || PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        if (!out_obj) PyErr_SetString(PyExc_TypeError, "args_numbers needs out");
+        query_close(&q);
+        return NULL;
+    }
+    if (out.len < (Py_ssize_t)(q.rows * q.nkeys * 8)) {
+        PyErr_SetString(PyExc_ValueError, "out is too small");
+        PyBuffer_Release(&out);
+        query_close(&q);
+        return NULL;
+    }
+    double *o = out.buf;
+    int ok = 1;
+    const char *vlo[MAX_KEYS], *vhi[MAX_KEYS];
+    for (Py_ssize_t i = 0; i < q.rows && ok; i++) {
+        const char *p, *end;
+        double *row = o + i * q.nkeys;
+        for (Py_ssize_t k = 0; k < q.nkeys; k++) row[k] = NAN;
+        if (!query_row(&q, i, &p, &end) || find_members(p, end, q.keys, q.nkeys, vlo, vhi) < 0)
+            continue;
+        for (Py_ssize_t k = 0; k < q.nkeys; k++) {
+            const char *v = vlo[k];
+            if (!v) continue;
+            if (*v == '"') {
+                ok = 0;
+                break;
+            }
+            if (*v == '-' || (*v >= '0' && *v <= '9')) row[k] = number_value(v, vhi[k] - v);
+        }
+    }
+    PyBuffer_Release(&out);
+    query_close(&q);
+    return PyBool_FromLong(ok);
+}
+
+PyDoc_STRVAR(args_texts_doc,
+"args_texts(buf, lo, hi, keys) -> list[bytes]\n\n"
+"For each row i, the text of the values of the args members named by keys (a tuple of bytes)\n"
+"of the args object at buf[lo[i]:hi[i]] (lo -1: none), each after a byte that says whether\n"
+"it is there: equal texts are equal values (a key to cache what is made of them).");
+
+static PyObject *args_texts(PyObject *module, PyObject *args) {
+    ArgsQuery q;
+    PyObject *unused = NULL;
+    if (query_open(args, &q, &unused) < 0) return NULL;
+    PyObject *out = PyList_New(q.rows);
+    if (!out) {
+        query_close(&q);
+        return NULL;
+    }
+    const char *vlo[MAX_KEYS], *vhi[MAX_KEYS];
+    for (Py_ssize_t i = 0; i < q.rows; i++) {
+        const char *p, *end;
+        PyObject *item;
+        if (!query_row(&q, i, &p, &end)) {
+            item = PyBytes_FromStringAndSize("", 0);
+        } else if (find_members(p, end, q.keys, q.nkeys, vlo, vhi) < 0) {
+            item = PyBytes_FromStringAndSize(p, end - p); /* not read: the whole text */
+        } else {
+            Py_ssize_t n = 0;
+            for (Py_ssize_t k = 0; k < q.nkeys; k++) n += 1 + (vlo[k] ? vhi[k] - vlo[k] : 0);
+            item = PyBytes_FromStringAndSize(NULL, n + 1);
+            if (item) {
+                char *w = PyBytes_AS_STRING(item);
+                *w++ = '{'; /* never the first byte of a whole text that was not read */
+                for (Py_ssize_t k = 0; k < q.nkeys; k++) {
+                    *w++ = vlo[k] ? '\x01' : '\x00';
+                    if (vlo[k]) {
+                        memcpy(w, vlo[k], (size_t)(vhi[k] - vlo[k]));
+                        w += vhi[k] - vlo[k];
+                    }
+                }
+            }
+        }
+        if (!item) {
+            Py_DECREF(out);
+            query_close(&q);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    query_close(&q);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
     {"value_end", value_end, METH_VARARGS, value_end_doc},
+    {"args_numbers", args_numbers, METH_VARARGS, args_numbers_doc},
+    {"args_texts", args_texts, METH_VARARGS, args_texts_doc},
     {NULL, NULL, 0, NULL},
 };
 

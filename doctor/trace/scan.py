@@ -53,6 +53,8 @@ READER = f"scan (C), {TYPED_READER} where it cannot" if AVAILABLE else TYPED_REA
 BLOCK_EVENTS = 16384
 #: Bytes inflated (or read) at a time.
 CHUNK_BYTES = 4 << 20
+#: Bytes of the next chunk put after the end of the last one, for the event the two share.
+SEAM_BYTES = 64 << 10
 #: Chunks inflated ahead of the scanner.
 AHEAD = 4
 #: Events of unusual types decoded the slow way together.
@@ -196,20 +198,41 @@ class _Walk:
         return self.top
 
     def events(self) -> None:
-        """The event array from its opening bracket to its closing one."""
+        """The event array from its opening bracket to its closing one. Where a chunk ends
+        inside an event, the event is scanned from a seam (what is left of the buffer and the
+        next chunk's first SEAM_BYTES), then the chunk itself: only the seam is copied, not the
+        chunk (an event larger than the seam has the two joined)."""
         assert _scan is not None
         self.pos += 1
         cols = self.columns
+        chunk: bytes | None = None  # the chunk whose start the seam holds, from switch_at
+        switch_at = 0
         while True:
             rows, self.pos, status = _scan.scan(self.buf, self.pos, *cols.tables, *cols.arrays)
             if rows:
                 cols.add(rows, self.buf)
                 self.budget.apply(self.col)
+            if chunk is not None:
+                if self.pos >= switch_at:  # past the seam's start: on in the chunk itself
+                    self.buf, self.pos, chunk = chunk, self.pos - switch_at, None
+                    if status == _scan.NEED_MORE:
+                        continue
+                elif status != _scan.FULL:  # an event larger than the seam
+                    self.buf, chunk = self.buf[:switch_at] + chunk, None
+                    if status == _scan.NEED_MORE:
+                        continue
             if status == _scan.END:
                 return
             if status == _scan.NEED_MORE:
-                if not self.fill():
+                data = self.chunks.next()
+                if data is None:
                     raise NotScanned("the file ends inside the event array")
+                switch_at = len(self.buf) - self.pos
+                if switch_at:
+                    self.buf, chunk = self.buf[self.pos:] + data[:SEAM_BYTES], data
+                else:
+                    self.buf = data
+                self.pos = 0
             elif status == _scan.ODD:
                 self.slow_events()
             elif status == _scan.ERROR:
