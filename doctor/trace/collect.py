@@ -14,7 +14,7 @@ collectives, memory instants, steps, and the host ops whose name has a cost form
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,7 @@ try:
 except ImportError:  # pragma: no cover - a dependency; doctor.trace.typed_events falls back
     msgspec = None  # type: ignore[assignment]
 
+from doctor.trace.block_args import BlockArgs, EventArgs, numbers
 from doctor.trace.collectives import collective_args
 from doctor.trace.kinds import (
     COMM_OP,
@@ -57,7 +58,6 @@ C_HOST, C_HOST_OP, C_TRACE, C_KERNEL, C_MEMCPY, C_MEMSET, C_RUNTIME, C_GPU, C_PY
 #: Names with a cost formula: only their host ops have their shapes read.
 _COSTED = MATMUL | CONV | CONV_BACKWARD | ELEMENTWISE | NORMALISE | COPY
 _NO_ARGS = Args()
-_INT64 = 1 << 63  # a correlation outside int64 is none
 _STEP = "ProfilerStep#"
 # What a host event's name makes it.
 R_OP, R_STEP, R_NOT_A_STEP, R_DATALOADER = 0, 1, 2, 3
@@ -103,18 +103,6 @@ class _Lookup(dict[Any, int]):
         return np.fromiter(map(self.__getitem__, keys), np.int64, len(keys))
 
 
-class BlockArgs(Protocol):
-    """The ``args`` of a block's events, read only for the events that need them."""
-
-    def of(self, at: Int64s) -> list[Args | None]:
-        """The ``args`` of the events at ``at`` (None: none)."""
-        ...
-
-    def correlations(self, at: Int64s) -> Int64s:
-        """The correlation that ties each event at ``at`` to its launch; -1: none."""
-        ...
-
-
 class _ByCode:
     """What each name code maps to, computed once per code and looked up for a column of codes
     at once (numpy indexing, no Python per event)."""
@@ -138,22 +126,6 @@ class _ByCode:
                 self._values[k] = self._compute(k)
                 self._known[k] = True
         return self._values[keys]
-
-
-class _Args:
-    """The ``args`` of a block of typed events."""
-
-    __slots__ = ("_events",)
-
-    def __init__(self, events: list[Event]) -> None:
-        self._events = events
-
-    def of(self, at: Int64s) -> list[Args | None]:
-        events = self._events
-        return [events[j].args for j in at.tolist()]
-
-    def correlations(self, at: Int64s) -> Int64s:
-        return _correlations(self.of(at))
 
 
 def _category(cat: Any) -> int:
@@ -183,13 +155,6 @@ def _host_role(name: str) -> int:
             return R_NOT_A_STEP
         return R_STEP
     return R_DATALOADER if "DataLoader" in name and "__next__" in name else R_OP
-
-
-def _correlations(args: Sequence[Any]) -> Int64s:
-    """The correlation that ties each kernel, copy or runtime call to its launch; -1: none."""
-    return np.fromiter((a.correlation if a is not None and type(a.correlation) is int
-                        and -_INT64 <= a.correlation < _INT64 else -1
-                        for a in args), np.int64, len(args))
 
 
 def _cost_columns(cost: OpCost | None) -> tuple[int, int, int, int]:
@@ -271,7 +236,7 @@ class BlockCollector:
         def tid_codes(at: Int64s) -> Int64s:
             return self._tid_codes.codes([events[j].tid for j in at.tolist()])
 
-        self.add_columns(timed, codes, ts, dur, cls, tid_codes, _Args(events))
+        self.add_columns(timed, codes, ts, dur, cls, tid_codes, EventArgs(events))
 
     def add_columns(self, timed: npt.NDArray[np.bool_], codes: Int64s, ts: Floats, dur: Floats,
                     cls: Int64s, tid_codes: Callable[[Int64s], Int64s], args: BlockArgs
@@ -397,19 +362,12 @@ class BlockCollector:
                  if a is not None and t == t]  # (nan: no time)
         given = [a for a, _ in pairs]
         times = np.array([t for _, t in pairs], dtype=np.float64)
-        values = [_numbers([a.device_type for a in given]), _numbers([a.device_id for a in given]),
-                  _numbers([a.total_allocated for a in given]),
-                  _numbers([a.total_reserved for a in given])]
+        values = [numbers([a.device_type for a in given]), numbers([a.device_id for a in given]),
+                  numbers([a.total_allocated for a in given]),
+                  numbers([a.total_reserved for a in given])]
         ok = ~np.isnan(values[0]) & ~np.isnan(values[1]) & ~np.isnan(values[2]) & \
             ~np.isnan(values[3])
         self._put("memory", times[ok], times[ok].copy(), *(v[ok].astype(np.int64) for v in values))
-
-
-def _numbers(values: list[Any]) -> Floats:
-    """The values as numbers (doctor.trace.typed_events.number), nan where one is not."""
-    if set(map(type, values)) <= {int, float}:
-        return np.array(values, dtype=np.float64)
-    return np.array([number(v) for v in values], dtype=np.float64)
 
 
 def _key(values: tuple[Any, ...]) -> bytes | str:

@@ -28,11 +28,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from doctor.trace.block_args import ScannedArgs
 from doctor.trace.budget import EventBudget
 from doctor.trace.collect import BlockCollector, Int64s
 from doctor.trace.reader import _GUNZIP_ERRORS, TraceMeta, _gunzip
 from doctor.trace.typed_events import READER as TYPED_READER
-from doctor.trace.typed_events import Args, decode_array
+from doctor.trace.typed_events import decode_array
 
 try:
     from doctor.trace import _scan
@@ -298,7 +299,7 @@ class _Columns:
         col.add_columns(self.ph[:rows].astype(bool), self._names[self.name[:rows]],
                         self.ts[:rows].copy(), self.dur[:rows].copy(),
                         self._cats[self.cat[:rows]], tid_codes,
-                        _RawArgs(buf, self.lo[:rows].copy(), self.hi[:rows].copy(),
+                        ScannedArgs(buf, self.lo[:rows].copy(), self.hi[:rows].copy(),
                                  self.corr[:rows].copy()))
 
 
@@ -321,31 +322,3 @@ def _text(raw: bytes) -> str:
         raise NotScanned("not JSON") from err
     assert isinstance(text, str)
     return text
-
-
-if msgspec is not None:
-    _ARGS = msgspec.json.Decoder(list[Args | None])
-
-
-class _RawArgs:
-    """The ``args`` of a scanned block, decoded from their bytes when asked for: the ones
-    asked for at once joined into one JSON array, decoded in one call."""
-
-    __slots__ = ("_buf", "_corr", "_hi", "_lo")
-
-    def __init__(self, buf: bytes, lo: Int64s, hi: Int64s, corr: Int64s) -> None:
-        self._buf, self._lo, self._hi, self._corr = buf, lo, hi, corr
-
-    def of(self, at: Int64s) -> list[Args | None]:
-        if not len(at):
-            return []
-        buf = self._buf
-        body = b"[" + b",".join([buf[lo:hi] if lo >= 0 else b"null" for lo, hi in zip(
-            self._lo[at].tolist(), self._hi[at].tolist(), strict=True)]) + b"]"
-        try:
-            return _ARGS.decode(body)
-        except msgspec.DecodeError:  # not UTF-8: as the slow way reads it
-            return _ARGS.decode(body.decode("utf-8", "replace"))
-
-    def correlations(self, at: Int64s) -> Int64s:
-        return self._corr[at]
