@@ -189,3 +189,37 @@ def test_args_that_are_not_utf8_are_read_as_the_slow_way_reads_them(tmp_path: Pa
     assert got.memcpy.attrs["bytes"].tolist() == [4096]
     assert got.kernels.attrs["corr"].tolist() == [6]
     assert_same_timeline(got, reference_timeline(path))
+
+
+def test_args_read_in_bulk_are_the_args_the_slow_way_reads(tmp_path: Path) -> None:
+    """The memory instants' totals and the collectives' arguments are read from the args'
+    bytes for many events at once: numbers given as strings, true, repeated keys and calls
+    written two ways give what the slow way gives."""
+    mem = {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "tid": 1}
+    coll = {"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "dur": 2, "tid": 5}
+    events: list[dict[str, Any]] = [
+        {**mem, "ts": 1, "args": {"Device Type": 1, "Device Id": 0, "Total Allocated": 2**40,
+                                  "Total Reserved": 2**41}},
+        {**mem, "ts": 2, "args": {"Device Type": 1, "Device Id": 0, "Total Allocated": "1024",
+                                  "Total Reserved": 4096.0}},
+        {**mem, "ts": 3, "args": {"Device Type": True, "Device Id": 0, "Total Allocated": 1,
+                                  "Total Reserved": 1}},
+        {**mem, "ts": 4, "args": {"Device Type": 1, "Total Allocated": 1, "Total Reserved": 1}},
+        {**mem, "ts": 5},
+        {**coll, "ts": 10, "args": {"Collective name": "allreduce", "In msg nelems": 10,
+                                    "dtype": "Float", "Group size": 2, "External id": 1}},
+        {**coll, "ts": 11, "args": {"Collective name": "allreduce", "In msg nelems": 10,
+                                    "dtype": "Float", "Group size": 2, "External id": 2}},
+        {**coll, "ts": 12, "args": {"Collective name": "allgather", "Out msg nelems": 1e1,
+                                    "dtype": "Half", "Group size": 4}},
+        {**coll, "ts": 13, "args": {"Input Dims": [[4, 4]], "Input type": ["float"]}},
+        {**coll, "ts": 14},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+         "ts": 15, "dur": 5, "tid": 7, "args": {"correlation": 40, "In msg nelems": "10",
+                                               "dtype": "Float", "Group size": 2}},
+    ]
+    path = write(tmp_path / "t.json", events * 3)
+    got = load_timeline(path)
+    assert_same_timeline(got, reference_timeline(path))
+    assert len(got.memory) == 6  # the ones with all four totals as numbers (strings too)
+    assert got.comm_ops.attrs["bytes"].tolist()[:3] == [40, 40, 40]

@@ -4,6 +4,7 @@ records (:class:`EventArgs`), or from the bytes the C scanner found them in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -11,6 +12,11 @@ import numpy as np
 import numpy.typing as npt
 
 from doctor.trace.typed_events import Args, Event, number
+
+try:
+    from doctor.trace import _scan
+except ImportError:  # built with the package where a C compiler is
+    _scan = None  # type: ignore[assignment]
 
 try:
     import msgspec
@@ -33,6 +39,17 @@ class BlockArgs(Protocol):
         """The correlation that ties each event at ``at`` to its launch; -1: none."""
         ...
 
+    def numbers(self, at: Int64s, keys: tuple[str, ...]) -> Floats:
+        """The args ``keys`` of the events at ``at`` as numbers (rows by keys; :func:`numbers`:
+        nan where one is not)."""
+        ...
+
+    def texts(self, at: Int64s, keys: tuple[str, ...]) -> list[bytes] | None:
+        """For each event at ``at``, a key that is equal where the args ``keys`` have equal
+        values (to cache what is made of them); None where there are none cheaper than the
+        values themselves."""
+        ...
+
 
 class EventArgs:
     """The ``args`` of a block of typed events."""
@@ -48,6 +65,20 @@ class EventArgs:
 
     def correlations(self, at: Int64s) -> Int64s:
         return _correlations(self.of(at))
+
+    def numbers(self, at: Int64s, keys: tuple[str, ...]) -> Floats:
+        return numbers_of(self.of(at), keys)
+
+    def texts(self, at: Int64s, keys: tuple[str, ...]) -> list[bytes] | None:
+        return None
+
+
+def numbers_of(given: list[Args | None], keys: tuple[str, ...]) -> Floats:
+    """The args ``keys`` of each of ``given`` as numbers (rows by keys), nan where none."""
+    out = np.empty((len(given), len(keys)), np.float64)
+    for k, key in enumerate(keys):
+        out[:, k] = numbers([a.get(key) if a is not None else None for a in given])
+    return out
 
 
 def _correlations(args: Sequence[Any]) -> Int64s:
@@ -90,3 +121,24 @@ class ScannedArgs:
 
     def correlations(self, at: Int64s) -> Int64s:
         return self._corr[at]
+
+    def numbers(self, at: Int64s, keys: tuple[str, ...]) -> Floats:
+        assert _scan is not None
+        out = np.empty((len(at), len(keys)), np.float64)
+        if _scan.args_numbers(self._buf, self._lo[at], self._hi[at], _as_bytes(keys), out):
+            return out
+        return numbers_of(self.of(at), keys)  # a number given as a string: read the slow way
+
+    def texts(self, at: Int64s, keys: tuple[str, ...]) -> list[bytes] | None:
+        assert _scan is not None
+        return _scan.args_texts(self._buf, self._lo[at], self._hi[at], _as_bytes(keys))
+
+
+_KEY_BYTES: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+
+
+def _as_bytes(keys: tuple[str, ...]) -> tuple[bytes, ...]:
+    found = _KEY_BYTES.get(keys)
+    if found is None:
+        found = _KEY_BYTES[keys] = tuple(json.dumps(k)[1:-1].encode() for k in keys)
+    return found

@@ -24,7 +24,7 @@ try:
 except ImportError:  # pragma: no cover - a dependency; doctor.trace.typed_events falls back
     msgspec = None  # type: ignore[assignment]
 
-from doctor.trace.block_args import BlockArgs, EventArgs, numbers
+from doctor.trace.block_args import BlockArgs, EventArgs
 from doctor.trace.collectives import collective_args
 from doctor.trace.kinds import (
     COMM_OP,
@@ -59,6 +59,11 @@ C_HOST, C_HOST_OP, C_TRACE, C_KERNEL, C_MEMCPY, C_MEMSET, C_RUNTIME, C_GPU, C_PY
 _COSTED = MATMUL | CONV | CONV_BACKWARD | ELEMENTWISE | NORMALISE | COPY
 _NO_ARGS = Args()
 _STEP = "ProfilerStep#"
+#: The args of a ``[memory]`` instant the timeline keeps.
+MEMORY_KEYS = ("Device Type", "Device Id", "Total Allocated", "Total Reserved")
+#: The args collective_args reads.
+COLLECTIVE_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
+                   "Input Dims", "Input type")
 # What a host event's name makes it.
 R_OP, R_STEP, R_NOT_A_STEP, R_DATALOADER = 0, 1, 2, 3
 #: Each kind's integer columns, in the order the Timeline keeps them.
@@ -186,6 +191,7 @@ class BlockCollector:
         self._optimizer = _ByCode(lambda code: int(self.names[code].startswith("Optimizer.step#")))
         self._comm = _ByCode(lambda code: int(self.names[code].lower().startswith(COMM_OP)))
         self._collectives: dict[bytes | str, tuple[int, int, int]] = {}
+        self._collectives_by_text: dict[tuple[int, bytes], tuple[int, int, int]] = {}
         self._costed = _ByCode(lambda code: int(self.names[code] in _COSTED))
 
     def name_code(self, name: str) -> int:
@@ -303,8 +309,7 @@ class BlockCollector:
         corr = args.correlations(i)
         self._put("kernels", ts[i], end[i], kinds, codes[i], corr, tids[i])
         comm = np.flatnonzero(kinds == K_COMM)
-        rows = [self._collective(names[codes[j]], a)
-                for j, a in zip(i[comm].tolist(), args.of(i[comm]), strict=True)]
+        rows = self._collective_rows(i[comm], codes, args)
         self._put("comm_kernels", ts[i[comm]], end[i[comm]], *_transpose(rows, 3), corr[comm])
 
     def _memcpy(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
@@ -320,8 +325,7 @@ class BlockCollector:
 
     def _comm_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
                   names: list[str], args: BlockArgs) -> None:
-        rows = [self._collective(names[codes[j]], a)
-                for j, a in zip(i.tolist(), args.of(i), strict=True)]
+        rows = self._collective_rows(i, codes, args)
         self._put("comm", ts[i], end[i], tids[i], *_transpose(rows, 3), codes[i])
 
     def _host_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
@@ -345,6 +349,25 @@ class BlockCollector:
         comm = self._comm.codes(codes[i])
         self._put("host", ts[i], end[i], tids[i], codes[i], comm, *cost, layout)
 
+    def _collective_rows(self, i: Int64s, codes: Int64s, args: BlockArgs
+                         ) -> list[tuple[int, int, int]]:
+        """collective_args of the host ops or kernels at ``i``: found by the text of their
+        args where the block has it (no args decoded for a call seen before), else by
+        value."""
+        names = self.names
+        texts = args.texts(i, COLLECTIVE_KEYS)
+        if texts is None:
+            return [self._collective(names[codes[j]], a)
+                    for j, a in zip(i.tolist(), args.of(i), strict=True)]
+        seen = self._collectives_by_text
+        keys = list(zip(codes[i].tolist(), texts, strict=True))
+        rows = [seen.get(key) for key in keys]
+        missing = [k for k, row in enumerate(rows) if row is None]
+        for k, a in zip(missing, args.of(i[missing]), strict=True):
+            code = keys[k][0]
+            rows[k] = seen[keys[k]] = self._collective(names[code], a)
+        return rows  # type: ignore[return-value]
+
     def _collective(self, name: str, args: Args | None) -> tuple[int, int, int]:
         """collective_args of a host op or kernel, once per distinct name and arguments (the
         calls of a job repeat every step)."""
@@ -358,16 +381,11 @@ class BlockCollector:
 
     def _memory(self, i: Int64s, ts: Floats, args: BlockArgs) -> None:
         """``[memory]`` instants: the allocator's totals after each allocation and free."""
-        pairs = [(a, t) for a, t in zip(args.of(i), ts[i].tolist(), strict=True)
-                 if a is not None and t == t]  # (nan: no time)
-        given = [a for a, _ in pairs]
-        times = np.array([t for _, t in pairs], dtype=np.float64)
-        values = [numbers([a.device_type for a in given]), numbers([a.device_id for a in given]),
-                  numbers([a.total_allocated for a in given]),
-                  numbers([a.total_reserved for a in given])]
-        ok = ~np.isnan(values[0]) & ~np.isnan(values[1]) & ~np.isnan(values[2]) & \
-            ~np.isnan(values[3])
-        self._put("memory", times[ok], times[ok].copy(), *(v[ok].astype(np.int64) for v in values))
+        values = args.numbers(i, MEMORY_KEYS)
+        times = ts[i]
+        ok = ~np.isnan(times) & ~np.isnan(values).any(axis=1)
+        self._put("memory", times[ok], times[ok].copy(),
+                  *(values[ok, k].astype(np.int64) for k in range(len(MEMORY_KEYS))))
 
 
 def _key(values: tuple[Any, ...]) -> bytes | str:
