@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <locale.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,12 +30,20 @@ enum { NEED_MORE = 0, END = 1, FULL = 2, ODD = 3, ERROR = 4 };
 
 /* -- Interner: raw strings to ids, in order of first sight ------------------------------- */
 
+/* The keys live in an arena of C memory, so that scan() can intern without the interpreter
+ * (it runs with the GIL released); `keys` makes their bytes objects when asked. One thread
+ * scans with an interner at a time; the lock keeps the arena still while `keys` reads it. */
 typedef struct {
     PyObject_HEAD
     uint64_t *hashes;
     int32_t *ids; /* -1: empty slot */
     Py_ssize_t cap;   /* a power of two */
-    PyObject *keys;   /* list of bytes: the key of each id */
+    char *arena;
+    Py_ssize_t arena_len, arena_cap;
+    Py_ssize_t *starts; /* key i is arena[starts[i]:starts[i + 1]] */
+    Py_ssize_t count, starts_cap;
+    PyThread_type_lock lock;
+    PyObject *keys;   /* list of bytes: the keys made so far */
 } Interner;
 
 static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
@@ -56,12 +65,11 @@ static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
 
 static int interner_grow(Interner *self) {
     Py_ssize_t cap = self->cap * 2;
-    uint64_t *hashes = PyMem_Malloc((size_t)cap * sizeof(uint64_t));
-    int32_t *ids = PyMem_Malloc((size_t)cap * sizeof(int32_t));
+    uint64_t *hashes = malloc((size_t)cap * sizeof(uint64_t));
+    int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
     if (!hashes || !ids) {
-        PyMem_Free(hashes);
-        PyMem_Free(ids);
-        PyErr_NoMemory();
+        free(hashes);
+        free(ids);
         return -1;
     }
     for (Py_ssize_t i = 0; i < cap; i++) ids[i] = -1;
@@ -72,15 +80,48 @@ static int interner_grow(Interner *self) {
         ids[at] = self->ids[i];
         hashes[at] = self->hashes[i];
     }
-    PyMem_Free(self->hashes);
-    PyMem_Free(self->ids);
+    free(self->hashes);
+    free(self->ids);
     self->hashes = hashes;
     self->ids = ids;
     self->cap = cap;
     return 0;
 }
 
-/* The id of s[0:n]; a new one (appended to keys) when not seen before; -1 on error. */
+/* Append s[0:n] to the arena as key number count (under the lock: `keys` may be reading). */
+static int interner_store(Interner *self, const char *s, Py_ssize_t n) {
+    int ok = 0;
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    if (self->count + 2 > self->starts_cap) {
+        Py_ssize_t cap = self->starts_cap * 2;
+        Py_ssize_t *starts = realloc(self->starts, (size_t)cap * sizeof(Py_ssize_t));
+        if (!starts) ok = -1;
+        else {
+            self->starts = starts;
+            self->starts_cap = cap;
+        }
+    }
+    if (ok == 0 && self->arena_len + n > self->arena_cap) {
+        Py_ssize_t cap = self->arena_cap * 2;
+        while (cap < self->arena_len + n) cap *= 2;
+        char *arena = realloc(self->arena, (size_t)cap);
+        if (!arena) ok = -1;
+        else {
+            self->arena = arena;
+            self->arena_cap = cap;
+        }
+    }
+    if (ok == 0) {
+        memcpy(self->arena + self->arena_len, s, (size_t)n);
+        self->arena_len += n;
+        self->count++;
+        self->starts[self->count] = self->arena_len;
+    }
+    PyThread_release_lock(self->lock);
+    return ok;
+}
+
+/* The id of s[0:n]; a new one when not seen before; -1 when out of memory. Needs no GIL. */
 static int32_t intern(Interner *self, const char *s, Py_ssize_t n) {
     uint64_t h = hash_bytes(s, n);
     Py_ssize_t mask = self->cap - 1;
@@ -89,28 +130,18 @@ static int32_t intern(Interner *self, const char *s, Py_ssize_t n) {
         int32_t id = self->ids[at];
         if (id < 0) break;
         if (self->hashes[at] == h) {
-            PyObject *key = PyList_GET_ITEM(self->keys, id);
-            if (PyBytes_GET_SIZE(key) == n && memcmp(PyBytes_AS_STRING(key), s, (size_t)n) == 0)
-                return id;
+            Py_ssize_t lo = self->starts[id], len = self->starts[id + 1] - lo;
+            if (len == n && memcmp(self->arena + lo, s, (size_t)n) == 0) return id;
         }
         at = (at + 1) & mask;
     }
-    Py_ssize_t count = PyList_GET_SIZE(self->keys);
-    if (count >= INT32_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "too many distinct strings");
-        return -1;
-    }
-    PyObject *key = PyBytes_FromStringAndSize(s, n);
-    if (!key) return -1;
-    if (PyList_Append(self->keys, key) < 0) {
-        Py_DECREF(key);
-        return -1;
-    }
-    Py_DECREF(key);
-    self->ids[at] = (int32_t)count;
+    if (self->count >= INT32_MAX - 1) return -1;
+    int32_t id = (int32_t)self->count;
+    if (interner_store(self, s, n) < 0) return -1;
+    self->ids[at] = id;
     self->hashes[at] = h;
-    if ((count + 1) * 2 > self->cap && interner_grow(self) < 0) return -1;
-    return (int32_t)count;
+    if ((self->count + 1) * 2 > self->cap && interner_grow(self) < 0) return -1;
+    return id;
 }
 
 static PyObject *interner_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -118,25 +149,47 @@ static PyObject *interner_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     Interner *self = (Interner *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     self->cap = 1024;
-    self->hashes = PyMem_Malloc((size_t)self->cap * sizeof(uint64_t));
-    self->ids = PyMem_Malloc((size_t)self->cap * sizeof(int32_t));
+    self->hashes = malloc((size_t)self->cap * sizeof(uint64_t));
+    self->ids = malloc((size_t)self->cap * sizeof(int32_t));
+    self->arena_cap = 1 << 16;
+    self->arena = malloc((size_t)self->arena_cap);
+    self->starts_cap = 1024;
+    self->starts = malloc((size_t)self->starts_cap * sizeof(Py_ssize_t));
+    self->lock = PyThread_allocate_lock();
     self->keys = PyList_New(0);
-    if (!self->hashes || !self->ids || !self->keys) {
+    if (!self->hashes || !self->ids || !self->arena || !self->starts || !self->lock ||
+        !self->keys) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
+    self->starts[0] = 0;
     for (Py_ssize_t i = 0; i < self->cap; i++) self->ids[i] = -1;
     return (PyObject *)self;
 }
 
 static void interner_dealloc(Interner *self) {
-    PyMem_Free(self->hashes);
-    PyMem_Free(self->ids);
+    free(self->hashes);
+    free(self->ids);
+    free(self->arena);
+    free(self->starts);
+    if (self->lock) PyThread_free_lock(self->lock);
     Py_XDECREF(self->keys);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *interner_keys(Interner *self, void *closure) {
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t i = PyList_GET_SIZE(self->keys); i < self->count && !failed; i++) {
+        PyObject *key = PyBytes_FromStringAndSize(self->arena + self->starts[i],
+                                                  self->starts[i + 1] - self->starts[i]);
+        failed = !key || PyList_Append(self->keys, key) < 0;
+        Py_XDECREF(key);
+    }
+    PyThread_release_lock(self->lock);
+    if (failed) return NULL;
     Py_INCREF(self->keys);
     return self->keys;
 }
@@ -224,8 +277,17 @@ static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
                                1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
                                1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-/* The value of the number p[0:n] (valid JSON), rounded as Python's float() rounds it. */
-static double number_value(const char *p, Py_ssize_t n) {
+/* Whether the C library reads "." as the decimal point (checked before each scan). */
+static int dot_locale = 1;
+
+static void check_locale(void) {
+    const char *point = localeconv()->decimal_point;
+    dot_locale = point && point[0] == '.' && point[1] == 0;
+}
+
+/* The value of the number p[0:n] (valid JSON), rounded as Python's float() rounds it; *slow
+ * set (and nan) when it is for the slow way to read (too long, or an unusual locale). */
+static double number_value(const char *p, Py_ssize_t n, int *slow) {
     const char *q = p, *end = p + n;
     int neg = 0;
     if (*q == '-') {
@@ -261,28 +323,16 @@ static double number_value(const char *p, Py_ssize_t n) {
         double v = scale ? (double)mant / POW10[-scale] : (double)mant;
         return neg ? -v : v;
     }
+    /* glibc's strtod rounds correctly; it reads the locale's decimal point, which scan()
+     * checks is "." before it starts */
     char local[128];
-    if (n >= (Py_ssize_t)sizeof(local)) {
-        char *heap = PyMem_Malloc((size_t)n + 1);
-        if (!heap) return NAN;
-        memcpy(heap, p, (size_t)n);
-        heap[n] = 0;
-        double v = PyOS_string_to_double(heap, NULL, NULL);
-        PyMem_Free(heap);
-        if (v == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return NAN;
-        }
-        return v;
+    if (n >= (Py_ssize_t)sizeof(local) || !dot_locale) {
+        *slow = 1;
+        return NAN;
     }
     memcpy(local, p, (size_t)n);
     local[n] = 0;
-    double v = PyOS_string_to_double(local, NULL, NULL);
-    if (v == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return NAN;
-    }
-    return v;
+    return strtod(local, NULL);
 }
 
 static inline const char *literal_end(const char *p, const char *end, const char *word) {
@@ -392,7 +442,9 @@ static int number_field(const char **pp, const char *end, double *out) {
         const char *q = number_end(p, end, &is_int);
         if (q == INCOMPLETE) return EV_INCOMPLETE;
         if (q == BROKEN) return EV_BROKEN;
-        *out = number_value(p, q - p);
+        int slow = 0;
+        *out = number_value(p, q - p, &slow);
+        if (slow) return EV_ODD;
         *pp = q;
         return OK_EVENT;
     }
@@ -626,7 +678,9 @@ static PyObject *scan(PyObject *module, PyObject *args) {
                  (Interner *)names, (Interner *)cats, (Interner *)tids};
     const char *base = text.buf, *end = base + text.len, *p = base + pos;
     Py_ssize_t n = 0;
-    int status = NEED_MORE;
+    int status = NEED_MORE, failed = 0;
+    check_locale();
+    Py_BEGIN_ALLOW_THREADS
     for (;;) {
         while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t' || *p == ','))
             p++;
@@ -654,9 +708,14 @@ static PyObject *scan(PyObject *module, PyObject *args) {
             p = q;
             continue;
         }
-        if (r == EV_FAILED) goto fail;
+        failed = r == EV_FAILED;
         status = r == EV_INCOMPLETE ? NEED_MORE : r == EV_ODD ? ODD : ERROR;
         break;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto fail;
     }
     PyBuffer_Release(&text);
     for (int i = 0; i < 9; i++) PyBuffer_Release(&views[i]);
@@ -799,6 +858,7 @@ static PyObject *args_numbers(PyObject *module, PyObject *args) {
     }
     double *o = out.buf;
     int ok = 1;
+    check_locale();
     const char *vlo[MAX_KEYS], *vhi[MAX_KEYS];
     for (Py_ssize_t i = 0; i < q.rows && ok; i++) {
         const char *p, *end;
@@ -813,7 +873,14 @@ static PyObject *args_numbers(PyObject *module, PyObject *args) {
                 ok = 0;
                 break;
             }
-            if (*v == '-' || (*v >= '0' && *v <= '9')) row[k] = number_value(v, vhi[k] - v);
+            if (*v == '-' || (*v >= '0' && *v <= '9')) {
+                int slow = 0;
+                row[k] = number_value(v, vhi[k] - v, &slow);
+                if (slow) {
+                    ok = 0;
+                    break;
+                }
+            }
         }
     }
     PyBuffer_Release(&out);

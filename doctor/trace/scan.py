@@ -71,13 +71,28 @@ class NotScanned(Exception):
 
 def load_scanned(path: Path, col: BlockCollector, budget: EventBudget) -> TraceMeta:
     """Scan the trace at ``path`` into ``col`` (``budget`` applied after each block); its
-    top-level facts. NotScanned when the slow way must read it."""
+    top-level facts. NotScanned when the slow way must read it.
+
+    Three threads: one gunzips (_Chunks), one scans (_Walk: the C scanner lets go of the
+    interpreter while it scans a block), and this one sorts each scanned block into the
+    collector's columns, in the file's order."""
     chunks = _Chunks(path)
+    walk = _Walk(chunks)
+    scanner = threading.Thread(target=walk.run, name="doctor-scan", daemon=True)
+    scanner.start()
+    codes = _Codes(col, walk.tables)
     try:
-        top = _Walk(chunks, col, budget).run()
+        while (item := walk.take()) is not None:
+            if isinstance(item, _Block):
+                codes.add(item)
+            else:
+                col.add(item)
+            budget.apply(col)
     finally:
+        walk.stop.set()
         chunks.close()
-    return TraceMeta.from_top_level(str(path), top)
+        scanner.join()
+    return TraceMeta.from_top_level(str(path), walk.top)
 
 
 class _Chunks:
@@ -116,7 +131,13 @@ class _Chunks:
 
     def next(self) -> bytes | None:
         """The next chunk; None at the end of the file."""
-        item = self._queue.get()
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self._stop.is_set():
+                    raise NotScanned("stopped") from None
         if isinstance(item, BaseException):
             raise NotScanned(f"cannot decompress: {item}")
         if item is None:
@@ -129,15 +150,63 @@ class _Chunks:
         self._fh.close()
 
 
+def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> None:
+    """Put ``item`` in ``out`` unless ``stop`` is set first."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
+
+
+class _Block:
+    """One block of scanned events: the scanner's columns of its rows, and the bytes their
+    args lie in."""
+
+    __slots__ = ("buf", "cat", "corr", "dur", "hi", "lo", "name", "ph", "tid", "ts")
+
+    def __init__(self) -> None:
+        n = BLOCK_EVENTS
+        self.ph = np.empty(n, np.uint8)
+        self.name, self.cat, self.tid = (np.empty(n, np.int32) for _ in range(3))
+        self.ts, self.dur = np.empty(n, np.float64), np.empty(n, np.float64)
+        self.corr, self.lo, self.hi = (np.empty(n, np.int64) for _ in range(3))
+        self.buf = b""
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        return (self.ph, self.name, self.cat, self.tid, self.ts, self.dur, self.corr, self.lo,
+                self.hi)
+
+    def cut(self, rows: int, buf: bytes) -> _Block:
+        """This block with its first ``rows`` rows only, their args in ``buf``."""
+        for name in self.__slots__:
+            if name != "buf":
+                setattr(self, name, getattr(self, name)[:rows])
+        self.buf = buf
+        return self
+
+
 class _Walk:
     """The trace's structure: top-level keys around the event array, or a bare array."""
 
-    def __init__(self, chunks: _Chunks, col: BlockCollector, budget: EventBudget) -> None:
-        self.chunks, self.col, self.budget = chunks, col, budget
+    def __init__(self, chunks: _Chunks) -> None:
+        assert _scan is not None
+        self.chunks = chunks
         self.buf = b""
         self.pos = 0
         self.top: dict[str, Any] = {}
-        self.columns = _Columns(col)
+        self.tables = (_scan.Interner(), _scan.Interner(), _scan.Interner())
+        self.stop = threading.Event()
+        # blocks of columns, events decoded the slow way, then None (or an exception)
+        self._out: queue.Queue[_Block | list[Any] | BaseException | None] = queue.Queue(AHEAD)
+
+    def take(self) -> _Block | list[Any] | None:
+        """The next block scanned (or events decoded the slow way); None after the last."""
+        item = self._out.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     def fill(self) -> bool:
         """Read one more chunk onto what is left of the buffer; False at the end of the file."""
@@ -177,7 +246,16 @@ class _Walk:
         self.pos = end
         return value
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> None:
+        """In the scanning thread: the whole file, its blocks handed to take()."""
+        try:
+            self.walk()
+        except BaseException as err:  # raised again in the reading thread
+            _put(self._out, err, self.stop)
+        else:
+            _put(self._out, None, self.stop)
+
+    def walk(self) -> None:
         first = self.peek()
         if first == ord("["):
             self.events()
@@ -196,7 +274,6 @@ class _Walk:
                     self.top[key] = self.value()
         else:
             raise NotScanned("not a trace")
-        return self.top
 
     def events(self) -> None:
         """The event array from its opening bracket to its closing one. Where a chunk ends
@@ -205,14 +282,17 @@ class _Walk:
         chunk (an event larger than the seam has the two joined)."""
         assert _scan is not None
         self.pos += 1
-        cols = self.columns
         chunk: bytes | None = None  # the chunk whose start the seam holds, from switch_at
         switch_at = 0
+        block = _Block()
         while True:
-            rows, self.pos, status = _scan.scan(self.buf, self.pos, *cols.tables, *cols.arrays)
+            rows, self.pos, status = _scan.scan(self.buf, self.pos, *self.tables,
+                                                *block.columns())
             if rows:
-                cols.add(rows, self.buf)
-                self.budget.apply(self.col)
+                _put(self._out, block.cut(rows, self.buf), self.stop)
+                block = _Block()
+            if self.stop.is_set():
+                raise NotScanned("stopped")
             if chunk is not None:
                 if self.pos >= switch_at:  # past the seam's start: on in the chunk itself
                     self.buf, self.pos, chunk = chunk, self.pos - switch_at, None
@@ -250,63 +330,58 @@ class _Walk:
         events = decode_array(body.decode("utf-8", "replace"))
         if events is None:
             raise NotScanned("not JSON")
-        self.col.add(events)
-        self.budget.apply(self.col)
+        _put(self._out, events, self.stop)
 
 
-class _Columns:
-    """The scanner's columns for a block, and what its ids mean in the collector's codes."""
+class _Codes:
+    """What the scanner's ids mean in the collector's codes; a scanned block sorted into the
+    collector's columns."""
 
-    def __init__(self, col: BlockCollector) -> None:
-        assert _scan is not None
+    def __init__(self, col: BlockCollector, tables: tuple[Any, Any, Any]) -> None:
         self.col = col
-        self.tables = (_scan.Interner(), _scan.Interner(), _scan.Interner())
-        n = BLOCK_EVENTS
-        self.ph = np.zeros(n, np.uint8)
-        self.name, self.cat, self.tid = (np.zeros(n, np.int32) for _ in range(3))
-        self.ts, self.dur = np.zeros(n, np.float64), np.zeros(n, np.float64)
-        self.corr, self.lo, self.hi = (np.zeros(n, np.int64) for _ in range(3))
-        self.arrays = (self.ph, self.name, self.cat, self.tid, self.ts, self.dur, self.corr,
-                       self.lo, self.hi)
+        self.tables = tables
         # the collector's code of each id (-1: not given yet)
         self._names = np.empty(0, np.int64)
         self._cats = np.empty(0, np.int64)
         self._tids = np.empty(0, np.int64)
 
-    def add(self, rows: int, buf: bytes) -> None:
-        names, cats, tids = (t.keys for t in self.tables)
+    def add(self, block: _Block) -> None:
         col = self.col
-        # new names in order of first sight: the ids are given in that order
-        self._names = _extend(self._names, names, col.name_code)
-        self._cats = _extend(self._cats, cats, col.category_code)
-        if len(self._tids) < len(tids):
-            grown = np.full(len(tids), -1, np.int64)
+        # new names in order of first sight (the ids are given in that order), up to the
+        # block's last: the scanner may have read on into the next blocks
+        self._names = _extend(self._names, self.tables[0], block.name, col.name_code)
+        self._cats = _extend(self._cats, self.tables[1], block.cat, col.category_code)
+        tid_ids = block.tid.astype(np.int64)
+        top = int(tid_ids.max()) + 1
+        if len(self._tids) < top:
+            grown = np.full(top, -1, np.int64)
             grown[:len(self._tids)] = self._tids
             self._tids = grown
-        tid_ids = self.tid[:rows].astype(np.int64)
 
         def tid_codes(at: Int64s) -> Int64s:
             ids = tid_ids[at]
             codes = self._tids[ids]
             new = codes < 0
             if new.any():  # given in the order the events that keep a thread first show it
+                keys = self.tables[2].keys
                 unseen, first = np.unique(ids[new], return_index=True)
                 for k in unseen[np.argsort(first)].tolist():
-                    self._tids[k] = col.tid_code(_text(tids[k]))
+                    self._tids[k] = col.tid_code(_text(keys[k]))
                 codes = self._tids[ids]
             return codes
 
-        col.add_columns(self.ph[:rows].astype(bool), self._names[self.name[:rows]],
-                        self.ts[:rows].copy(), self.dur[:rows].copy(),
-                        self._cats[self.cat[:rows]], tid_codes,
-                        ScannedArgs(buf, self.lo[:rows].copy(), self.hi[:rows].copy(),
-                                 self.corr[:rows].copy()))
+        col.add_columns(block.ph.astype(bool), self._names[block.name], block.ts, block.dur,
+                        self._cats[block.cat], tid_codes,
+                        ScannedArgs(block.buf, block.lo, block.hi, block.corr))
 
 
-def _extend(codes: Int64s, keys: list[bytes], code_of: Any) -> Int64s:
-    if len(codes) == len(keys):
+def _extend(codes: Int64s, table: Any, ids: np.ndarray, code_of: Any) -> Int64s:
+    """``codes`` given for every id up to the largest of ``ids``."""
+    top = int(ids.max()) + 1
+    if len(codes) >= top:
         return codes
-    new = [code_of(_text(k)) for k in keys[len(codes):]]
+    keys = table.keys
+    new = [code_of(_text(k)) for k in keys[len(codes):top]]
     return np.concatenate([codes, np.array(new, np.int64)])
 
 
