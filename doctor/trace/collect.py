@@ -61,6 +61,8 @@ _NO_ARGS = Args()
 _STEP = "ProfilerStep#"
 #: The args of a ``[memory]`` instant the timeline keeps.
 MEMORY_KEYS = ("Device Type", "Device Id", "Total Allocated", "Total Reserved")
+#: The args a host op's cost (doctor.trace.op_costs) is computed from.
+COST_KEYS = ("Input Dims", "Input type", "Input Strides")
 #: The args collective_args reads.
 COLLECTIVE_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
                    "Input Dims", "Input type")
@@ -162,6 +164,19 @@ def _host_role(name: str) -> int:
     return R_DATALOADER if "DataLoader" in name and "__next__" in name else R_OP
 
 
+def _op_row(name: str, a: Args | None) -> tuple[int, int, int, int, int]:
+    """(cost kind code, dtype code, flops, bytes, layout) of a host op whose name has a cost
+    formula: -1 codes and zeros without its shapes (record_shapes=True records them)."""
+    dims = a.input_dims if a is not None else None
+    if a is None or dims is None:
+        return -1, -1, 0, 0, 0
+    found = op_cost(name, dims, a.get("Input type"))
+    layout = 0
+    if found is not None and "Input Strides" in a:
+        layout = conv_layout(name, dims, a.get("Input Strides"))
+    return (*_cost_columns(found), layout)
+
+
 def _cost_columns(cost: OpCost | None) -> tuple[int, int, int, int]:
     """(kind code, dtype code, flops, bytes) of an op's cost; -1 codes and zeros for none."""
     if cost is None:
@@ -191,7 +206,8 @@ class BlockCollector:
         self._optimizer = _ByCode(lambda code: int(self.names[code].startswith("Optimizer.step#")))
         self._comm = _ByCode(lambda code: int(self.names[code].lower().startswith(COMM_OP)))
         self._collectives: dict[bytes | str, tuple[int, int, int]] = {}
-        self._collectives_by_text: dict[tuple[int, bytes], tuple[int, int, int]] = {}
+        self._collectives_by_text: dict[tuple[int, bytes], tuple[int, ...]] = {}
+        self._costs: dict[tuple[int, bytes], tuple[int, ...]] = {}
         self._costed = _ByCode(lambda code: int(self.names[code] in _COSTED))
 
     def name_code(self, name: str) -> int:
@@ -337,35 +353,38 @@ class BlockCollector:
         cost[2:] = 0
         layout = np.zeros(m, np.int64)
         costed = np.flatnonzero(self._costed.codes(codes[i]))
-        for k, a in zip(costed.tolist(), args.of(i[costed]), strict=True):
-            dims = a.input_dims if a is not None else None
-            if a is None or dims is None:
-                continue  # shapes only with record_shapes=True
-            name = names[codes[int(i[k])]]
-            found = op_cost(name, dims, a.get("Input type"))
-            cost[:, k] = _cost_columns(found)
-            if found is not None and "Input Strides" in a:
-                layout[k] = conv_layout(name, dims, a.get("Input Strides"))
+        rows = self._rows_by_text(i[costed], codes, args, COST_KEYS, self._costs, _op_row)
+        if rows:
+            table = np.array(rows, dtype=np.int64).T
+            cost[:, costed] = table[:4]
+            layout[costed] = table[4]
         comm = self._comm.codes(codes[i])
         self._put("host", ts[i], end[i], tids[i], codes[i], comm, *cost, layout)
 
     def _collective_rows(self, i: Int64s, codes: Int64s, args: BlockArgs
-                         ) -> list[tuple[int, int, int]]:
-        """collective_args of the host ops or kernels at ``i``: found by the text of their
-        args where the block has it (no args decoded for a call seen before), else by
-        value."""
+                         ) -> list[tuple[int, ...]]:
+        """collective_args of the host ops or kernels at ``i``."""
+        return self._rows_by_text(i, codes, args, COLLECTIVE_KEYS, self._collectives_by_text,
+                                  self._collective)
+
+    def _rows_by_text(self, i: Int64s, codes: Int64s, args: BlockArgs, keys: tuple[str, ...],
+                      seen: dict[tuple[int, bytes], tuple[int, ...]],
+                      compute: Callable[[str, Args | None], tuple[int, ...]]
+                      ) -> list[tuple[int, ...]]:
+        """``compute(name, args)`` of the events at ``i``, which reads only the args
+        ``keys``: found in ``seen`` by the name and the text of those args where the block has
+        it (no args decoded for an event like one seen before: a job's ops repeat every step),
+        else computed for each."""
         names = self.names
-        texts = args.texts(i, COLLECTIVE_KEYS)
+        texts = args.texts(i, keys)
         if texts is None:
-            return [self._collective(names[codes[j]], a)
+            return [compute(names[codes[j]], a)
                     for j, a in zip(i.tolist(), args.of(i), strict=True)]
-        seen = self._collectives_by_text
-        keys = list(zip(codes[i].tolist(), texts, strict=True))
-        rows = [seen.get(key) for key in keys]
+        pairs = list(zip(codes[i].tolist(), texts, strict=True))
+        rows = [seen.get(pair) for pair in pairs]
         missing = [k for k, row in enumerate(rows) if row is None]
         for k, a in zip(missing, args.of(i[missing]), strict=True):
-            code = keys[k][0]
-            rows[k] = seen[keys[k]] = self._collective(names[code], a)
+            rows[k] = seen[pairs[k]] = compute(names[pairs[k][0]], a)
         return rows  # type: ignore[return-value]
 
     def _collective(self, name: str, args: Args | None) -> tuple[int, int, int]:
