@@ -20,6 +20,11 @@ from doctor.trace.events import Timeline
 from doctor.trace.kinds import K_LAYOUT
 from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, LAYOUT_NCHW, LAYOUT_NHWC
 
+try:  # the loops below in C (doctor/trace/_nest.c), where the package was built with them
+    from doctor.trace import _nest
+except ImportError:
+    _nest = None  # type: ignore[assignment]
+
 US = 1e-6
 OP_COLUMNS = ("op", "kind", "dtype", "calls", "self_s", "device_s", "kernels", "flops",
               "bytes", "costed_calls", "layout_s", "nchw_calls", "nhwc_calls")
@@ -27,10 +32,12 @@ OP_COLUMNS = ("op", "kind", "dtype", "calls", "self_s", "device_s", "kernels", "
 
 def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """Each op's duration less its direct children's on the same thread (events sorted by
-    start, as EventArrays are). The loop reads the arrays through memoryviews: indexing numpy
-    arrays one element at a time costs several times more, and lists of Python numbers
-    several times the memory."""
+    start, as EventArrays are): in C where it is built, else this loop, which reads the
+    arrays through memoryviews (indexing numpy arrays one element at a time costs several
+    times more, and lists of Python numbers several times the memory)."""
     own = np.ascontiguousarray(end - start, dtype=np.float64)
+    if _nest is not None and _nest.self_times(_floats(start), _floats(end), _codes(tid), own):
+        return np.maximum(own, 0.0)
     mine, starts, ends = _view(own), _view(start), _view(end)
     stacks: dict[int, list[int]] = {}
     for i, t in enumerate(_view(tid)):
@@ -59,6 +66,10 @@ def _launching_ops(t: Timeline) -> np.ndarray:
     found = np.full(len(rt), -1, dtype=np.int64)
     if not len(host) or not len(rt):
         return found
+    if _nest is not None and _nest.launching_ops(
+            _floats(host.start), _floats(host.end), _codes(host.attrs["tid"]), _floats(rt.start),
+            _codes(rt.attrs["tid"]), found):
+        return found
     out = _view(found)
     h_start, h_end, r_start = _view(host.start), _view(host.end), _view(rt.start)
     by_tid = _group(host.attrs["tid"])
@@ -79,6 +90,14 @@ def _launching_ops(t: Timeline) -> np.ndarray:
             if stack:
                 out[j] = stack[-1]
     return found
+
+
+def _floats(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.float64)
+
+
+def _codes(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.int32)
 
 
 def _group(values: np.ndarray) -> dict[int, memoryview]:
