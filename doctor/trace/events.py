@@ -19,8 +19,6 @@ releases (doctor.trace.kinds):
 
 from __future__ import annotations
 
-import ctypes
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +29,13 @@ import numpy.typing as npt
 
 from doctor.trace.budget import EventBudget, TraceCut
 from doctor.trace.collect import COLUMN_TYPES, KIND_COLUMNS, BlockCollector
+from doctor.trace.heap import release_freed_memory
 from doctor.trace.reader import TraceMeta, TraceStream
 from doctor.trace.scan import AVAILABLE as SCANNER
 from doctor.trace.scan import NotScanned, load_scanned
 from doctor.trace.typed_events import from_dicts
 
-__all__ = ["Timeline", "build_timeline", "load_timeline"]
+__all__ = ["Timeline", "build_timeline", "load_timeline", "release_freed_memory"]
 
 
 
@@ -117,24 +116,6 @@ def _frozen(col: BlockCollector, meta: TraceMeta, budget: EventBudget) -> Timeli
     del col
     release_freed_memory()
     return timeline
-
-
-def release_freed_memory() -> None:
-    """Hand the memory freed by the blocks and their columns back to the system (glibc's
-    ``malloc_trim``): glibc keeps freed heap memory for reuse, and the blocks' many small
-    arrays leave it in pieces, so a 2-million-event trace kept 90 MB it no longer used. A no-op
-    elsewhere."""
-    global _TRIM
-    if _TRIM is None:
-        try:
-            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim if sys.platform == "linux" else False
-        except (OSError, AttributeError):  # not glibc (musl, another libc)
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
-_TRIM: Any = None
 
 
 def _arrays(col: BlockCollector, kind: str, origin: float) -> EventArrays:
