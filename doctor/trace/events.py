@@ -138,6 +138,8 @@ def _arrays(col: BlockCollector, kind: str, origin: float) -> EventArrays:
     for k in range(1, len(pieces)):
         column, pieces[k] = np.concatenate(pieces[k]), []
         columns.append(column[order] - origin if k == 1 else column[order])
+    del pieces, order, column
+    release_freed_memory()  # the pieces, freed in the heap's middle: before the next kind's
     return EventArrays(start, columns[0], dict(zip(names, columns[1:], strict=True)))
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from doctor.trace.block_args import ScannedArgs
 from doctor.trace.budget import EventBudget
 from doctor.trace.collect import BlockCollector, Int64s
+from doctor.trace.heap import release_freed_memory, steady_mmap_threshold
 from doctor.trace.reader import _GUNZIP_ERRORS, TraceMeta, _gunzip
 from doctor.trace.typed_events import READER as TYPED_READER
 from doctor.trace.typed_events import decode_array
@@ -76,6 +77,7 @@ def load_scanned(path: Path, col: BlockCollector, budget: EventBudget) -> TraceM
     Three threads: one gunzips (_Chunks), one scans (_Walk: the C scanner lets go of the
     interpreter while it scans a block), and this one sorts each scanned block into the
     collector's columns, in the file's order."""
+    steady_mmap_threshold()
     chunks = _Chunks(path)
     walk = _Walk(chunks)
     scanner = threading.Thread(target=walk.run, name="doctor-scan", daemon=True)
@@ -92,6 +94,7 @@ def load_scanned(path: Path, col: BlockCollector, budget: EventBudget) -> TraceM
         walk.stop.set()
         chunks.close()
         scanner.join()
+    release_freed_memory()  # the chunks' and blocks' memory, before the columns are joined
     return TraceMeta.from_top_level(str(path), walk.top)
 
 
