@@ -255,3 +255,17 @@ def test_blocks_go_to_the_workers_through_shared_memory_or_the_pipe(
     path = write(tmp_path / "t.json", events)
     assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
     assert "ring" in handed and "pipe" in handed
+
+
+def test_rows_computed_once_per_key_are_found_for_many_keys_at_once() -> None:
+    from doctor.trace.collect import _Rows
+
+    rows = _Rows(2)
+    assert rows.find(np.array([5, 7])).tolist() == [-1, -1]
+    at = rows.add(np.array([7, 3]), [(70, 71), (30, 31)])
+    assert at.tolist() == [0, 1]
+    rows.add(np.array([5]), [(50, 51)])
+    found = rows.find(np.array([3, 4, 5, 7, 8]))
+    assert found.tolist() == [1, -1, 2, 0, -1]
+    assert rows.rows[found[found >= 0]].tolist() == [[30, 31], [50, 51], [70, 71]]
+    assert rows.table([]).shape == (0, 2)

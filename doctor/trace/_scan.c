@@ -788,9 +788,10 @@ typedef struct {
     PyObject *keys;
 } ArgsQuery;
 
-static int query_open(PyObject *args, ArgsQuery *q, PyObject **extra) {
+static int query_open(PyObject *args, ArgsQuery *q, PyObject **extra, PyObject **extra2) {
     PyObject *buf, *lo, *hi;
-    if (!PyArg_ParseTuple(args, "OOOO!|O", &buf, &lo, &hi, &PyTuple_Type, &q->keys, extra))
+    if (!PyArg_ParseTuple(args, "OOOO!|OO", &buf, &lo, &hi, &PyTuple_Type, &q->keys, extra,
+                          extra2))
         return -1;
     q->nkeys = PyTuple_GET_SIZE(q->keys);
     if (q->nkeys > MAX_KEYS) {
@@ -842,8 +843,8 @@ PyDoc_STRVAR(args_numbers_doc,
 
 static PyObject *args_numbers(PyObject *module, PyObject *args) {
     ArgsQuery q;
-    PyObject *out_obj = NULL;
-    if (query_open(args, &q, &out_obj) < 0) return NULL;
+    PyObject *out_obj = NULL, *unused = NULL;
+    if (query_open(args, &q, &out_obj, &unused) < 0) return NULL;
     Py_buffer out;
     if (!out_obj || PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
         if (!out_obj) PyErr_SetString(PyExc_TypeError, "args_numbers needs out");
@@ -888,61 +889,98 @@ static PyObject *args_numbers(PyObject *module, PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
-PyDoc_STRVAR(args_texts_doc,
-"args_texts(buf, lo, hi, keys) -> list[bytes]\n\n"
-"For each row i, the text of the values of the args members named by keys (a tuple of bytes)\n"
-"of the args object at buf[lo[i]:hi[i]] (lo -1: none), each after a byte that says whether\n"
-"it is there: equal texts are equal values (a key to cache what is made of them).");
+PyDoc_STRVAR(args_ids_doc,
+"args_ids(buf, lo, hi, keys, interner, out)\n\n"
+"For each row i, the id in interner (an Interner) of the text of the values of the args\n"
+"members named by keys (a tuple of bytes) of the args object at buf[lo[i]:hi[i]] (lo -1:\n"
+"none), into out (int32): equal texts are equal values, so the id is a key to cache what is\n"
+"made of them.");
 
-static PyObject *args_texts(PyObject *module, PyObject *args) {
+static PyObject *args_ids(PyObject *module, PyObject *args) {
     ArgsQuery q;
-    PyObject *unused = NULL;
-    if (query_open(args, &q, &unused) < 0) return NULL;
-    PyObject *out = PyList_New(q.rows);
-    if (!out) {
+    PyObject *table = NULL, *out_obj = NULL;
+    if (query_open(args, &q, &table, &out_obj) < 0) return NULL;
+    Py_buffer out;
+    if (!table || !out_obj || check_interner(table) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "args_ids needs interner, out");
         query_close(&q);
         return NULL;
     }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        query_close(&q);
+        return NULL;
+    }
+    if (out.len < (Py_ssize_t)(q.rows * 4)) {
+        PyErr_SetString(PyExc_ValueError, "out is too small");
+        PyBuffer_Release(&out);
+        query_close(&q);
+        return NULL;
+    }
+    int32_t *ids = out.buf;
     const char *vlo[MAX_KEYS], *vhi[MAX_KEYS];
-    for (Py_ssize_t i = 0; i < q.rows; i++) {
+    char local[4096];
+    char *text = local;
+    Py_ssize_t cap = sizeof(local);
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < q.rows && !failed; i++) {
         const char *p, *end;
-        PyObject *item;
+        Py_ssize_t n = 0;
         if (!query_row(&q, i, &p, &end)) {
-            item = PyBytes_FromStringAndSize("", 0);
+            n = 0; /* no args: the empty text */
         } else if (find_members(p, end, q.keys, q.nkeys, vlo, vhi) < 0) {
-            item = PyBytes_FromStringAndSize(p, end - p); /* not read: the whole text */
+            /* not read: the whole text, which starts with '{' (never the first byte below) */
+            vlo[0] = p;
+            vhi[0] = end;
+            n = -1;
         } else {
-            Py_ssize_t n = 0;
+            n = 1;
             for (Py_ssize_t k = 0; k < q.nkeys; k++) n += 1 + (vlo[k] ? vhi[k] - vlo[k] : 0);
-            item = PyBytes_FromStringAndSize(NULL, n + 1);
-            if (item) {
-                char *w = PyBytes_AS_STRING(item);
-                *w++ = '{'; /* never the first byte of a whole text that was not read */
-                for (Py_ssize_t k = 0; k < q.nkeys; k++) {
-                    *w++ = vlo[k] ? '\x01' : '\x00';
-                    if (vlo[k]) {
-                        memcpy(w, vlo[k], (size_t)(vhi[k] - vlo[k]));
-                        w += vhi[k] - vlo[k];
-                    }
+        }
+        Py_ssize_t need = n < 0 ? vhi[0] - vlo[0] : n;
+        if (need > cap) {
+            char *grown = PyMem_Malloc((size_t)need);
+            if (!grown) {
+                PyErr_NoMemory();
+                failed = 1;
+                break;
+            }
+            if (text != local) PyMem_Free(text);
+            text = grown;
+            cap = need;
+        }
+        if (n < 0) {
+            memcpy(text, vlo[0], (size_t)need);
+        } else if (n > 0) {
+            char *w = text;
+            *w++ = '\x02';
+            for (Py_ssize_t k = 0; k < q.nkeys; k++) {
+                *w++ = vlo[k] ? '\x01' : '\x00';
+                if (vlo[k]) {
+                    memcpy(w, vlo[k], (size_t)(vhi[k] - vlo[k]));
+                    w += vhi[k] - vlo[k];
                 }
             }
         }
-        if (!item) {
-            Py_DECREF(out);
-            query_close(&q);
-            return NULL;
+        int32_t id = intern((Interner *)table, text, need);
+        if (id < 0) {
+            PyErr_NoMemory();
+            failed = 1;
+            break;
         }
-        PyList_SET_ITEM(out, i, item);
+        ids[i] = id;
     }
+    if (text != local) PyMem_Free(text);
+    PyBuffer_Release(&out);
     query_close(&q);
-    return out;
+    if (failed) return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
     {"value_end", value_end, METH_VARARGS, value_end_doc},
     {"args_numbers", args_numbers, METH_VARARGS, args_numbers_doc},
-    {"args_texts", args_texts, METH_VARARGS, args_texts_doc},
+    {"args_ids", args_ids, METH_VARARGS, args_ids_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -44,8 +44,8 @@ class BlockArgs(Protocol):
         nan where one is not)."""
         ...
 
-    def texts(self, at: Int64s, keys: tuple[str, ...]) -> list[bytes] | None:
-        """For each event at ``at``, a key that is equal where the args ``keys`` have equal
+    def text_ids(self, at: Int64s, keys: tuple[str, ...]) -> Int64s | None:
+        """For each event at ``at``, an id that is equal where the args ``keys`` have equal
         values (to cache what is made of them); None where there are none cheaper than the
         values themselves."""
         ...
@@ -69,7 +69,7 @@ class EventArgs:
     def numbers(self, at: Int64s, keys: tuple[str, ...]) -> Floats:
         return numbers_of(self.of(at), keys)
 
-    def texts(self, at: Int64s, keys: tuple[str, ...]) -> list[bytes] | None:
+    def text_ids(self, at: Int64s, keys: tuple[str, ...]) -> Int64s | None:
         return None
 
 
@@ -103,10 +103,14 @@ class ScannedArgs:
     """The ``args`` of a scanned block, decoded from their bytes when asked for: the ones
     asked for at once joined into one JSON array, decoded in one call."""
 
-    __slots__ = ("_buf", "_corr", "_hi", "_lo")
+    __slots__ = ("_buf", "_corr", "_hi", "_lo", "_tables")
 
-    def __init__(self, buf: bytes, lo: Int64s, hi: Int64s, corr: Int64s) -> None:
+    def __init__(self, buf: bytes, lo: Int64s, hi: Int64s, corr: Int64s,
+                 tables: dict[tuple[str, ...], Any]) -> None:
+        """``tables``: the interners of the args' texts (doctor.trace._scan.Interner) by the
+        keys they read, shared by every block of a trace (its ids stay the same)."""
         self._buf, self._lo, self._hi, self._corr = buf, lo, hi, corr
+        self._tables = tables
 
     def of(self, at: Int64s) -> list[Args | None]:
         if not len(at):
@@ -129,9 +133,14 @@ class ScannedArgs:
             return out
         return numbers_of(self.of(at), keys)  # a number given as a string: read the slow way
 
-    def texts(self, at: Int64s, keys: tuple[str, ...]) -> list[bytes] | None:
+    def text_ids(self, at: Int64s, keys: tuple[str, ...]) -> Int64s | None:
         assert _scan is not None
-        return _scan.args_texts(self._buf, self._lo[at], self._hi[at], _as_bytes(keys))
+        table = self._tables.get(keys)
+        if table is None:
+            table = self._tables[keys] = _scan.Interner()
+        ids = np.empty(len(at), np.int32)
+        _scan.args_ids(self._buf, self._lo[at], self._hi[at], _as_bytes(keys), table, ids)
+        return ids.astype(np.int64)
 
 
 _KEY_BYTES: dict[tuple[str, ...], tuple[bytes, ...]] = {}

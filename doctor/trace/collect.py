@@ -63,6 +63,8 @@ _STEP = "ProfilerStep#"
 MEMORY_KEYS = ("Device Type", "Device Id", "Total Allocated", "Total Reserved")
 #: The args a host op's cost (doctor.trace.op_costs) is computed from.
 COST_KEYS = ("Input Dims", "Input type", "Input Strides")
+#: The args a copy's kind and size are read from.
+COPY_KEYS = ("kind", "bytes")
 #: The args collective_args reads.
 COLLECTIVE_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
                    "Input Dims", "Input type")
@@ -164,6 +166,46 @@ def _host_role(name: str) -> int:
     return R_DATALOADER if "DataLoader" in name and "__next__" in name else R_OP
 
 
+class _Rows:
+    """Rows of ``width`` integers computed once per key (an event's name code and the id of
+    its args' text), found for many keys at once."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.rows = np.zeros((0, width), np.int64)
+        self._keys = np.zeros(0, np.int64)  # sorted
+        self._at = np.zeros(0, np.int64)  # the row of each key
+
+    def table(self, rows: list[tuple[int, ...]]) -> npt.NDArray[np.int64]:
+        """``rows`` as an array (no row: 0 by width)."""
+        return np.array(rows, np.int64).reshape(len(rows), self.width)
+
+    def find(self, keys: Int64s) -> Int64s:
+        """The row of each of ``keys`` (-1: none yet)."""
+        if not len(self._keys):
+            return np.full(len(keys), -1, np.int64)
+        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        return np.where(self._keys[at] == keys, self._at[at], -1)
+
+    def add(self, keys: Int64s, rows: list[tuple[int, ...]]) -> Int64s:
+        """Keep ``rows`` for ``keys`` (new ones); their rows."""
+        first = len(self.rows)
+        self.rows = np.concatenate([self.rows, self.table(rows)])
+        at = np.arange(first, len(self.rows))
+        keys = np.concatenate([self._keys, keys])
+        order = np.argsort(keys, kind="stable")
+        self._keys, self._at = keys[order], np.concatenate([self._at, at])[order]
+        return at
+
+
+def _copy_row(name: str, a: Args | None) -> tuple[int, int, int]:
+    """(kind, memory, bytes or -1) of a copy (doctor.trace.kinds.copy_kind)."""
+    given = a or _NO_ARGS
+    kind, mem = copy_kind(name, given)
+    nbytes = number(given.get("bytes"))
+    return kind, mem, int(nbytes) if nbytes is not None else -1
+
+
 def _op_row(name: str, a: Args | None) -> tuple[int, int, int, int, int]:
     """(cost kind code, dtype code, flops, bytes, layout) of a host op whose name has a cost
     formula: -1 codes and zeros without its shapes (record_shapes=True records them)."""
@@ -206,8 +248,9 @@ class BlockCollector:
         self._optimizer = _ByCode(lambda code: int(self.names[code].startswith("Optimizer.step#")))
         self._comm = _ByCode(lambda code: int(self.names[code].lower().startswith(COMM_OP)))
         self._collectives: dict[bytes | str, tuple[int, int, int]] = {}
-        self._collectives_by_text: dict[tuple[int, bytes], tuple[int, ...]] = {}
-        self._costs: dict[tuple[int, bytes], tuple[int, ...]] = {}
+        self._collectives_by_text = _Rows(3)
+        self._costs = _Rows(5)
+        self._copies = _Rows(3)
         self._costed = _ByCode(lambda code: int(self.names[code] in _COSTED))
 
     def name_code(self, name: str) -> int:
@@ -326,23 +369,17 @@ class BlockCollector:
         self._put("kernels", ts[i], end[i], kinds, codes[i], corr, tids[i])
         comm = np.flatnonzero(kinds == K_COMM)
         rows = self._collective_rows(i[comm], codes, args)
-        self._put("comm_kernels", ts[i[comm]], end[i[comm]], *_transpose(rows, 3), corr[comm])
+        self._put("comm_kernels", ts[i[comm]], end[i[comm]], *rows.T, corr[comm])
 
     def _memcpy(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
                 names: list[str], args: BlockArgs) -> None:
-        rows = []
-        for j, given in zip(i.tolist(), args.of(i), strict=True):
-            a = given or _NO_ARGS
-            kind, mem = copy_kind(names[codes[j]], a)
-            nbytes = number(a.get("bytes"))
-            rows.append((kind, mem, int(nbytes) if nbytes is not None else -1))
-        self._put("memcpy", ts[i], end[i], *_transpose(rows, 3), args.correlations(i),
-                  tids[i])
+        rows = self._rows_by_text(i, codes, args, COPY_KEYS, self._copies, _copy_row)
+        self._put("memcpy", ts[i], end[i], *rows.T, args.correlations(i), tids[i])
 
     def _comm_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
                   names: list[str], args: BlockArgs) -> None:
         rows = self._collective_rows(i, codes, args)
-        self._put("comm", ts[i], end[i], tids[i], *_transpose(rows, 3), codes[i])
+        self._put("comm", ts[i], end[i], tids[i], *rows.T, codes[i])
 
     def _host_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
                   names: list[str], args: BlockArgs) -> None:
@@ -353,39 +390,39 @@ class BlockCollector:
         cost[2:] = 0
         layout = np.zeros(m, np.int64)
         costed = np.flatnonzero(self._costed.codes(codes[i]))
-        rows = self._rows_by_text(i[costed], codes, args, COST_KEYS, self._costs, _op_row)
-        if rows:
-            table = np.array(rows, dtype=np.int64).T
-            cost[:, costed] = table[:4]
-            layout[costed] = table[4]
+        table = self._rows_by_text(i[costed], codes, args, COST_KEYS, self._costs, _op_row).T
+        cost[:, costed] = table[:4]
+        layout[costed] = table[4]
         comm = self._comm.codes(codes[i])
         self._put("host", ts[i], end[i], tids[i], codes[i], comm, *cost, layout)
 
     def _collective_rows(self, i: Int64s, codes: Int64s, args: BlockArgs
-                         ) -> list[tuple[int, ...]]:
+                         ) -> npt.NDArray[np.int64]:
         """collective_args of the host ops or kernels at ``i``."""
         return self._rows_by_text(i, codes, args, COLLECTIVE_KEYS, self._collectives_by_text,
                                   self._collective)
 
     def _rows_by_text(self, i: Int64s, codes: Int64s, args: BlockArgs, keys: tuple[str, ...],
-                      seen: dict[tuple[int, bytes], tuple[int, ...]],
-                      compute: Callable[[str, Args | None], tuple[int, ...]]
-                      ) -> list[tuple[int, ...]]:
-        """``compute(name, args)`` of the events at ``i``, which reads only the args
-        ``keys``: found in ``seen`` by the name and the text of those args where the block has
-        it (no args decoded for an event like one seen before: a job's ops repeat every step),
-        else computed for each."""
+                      seen: _Rows, compute: Callable[[str, Args | None], tuple[int, ...]]
+                      ) -> npt.NDArray[np.int64]:
+        """``compute(name, args)`` of the events at ``i`` (rows of ``seen.width`` integers),
+        which reads only the args ``keys``: found in ``seen`` by the name and the text of those
+        args where the block has it (no args decoded for an event like one seen before: a
+        job's ops repeat every step), else computed for each."""
         names = self.names
-        texts = args.texts(i, keys)
-        if texts is None:
-            return [compute(names[codes[j]], a)
-                    for j, a in zip(i.tolist(), args.of(i), strict=True)]
-        pairs = list(zip(codes[i].tolist(), texts, strict=True))
-        rows = [seen.get(pair) for pair in pairs]
-        missing = [k for k, row in enumerate(rows) if row is None]
-        for k, a in zip(missing, args.of(i[missing]), strict=True):
-            rows[k] = seen[pairs[k]] = compute(names[pairs[k][0]], a)
-        return rows  # type: ignore[return-value]
+        ids = args.text_ids(i, keys)
+        if ids is None:
+            return seen.table([compute(names[codes[j]], a)
+                               for j, a in zip(i.tolist(), args.of(i), strict=True)])
+        pairs = (ids << 32) | codes[i]
+        unique, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
+        at = seen.find(unique)
+        new = np.flatnonzero(at < 0)
+        if len(new):
+            found = args.of(i[first[new]])
+            at[new] = seen.add(unique[new], [compute(names[codes[i[first[k]]]], a)
+                                             for k, a in zip(new.tolist(), found, strict=True)])
+        return seen.rows[at[inverse.reshape(-1)]]
 
     def _collective(self, name: str, args: Args | None) -> tuple[int, int, int]:
         """collective_args of a host op or kernel, once per distinct name and arguments (the
@@ -412,10 +449,3 @@ def _key(values: tuple[Any, ...]) -> bytes | str:
     if msgspec is not None:
         return msgspec.json.encode(values)
     return repr(values)  # pragma: no cover - msgspec missing
-
-
-def _transpose(rows: Sequence[tuple[int, ...]], width: int) -> list[Int64s]:
-    """Columns of ``rows`` (each ``width`` integers) as arrays."""
-    if not rows:
-        return [np.empty(0, np.int64) for _ in range(width)]
-    return [np.array(col, dtype=np.int64) for col in zip(*rows, strict=True)]

@@ -347,6 +347,7 @@ class _Codes:
         self._names = np.empty(0, np.int64)
         self._cats = np.empty(0, np.int64)
         self._tids = np.empty(0, np.int64)
+        self._texts: dict[tuple[str, ...], Any] = {}  # the args' texts' ids (ScannedArgs)
 
     def add(self, block: _Block) -> None:
         col = self.col
@@ -375,7 +376,7 @@ class _Codes:
 
         col.add_columns(block.ph.astype(bool), self._names[block.name], block.ts, block.dur,
                         self._cats[block.cat], tid_codes,
-                        ScannedArgs(block.buf, block.lo, block.hi, block.corr))
+                        ScannedArgs(block.buf, block.lo, block.hi, block.corr, self._texts))
 
 
 def _extend(codes: Int64s, table: Any, ids: np.ndarray, code_of: Any) -> Int64s:
