@@ -1,7 +1,8 @@
 """Sort the events of one trace into compact per-kind arrays: the timeline the step analysis reads.
 
-One pass over the trace's blocks (:meth:`doctor.trace.reader.TraceStream.blocks`), each sorted
-into numpy columns a block at a time (doctor.trace.collect): each event the analysis needs is
+One pass over the trace's blocks (scanned in C, doctor.trace.scan, or decoded by
+:meth:`doctor.trace.reader.TraceStream.blocks`), each sorted into numpy columns a block at a
+time (doctor.trace.collect): each event the analysis needs is
 reduced to a few numbers (about 45 bytes, not a dict of Python objects), and past
 doctor.trace.budget.MAX_EVENTS events only the first steps are kept. Names recognised across
 releases (doctor.trace.kinds):
@@ -91,9 +92,11 @@ def build_timeline(events: Iterable[dict[str, Any]], meta: TraceMeta | None = No
 
 
 def load_timeline(path: str | Path, max_events: int | None = None) -> Timeline:
-    """Stream the trace at ``path`` into a :class:`Timeline` (raises TraceError if unreadable):
-    blocks of events decoded into typed records (doctor.trace.typed_events) and sorted into
-    columns a block at a time (doctor.trace.collect), never a dict per event."""
+    """Stream the trace at ``path`` into a :class:`Timeline` (raises TraceError if unreadable),
+    never a dict per event: scanned in C straight into columns (doctor.trace.scan) where the
+    scanner is built, else (and for a file it cannot scan) blocks of events decoded into typed
+    records (doctor.trace.typed_events); either way sorted into the timeline's columns a block
+    at a time (doctor.trace.collect)."""
     if SCANNER:
         col, budget = BlockCollector(), EventBudget(max_events)
         try:

@@ -1,4 +1,5 @@
-"""Read one large trace on several cores: this process cuts the event array into blocks of text
+"""Read one large trace on several cores where the C scanner is not built (doctor.trace.scan,
+which reads one on two cores by itself): this process cuts the event array into blocks of text
 (doctor.trace.reader) and writes each into a slot of a ring of shared memory, worker processes
 (forked after the ring was made) decode the slot in place and sort its events into columns
 (doctor.trace.collect), and their columns are joined here in the blocks' order. Only a slot's

@@ -5,16 +5,20 @@ gunzipped bytes of the event array and writes, for a block of events at a time, 
 analysis reads into numpy columns: whether the event is complete (``ph`` "X"), the ids of its
 name, category and thread in tables of the distinct strings, its start and duration, the
 correlation of its launch, and where its ``args`` lie in the bytes. No Python object is made per
-event; each distinct string is decoded once, here, and the ``args`` of the few events the
-analysis reads them for (copies, collectives, memory instants, host ops with a cost formula)
-are decoded from their bytes one by one (msgspec). The columns go to the same collector as the
-typed events do (doctor.trace.collect), so the timeline is the same.
+event; each distinct string is decoded once, here. The few args the analysis reads beyond the
+correlation are read from their bytes for a block at once (doctor.trace.block_args): the memory
+instants' totals as numbers in C, and for copies, collectives and host ops with a cost formula
+the id of the text of the args they are computed from, so that each distinct op is decoded
+(msgspec) and computed once. The columns go to the same collector as the typed events do
+(doctor.trace.collect), so the timeline is the same.
 
-The file is gunzipped in a thread beside this one (ISA-L and zlib let go of the interpreter while
-they inflate), so inflating and scanning run on two cores. An event whose fields have unusual
-types (a ``ts`` given as a string, ``args`` that is not an object) is decoded the slow way
-(doctor.trace.typed_events), with those around it; a file that is not JSON, or that ends early,
-raises :class:`NotScanned` and the caller reads it again the slow way, which says what is wrong.
+Three threads: one gunzips (ISA-L and zlib let go of the interpreter while they inflate), one
+scans (the scanner lets go of it while it scans a block), and the caller's sorts each block into
+the collector's columns, in the file's order. An event whose fields have unusual types (a ``ts``
+given as a string, ``args`` that is not an object) is decoded the slow way
+(doctor.trace.typed_events), with those after it up to SLOW_EVENTS; a file that is not JSON, or
+that ends early, raises :class:`NotScanned`, and the caller reads it again the slow way, which
+says what is wrong.
 """
 
 from __future__ import annotations
@@ -72,11 +76,8 @@ class NotScanned(Exception):
 
 def load_scanned(path: Path, col: BlockCollector, budget: EventBudget) -> TraceMeta:
     """Scan the trace at ``path`` into ``col`` (``budget`` applied after each block); its
-    top-level facts. NotScanned when the slow way must read it.
-
-    Three threads: one gunzips (_Chunks), one scans (_Walk: the C scanner lets go of the
-    interpreter while it scans a block), and this one sorts each scanned block into the
-    collector's columns, in the file's order."""
+    top-level facts. NotScanned when the slow way must read it. Gunzip (_Chunks) and the scan
+    (_Walk) run in threads of their own; this one sorts the blocks into ``col``."""
     steady_mmap_threshold()
     chunks = _Chunks(path)
     walk = _Walk(chunks)
