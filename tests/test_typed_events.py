@@ -58,6 +58,23 @@ def test_the_typed_decoder_and_the_gunzip_are_the_c_ones() -> None:
     assert reader.GUNZIP == "isal"
 
 
+def test_the_c_scanner_and_nesting_are_built_where_a_compiler_is() -> None:
+    """pip builds doctor/trace/_scan.c and _nest.c where a C compiler and the Python headers
+    are (optional: an install without them goes on, and the tests of the C parts skip); here,
+    with both, a build that failed must not pass unnoticed."""
+    import shutil
+    import sysconfig
+
+    from doctor.trace import ops, scan
+
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not shutil.which(compiler) or not headers.is_file():
+        pytest.skip(f"no C compiler ({compiler}) or no Python headers here")
+    assert scan.AVAILABLE, "doctor/trace/_scan.c was not built (pip install -e . builds it)"
+    assert ops._nest is not None, "doctor/trace/_nest.c was not built"
+
+
 @pytest.mark.parametrize("block", [16, 64, 257, 1 << 20])
 @pytest.mark.parametrize("layout", ["object", "bare", "indented", "gz"])
 @pytest.mark.parametrize("kinds", ["clean", "unusual"])
