@@ -88,6 +88,21 @@ static int query_row(ArgsQuery *q, Py_ssize_t i, const char **p, const char **en
     return 1;
 }
 
+/* obj as a writable buffer of at least `need` bytes: 0, or -1 with an exception set. */
+static int writable_out(PyObject *obj, Py_buffer *out, Py_ssize_t need) {
+    if (!obj) {
+        PyErr_SetString(PyExc_TypeError, "out is missing");
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (out->len < need) {
+        PyErr_SetString(PyExc_ValueError, "out is too small");
+        PyBuffer_Release(out);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(args_numbers_doc,
 "args_numbers(buf, lo, hi, keys, out) -> bool\n\n"
 "For each row i, the values of the args members named by keys (a tuple of bytes) of the\n"
@@ -100,14 +115,7 @@ static PyObject *args_numbers(PyObject *module, PyObject *args) {
     PyObject *out_obj = NULL, *unused = NULL;
     if (query_open(args, &q, &out_obj, &unused) < 0) return NULL;
     Py_buffer out;
-    if (!out_obj || PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        if (!out_obj) PyErr_SetString(PyExc_TypeError, "args_numbers needs out");
-        query_close(&q);
-        return NULL;
-    }
-    if (out.len < (Py_ssize_t)(q.rows * q.nkeys * 8)) {
-        PyErr_SetString(PyExc_ValueError, "out is too small");
-        PyBuffer_Release(&out);
+    if (writable_out(out_obj, &out, q.rows * q.nkeys * 8) < 0) {
         query_close(&q);
         return NULL;
     }
@@ -155,18 +163,8 @@ static PyObject *args_ids(PyObject *module, PyObject *args) {
     PyObject *table = NULL, *out_obj = NULL;
     if (query_open(args, &q, &table, &out_obj) < 0) return NULL;
     Py_buffer out;
-    if (!table || !out_obj || check_interner(table) < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "args_ids needs interner, out");
-        query_close(&q);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        query_close(&q);
-        return NULL;
-    }
-    if (out.len < (Py_ssize_t)(q.rows * 4)) {
-        PyErr_SetString(PyExc_ValueError, "out is too small");
-        PyBuffer_Release(&out);
+    if (!table || check_interner(table) < 0 || writable_out(out_obj, &out, q.rows * 4) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "args_ids needs an interner");
         query_close(&q);
         return NULL;
     }
