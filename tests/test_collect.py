@@ -258,9 +258,9 @@ def test_blocks_go_to_the_workers_through_shared_memory_or_the_pipe(
 
 
 def test_rows_computed_once_per_key_are_found_for_many_keys_at_once() -> None:
-    from doctor.trace.collect import _Rows
+    from doctor.trace.distinct_rows import Rows
 
-    rows = _Rows(2)
+    rows = Rows(2)
     assert rows.find(np.array([5, 7])).tolist() == [-1, -1]
     at = rows.add(np.array([7, 3]), [(70, 71), (30, 31)])
     assert at.tolist() == [0, 1]

@@ -26,12 +26,12 @@ except ImportError:  # pragma: no cover - a dependency; doctor.trace.typed_event
 
 from doctor.trace.block_args import BlockArgs, EventArgs
 from doctor.trace.collectives import collective_args
+from doctor.trace.distinct_rows import Rows, copy_row, op_row, rows_by_text
 from doctor.trace.kinds import (
     COMM_OP,
     GPU_ANNOTATION,
     HOST_CATS,
     K_COMM,
-    copy_kind,
     kernel_kind,
     runtime_kind,
 )
@@ -39,16 +39,11 @@ from doctor.trace.op_costs import (
     CONV,
     CONV_BACKWARD,
     COPY,
-    COST_DTYPES,
-    COST_KINDS,
     ELEMENTWISE,
     MATMUL,
     NORMALISE,
-    OpCost,
-    conv_layout,
-    op_cost,
 )
-from doctor.trace.typed_events import Args, Event, number
+from doctor.trace.typed_events import Args, Event
 
 Int64s = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -166,67 +161,6 @@ def _host_role(name: str) -> int:
     return R_DATALOADER if "DataLoader" in name and "__next__" in name else R_OP
 
 
-class _Rows:
-    """Rows of ``width`` integers computed once per key (an event's name code and the id of
-    its args' text), found for many keys at once."""
-
-    def __init__(self, width: int) -> None:
-        self.width = width
-        self.rows = np.zeros((0, width), np.int64)
-        self._keys = np.zeros(0, np.int64)  # sorted
-        self._at = np.zeros(0, np.int64)  # the row of each key
-
-    def table(self, rows: list[tuple[int, ...]]) -> npt.NDArray[np.int64]:
-        """``rows`` as an array (no row: 0 by width)."""
-        return np.array(rows, np.int64).reshape(len(rows), self.width)
-
-    def find(self, keys: Int64s) -> Int64s:
-        """The row of each of ``keys`` (-1: none yet)."""
-        if not len(self._keys):
-            return np.full(len(keys), -1, np.int64)
-        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        return np.where(self._keys[at] == keys, self._at[at], -1)
-
-    def add(self, keys: Int64s, rows: list[tuple[int, ...]]) -> Int64s:
-        """Keep ``rows`` for ``keys`` (new ones); their rows."""
-        first = len(self.rows)
-        self.rows = np.concatenate([self.rows, self.table(rows)])
-        at = np.arange(first, len(self.rows))
-        keys = np.concatenate([self._keys, keys])
-        order = np.argsort(keys, kind="stable")
-        self._keys, self._at = keys[order], np.concatenate([self._at, at])[order]
-        return at
-
-
-def _copy_row(name: str, a: Args | None) -> tuple[int, int, int]:
-    """(kind, memory, bytes or -1) of a copy (doctor.trace.kinds.copy_kind)."""
-    given = a or _NO_ARGS
-    kind, mem = copy_kind(name, given)
-    nbytes = number(given.get("bytes"))
-    return kind, mem, int(nbytes) if nbytes is not None else -1
-
-
-def _op_row(name: str, a: Args | None) -> tuple[int, int, int, int, int]:
-    """(cost kind code, dtype code, flops, bytes, layout) of a host op whose name has a cost
-    formula: -1 codes and zeros without its shapes (record_shapes=True records them)."""
-    dims = a.input_dims if a is not None else None
-    if a is None or dims is None:
-        return -1, -1, 0, 0, 0
-    found = op_cost(name, dims, a.get("Input type"))
-    layout = 0
-    if found is not None and "Input Strides" in a:
-        layout = conv_layout(name, dims, a.get("Input Strides"))
-    return (*_cost_columns(found), layout)
-
-
-def _cost_columns(cost: OpCost | None) -> tuple[int, int, int, int]:
-    """(kind code, dtype code, flops, bytes) of an op's cost; -1 codes and zeros for none."""
-    if cost is None:
-        return -1, -1, 0, 0
-    return (COST_KINDS.index(cost.kind), COST_DTYPES.index(cost.dtype), int(cost.flops),
-            int(cost.bytes))
-
-
 class BlockCollector:
     """Columns of every kind of event, added to a block at a time (:meth:`add`)."""
 
@@ -248,9 +182,9 @@ class BlockCollector:
         self._optimizer = _ByCode(lambda code: int(self.names[code].startswith("Optimizer.step#")))
         self._comm = _ByCode(lambda code: int(self.names[code].lower().startswith(COMM_OP)))
         self._collectives: dict[bytes | str, tuple[int, int, int]] = {}
-        self._collectives_by_text = _Rows(3)
-        self._costs = _Rows(5)
-        self._copies = _Rows(3)
+        self._collectives_by_text = Rows(3)
+        self._costs = Rows(5)
+        self._copies = Rows(3)
         self._costed = _ByCode(lambda code: int(self.names[code] in _COSTED))
 
     def name_code(self, name: str) -> int:
@@ -373,7 +307,7 @@ class BlockCollector:
 
     def _memcpy(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
                 names: list[str], args: BlockArgs) -> None:
-        rows = self._rows_by_text(i, codes, args, COPY_KEYS, self._copies, _copy_row)
+        rows = rows_by_text(self.names, i, codes, args, COPY_KEYS, self._copies, copy_row)
         self._put("memcpy", ts[i], end[i], *rows.T, args.correlations(i), tids[i])
 
     def _comm_ops(self, i: Int64s, ts: Floats, end: Floats, codes: Int64s, tids: Int64s,
@@ -390,7 +324,8 @@ class BlockCollector:
         cost[2:] = 0
         layout = np.zeros(m, np.int64)
         costed = np.flatnonzero(self._costed.codes(codes[i]))
-        table = self._rows_by_text(i[costed], codes, args, COST_KEYS, self._costs, _op_row).T
+        table = rows_by_text(self.names, i[costed], codes, args, COST_KEYS, self._costs,
+                             op_row).T
         cost[:, costed] = table[:4]
         layout[costed] = table[4]
         comm = self._comm.codes(codes[i])
@@ -399,30 +334,8 @@ class BlockCollector:
     def _collective_rows(self, i: Int64s, codes: Int64s, args: BlockArgs
                          ) -> npt.NDArray[np.int64]:
         """collective_args of the host ops or kernels at ``i``."""
-        return self._rows_by_text(i, codes, args, COLLECTIVE_KEYS, self._collectives_by_text,
+        return rows_by_text(self.names, i, codes, args, COLLECTIVE_KEYS, self._collectives_by_text,
                                   self._collective)
-
-    def _rows_by_text(self, i: Int64s, codes: Int64s, args: BlockArgs, keys: tuple[str, ...],
-                      seen: _Rows, compute: Callable[[str, Args | None], tuple[int, ...]]
-                      ) -> npt.NDArray[np.int64]:
-        """``compute(name, args)`` of the events at ``i`` (rows of ``seen.width`` integers),
-        which reads only the args ``keys``: found in ``seen`` by the name and the text of those
-        args where the block has it (no args decoded for an event like one seen before: a
-        job's ops repeat every step), else computed for each."""
-        names = self.names
-        ids = args.text_ids(i, keys)
-        if ids is None:
-            return seen.table([compute(names[codes[j]], a)
-                               for j, a in zip(i.tolist(), args.of(i), strict=True)])
-        pairs = (ids << 32) | codes[i]
-        unique, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
-        at = seen.find(unique)
-        new = np.flatnonzero(at < 0)
-        if len(new):
-            found = args.of(i[first[new]])
-            at[new] = seen.add(unique[new], [compute(names[codes[i[first[k]]]], a)
-                                             for k, a in zip(new.tolist(), found, strict=True)])
-        return seen.rows[at[inverse.reshape(-1)]]
 
     def _collective(self, name: str, args: Args | None) -> tuple[int, int, int]:
         """collective_args of a host op or kernel, once per distinct name and arguments (the
