@@ -1,14 +1,15 @@
-"""Sort a block of typed trace events into per-kind columns, a whole block at a time.
+"""Sort a block of trace events into per-kind columns, a whole block at a time.
 
-A block (tens of thousands of :class:`doctor.trace.typed_events.Event` records, decoded in C) is
-turned into columns with a few passes that run in C: one ``map`` of an attribute getter and a
-transpose give the block's fields as tuples, numpy makes the times arrays, and each category,
-name and thread is looked up in a dict that codes it (``map`` of the dict's own lookup, so only
-a value seen for the first time runs Python). What each category and name means is decided
-once per distinct value (doctor.trace.kinds), and each kind of event is picked out of the
-block with a mask. Only the events that need their ``args`` read one at a time do so: copies,
-collectives, memory instants, steps, and the host ops whose name has a cost formula
-(doctor.trace.op_costs). The result is the same as sorting the events one by one.
+A block comes as columns (:meth:`BlockCollector.add_columns`: the C scanner's, through
+doctor.trace.scan) or as typed records (:meth:`BlockCollector.add`: tens of thousands of
+:class:`doctor.trace.typed_events.Event`, made into the same columns by a list comprehension per
+field, each category, name and thread coded by a dict's own lookup). What each category and
+name means is decided once per distinct value (doctor.trace.kinds) and looked up for a column of
+codes at once, and each kind of event is picked out of the block with a mask. Only the events
+that need their ``args`` have them read (doctor.trace.block_args): copies, collectives, memory
+instants, and the host ops whose name has a cost formula (doctor.trace.op_costs), each distinct
+one computed once (doctor.trace.distinct_rows). The result is the same as sorting the events
+one by one.
 """
 
 from __future__ import annotations
