@@ -34,7 +34,7 @@ from doctor.store.rundata import (
 from doctor.trace.beside import Beside, fork_available
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import Timeline, load_timeline, release_freed_memory
-from doctor.trace.ops import op_table
+from doctor.trace.ops import NESTING_IN_C, op_table
 from doctor.trace.reader import TraceMeta
 from doctor.trace.scan import AVAILABLE as SCANNER
 from doctor.trace.steps import step_frame_from_timeline
@@ -43,8 +43,9 @@ from doctor.trace.steps import step_frame_from_timeline
 #: worker processes would cost more than it saves.
 PARALLEL_BYTES = 16 << 20
 #: A timeline with more host ops and runtime calls than this has its op table and collectives
-#: computed in a forked child while this process finds its steps (doctor.trace.beside): each
-#: takes a fraction of a second per million events.
+#: computed in a forked child while this process finds its steps (doctor.trace.beside), where
+#: the ops' nesting runs in Python loops (most of a second per million events). With it in C
+#: they take 0.2 s of 2 M events, and the child's own memory (40 MB) is not worth it.
 BESIDE_EVENTS = 500_000
 
 
@@ -89,8 +90,8 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
                       "world_size": timeline.meta.world_size,
                       "device_name": str(props[0].get("name")) if props and props[0].get("name")
                       else None})
-        tables = Beside(partial(_op_and_collective_tables, timeline),
-                        fork=len(timeline.host_ops) + len(timeline.runtime) > BESIDE_EVENTS)
+        tables = Beside(partial(_op_and_collective_tables, timeline), fork=not NESTING_IN_C
+                        and len(timeline.host_ops) + len(timeline.runtime) > BESIDE_EVENTS)
         frame = step_frame_from_timeline(timeline, rank)
         release_freed_memory()
         memory += _memory_rows(timeline, who)
