@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import SAMPLE_JOBS, doctor_cmd
+from tests.conftest import SAMPLE_JOBS, doctor_cmd, skip_if_the_cores_were_taken
 
 pytestmark = pytest.mark.e2e
 
@@ -50,14 +50,18 @@ def candidate(record: dict[str, Any], label: str) -> dict[str, Any]:
 def test_workers_fix_of_the_input_bound_job_is_measured(tmp_path: Path) -> None:
     run_dir, record = run_then_try(
         tmp_path, ["python", str(SAMPLE_JOBS / "input_bound.py"), "--steps", "40"],
-        "--steps", "20", "--repeat", "1")  # 10 tried steps measured 1.11x once in CI
+        "--steps", "20", "--repeat", "2")  # 10 tried steps measured 1.11x once in CI, and
+    # 20 steps once each 1.06x: the median of two rounds each
     try_dir = run_dir / record["dir"].split(str(run_dir) + "/")[-1]
     workers = next(c for c in record["candidates"] if c["id"] == "input.loader:1")
     assert workers["apply"]["dataloader"]["num_workers"] == 2
+    assert workers["estimate"] > 1.2
+    if workers["speedup"] <= 1.2:  # (once in CI: 1.06x, the machine's second core taken)
+        skip_if_the_cores_were_taken(f"num_workers=2 measured {workers['speedup']:.2f}x")
     assert workers["outcome"] == "faster"
-    assert workers["speedup"] > 1.2 and workers["estimate"] > 1.2
+    assert workers["speedup"] > 1.2
     assert workers["ratio"] == pytest.approx(workers["speedup"] / workers["estimate"])
-    [attempt] = workers["attempts"]
+    attempt = workers["attempts"][0]
     seen = settings_seen(try_dir / attempt)
     assert (seen["num_workers"], seen["persistent_workers"]) == (2, True)
     base = try_dir / record["baseline"]["rounds"][0]["dir"]
