@@ -83,7 +83,10 @@ def test_workers_fix_of_the_input_bound_job_is_measured(tmp_path: Path) -> None:
     assert "verified: measured" in text
     assert (try_dir / "report.html").is_file()
     compared = doctor_cmd("compare", str(base), str(try_dir / attempt), "--format", "json")
-    assert json.loads(compared.stdout)["speedup"] == pytest.approx(workers["speedup"], rel=0.2)
+    # the first round of each, so the first round's speedup (the try's is the median of the
+    # rounds': once in CI 1.14x in the first round against 1.45x over both)
+    assert json.loads(compared.stdout)["speedup"] == pytest.approx(workers["per_round"][0],
+                                                                   rel=0.05)
 
 
 def test_a_value_the_job_already_sets_and_a_sweep_that_reaches_it(tmp_path: Path) -> None:
