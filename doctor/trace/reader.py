@@ -168,18 +168,22 @@ class TraceStream:
                 if len(self._buf) - self._pos < MAX_VALUE_CHARS and self._fill(want):
                     want *= 2  # a value larger than a chunk: grow geometrically, not quadratically
                     continue
-                raise TraceError(
-                    f"{self.path.name}: {self._describe_end(where)} ({err.msg})"
-                ) from None
+                raise TraceError(f"{self.path.name}: {self._describe(where, err)}") from None
             if end >= len(self._buf) and self._fill(want):
                 continue  # a number may continue past the buffer: decode again with more text
             self._pos = end
             return value
 
-    def _describe_end(self, where: str) -> str:
-        if self._eof:
-            return f"file ends inside {where} after {self.event_count} events (truncated?)"
-        return f"invalid JSON in {where} after {self.event_count} events"
+    def _describe(self, where: str, err: json.JSONDecodeError) -> str:
+        """What is wrong where decoding failed: the file ends there (cut short), or the text
+        is not JSON (then where in the value it is not)."""
+        cut = self._eof and (err.pos >= len(self._buf.rstrip())
+                             or err.msg.startswith("Unterminated string"))
+        if cut:
+            return (f"file ends inside {where} after {self.event_count} events (truncated?) "
+                    f"({err.msg})")
+        return (f"invalid JSON in {where} after {self.event_count} events ({err.msg}, "
+                f"{err.pos - self._pos} characters into the value)")
 
     def _expect(self, char: str, where: str) -> None:
         got = self._skip(_WS)

@@ -67,6 +67,11 @@ AHEAD = 3
 #: Events of unusual types decoded the slow way together.
 SLOW_EVENTS = 4096
 _READ_ERRORS: tuple[type[Exception], ...] = (*_GUNZIP_ERRORS, ValueError)
+#: What decoding the text of a name or of args raises where the scanner skipped over bytes that
+#: are not JSON (it checks an event's structure, not every value nested in its args).
+_DECODE_ERRORS: tuple[type[Exception], ...] = (
+    json.JSONDecodeError, UnicodeDecodeError,
+    *((msgspec.DecodeError,) if msgspec is not None else ()))
 _SEPARATORS = re.compile(rb"[ \t\r\n,]*")
 _WS = re.compile(rb"[ \t\r\n]*")
 
@@ -91,6 +96,8 @@ def load_scanned(path: Path, col: BlockCollector, budget: EventBudget) -> TraceM
             else:
                 col.add(item)
             budget.apply(col)
+    except _DECODE_ERRORS as err:  # a value the scanner only skipped over is not JSON
+        raise NotScanned(f"not JSON: {err}") from err
     finally:
         walk.stop.set()
         chunks.close()
