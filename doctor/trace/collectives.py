@@ -24,6 +24,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from doctor.trace.typed_events import COUNT_LIMIT
+
 
 class ArgsLike(Protocol):
     """An event's ``args`` as the analysis reads them: a dict, or a typed record of them
@@ -66,10 +68,11 @@ DTYPE_SIZE = {
 }
 
 
-def kind_code(name: str | None) -> int:
+def kind_code(name: Any) -> int:
     """The code of a collective's kind from the name a trace gives it (``allreduce``,
-    ``nccl:_all_gather_base``, ``gloo:all_reduce``, ``c10d::allreduce_``), OTHER if unknown."""
-    if not name:
+    ``nccl:_all_gather_base``, ``gloo:all_reduce``, ``c10d::allreduce_``), OTHER if unknown
+    (or not a string: a trace written by another tool)."""
+    if not name or not isinstance(name, str):
         return OTHER
     low = name.lower().strip()
     for prefix in ("nccl:", "gloo:", "c10d::", "c10d:", "mpi:", "ucc:"):
@@ -95,15 +98,18 @@ def _size(dtype: Any) -> int | None:
 
 
 def _int(value: Any) -> int | None:
+    """A count from an arg: an int, an integral float or a string of digits, below the
+    limit; else None."""
+    found = None
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    return None
+        found = value
+    elif isinstance(value, float) and value.is_integer():
+        found = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        found = int(value.strip())
+    return found if found is not None and 0 <= found < COUNT_LIMIT else None
 
 
 def message_bytes(kind: int, args: ArgsLike) -> int | None:
@@ -160,6 +166,8 @@ def collective_args(name: str, args: ArgsLike) -> tuple[int, int, int]:
     if nbytes is None and "Input Dims" in args:
         nbytes = tensors_bytes(args.get("Input Dims"), args.get("Input type"))
     group = _int(args.get("Group size"))
+    if nbytes is not None and not 0 <= nbytes < COUNT_LIMIT:
+        nbytes = None  # (too large to be real)
     return kind, -1 if nbytes is None else int(nbytes), -1 if group is None else int(group)
 
 

@@ -6,6 +6,7 @@ before has no args decoded at all."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -14,9 +15,17 @@ import numpy.typing as npt
 from doctor.trace.block_args import BlockArgs, Int64s
 from doctor.trace.kinds import copy_kind
 from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, OpCost, conv_layout, op_cost
-from doctor.trace.typed_events import Args, number
+from doctor.trace.typed_events import COUNT_LIMIT, Args, number
 
 _NO_ARGS = Args()
+
+
+def count(value: float | None) -> int:
+    """``value`` as a count for a row: -1 where it is none, negative, not finite or too
+    large to be real (a trace written by another tool, or damaged)."""
+    if value is None or not math.isfinite(value) or not 0 <= value < COUNT_LIMIT:
+        return -1
+    return int(value)
 
 
 class Rows:
@@ -78,8 +87,7 @@ def copy_row(name: str, a: Args | None) -> tuple[int, int, int]:
     """(kind, memory, bytes or -1) of a copy (doctor.trace.kinds.copy_kind)."""
     given = a or _NO_ARGS
     kind, mem = copy_kind(name, given)
-    nbytes = number(given.get("bytes"))
-    return kind, mem, int(nbytes) if nbytes is not None else -1
+    return kind, mem, count(number(given.get("bytes")))
 
 
 def op_row(name: str, a: Args | None) -> tuple[int, int, int, int, int]:
@@ -97,7 +105,7 @@ def op_row(name: str, a: Args | None) -> tuple[int, int, int, int, int]:
 
 def cost_columns(cost: OpCost | None) -> tuple[int, int, int, int]:
     """(kind code, dtype code, flops, bytes) of an op's cost; -1 codes and zeros for none."""
-    if cost is None:
+    flops, nbytes = (count(cost.flops), count(cost.bytes)) if cost is not None else (-1, -1)
+    if cost is None or flops < 0 or nbytes < 0:  # (shapes too large to be real: no cost)
         return -1, -1, 0, 0
-    return (COST_KINDS.index(cost.kind), COST_DTYPES.index(cost.dtype), int(cost.flops),
-            int(cost.bytes))
+    return COST_KINDS.index(cost.kind), COST_DTYPES.index(cost.dtype), flops, nbytes

@@ -103,6 +103,11 @@ else:  # pragma: no cover
     _ERRORS = ()
 
 
+#: Counts (bytes, elements, operations) at or past this are not a real trace's: the timeline
+#: keeps them in int64 columns.
+COUNT_LIMIT = 1 << 62
+
+
 def number(value: Any) -> float | None:
     """A JSON value as a number: ints, floats and numeric strings (never a bool); else None."""
     if isinstance(value, bool):
