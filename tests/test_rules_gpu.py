@@ -132,6 +132,7 @@ def test_exposed_communication_gpu_and_cpu() -> None:
     assert f.severity == "critical"
     assert f.evidence["world_size"] == 16
     assert f.evidence["comm_overlapped_fraction"] == pytest.approx(0.25)
+    assert f.evidence["step_s"] == pytest.approx(0.1)  # the step's own seconds, not a share
     assert f.estimated_speedup == pytest.approx(0.1 / 0.07)
     codes = "\n".join(fx.code for fx in f.fixes)
     assert "bucket_cap_mb" in codes and "no_sync" in codes and "compress_hook" in codes

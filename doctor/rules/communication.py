@@ -133,7 +133,7 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
                       comm_share_of_steps=removed,
                       world_size=world if isinstance(world, int) else None),
         fixes=model_fixes(ev, ddp_devices, removed),
-        step_s=1.0, removed_s=removed,
+        step_s=step, removed_s=removed * step,
     )]
 
 
