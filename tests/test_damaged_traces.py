@@ -64,7 +64,7 @@ def test_args_of_odd_types_and_sizes_are_read(tmp_path: Path,
     """A collective's name that is a number, counts past int64: read, with no size."""
     raw = "[" + ", ".join([
         COLL % '{"Collective name": 1.5, "In msg nelems": 10, "dtype": "Float"}',
-        COLL % json.dumps({"Collective name": "allreduce", "In msg nelems": HUGE,
+        COLL % json.dumps({"Collective name": "allreduce", "In msg nelems": 10**400,
                            "dtype": "Float", "Group size": HUGE}),
         MM % json.dumps({"Input Dims": [[HUGE, 4], [4, 4]], "Input type": ["float", "float"]}),
         '{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 5, '

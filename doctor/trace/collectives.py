@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from doctor.trace.typed_events import COUNT_LIMIT
+from doctor.trace.typed_events import count
 
 
 class ArgsLike(Protocol):
@@ -98,18 +98,15 @@ def _size(dtype: Any) -> int | None:
 
 
 def _int(value: Any) -> int | None:
-    """A count from an arg: an int, an integral float or a string of digits, below the
-    limit; else None."""
-    found = None
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        found = value
-    elif isinstance(value, float) and value.is_integer():
-        found = int(value)
-    elif isinstance(value, str) and value.strip().isdigit():
-        found = int(value.strip())
-    return found if found is not None and 0 <= found < COUNT_LIMIT else None
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
 
 
 def message_bytes(kind: int, args: ArgsLike) -> int | None:
@@ -159,16 +156,13 @@ def bus_factor(kind: int, group: int) -> float:
 
 
 def collective_args(name: str, args: ArgsLike) -> tuple[int, int, int]:
-    """(kind code, message bytes or -1, group size or -1) of a host op or kernel from its name
-    and arguments."""
+    """(kind code, message bytes or -1, group size or -1: unknown, or not a real size) of a
+    host op or kernel from its name and arguments."""
     kind = kind_code(args.get("Collective name")) or kind_code(name) or kernel_kind_code(name)
     nbytes = message_bytes(kind, args)
     if nbytes is None and "Input Dims" in args:
         nbytes = tensors_bytes(args.get("Input Dims"), args.get("Input type"))
-    group = _int(args.get("Group size"))
-    if nbytes is not None and not 0 <= nbytes < COUNT_LIMIT:
-        nbytes = None  # (too large to be real)
-    return kind, -1 if nbytes is None else int(nbytes), -1 if group is None else int(group)
+    return kind, count(nbytes), count(_int(args.get("Group size")))
 
 
 def bandwidths(kind: Sequence[int], nbytes: Sequence[float], seconds: Sequence[float],

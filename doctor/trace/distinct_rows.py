@@ -6,7 +6,6 @@ before has no args decoded at all."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -15,17 +14,9 @@ import numpy.typing as npt
 from doctor.trace.block_args import BlockArgs, Int64s
 from doctor.trace.kinds import copy_kind
 from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, OpCost, conv_layout, op_cost
-from doctor.trace.typed_events import COUNT_LIMIT, Args, number
+from doctor.trace.typed_events import Args, count, number
 
 _NO_ARGS = Args()
-
-
-def count(value: float | None) -> int:
-    """``value`` as a count for a row: -1 where it is none, negative, not finite or too
-    large to be real (a trace written by another tool, or damaged)."""
-    if value is None or not math.isfinite(value) or not 0 <= value < COUNT_LIMIT:
-        return -1
-    return int(value)
 
 
 class Rows:

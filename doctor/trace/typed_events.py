@@ -108,6 +108,14 @@ else:  # pragma: no cover
 COUNT_LIMIT = 1 << 62
 
 
+def count(value: float | None) -> int:
+    """``value`` as a count for the timeline's columns: -1 where it is none, negative, not
+    finite or too large to be real (a trace written by another tool, or damaged)."""
+    if value is None or not 0 <= value < COUNT_LIMIT:  # (nan is not in the range either)
+        return -1
+    return int(value)
+
+
 def number(value: Any) -> float | None:
     """A JSON value as a number: ints, floats and numeric strings (never a bool); else None."""
     if isinstance(value, bool):
