@@ -133,12 +133,7 @@ class _Chunks:
             self._put(err)
 
     def _put(self, item: bytes | BaseException | None) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        _put(self._queue, item, self._stop)
 
     def next(self) -> bytes | None:
         """The next chunk; None at the end of the file."""
@@ -398,14 +393,13 @@ def _extend(codes: Int64s, table: Any, ids: np.ndarray, code_of: Any) -> Int64s:
 
 
 def _text(raw: bytes) -> str:
-    """A string as the trace's bytes write it between its quotes."""
+    """A string as the trace's bytes write it between its quotes (JSONDecodeError where it is
+    not JSON: load_scanned then leaves the trace to the slow way)."""
     if b"\\" not in raw:
         return raw.decode("utf-8", "replace")
     try:
         text = json.loads(b'"' + raw + b'"')
     except UnicodeDecodeError:
         text = json.loads('"' + raw.decode("utf-8", "replace") + '"')
-    except ValueError as err:
-        raise NotScanned("not JSON") from err
     assert isinstance(text, str)
     return text
