@@ -32,11 +32,11 @@ from typing import IO, Any
 
 import numpy as np
 
-from doctor.trace.block_args import ScannedArgs
 from doctor.trace.budget import EventBudget
-from doctor.trace.collect import BlockCollector, Int64s
+from doctor.trace.collect import BlockCollector
 from doctor.trace.heap import release_freed_memory
 from doctor.trace.reader import _GUNZIP_ERRORS, TraceMeta, _gunzip
+from doctor.trace.scan_codes import BlockCodes
 from doctor.trace.typed_events import READER as TYPED_READER
 from doctor.trace.typed_events import decode_array
 
@@ -88,7 +88,7 @@ def load_scanned(path: Path, col: BlockCollector, budget: EventBudget) -> TraceM
     walk = _Walk(chunks)
     scanner = threading.Thread(target=walk.run, name="doctor-scan", daemon=True)
     scanner.start()
-    codes = _Codes(col, walk.tables)
+    codes = BlockCodes(col, walk.tables)
     try:
         while (item := walk.take()) is not None:
             if isinstance(item, _Block):
@@ -337,69 +337,3 @@ class _Walk:
         if events is None:
             raise NotScanned("not JSON")
         _put(self._out, events, self.stop)
-
-
-class _Codes:
-    """What the scanner's ids mean in the collector's codes; a scanned block sorted into the
-    collector's columns."""
-
-    def __init__(self, col: BlockCollector, tables: tuple[Any, Any, Any]) -> None:
-        self.col = col
-        self.tables = tables
-        # the collector's code of each id (-1: not given yet)
-        self._names = np.empty(0, np.int64)
-        self._cats = np.empty(0, np.int64)
-        self._tids = np.empty(0, np.int64)
-        self._texts: dict[tuple[str, ...], Any] = {}  # the args' texts' ids (ScannedArgs)
-
-    def add(self, block: _Block) -> None:
-        col = self.col
-        # new names in order of first sight (the ids are given in that order), up to the
-        # block's last: the scanner may have read on into the next blocks
-        self._names = _extend(self._names, self.tables[0], block.name, col.name_code)
-        self._cats = _extend(self._cats, self.tables[1], block.cat, col.category_code)
-        tid_ids = block.tid.astype(np.int64)
-        top = int(tid_ids.max()) + 1
-        if len(self._tids) < top:
-            grown = np.full(top, -1, np.int64)
-            grown[:len(self._tids)] = self._tids
-            self._tids = grown
-
-        def tid_codes(at: Int64s) -> Int64s:
-            ids = tid_ids[at]
-            codes = self._tids[ids]
-            new = codes < 0
-            if new.any():  # given in the order the events that keep a thread first show it
-                keys = self.tables[2].keys
-                unseen, first = np.unique(ids[new], return_index=True)
-                for k in unseen[np.argsort(first)].tolist():
-                    self._tids[k] = col.tid_code(_text(keys[k]))
-                codes = self._tids[ids]
-            return codes
-
-        col.add_columns(block.ph.astype(bool), self._names[block.name], block.ts, block.dur,
-                        self._cats[block.cat], tid_codes,
-                        ScannedArgs(block.buf, block.lo, block.hi, block.corr, self._texts))
-
-
-def _extend(codes: Int64s, table: Any, ids: np.ndarray, code_of: Any) -> Int64s:
-    """``codes`` given for every id up to the largest of ``ids``."""
-    top = int(ids.max()) + 1
-    if len(codes) >= top:
-        return codes
-    keys = table.keys
-    new = [code_of(_text(k)) for k in keys[len(codes):top]]
-    return np.concatenate([codes, np.array(new, np.int64)])
-
-
-def _text(raw: bytes) -> str:
-    """A string as the trace's bytes write it between its quotes (JSONDecodeError where it is
-    not JSON: load_scanned then leaves the trace to the slow way)."""
-    if b"\\" not in raw:
-        return raw.decode("utf-8", "replace")
-    try:
-        text = json.loads(b'"' + raw + b'"')
-    except UnicodeDecodeError:
-        text = json.loads('"' + raw.decode("utf-8", "replace") + '"')
-    assert isinstance(text, str)
-    return text
