@@ -47,6 +47,8 @@ from doctor.store.records import (  # noqa: F401  (the step kinds and events pro
 )
 from doctor.store.ringbuffer import RingWriter
 
+from ..store.redact import redact_argv
+
 # Events between probes (``on``/``emit``).
 WINDOW_START, WINDOW_END, CLOSE = "window_start", "window_end", "close"
 
@@ -139,7 +141,7 @@ class Session:
             self._writer = writer
             self._meta = {
                 "pid": self.pid, "ppid": os.getppid(), "rank": self.rank, "role": self.role,
-                "argv": list(sys.argv), "local_rank": _env_int("LOCAL_RANK"),
+                "argv": redact_argv(sys.argv), "local_rank": _env_int("LOCAL_RANK"),
                 "world_size": _env_int("WORLD_SIZE"), "host": os.uname().nodename,
                 "started_ns": self.clock(), "cores": usable_cores(), "probes": self.probe_status,
             }

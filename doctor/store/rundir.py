@@ -26,27 +26,56 @@ from typing import Any
 from doctor.errors import RunDirError, RunFormatError, UsageError
 from doctor.store import layout
 
+from .claim import claim_run_dir, clear_merged_outputs
+from .safe_files import open_new, write_text_atomic
+
 DEFAULT_ROOT = Path("doctor-runs")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def new_run_dir(out: Path | None, name: str, root: Path = DEFAULT_ROOT) -> Path:
-    """Create the run directory (``--out`` or ``./doctor-runs/<timestamp>-<name>``)."""
-    if out is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:40] or "job"
-        out = root / f"{stamp}-{safe}"
-        n = 1
-        while out.exists():
-            n += 1
-            out = root / f"{stamp}-{safe}-{n}"
+def new_run_dir(out: Path | None, name: str, root: Path = DEFAULT_ROOT, *,
+                force: bool = False, option: str = "--force") -> Path:
+    """Create and claim the run directory (``--out``, or a new ``./doctor-runs/<timestamp>-
+    <name>``) for this process's run (doctor.store.claim): refused when another run records into
+    it now, or when it holds an earlier run and not ``force`` (which replaces that run)."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".doctor-write-check"
-        probe.write_text("")
-        probe.unlink()
+        if out is None:
+            out = _fresh_dir(root, name)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"cannot write the run directory {out}: {err.strerror or err}") from err
+        raise UsageError(f"cannot write the run directory {out or root}: "
+                         f"{err.strerror or err}") from err
+    claim_run_dir(out, force, option=option)
     return out.resolve()
+
+
+def new_node_dir(job_dir: Path, node: int, name: str, *, force: bool = False) -> Path:
+    """Create and claim node ``node``'s run directory in a multi-node job's directory: the rules
+    of new_run_dir apply to the node's own folder, not to the directory the nodes share. With
+    ``force``, the job directory's merged outputs of an earlier job go too."""
+    if (job_dir / layout.RUN_RECORD).exists():
+        raise UsageError(f"{job_dir} holds a single-node run: give every node of this job "
+                         "another --out directory")
+    run_dir = new_run_dir(layout.node_dir(job_dir, node), name, force=force)
+    if force:
+        clear_merged_outputs(job_dir)
+    return run_dir
+
+
+def _fresh_dir(root: Path, name: str) -> Path:
+    """A new folder ``<timestamp>-<name>`` under ``root`` (made here: no other run has it)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:40] or "job"
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        out = root / (f"{stamp}-{safe}" if n == 1 else f"{stamp}-{safe}-{n}")
+        try:
+            out.mkdir()
+        except FileExistsError:
+            continue
+        return out
+    raise FileExistsError(f"no free name for {stamp}-{safe} under {root}")
 
 
 def newest_run(root: Path = DEFAULT_ROOT) -> Path:
@@ -86,15 +115,21 @@ def read_run_record(run_dir: Path) -> dict[str, Any]:
 
 
 def gzip_traces(run_dir: Path) -> None:
-    """Compress each exported trace.json in place (done after the job, off its thread)."""
+    """Compress each exported trace.json in place (done after the job, off its thread). A trace
+    that is a link is not read (nor what it points to), and the compressed file replaces
+    whatever is at its name, a link included, without writing through it."""
     for path in layout.uncompressed_traces(run_dir):
-        target = path.with_name(layout.TRACE_GZ)
         try:
-            with open(path, "rb") as src, gzip.open(target, "wb", compresslevel=5) as dst:
+            src = os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW), "rb")
+        except OSError:
+            continue  # a link, or gone: left as it is
+        try:
+            with src, open_new(path.with_name(layout.TRACE_GZ)) as raw, \
+                    gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=5, filename="") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             os.unlink(path)
         except OSError:
-            target.unlink(missing_ok=True)
+            continue  # the trace stays uncompressed; the reader takes either
 
 
 def disk_usage_bytes(run_dir: Path) -> int:
@@ -110,8 +145,8 @@ def disk_usage_bytes(run_dir: Path) -> int:
 
 def write_outputs(run_dir: Path, verdict_json: str, report_html: str) -> None:
     """The verdict and the report beside the records."""
-    (run_dir / layout.VERDICT).write_text(verdict_json)
-    (run_dir / layout.REPORT).write_text(report_html, encoding="utf-8")
+    write_text_atomic(run_dir / layout.VERDICT, verdict_json)
+    write_text_atomic(run_dir / layout.REPORT, report_html)
 
 
 def report_path(run_dir: Path) -> Path:
@@ -130,9 +165,7 @@ def write_nodes_record(job_dir: Path, record: Mapping[str, Any]) -> None:
 
 
 def _write_json(path: Path, record: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(record, indent=2, default=str))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -211,7 +244,7 @@ def claim_merge(nodes: JobNodes) -> bool:
     of node runs, across the nodes that share the directory (O_CREAT|O_EXCL, atomic on NFS)."""
     try:
         fd = os.open(layout.merge_lock(nodes.job_dir, nodes.key),
-                     os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                     os.O_CREAT | os.O_EXCL | os.O_WRONLY | _NOFOLLOW, 0o644)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as f:
