@@ -206,13 +206,22 @@ def test_each_node_claims_its_own_folder_not_the_shared_directory(tmp_path: Path
     assert (out / layout.VERDICT).is_file()  # the merged verdict
     again = doctor_cmd("run", "--out", str(out), str(job), env={**NODE, "DOCTOR_NODE_RANK": "0"})
     assert one_line_refusal(again).startswith(f"doctor: {out / 'node-0'} holds an earlier run")
+    record = json.loads((out / "node-1" / layout.RUN_RECORD).read_text())
+    record["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() - 3600))
+    (out / "node-1" / layout.RUN_RECORD).write_text(json.dumps(record))  # the job of an hour ago
     node1 = (out / "node-1" / layout.RUN_RECORD).read_text()
-    forced = doctor_cmd("run", "-q", "--force", "--out", str(out), str(job),
+    forced = doctor_cmd("run", "--force", "--out", str(out), str(job),
                         env={**NODE, "DOCTOR_NODE_RANK": "0"})
     assert forced.returncode == 0, forced.stderr
-    # node 0 replaced its own folder, and node 1's is as it was
+    # node 0 replaced its own folder, and node 1's is as it was; the earlier job's merged
+    # outputs are gone, and node 1's earlier run is never merged with node 0's new one
     assert (out / "node-1" / layout.RUN_RECORD).read_text() == node1
     assert (out / "node-0" / layout.VERDICT).is_file()
+    assert not (out / layout.VERDICT).exists() and not (out / layout.NODES_RECORD).exists()
+    assert "doctor: node 0 of 2 is done; node 1 still running" in forced.stderr
+    report = doctor_cmd("report", str(out), "--format", "text")
+    assert report.returncode == 0, report.stderr
+    assert "Node folders holding an earlier job's run" in " ".join(report.stdout.split())
 
 
 def test_a_node_into_a_single_node_run_is_refused(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
-"""Run directories as a whole: make one, find the newest, the run record (``run.json``), and
-what is done to one after the job (compress its traces, measure it, write the outputs); and the
-directory of a multi-node job: its nodes' folders, how far each has got, and the claim of the
-one node that merges them.
+"""Run directories as a whole: make one (claimed for one run: doctor.store.claim), find the
+newest, the run record (``run.json``), and what is done to one after the job (compress its
+traces, measure it, write the outputs); and the directory of a multi-node job: its nodes'
+folders, how far each has got (a folder holding an earlier job's run is never merged with this
+job's), and the claim of the one node that merges them. Every file is written through
+doctor.store.safe_files: a link planted at its name is replaced, never written through.
 
 The layout is doctor.store.layout's. The run record carries the format (``schema``): a run
 directory of a format this doctor does not read is refused in one line that says what to do,
@@ -17,9 +19,11 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,10 @@ from .claim import claim_run_dir, clear_merged_outputs
 from .safe_files import open_new, write_text_atomic
 
 DEFAULT_ROOT = Path("doctor-runs")
+#: A node's run that ended this long before another node's run of the directory began belongs
+#: to an earlier job (the nodes of one job run at the same time; the slack covers clocks that
+#: differ between hosts, and the second that "started" is rounded to).
+EARLIER_JOB_GAP_S = 60.0
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -120,9 +128,13 @@ def gzip_traces(run_dir: Path) -> None:
     whatever is at its name, a link included, without writing through it."""
     for path in layout.uncompressed_traces(run_dir):
         try:
-            src = os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW), "rb")
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
         except OSError:
             continue  # a link, or gone: left as it is
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device: never read
+            os.close(fd)
+            continue
+        src = os.fdopen(fd, "rb")
         try:
             with src, open_new(path.with_name(layout.TRACE_GZ)) as raw, \
                     gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=5, filename="") as dst:
@@ -186,6 +198,9 @@ class JobNodes:
     ended: frozenset[int]  # nodes whose run record has the job's exit status
     done: frozenset[int]  # ... and whose own verdict and report are written
     key: str  # names this set of node runs (a run again into the same directory is another)
+    #: nodes whose folder holds an earlier job's run (it ended before this job's newest node
+    #: run began): never merged with this job's, and waited for like a missing one
+    earlier: frozenset[int] = frozenset()
 
     @property
     def dirs(self) -> list[Path]:
@@ -194,7 +209,7 @@ class JobNodes:
 
     @property
     def missing(self) -> list[int]:
-        return [k for k in range(self.nnodes) if k not in self.recorded]
+        return [k for k in range(self.nnodes) if k not in self.recorded and k not in self.earlier]
 
     @property
     def running(self) -> list[int]:
@@ -203,7 +218,7 @@ class JobNodes:
 
     @property
     def complete(self) -> bool:
-        return not self.missing and len(self.done) == len(self.recorded)
+        return not self.missing and not self.earlier and len(self.done) == len(self.recorded)
 
 
 def is_job_dir(path: Path) -> bool:
@@ -217,7 +232,8 @@ def job_nodes(job_dir: Path, nnodes: int | None = None) -> JobNodes:
     """The nodes of ``job_dir`` as they stand now (``nnodes``: the count this node knows)."""
     counts = [nnodes or 1]
     recorded: dict[int, Path] = {}
-    ended, done, keys = set(), set(), []
+    ended, done, keys = set(), set(), {}
+    spans: dict[int, tuple[float, float | None]] = {}
     for node, run_dir in layout.node_dirs(job_dir):
         mine = _read_json(run_dir / layout.NODE_RECORD)
         counts.append(mine["nnodes"] if isinstance(mine.get("nnodes"), int) else 1)
@@ -229,14 +245,37 @@ def job_nodes(job_dir: Path, nnodes: int | None = None) -> JobNodes:
             record = read_run_record(run_dir)
         except RunDirError:
             continue
-        keys.append([node, record.get("host"), record.get("started"),
-                     record.get("t0_monotonic_s")])
+        keys[node] = [node, record.get("host"), record.get("started"),
+                      record.get("t0_monotonic_s")]
+        span = _span(record)
+        if span is not None:
+            spans[node] = span
         if record.get("exit_code") is not None:
             ended.add(node)
             if mine.get("done") is True:
                 done.add(node)
-    key = hashlib.sha256(json.dumps(keys, default=str).encode()).hexdigest()[:16]
-    return JobNodes(job_dir, max(counts), recorded, frozenset(ended), frozenset(done), key)
+    newest = max((start for start, _ in spans.values()), default=0.0)
+    earlier = {k for k, (_, end) in spans.items()
+               if end is not None and end + EARLIER_JOB_GAP_S < newest}
+    for k in earlier:
+        del recorded[k], keys[k]
+    key = hashlib.sha256(json.dumps([keys[k] for k in sorted(keys)], default=str).encode()
+                         ).hexdigest()[:16]
+    return JobNodes(job_dir, max(counts), recorded, frozenset(ended - earlier),
+                    frozenset(done - earlier), key, frozenset(earlier))
+
+
+def _span(record: Mapping[str, Any]) -> tuple[float, float | None] | None:
+    """When a node's run began and ended (None: not ended), in seconds since the epoch; None
+    when its record does not say."""
+    try:
+        start = datetime.strptime(str(record.get("started")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return None
+    duration = record.get("duration_s")
+    if not isinstance(duration, (int, float)) or record.get("exit_code") is None:
+        return start, None
+    return start, start + float(duration)
 
 
 def claim_merge(nodes: JobNodes) -> bool:
