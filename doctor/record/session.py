@@ -47,8 +47,6 @@ from doctor.store.records import (  # noqa: F401  (the step kinds and events pro
 )
 from doctor.store.ringbuffer import RingWriter
 
-from ..store.redact import redact_argv
-
 # Events between probes (``on``/``emit``).
 WINDOW_START, WINDOW_END, CLOSE = "window_start", "window_end", "close"
 
@@ -136,6 +134,8 @@ class Session:
     @property
     def writer(self) -> ProcessWriter:
         if self._writer is None:
+            from ..store.redact import redact_argv  # here, not at start-up: the first record
+
             writer = ProcessWriter(self.run_dir, self.rank, self.role, self.pid)
             writer.create()
             self._writer = writer
