@@ -36,25 +36,33 @@ def cli() -> None:
 @click.option("--window", default=None, metavar="START,STEPS",
               help="Profile STEPS steps from step START with torch.profiler (default 8,5: "
                    "steps 8-12); 'off' to skip it.")
+@click.option("--force", is_flag=True,
+              help="Replace the earlier run in --out (its files are removed first); without "
+                   "it, an --out holding a run is refused.")
 @click.option("--quiet", "-q", is_flag=True,
               help="Print only the summary at the end (no line as the job starts, none as the "
                    "profiler window opens and closes).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(out: Path | None, window: str | None, quiet: bool, command: tuple[str, ...]) -> None:
+def run(out: Path | None, window: str | None, force: bool, quiet: bool,
+        command: tuple[str, ...]) -> None:
     """Profile a training job: doctor run [OPTIONS] [--] COMMAND [ARGS]...
 
     COMMAND is what you would type: train.py ARGS, python train.py ARGS,
     python -m pkg.train ARGS, torchrun --nproc-per-node 2 train.py. The exit status is the
     job's own.
 
+    A run directory holds one run: an --out holding an earlier run is refused (--force
+    replaces it), and so is one that another doctor run is recording into.
+
     On several nodes, give every node the same --out DIR on a shared filesystem: node K
-    records into DIR/node-K/, and the last node to finish writes the job's report into DIR.
+    records into DIR/node-K/ (the rules above apply to that folder), and the last node to
+    finish writes the job's report into DIR.
     """
     from doctor.command import resolve_command
     from doctor.launch import Launch, run_job
     from doctor.nodes import node_of
     from doctor.store import layout
-    from doctor.store.rundir import new_run_dir, write_node_record
+    from doctor.store.rundir import new_node_dir, new_run_dir, write_node_record
 
     if window is not None and window.lower() != "off" and not _valid_window(window):
         raise UsageError(f"--window takes START,STEPS (e.g. 8,5) or off, not {window!r}")
@@ -62,7 +70,7 @@ def run(out: Path | None, window: str | None, quiet: bool, command: tuple[str, .
     node = node_of(job.argv, os.environ)
     launch = Launch(progress=None if quiet else _say)
     if node is None:
-        run_dir = new_run_dir(out, job.name)
+        run_dir = new_run_dir(out, job.name, force=force)
         result = run_job(job, run_dir, window=window, launch=launch)
         _summarise(run_dir)
         sys.exit(result.exit_code)
@@ -70,7 +78,7 @@ def run(out: Path | None, window: str | None, quiet: bool, command: tuple[str, .
         raise UsageError(f"this is node {node.rank} of a {node.nnodes}-node job: give every "
                          "node's doctor run the same --out DIR on a shared filesystem (this "
                          f"node records into {layout.node_dir(Path('DIR'), node.rank)}/)")
-    run_dir = new_run_dir(layout.node_dir(out, node.rank), job.name)
+    run_dir = new_node_dir(out, node.rank, job.name, force=force)
     write_node_record(run_dir, node.rank, node.nnodes, done=False)
     result = run_job(job, run_dir, window=window, launch=launch)
     _summarise_node(run_dir.parent, run_dir, node)
@@ -206,12 +214,15 @@ def _timeline_beside(report: Path, sources: tuple[Path, ...]) -> str | None:
 
 
 def _emit(text: str, target: Path | None) -> None:
-    """``text`` to stdout, or into ``target`` (whose path is then printed)."""
+    """``text`` to stdout, or into ``target`` (whose path is then printed), through a new file
+    renamed over it: a link at ``target`` is replaced, never written through."""
+    from doctor.store.safe_files import write_text_atomic
+
     if target is None:
         click.echo(text, nl=not text.endswith("\n"))
         return
     try:
-        target.write_text(text, encoding="utf-8")
+        write_text_atomic(target, text)
     except OSError as err:
         raise UsageError(f"cannot write {target}: {err.strerror or err}") from err
     click.echo(str(target))
@@ -285,6 +296,7 @@ def try_(run_dir: Path | None, fixes: tuple[str, ...], sets: tuple[str, ...], st
     from doctor.reports.tries import render_try_html, render_try_text
     from doctor.store import layout
     from doctor.store.rundir import is_job_dir, newest_run
+    from doctor.store.safe_files import write_text_atomic
     from doctor.tries.runner import execute, plan_lines, prepare
 
     run_dir = run_dir or newest_run()
@@ -301,7 +313,7 @@ def try_(run_dir: Path | None, fixes: tuple[str, ...], sets: tuple[str, ...], st
                       "Go on?", abort=True, err=True)
     record = execute(prepared, lambda line: click.echo(line, err=True))
     try_dir = Path(record["dir"])
-    (try_dir / layout.REPORT).write_text(render_try_html(record), encoding="utf-8")
+    write_text_atomic(try_dir / layout.REPORT, render_try_html(record))
     try:
         finalize_run(run_dir)  # the run's own verdict and report now say what was measured
     except Exception as err:

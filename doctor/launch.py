@@ -26,6 +26,7 @@ from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
 from doctor.record.machine import memory_bytes, usable_cores
 from doctor.record.tracer import ENV_PARENT_PID
+from doctor.store.redact import is_secret_name, redact_argv, redact_value
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
 from doctor.version import __version__
@@ -263,19 +264,21 @@ def _links(run_dir: Path, env: Mapping[str, str]) -> dict[str, Any] | None:
 RECORDED_ENV = ("CUDA_", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTORCH_",
                 "TORCH_", "TORCHINDUCTOR_", "NVIDIA_", "MASTER_", "PYTHONHASHSEED",
                 "PYTHONPATH", "WORLD_SIZE", "RANK", "LOCAL_RANK", "TOKENIZERS_")
-_SECRET = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
 
 
 def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The part of ``env`` that run.json keeps (never anything that looks like a secret)."""
-    return {k: v for k, v in env.items()
-            if k.startswith(RECORDED_ENV) and not any(s in k.upper() for s in _SECRET)}
+    """The part of ``env`` that run.json keeps: never a variable whose name looks secret
+    (doctor.store.redact), and the password of a URL in a value hidden
+    (``MASTER_ADDR=user:<redacted>@host``)."""
+    return {k: redact_value(v) for k, v in env.items()
+            if k.startswith(RECORDED_ENV) and not is_secret_name(k)}
 
 
 def run_record(argv: list[str], name: str, started: float, t0: float,
                cwd: str | None = None, env: Mapping[str, str] | None = None,
                **extra: Any) -> dict[str, Any]:
     """The run.json record: the job, the machine, and (at the end) its exit and probes. Its
+    ``argv`` has the values of secret-looking arguments hidden (doctor.store.redact); its
     ``env`` is the job's environment as doctor try needs it (recorded_env), before doctor's
     own variables went in."""
     job_env = recorded_env({k: v for k, v in (env or os.environ).items()
@@ -288,7 +291,8 @@ def run_record(argv: list[str], name: str, started: float, t0: float,
         else:
             job_env.pop("PYTHONPATH")
     return {
-        "argv": argv, "name": name, "cwd": os.path.abspath(cwd or os.getcwd()), "env": job_env,
+        "argv": redact_argv(argv), "name": name, "cwd": os.path.abspath(cwd or os.getcwd()),
+        "env": job_env,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "t0_monotonic_s": t0, "host": socket.gethostname(), "cores": usable_cores(),
         "memory_bytes": memory_bytes(), "doctor_version": __version__,

@@ -99,6 +99,9 @@ def node_notes(nodes: JobNodes) -> list[str]:
     if nodes.missing:
         notes.append(f"Node folders missing from {nodes.job_dir}: {_names(nodes.missing)}; this "
                      f"report has {len(nodes.recorded)} of the job's {nodes.nnodes} nodes.")
+    if nodes.earlier:
+        notes.append(f"Node folders holding an earlier job's run (it ended before this job's "
+                     f"began), left out: {_names(sorted(nodes.earlier))}.")
     if nodes.running:
         notes.append(f"Unfinished node folders (their job had not ended when this report was "
                      f"made): {_names(nodes.running)}.")

@@ -13,7 +13,10 @@ One object serves every form::
 
 The wrapped function's return value and exceptions pass through unchanged. At the end the run
 directory gets verdict.json and report.html, and one line on stderr says where. Under
-``doctor run`` the job is already recorded, so watch then does nothing.
+``doctor run`` the job is already recorded, so watch then does nothing. As with ``doctor run``,
+an ``out`` holding an earlier run, or one another run is recording into, is refused
+(``force=True`` replaces an earlier run): watch says so in one line on stderr and the job runs
+on, unrecorded.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ HOST_EVERY = 2  # the host every other tick (1 Hz)
 class watch:  # lower case: used as a decorator, named like one
     def __init__(self, func: Callable[..., Any] | None = None, *,
                  out: str | os.PathLike[str] | None = None, window: str = "8,5",
-                 report: bool = True) -> None:
+                 report: bool = True, force: bool = False) -> None:
         if func is not None and not callable(func):
             raise TypeError(
                 "doctor.watch takes keyword arguments: use doctor.watch(out="
@@ -48,6 +51,7 @@ class watch:  # lower case: used as a decorator, named like one
         self.out = Path(out) if out is not None else None
         self.window = window
         self.report = report
+        self.force = force
         self.run_dir: Path | None = None
         self._active: _WatchRun | None = None
         if func is not None:
@@ -59,8 +63,10 @@ class watch:  # lower case: used as a decorator, named like one
             if len(args) != 1 or kwargs or not callable(args[0]):
                 raise TypeError("doctor.watch(...) decorates a function: "
                                 "@doctor.watch(out='runs/x') above def train(): ...")
-            return watch(args[0], out=self.out, window=self.window, report=self.report)
-        with watch(out=self.out, window=self.window, report=self.report) as w:
+            return watch(args[0], out=self.out, window=self.window, report=self.report,
+                         force=self.force)
+        with watch(out=self.out, window=self.window, report=self.report,
+                   force=self.force) as w:
             result = self._func(*args, **kwargs)
         self.run_dir = w.run_dir
         return result
@@ -68,8 +74,14 @@ class watch:  # lower case: used as a decorator, named like one
     def __enter__(self) -> watch:
         if session_mod.current() is not None:
             return self  # doctor run (or an outer watch) already records this process
+        from doctor.errors import UsageError
+
         name = getattr(self._func, "__name__", None) or Path(sys.argv[0] or "watch").stem
-        self._active = _WatchRun.start(self.out, name, self.window)
+        try:
+            self._active = _WatchRun.start(self.out, name, self.window, self.force)
+        except UsageError as err:  # the job runs on, unrecorded: doctor never stops it
+            sys.stderr.write(f"doctor: {err}; the job runs without doctor.watch\n")
+            return self
         self.run_dir = self._active.run_dir
         return self
 
@@ -99,7 +111,8 @@ class _WatchRun:
                                         daemon=True)
 
     @classmethod
-    def start(cls, out: Path | None, name: str, window: str) -> _WatchRun:
+    def start(cls, out: Path | None, name: str, window: str, force: bool = False
+              ) -> _WatchRun:
         from doctor.launch import QUIET_KINETO, run_record
         from doctor.probes.gpu import GpuSampler
         from doctor.probes.host import HostSampler
@@ -107,7 +120,7 @@ class _WatchRun:
         from doctor.record.bootstrap import parse_window, start_session
         from doctor.store.rundir import new_run_dir, write_run_record
 
-        run_dir = new_run_dir(out, name)
+        run_dir = new_run_dir(out, name, force=force, option="force=True")
         os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
         request_in_process_stacks(run_dir, "doctor.watch samples its own process")
         started, t0 = time.time(), time.monotonic()
@@ -185,3 +198,7 @@ class _WatchRun:
         except Exception as err:  # never mask the job's own result or exception
             sys.stderr.write(f"doctor: could not write the report in {self.run_dir}: "
                              f"{type(err).__name__}: {err}\n")
+        finally:
+            from doctor.store.claim import release_run_dir
+
+            release_run_dir(self.run_dir)

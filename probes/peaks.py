@@ -134,11 +134,12 @@ def machine_peaks(python: str = sys.executable, cache: Path | None = None) -> di
         peaks = None
     if not isinstance(peaks, dict):
         return None
+    from ..store.safe_files import write_text_atomic  # not at the top: run by path, it has none
+
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: peaks}))
-        tmp.replace(cache)
+        write_text_atomic(cache, json.dumps({**(known if isinstance(known, dict) else {}),
+                                             key: peaks}))
     except OSError:
         pass  # measured again next time
     return peaks

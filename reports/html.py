@@ -21,6 +21,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from doctor.reports import charts, memory_charts, roofline_chart
+from doctor.reports.json import verdict_data
 from doctor.reports.text import (
     CATEGORY_WORDS,
     format_speedup,
@@ -140,7 +141,7 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         "memory": _memory(analysis),
         "ops": _ops(analysis),
         "source": analysis.source,
-        "verdict_data": verdict.to_dict(),
+        "verdict_data": verdict_data(verdict),
     }
 
 

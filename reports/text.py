@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from doctor.reports.verified import verified_line
+from doctor.store.redact import redact_argv, redact_value
 from doctor.verdict import Analysis, Finding, Verdict, fix_id
 
 #: The bottleneck in words, for headlines.
@@ -110,10 +111,11 @@ def partial_line(verdict: Verdict) -> str:
 
 
 def command_line(job: Mapping[str, Any]) -> str:
+    """The job's command as a shell would take it, its secrets hidden (doctor.store.redact)."""
     argv = job.get("argv")
     if isinstance(argv, Sequence) and not isinstance(argv, str):
-        return shlex.join(str(a) for a in argv)
-    return str(argv) if argv else ""
+        return shlex.join(redact_argv(argv))
+    return redact_value(str(argv)) if argv else ""
 
 
 def format_seconds(value: Any) -> str:

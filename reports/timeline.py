@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.analyse.timeline import COUNTER_CAP, INTERVAL_CAP, ProcessTrack, RunTimeline
+from doctor.store.safe_files import open_new, write_atomic
 from doctor.trace.window_events import EVENT_CAP
 from doctor.version import __version__
 
@@ -99,14 +100,14 @@ def render_timeline(timeline: RunTimeline, source: str) -> dict[str, Any]:
 
 
 def write_timeline(timeline: RunTimeline, source: str, path: Path) -> Path:
-    """Write the gzipped file (plain JSON when ``path`` does not end in .gz), atomically."""
+    """Write the gzipped file (plain JSON when ``path`` does not end in .gz) through a new file
+    renamed over ``path``: a link there is replaced, never written through."""
     data = json.dumps(render_timeline(timeline, source), separators=(",", ":"),
                       allow_nan=False).encode()
-    tmp = path.with_name(path.name + ".tmp")
     if path.name.endswith(".gz"):
-        with gzip.open(tmp, "wb", compresslevel=6) as out:
+        with open_new(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6,
+                                                  filename="") as out:
             out.write(data)
     else:
-        tmp.write_bytes(data)
-    tmp.replace(path)
+        write_atomic(path, data)
     return path

@@ -134,12 +134,14 @@ class Session:
     @property
     def writer(self) -> ProcessWriter:
         if self._writer is None:
+            from ..store.redact import redact_argv  # here, not at start-up: the first record
+
             writer = ProcessWriter(self.run_dir, self.rank, self.role, self.pid)
             writer.create()
             self._writer = writer
             self._meta = {
                 "pid": self.pid, "ppid": os.getppid(), "rank": self.rank, "role": self.role,
-                "argv": list(sys.argv), "local_rank": _env_int("LOCAL_RANK"),
+                "argv": redact_argv(sys.argv), "local_rank": _env_int("LOCAL_RANK"),
                 "world_size": _env_int("WORLD_SIZE"), "host": os.uname().nodename,
                 "started_ns": self.clock(), "cores": usable_cores(), "probes": self.probe_status,
             }

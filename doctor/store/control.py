@@ -5,7 +5,9 @@ a rank when its window opens); the parent, or ``doctor.watch``, says which stack
 processes should use (``in-process`` where py-spy is missing or ptrace is refused). Each signal
 is one JSON object on one line, appended with a single ``write`` to a file opened ``O_APPEND``,
 so that many processes writing at once never interleave; the reader takes the last word on each
-key. A run writes a handful of lines, so reading the whole file at every tick costs nothing.
+key. A run writes a handful of lines, so reading the whole file at every tick costs nothing. The
+file is opened ``O_NOFOLLOW`` (a link planted at its name is refused, never written through),
+and the first writer creates it with ``O_EXCL``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 from doctor.store.layout import CONTROL
 
 IN_PROCESS = "in-process"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -38,11 +42,27 @@ class Control:
 
 def _post(run_dir: Path, signal: dict[str, Any]) -> None:
     line = (json.dumps(signal, separators=(",", ":")) + "\n").encode()
-    fd = os.open(run_dir / CONTROL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _open_for_append(run_dir / CONTROL)
     try:
         os.write(fd, line)
     finally:
         os.close(fd)
+
+
+def _open_for_append(path: Path) -> int:
+    """The control file open for appending, never through a link planted at its name (an
+    ``OSError`` then): the file as it is, or created here, exclusively, by the first writer."""
+    for _ in range(3):
+        try:
+            return os.open(path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW | _CLOEXEC)
+        except FileNotFoundError:
+            pass
+        try:
+            return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | _NOFOLLOW
+                           | _CLOEXEC, 0o644)
+        except FileExistsError:
+            continue  # another process of the run created it meanwhile: append to theirs
+    raise FileExistsError(f"{path} keeps appearing and disappearing")
 
 
 def post_window(run_dir: Path, rank: int, pid: int, state: str, **facts: Any) -> None:

@@ -1,6 +1,7 @@
 """Where everything lives in a run directory: the one place that names its files.
 
     RUN_DIR/run.json                   doctor's record of the run (schema FORMAT)
+    RUN_DIR/.doctor.lock               held (flock) by the doctor run recording into it
     RUN_DIR/control.jsonl              signals between doctor run and the job (doctor.store.control)
     RUN_DIR/host.npz, gpu.npz          samples taken from outside the job
     RUN_DIR/bootstrap-errors/<pid>.txt processes that could not start doctor
@@ -47,6 +48,7 @@ READS = ("doctor.run/1", FORMAT)
 NODES_FORMAT = "doctor.nodes/1"
 
 RUN_RECORD = "run.json"
+RUN_LOCK = ".doctor.lock"
 CONTROL = "control.jsonl"
 HOST = "host.npz"
 GPU = "gpu.npz"

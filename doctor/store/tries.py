@@ -9,19 +9,27 @@ what a try of it measured.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from doctor.store import layout
 
+from ..errors import UsageError
+from .redact import redact_argv
+from .safe_files import write_atomic, write_text_atomic
+
 TRY_FORMAT = "doctor.try/1"
 OUTPUT_TAIL_BYTES = 64 * 1024  # of each attempt's stdout and stderr
 
 
 def new_try_dir(run_dir: Path) -> Path:
+    """A new folder ``tries/<stamp>`` in the run directory (never through a link planted as
+    ``tries``)."""
     root = run_dir / layout.TRIES
+    if root.is_symlink():
+        raise UsageError(f"{root} is a symbolic link: doctor try writes only inside the run "
+                         "directory (remove the link)")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out, n = root / stamp, 1
     while out.exists():
@@ -49,7 +57,7 @@ def keep_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> str:
                 f.seek(size - limit)
             tail = f.read()
         if size > limit:
-            path.write_bytes(tail)
+            write_atomic(path, tail)
     except OSError:
         return ""
     return tail.decode("utf-8", "replace")
@@ -90,10 +98,12 @@ def merge_tried(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, A
 
 
 def write_try(try_dir: Path, record: dict[str, Any]) -> Path:
+    """The try's record, its ``command`` with secrets hidden (doctor.store.redact)."""
     path = try_dir / layout.TRY_RECORD
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"schema": TRY_FORMAT, **record}, indent=2, default=str))
-    os.replace(tmp, path)
+    if isinstance(record.get("command"), list):
+        record = {**record, "command": redact_argv(record["command"])}
+    write_text_atomic(path, json.dumps({"schema": TRY_FORMAT, **record}, indent=2,
+                                       default=str))
     return path
 
 

@@ -27,7 +27,9 @@ from doctor.record.overrides import ENV_APPLY
 from doctor.record.stop import ENV_STOP_AFTER
 from doctor.reports.json import render_json
 from doctor.store import layout
+from doctor.store.redact import REDACTED, is_redacted
 from doctor.store.rundir import read_run_record
+from doctor.store.safe_files import open_new, write_text_atomic
 from doctor.store.tries import keep_tail, output_paths, process_notes
 from doctor.tries.measure import AttemptResult
 from doctor.tuning import Apply
@@ -57,6 +59,9 @@ def recorded_job(run_dir: Path, now: Mapping[str, str] | None = None) -> Recorde
                 notes.append(f"{key} unset, as when the run was recorded (now {env[key]!r})")
                 del env[key]
         for key, value in recorded.items():
+            if is_redacted([value]):  # a password doctor did not keep: the shell's, if any
+                notes.append(f"{key} as in this shell (its recorded value hides a password)")
+                continue
             if env.get(key) != value:
                 notes.append(f"{key}={value!r} as recorded (now {env.get(key)!r})")
             env[key] = str(value)
@@ -64,6 +69,10 @@ def recorded_job(run_dir: Path, now: Mapping[str, str] | None = None) -> Recorde
         notes.append("the run did not record its environment: the job gets this shell's")
     cwd = str(raw.get("cwd") or os.getcwd())
     argv = [str(a) for a in raw.get("argv") or []]
+    if is_redacted(argv):
+        raise UsageError(f"{run_dir} recorded its command with secrets hidden ({REDACTED}), so "
+                         "doctor try cannot run it again: pass the secret by environment "
+                         "variable (e.g. HF_TOKEN) and record the run again")
     if raw.get("mode") == "watch":  # doctor.watch recorded the script's own sys.argv
         if not argv or not argv[0].endswith(".py"):
             raise UsageError(f"{run_dir} was recorded by doctor.watch in a process that was not "
@@ -91,7 +100,7 @@ def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, st
     stdout_path, stderr_path = output_paths(out)
     cpu_before = _cpu_ticks()
     started = time.monotonic()
-    with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
+    with open_new(stdout_path) as so, open_new(stderr_path) as se:
         result = run_job(JobCommand(job.argv, job.name), out, window="off",
                          launch=Launch(env=env, cwd=job.cwd, stdout=so, stderr=se,
                                        timeout_s=timeout_s, measure_handoff=False))
@@ -115,7 +124,7 @@ def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, st
         attempt.exit_code = attempt.exit_code or 1
         attempt.stopped = False
     else:
-        (out / layout.VERDICT).write_text(render_json(analysis))
+        write_text_atomic(out / layout.VERDICT, render_json(analysis))
         ledger = analysis.ledger
         if not ledger.empty:
             attempt.steps_run = len(ledger)

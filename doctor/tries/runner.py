@@ -21,6 +21,7 @@ from typing import Any
 
 from doctor.analyse.pipeline import analyze_run
 from doctor.errors import Interrupted, UsageError
+from doctor.store.redact import redact_argv
 from doctor.store.tries import attempt_dir, merge_tried, new_try_dir, write_try
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
 from doctor.tries.measure import AttemptResult, measure, outcome, ratio, steadiness
@@ -83,7 +84,7 @@ def prepare(run_dir: Path, fixes: tuple[str, ...] = (), sets: tuple[str, ...] = 
 
 def plan_lines(p: Prepared) -> list[str]:
     """What will run, said before it runs."""
-    lines = [f"doctor try: re-running `{' '.join(p.job.argv)}` in {p.job.cwd}",
+    lines = [f"doctor try: re-running `{' '.join(redact_argv(p.job.argv))}` in {p.job.cwd}",
              f"  {p.repeat} round(s) of the baseline and {len(p.plan.candidates)} setting(s): "
              f"{p.attempts} runs of the job, each stopped after step {p.stop_at} "
              f"({p.per_attempt} steady steps)"]
