@@ -25,6 +25,7 @@ from typing import Any
 
 from doctor.errors import RunDirError, RunFormatError, UsageError
 from doctor.store import layout
+from doctor.store.safe_files import write_text_atomic
 
 DEFAULT_ROOT = Path("doctor-runs")
 
@@ -130,9 +131,7 @@ def write_nodes_record(job_dir: Path, record: Mapping[str, Any]) -> None:
 
 
 def _write_json(path: Path, record: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(record, indent=2, default=str))  # no half file, ever
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -18,6 +18,8 @@ import pandas as pd
 
 from doctor.store.layout import GPU, GPU_INFO, HOST, MEMORY
 
+from .safe_files import open_new, write_text_atomic
+
 #: Per process of the job, per tick (``cpu_pct`` is derived on load).
 PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",
                 "run_delay_s", "private_bytes", "comm_cpu_s")
@@ -45,7 +47,8 @@ def save_host(run_dir: Path, procs: Columns, system: Columns) -> None:
     arrays: dict[str, Any] = {
         **{f"proc_{c}": np.frombuffer(procs[c], dtype=np.float64) for c in PROC_COLUMNS},
         **{f"system_{c}": np.frombuffer(system[c], dtype=np.float64) for c in SYSTEM_COLUMNS}}
-    np.savez_compressed(run_dir / HOST, **arrays)
+    with open_new(run_dir / HOST) as f:  # whole or absent, never half (a full disk)
+        np.savez_compressed(f, **arrays)
 
 
 def read_host(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -72,14 +75,15 @@ def save_gpu(run_dir: Path, columns: Columns, procs: Columns | None = None,
     """The samples (``gpu.npz``: per-GPU columns, and ``proc_*`` for the processes on each GPU)
     and what each GPU is (``gpus.json``: name, uuid, limits, whether it has GPM metrics)."""
     if info:
-        (run_dir / GPU_INFO).write_text(json.dumps(info, indent=1))
+        write_text_atomic(run_dir / GPU_INFO, json.dumps(info, indent=1))
     if len(columns["t_s"]):
         arrays: dict[str, Any] = {c: np.frombuffer(columns[c], dtype=np.float64)
                                   for c in GPU_COLUMNS}
         if procs is not None:
             arrays.update({f"proc_{c}": np.frombuffer(procs[c], dtype=np.float64)
                            for c in GPU_PROC_COLUMNS})
-        np.savez_compressed(run_dir / GPU, **arrays)
+        with open_new(run_dir / GPU) as f:
+            np.savez_compressed(f, **arrays)
 
 
 def read_gpu(run_dir: Path) -> pd.DataFrame:
