@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from doctor.errors import UsageError
 from doctor.record import session as session_mod
 from doctor.verdict import ProbeStatus
 
@@ -69,7 +70,16 @@ class watch:  # lower case: used as a decorator, named like one
         if session_mod.current() is not None:
             return self  # doctor run (or an outer watch) already records this process
         name = getattr(self._func, "__name__", None) or Path(sys.argv[0] or "watch").stem
-        self._active = _WatchRun.start(self.out, name, self.window)
+        try:
+            self._active = _WatchRun.start(self.out, name, self.window)
+        except (OSError, UsageError) as err:  # no room for the run (a full or read-only disk)
+            from doctor.launch import no_room, no_room_line
+
+            if (full := no_room(err)) is None:
+                raise
+            print(no_room_line(Path(full.filename or self.out or "doctor-runs"), full,
+                               "the job runs without doctor.watch"), file=sys.stderr)
+            return self
         self.run_dir = self._active.run_dir
         return self
 

@@ -341,3 +341,24 @@ def test_a_file_size_limit_in_the_job_stops_the_rings_not_the_job(tmp_path: Path
     assert verdict["partial"] is True
     [ring] = out.glob("rank-0/main-*/optimizer.ring")
     assert ring.stat().st_size <= 48 << 10
+
+
+@pytest.mark.e2e
+def test_doctor_watch_on_a_full_disk_runs_the_code_it_wraps(tmp_path: Path,
+                                                           small_disk: Path) -> None:
+    with open(small_disk / "big.bin", "wb") as f:
+        try:
+            while True:
+                f.write(bytes(1 << 16))
+        except OSError:
+            pass
+    code = textwrap.dedent(f"""
+        import doctor
+        with doctor.watch(out={str(small_disk / 'run')!r}):
+            print("ran", flush=True)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    _no_traceback(result)
+    assert result.returncode == 0 and result.stdout == "ran\n"
+    assert "the job runs without doctor.watch" in result.stderr
