@@ -362,3 +362,17 @@ def test_doctor_watch_on_a_full_disk_runs_the_code_it_wraps(tmp_path: Path,
     _no_traceback(result)
     assert result.returncode == 0 and result.stdout == "ran\n"
     assert "the job runs without doctor.watch" in result.stderr
+
+
+def test_a_filesystem_without_fallocate_gets_its_blocks_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unsupported(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    path = tmp_path / "a.ring"
+    ring = RingWriter(path, *RECORD, capacity=1000)
+    for i in range(600):
+        ring.write(i, i, 0)
+    assert ring.stopped is None and read_ring(path)[1] == 600
+    assert path.stat().st_blocks * 512 >= path.stat().st_size  # written, not sparse

@@ -49,6 +49,7 @@ PAGE = mmap.PAGESIZE
 MAX_CHUNK = 256 << 10  # the most one reservation adds (bytes): about 10,000 records
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
 
 OnStop = Callable[[OSError], None]
 
@@ -200,9 +201,13 @@ def _reserve_blocks(fd: int, start: int, end: int) -> None:
         return
     fallocate = getattr(os, "posix_fallocate", None)
     if fallocate is not None:
-        fallocate(fd, start, end - start)
-        return
-    zeros = bytes(min(end - start, MAX_CHUNK))  # no posix_fallocate (macOS): write the zeros
+        try:
+            fallocate(fd, start, end - start)
+            return
+        except OSError as err:  # a filesystem without it (where libc does not write zeros)
+            if err.errno not in _UNSUPPORTED:
+                raise
+    zeros = bytes(min(end - start, MAX_CHUNK))  # no posix_fallocate: write the zeros
     at = start
     while at < end:
         at += os.pwrite(fd, zeros[:end - at], at)
