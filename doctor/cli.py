@@ -17,6 +17,7 @@ from doctor.errors import DoctorError, UsageError
 from doctor.version import __version__
 
 if TYPE_CHECKING:
+    from doctor.launch import JobResult
     from doctor.nodes import Node
     from doctor.verdict import Analysis
 
@@ -59,7 +60,7 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
     finish writes the job's report into DIR.
     """
     from doctor.command import resolve_command
-    from doctor.launch import Launch, run_job
+    from doctor.launch import Launch, no_room, run_bare, run_job
     from doctor.nodes import node_of
     from doctor.store import layout
     from doctor.store.rundir import new_node_dir, new_run_dir, write_node_record
@@ -70,9 +71,17 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
     node = node_of(job.argv, os.environ)
     launch = Launch(progress=None if quiet else _say)
     if node is None:
-        run_dir = new_run_dir(out, job.name, force=force)
+        try:
+            run_dir = new_run_dir(out, job.name, force=force)
+        except UsageError as err:  # no room for it (a full or read-only disk): run it bare
+            if (full := no_room(err)) is None:
+                raise
+            where = Path(full.filename) if full.filename else out or Path("doctor-runs")
+            sys.exit(run_bare(job, where.parent if where.name.startswith(".") else where,
+                              full, launch).exit_code)
         result = run_job(job, run_dir, window=window, launch=launch)
-        _summarise(run_dir)
+        if not result.bare and not _unwritten(result, run_dir):
+            _summarise(run_dir)
         sys.exit(result.exit_code)
     if out is None:
         raise UsageError(f"this is node {node.rank} of a {node.nnodes}-node job: give every "
@@ -83,6 +92,18 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
     result = run_job(job, run_dir, window=window, launch=launch)
     _summarise_node(run_dir.parent, run_dir, node)
     sys.exit(result.exit_code)
+
+
+def _unwritten(result: JobResult, run_dir: Path) -> bool:
+    """Whether run.json could not be written as the job ended (said in one line)."""
+    if result.unwritten is None:
+        return False
+    from doctor.launch import no_room_line
+
+    click.echo(no_room_line(run_dir, result.unwritten, f"no report (`doctor report {run_dir}` "
+                            "makes it once there is room); the exit status is the job's"),
+               err=True)
+    return True
 
 
 def _say(line: str) -> None:

@@ -9,6 +9,7 @@ returned as 128+N, as a shell reports it.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -43,6 +44,8 @@ class JobResult:
     duration_s: float
     probes: dict[str, ProbeStatus]
     timed_out: bool = False
+    bare: bool = False  # run without doctor: its run directory could not be written
+    unwritten: OSError | None = None  # run.json could not be written at the end
 
 
 def job_environment(run_dir: Path, window: str | None,
@@ -84,8 +87,14 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     started = time.time()
     t0 = clock()
     env = job_environment(run_dir, window, launch.env)
-    write_run_record(run_dir, run_record(command.argv, command.name, started, t0,
-                                         exit_code=None, cwd=launch.cwd, env=env))
+    try:
+        write_run_record(run_dir, run_record(command.argv, command.name, started, t0,
+                                             exit_code=None, cwd=launch.cwd, env=env))
+    except OSError as err:
+        if no_room(err) is None:
+            raise
+        _remove_if_empty(run_dir)
+        return run_bare(command, run_dir, err, launch)
     try:
         proc = subprocess.Popen(command.argv, env=env, cwd=launch.cwd, stdout=launch.stdout,
                                 stderr=launch.stderr)
@@ -134,8 +143,68 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
                         fd_handoff_s=handoff, peaks=peaks, cwd=launch.cwd, env=env,
                         **({"links": links} if links else {}),
                         **({"timed_out": True} if timed_out else {}))
-    write_run_record(run_dir, record)
+    try:
+        write_run_record(run_dir, record)
+    except OSError as err:  # a full disk at the end: the job's status stays its own
+        return JobResult(exit_code, sig, duration, probes, timed_out, unwritten=err)
     return JobResult(exit_code, sig, duration, probes, timed_out)
+
+
+#: The errors of a disk that is full, read-only or failing: where the run directory cannot be
+#: written at the start, doctor runs the job without itself (a user asked for the job to run;
+#: the profile is what can wait), and says so in one line.
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
+
+
+def no_room(err: BaseException | None) -> OSError | None:
+    """The error of a full, read-only or failing disk that ``err`` is, or was raised from."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in NO_ROOM:
+            return err
+        err = err.__cause__
+    return None
+
+
+def no_room_line(where: Path, err: OSError, what: str) -> str:
+    return f"doctor: cannot write {where} ({err.strerror or err}): {what}"
+
+
+def run_bare(command: JobCommand, run_dir: Path, err: OSError, launch: Launch = Launch()
+             ) -> JobResult:
+    """Run the job as it is, without doctor (no bootstrap, no samplers, no run directory),
+    after one line saying why; its exit status is its own."""
+    print(no_room_line(run_dir, err, "running the job without doctor"), file=sys.stderr,
+          flush=True)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(command.argv, env=launch.env, cwd=launch.cwd,
+                                stdout=launch.stdout, stderr=launch.stderr)
+    except OSError as start_err:
+        from doctor.errors import UsageError
+
+        raise UsageError(f"cannot start {command.argv[0]}: "
+                         f"{start_err.strerror or start_err}") from start_err
+    restore = _forward_signals(proc)
+    timed_out = False
+    try:
+        try:
+            rc = proc.wait(timeout=launch.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            rc = _terminate(proc)
+    finally:
+        restore()
+    sig = -rc if rc < 0 else None
+    return JobResult(128 + sig if sig is not None else rc, sig, time.monotonic() - t0, {},
+                     timed_out, bare=True)
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    """Take back a run directory made just now that nothing could be written into."""
+    try:
+        run_dir.rmdir()
+    except OSError:
+        pass
 
 
 def _start_progress(say: Say | None, command: JobCommand, run_dir: Path,

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from doctor.errors import UsageError
 from doctor.record import session as session_mod
 from doctor.verdict import ProbeStatus
 
@@ -74,13 +75,19 @@ class watch:  # lower case: used as a decorator, named like one
     def __enter__(self) -> watch:
         if session_mod.current() is not None:
             return self  # doctor run (or an outer watch) already records this process
-        from doctor.errors import UsageError
-
         name = getattr(self._func, "__name__", None) or Path(sys.argv[0] or "watch").stem
         try:
             self._active = _WatchRun.start(self.out, name, self.window, self.force)
-        except UsageError as err:  # the job runs on, unrecorded: doctor never stops it
-            sys.stderr.write(f"doctor: {err}; the job runs without doctor.watch\n")
+        except (OSError, UsageError) as err:  # the job runs on, unrecorded: doctor never stops it
+            from doctor.launch import no_room, no_room_line
+
+            if (full := no_room(err)) is not None:  # no room (a full or read-only disk)
+                print(no_room_line(Path(full.filename or self.out or "doctor-runs"), full,
+                                   "the job runs without doctor.watch"), file=sys.stderr)
+            elif isinstance(err, UsageError):
+                sys.stderr.write(f"doctor: {err}; the job runs without doctor.watch\n")
+            else:
+                raise
             return self
         self.run_dir = self._active.run_dir
         return self

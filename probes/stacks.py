@@ -112,20 +112,22 @@ class InProcessSampler:
             taken += 1
             stacks[_stack(frame)] += 1
             del frame
-            if taken % flush_every == 0:
-                # a DataLoader worker may be ended at any time (os._exit, no atexit): keep
-                # what is sampled so far on disk
-                self._flush(stacks, start, taken)
+            if taken % flush_every == 0 and not self._flush(stacks, start, taken):
+                # a DataLoader worker may be ended at any time (os._exit, no atexit): what is
+                # sampled so far is kept on disk; where that fails (a full disk), it stops
+                return
             next_at += period
             time.sleep(max(0.0, next_at - time.monotonic()))
         self._flush(stacks, start, taken)
 
-    def _flush(self, stacks: Counter[tuple[str, ...]], start: int, taken: int) -> None:
+    def _flush(self, stacks: Counter[tuple[str, ...]], start: int, taken: int) -> bool:
+        """Write the samples so far; False where they could not be written."""
         try:
             write_stacks(self.proc_dir, stacks, recorder="in-process", rate_hz=self.rate_hz,
                          start_ns=start, end_ns=self.clock(), taken=taken)
         except OSError:
-            pass
+            return False
+        return True
 
 
 def _stack(frame: FrameType | None) -> tuple[str, ...]:

@@ -125,7 +125,7 @@ class DeepWindow:
         try:
             self.session.record_event(EVENT_WINDOW_STOP_BEGIN, 0)
             self._prof.stop()
-            self._prof.export_chrome_trace(str(self.session.trace_path()))
+            self.session.export_trace(self._prof.export_chrome_trace)
             self.session.record_event(EVENT_WINDOW_STOP_END, 0)
             self.session.emit(WINDOW_END)
             self.state = DONE

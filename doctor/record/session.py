@@ -15,11 +15,15 @@ What probes use (and nothing else):
 - ``on(event, callback)`` / ``emit(event)`` for the rare events between probes
   (``window_start``, ``window_end``, ``close``);
 - ``update_meta``, ``record_loader``, ``record_batch_tensors``, ``record_memory``,
-  ``trace_path()`` and ``directory`` for what the process folder holds.
+  ``export_trace``, ``trace_path()`` and ``directory`` for what the process folder holds.
+
+None of these raises to the job when a write fails (a full, read-only or failing disk): what
+wrote stops recording, and its probe's status says ``stopped: <the error>`` once.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -47,10 +51,15 @@ from doctor.store.records import (  # noqa: F401  (the step kinds and events pro
 )
 from doctor.store.ringbuffer import RingWriter
 
+from ..store import layout
+from ..store.records import RING_PROBES
+
 # Events between probes (``on``/``emit``).
 WINDOW_START, WINDOW_END, CLOSE = "window_start", "window_end", "close"
 
-RING_CAPACITY = 1 << 17  # records per ring: about 3 MB a ring, whatever the run's length
+RING_CAPACITY = 1 << 17  # records per ring: at most about 3 MB a ring, whatever the run's length
+STOPPED_HINT = ("the job was not affected; make room where the run directory is (or give --out "
+                "on another filesystem) and run again for the whole run")
 
 Clock = Callable[[], int]
 
@@ -133,6 +142,8 @@ class Session:
 
     @property
     def writer(self) -> ProcessWriter:
+        """The process folder's writer; ``OSError`` when the folder cannot be made (a full or
+        read-only disk): the callers below record nothing then, and never raise to the job."""
         if self._writer is None:
             from ..store.redact import redact_argv  # here, not at start-up: the first record
 
@@ -144,33 +155,80 @@ class Session:
                 "argv": redact_argv(sys.argv), "local_rank": _env_int("LOCAL_RANK"),
                 "world_size": _env_int("WORLD_SIZE"), "host": os.uname().nodename,
                 "started_ns": self.clock(), "cores": usable_cores(), "probes": self.probe_status,
+                **_torch_facts(), **self._meta,
             }
-            self._meta.update(_torch_facts())
-            writer.write_meta(self._meta)
+            self._save_meta()
         return self._writer
 
     @property
     def directory(self) -> Path:
-        """This process's folder (created on first use)."""
+        """This process's folder (created on first use; ``OSError`` where it cannot be)."""
         return self.writer.path
 
     def ring(self, name: str, fmt: str, names: tuple[str, ...]) -> RingWriter:
+        """The ring ``name``, made on first use. One that cannot be made or grown (a full
+        disk) records nothing more, and its probe's status says so: never an error in the job."""
         ring = self._rings.get(name)
         if ring is None:
-            ring = self.writer.ring(name, fmt, names, RING_CAPACITY)
+            stop = functools.partial(self._stopped, RING_PROBES.get(name, name), f"{name}.ring")
+            try:
+                ring = self.writer.ring(name, fmt, names, RING_CAPACITY, on_stop=stop)
+            except OSError as err:
+                ring = RingWriter.unavailable(fmt, names, err)
+                stop(err)
             self._rings[name] = ring
         return ring
 
     def update_meta(self, **values: Any) -> None:
-        writer = self.writer
         self._meta.update(values)
-        writer.write_meta(self._meta)
+        try:
+            self.writer  # noqa: B018  (made on first use, writing the meta)
+        except OSError as err:
+            self._stopped("recording", "process folder", err)
+            return
+        self._save_meta()
 
     def trace_path(self) -> Path:
         return self.writer.trace_path()
 
+    def export_trace(self, export: Callable[[str], Any]) -> None:
+        """Have ``export`` write the profiler window's trace into the process folder (through
+        a fresh file, doctor.store.process); ``OSError`` (said in the status) when it could not
+        be written whole."""
+        try:
+            self.writer.export_trace(export)
+        except OSError as err:
+            self._stopped("torch_ops", layout.TRACE, err)
+            raise
+
     def record_memory(self, row: dict[str, Any]) -> None:
-        self.writer.append_memory(row)
+        if layout.MEMORY in self._meta.get("stopped", {}):
+            return
+        try:
+            self.writer.append_memory(row)
+        except OSError as err:
+            self._stopped("memory", layout.MEMORY, err)
+
+    def _save_meta(self) -> None:
+        """Write meta.json as it is now; a failed write (a full disk) is retried with the next
+        (the meta stays whole in memory meanwhile, and the rings say why they stopped)."""
+        if self._writer is not None:
+            try:
+                self._writer.write_meta(self._meta)
+            except OSError:
+                pass
+
+    def _stopped(self, probe: str, what: str, err: OSError) -> None:
+        """A write of ``probe`` (to ``what``) failed: it records no more there; said once, in
+        its status and the meta's ``stopped``, for the report's probe table."""
+        stopped = self._meta.setdefault("stopped", {})
+        if what in stopped:
+            return
+        reason = f"stopped: {write_error(err)} ({what})"
+        stopped[what] = reason
+        self.probe_status[probe] = {"ok": False, "reason": reason, "hint": STOPPED_HINT}
+        self._meta["probes"] = self.probe_status
+        self._save_meta()
 
     # ----- hot path ----------------------------------------------------------------------
     def mark_step(self, kind: int, key: int = 0) -> None:
@@ -285,9 +343,16 @@ class Session:
             self._meta["rings"] = {k: r.written for k, r in self._rings.items()}
             self._meta["probes"] = self.probe_status
             self._meta.update(_cuda_device())
-            self._writer.write_meta(self._meta)
+            self._save_meta()
+            self._writer.close()
         for ring in self._rings.values():
             ring.close()
+
+
+def write_error(err: OSError) -> str:
+    """An error of a write as the probe table says it: "no space left on device"."""
+    text = err.strerror or str(err) or type(err).__name__
+    return text[:1].lower() + text[1:]
 
 
 def _env_int(name: str) -> int | None:

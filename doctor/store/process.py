@@ -1,16 +1,27 @@
 """One process folder of a run, as the job's Session writes it (layout in doctor.store.layout).
 
-This runs inside every process of the job: it imports no more than it writes with (no pandas)."""
+This runs inside every process of the job: it imports no more than it writes with (no pandas).
+Every file is created exclusively and never through a link (doctor.store.safe_files); a write
+that fails (a full disk, a read-only or failing filesystem) raises ``OSError`` to the Session,
+which stops what wrote it and says so, never the job.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from doctor.store import layout
-from doctor.store.ringbuffer import RingWriter
+from doctor.store.ringbuffer import OnStop, RingWriter
+
+from .safe_files import write_text_atomic
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class ProcessWriter:
@@ -19,24 +30,94 @@ class ProcessWriter:
     def __init__(self, run_dir: Path, rank: int, role: str, pid: int) -> None:
         self.run_dir = run_dir
         self.path = layout.process_dir(run_dir, rank, role, pid)
+        self._memory_fd = -1
 
     def create(self) -> Path:
         self.path.mkdir(parents=True, exist_ok=True)
         return self.path
 
     def write_meta(self, meta: Mapping[str, Any]) -> None:
-        tmp = self.path / (layout.META + ".tmp")
-        tmp.write_text(json.dumps(dict(meta), default=str))
-        tmp.replace(self.path / layout.META)
+        write_text_atomic(self.path / layout.META, json.dumps(dict(meta), default=str))
 
-    def ring(self, name: str, fmt: str, names: tuple[str, ...], capacity: int) -> RingWriter:
-        return RingWriter(layout.ring_path(self.path, name), fmt, names, capacity)
+    def ring(self, name: str, fmt: str, names: tuple[str, ...], capacity: int,
+             on_stop: OnStop | None = None) -> RingWriter:
+        return RingWriter(layout.ring_path(self.path, name), fmt, names, capacity, on_stop)
 
     def append_memory(self, row: Mapping[str, Any]) -> None:
-        """One allocator snapshot, a line of JSON (doctor.store.samples reads them)."""
-        with open(self.path / layout.MEMORY, "a") as f:
-            f.write(json.dumps(dict(row)) + "\n")
+        """One allocator snapshot, a line of JSON (doctor.store.samples reads them). A line that
+        could not be written whole is taken back, so the file stays whole lines."""
+        line = (json.dumps(dict(row)) + "\n").encode()
+        if self._memory_fd < 0:
+            self._memory_fd = _create_appending(self.path / layout.MEMORY)
+        end = os.lseek(self._memory_fd, 0, os.SEEK_END)
+        try:
+            done = os.write(self._memory_fd, line)
+            if done != len(line):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a short write
+        except OSError:
+            try:
+                os.ftruncate(self._memory_fd, end)
+            except OSError:
+                pass
+            raise
 
     def trace_path(self) -> Path:
         """Where the profiler window exports its trace (compressed after the job)."""
         return self.path / layout.TRACE
+
+    def export_trace(self, export: Callable[[str], Any]) -> None:
+        """Have ``export`` (torch.profiler's ``export_chrome_trace``, which opens a file by name)
+        write the window's trace into a fresh file beside it, renamed into place only when it
+        ends as JSON does: Kineto does not raise when it cannot write (a full disk), and a trace
+        cut short is removed rather than left to misread."""
+        target = self.trace_path()
+        tmp = _new_file(target)
+        try:
+            export(str(tmp))
+            with open(tmp, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, size - 64))
+                tail = f.read().rstrip()
+            if not tail.endswith((b"}", b"]")):
+                raise OSError(errno.ENOSPC, f"the profiler's trace export stopped at {size} bytes "
+                                            "(is the disk full?)")
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def close(self) -> None:
+        if self._memory_fd >= 0:
+            try:
+                os.close(self._memory_fd)
+            except OSError:
+                pass
+            self._memory_fd = -1
+
+
+def _new_file(path: Path) -> Path:
+    """An empty file of a fresh name beside ``path``, created exclusively, never through a
+    link, for a writer that opens files by name."""
+    for n in range(100):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{n}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC,
+                             0o644))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def _create_appending(path: Path) -> int:
+    """A new file for appending, created exclusively and never through a link (what is there
+    is replaced)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW | _CLOEXEC
+    try:
+        return os.open(path, flags, 0o644)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, flags, 0o644)

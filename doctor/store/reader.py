@@ -44,6 +44,11 @@ from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 from doctor.verdict import ProbeStatus
 
+from .records import RING_PROBES
+from .ringbuffer import ring_stop_reason
+
+RING_NAMES = ("steps", *INTERVAL_RINGS, "events")
+
 
 def load_run(dirs: Path | Sequence[Path]) -> RunData:
     """The run recorded in ``dirs`` (one per node of a multi-node job)."""
@@ -86,6 +91,7 @@ def _load_node(run_dir: Path) -> RunData:
         for name in INTERVAL_RINGS:
             intervals.append(_ring(proc_dir, name, who, problems).assign(name=name))
         events.append(process_events := _ring(proc_dir, "events", who, problems))
+        statuses = _with_stopped_rings(statuses, proc_dir, who, problems)
         taken = read_stacks_meta(proc_dir)
         samples = read_stacks(proc_dir, taken) if taken is not None else None
         if samples is not None:
@@ -300,6 +306,31 @@ def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -
     n = len(records)
     return pd.DataFrame({**{k: np.full(n, v, dtype=np.int64) for k, v in who.items()},
                          **{k: records[k] for k in records.dtype.names or ()}})
+
+
+def _with_stopped_rings(statuses: list[dict[str, Any]], proc_dir: Path, who: dict[str, Any],
+                        problems: list[str]) -> list[dict[str, Any]]:
+    """The probe statuses, with each probe whose ring stopped recording (a full or failing disk,
+    said in the ring's header even where meta.json could not be written) marked stopped; and a
+    note for each such ring (the run's figures are partial)."""
+    stopped: dict[str, list[str]] = {}
+    for name in RING_NAMES:
+        path = layout.ring_path(proc_dir, name)
+        reason = ring_stop_reason(path) if path.is_file() else None
+        if reason is None:
+            continue
+        stopped.setdefault(reason, []).append(name)
+        probe = RING_PROBES.get(name, name)
+        statuses = [s for s in statuses if not (s["pid"] == who["pid"] and s["probe"] == probe)]
+        statuses.append({**who, "probe": probe, "ok": False,
+                         "reason": f"stopped: {reason} ({name}.ring)",
+                         "hint": "the job was not affected; make room where the run directory "
+                                 "is and run again for the whole run"})
+    for reason, names in stopped.items():
+        rings = " and ".join(names)
+        problems.append(f"the records {proc_dir.parent.name}/{proc_dir.name} made after its "
+                        f"{rings} ring{'s' if len(names) > 1 else ''} stopped ({reason})")
+    return statuses
 
 
 def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:

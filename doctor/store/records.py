@@ -25,3 +25,7 @@ INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
 EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
 #: Interval rings a process may hold (step hooks, the DataLoader probe).
 INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate")
+#: The probe whose records each ring holds: the one that stops when its ring cannot grow.
+RING_PROBES = {"steps": "steps", "optimizer": "steps", "backward": "steps",
+               "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
+               "events": "torch_ops"}

@@ -47,7 +47,7 @@ def save_host(run_dir: Path, procs: Columns, system: Columns) -> None:
     arrays: dict[str, Any] = {
         **{f"proc_{c}": np.frombuffer(procs[c], dtype=np.float64) for c in PROC_COLUMNS},
         **{f"system_{c}": np.frombuffer(system[c], dtype=np.float64) for c in SYSTEM_COLUMNS}}
-    with open_new(run_dir / HOST) as f:
+    with open_new(run_dir / HOST) as f:  # whole or absent, never half (a full disk)
         np.savez_compressed(f, **arrays)
 
 

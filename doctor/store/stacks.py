@@ -19,6 +19,8 @@ from typing import Any
 
 from doctor.store.layout import STACKS_JSON, STACKS_TXT, pid_of
 
+from .safe_files import write_text_atomic
+
 DEFAULT_RATE_HZ = 50.0
 
 
@@ -120,6 +122,4 @@ def write_stacks(proc_dir: Path, stacks: Mapping[tuple[str, ...], int], *, recor
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text_atomic(path, text)  # a fresh temporary renamed into place, never through a link
