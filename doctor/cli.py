@@ -60,6 +60,7 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
     finish writes the job's report into DIR.
     """
     from doctor.command import resolve_command
+    from doctor.compat import numpy_mismatch
     from doctor.launch import Launch, no_room, run_bare, run_job
     from doctor.nodes import node_of
     from doctor.store import layout
@@ -70,6 +71,8 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
     job = resolve_command(command)
     node = node_of(job.argv, os.environ)
     launch = Launch(progress=None if quiet else _say)
+    if (mismatch := numpy_mismatch()) is not None:
+        print(mismatch, file=sys.stderr)
     if node is None:
         try:
             run_dir = new_run_dir(out, job.name, force=force)
