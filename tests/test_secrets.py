@@ -55,6 +55,9 @@ ENV = {"HF_TOKEN": SECRETS[6], "MASTER_ADDR": f"me:{SECRETS[7]}@127.0.0.1",
       "https://host/x", "host:29500", "-m", "pkg.train", "user@host", "--token-count", "3"],
      ["--max-tokens", "5", "--tokenizer", "gpt2", "--lr=0.1", "--keys", "a", "--monkey", "m",
       "https://host/x", "host:29500", "-m", "pkg.train", "user@host", "--token-count", "3"]),
+    # a model's or a dataset's settings named ...-token or ...-key are not secrets
+    (["--pad-token", "<pad>", "--eos_token=</s>", "--sort-key", "length", "--dataset-key", "x"],
+     ["--pad-token", "<pad>", "--eos_token=</s>", "--sort-key", "length", "--dataset-key", "x"]),
 ])
 def test_redact_argv(argv: list[str], shown: list[str]) -> None:
     assert redact_argv(argv) == shown

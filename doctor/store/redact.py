@@ -35,6 +35,14 @@ _SECRET_WORDS = frozenset({"key", "apikey", "token", "password", "passwd", "secr
 #: Words that make a name secret wherever they are in it.
 _SECRET_PARTS = ("password", "passwd", "secret", "credential", "apikey", "api-key",
                  "private-key", "access-key")
+#: Words before "key" or "token" that name a model's or a dataset's setting, not a secret
+#: (``--pad-token "<pad>"``, ``--sort-key length``): their values stay, so doctor try can run
+#: the command again.
+_ML_WORDS = frozenset({
+    "pad", "eos", "bos", "unk", "cls", "sep", "mask", "special", "start", "end", "stop",
+    "sort", "max", "min", "num", "dataset", "text", "label", "column", "input", "output", "image",
+    "audio", "target", "group", "partition", "primary", "cache", "hash", "shard", "sample",
+    "feature", "metric", "monitor", "vocab", "prompt", "sequence", "split", "batch"})
 #: ``user:password@`` in a URL (any scheme), or at the start of a value without one
 #: (``user:pw@host``); the password is group ``pw``.
 _URL_CREDENTIALS = re.compile(
@@ -49,8 +57,10 @@ def is_secret_name(name: str) -> bool:
     spelled = name.lstrip("-").lower().replace("_", "-").replace(".", "-")
     if not spelled:
         return False
-    last = spelled.rsplit("-", 1)[-1]
-    return last in _SECRET_WORDS or any(part in spelled for part in _SECRET_PARTS)
+    words = spelled.split("-")
+    if words[-1] in ("key", "token") and len(words) > 1 and words[-2] in _ML_WORDS:
+        return any(part in spelled for part in _SECRET_PARTS)  # --pad-token, --sort-key
+    return words[-1] in _SECRET_WORDS or any(part in spelled for part in _SECRET_PARTS)
 
 
 def redact_value(value: str) -> str:
