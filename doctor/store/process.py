@@ -1,16 +1,30 @@
 """One process folder of a run, as the job's Session writes it (layout in doctor.store.layout).
 
+A process folder is named by role and pid, and a pid can record twice: a process that
+``os.exec``s another Python keeps its pid, and a pid is reused on a long run. The second
+recorder never writes into the first one's folder (that would truncate its rings). The folder
+that recorded steps keeps the name the analysis reads; the other is kept beside it as
+``<role>-<pid>.<N>``, which the analysis does not read: the new image when the earlier one
+recorded steps (a job that trained, then exec'd a helper), else the earlier folder (a launcher
+that exec'd the job).
+
 This runs inside every process of the job: it imports no more than it writes with (no pandas)."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from doctor.store import layout
 from doctor.store.ringbuffer import RingWriter
+
+from .records import INTERVAL_RINGS
+
+#: The rings whose presence says a folder recorded steps (or the cadence of a DataLoader).
+STEP_RINGS = ("steps", *INTERVAL_RINGS)
 
 
 class ProcessWriter:
@@ -21,7 +35,25 @@ class ProcessWriter:
         self.path = layout.process_dir(run_dir, rank, role, pid)
 
     def create(self) -> Path:
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Make the folder: the canonical one, or where an earlier recorder of this pid left
+        one, the folder that keeps both (see the module's docstring)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(100):  # a folder made meanwhile by another try is another pid's: retry
+            try:
+                self.path.mkdir()
+                return self.path
+            except FileExistsError:
+                pass
+            aside = _free_beside(self.path)
+            if recorded_steps(self.path):
+                aside.mkdir()
+                self.path = aside
+                return self.path
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                continue
+        self.path.mkdir(exist_ok=True)
         return self.path
 
     def write_meta(self, meta: Mapping[str, Any]) -> None:
@@ -40,3 +72,16 @@ class ProcessWriter:
     def trace_path(self) -> Path:
         """Where the profiler window exports its trace (compressed after the job)."""
         return self.path / layout.TRACE
+
+
+def recorded_steps(proc_dir: Path) -> bool:
+    """Whether the process folder holds a ring of steps (or of DataLoader waits)."""
+    return any(layout.ring_path(proc_dir, name).is_file() for name in STEP_RINGS)
+
+
+def _free_beside(path: Path) -> Path:
+    """``<folder>.<N>`` with the lowest N that is free."""
+    n = 1
+    while (beside := path.with_name(f"{path.name}.{n}")).exists():
+        n += 1
+    return beside
