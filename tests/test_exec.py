@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from doctor.store.process import ProcessWriter, recorded_steps
+from doctor.store.records import STEPS_RECORD
 from tests.conftest import doctor_cmd
-
-pytestmark = pytest.mark.e2e
 
 #: 20 steps (the window at 8,5 runs), then an exec into a Python that trains 5 steps of its own.
 EXEC_JOB = textwrap.dedent("""
@@ -36,6 +36,7 @@ EXEC_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_an_exec_keeps_what_was_recorded_before_it(tmp_path: Path) -> None:
     job = tmp_path / "job.py"
     job.write_text(EXEC_JOB)
@@ -54,3 +55,31 @@ def test_an_exec_keeps_what_was_recorded_before_it(tmp_path: Path) -> None:
     assert (first / "trace.json.gz").is_file()
     assert "-c" in json.loads((second / "meta.json").read_text())["argv"]  # the new image's
     assert (second / "optimizer.ring").is_file()
+
+
+def folders(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "rank-0").iterdir())
+
+
+def test_a_new_image_beside_an_earlier_one_that_recorded_steps(tmp_path: Path) -> None:
+    earlier = ProcessWriter(tmp_path, 0, "main", 42)
+    earlier.create()
+    earlier.ring("steps", *STEPS_RECORD, 16).write(1, 3, 0)
+    later = ProcessWriter(tmp_path, 0, "main", 42)
+    assert later.create() == tmp_path / "rank-0" / "main-42.1"
+    assert folders(tmp_path) == ["main-42", "main-42.1"]
+    assert recorded_steps(tmp_path / "rank-0" / "main-42")  # its ring untouched
+    third = ProcessWriter(tmp_path, 0, "main", 42)
+    assert third.create().name == "main-42.2"
+
+
+def test_an_earlier_image_without_steps_makes_way(tmp_path: Path) -> None:
+    launcher = ProcessWriter(tmp_path, 0, "main", 42)
+    launcher.create()
+    launcher.write_meta({"argv": ["launch.py"]})
+    job = ProcessWriter(tmp_path, 0, "main", 42)
+    assert job.create() == tmp_path / "rank-0" / "main-42"
+    assert folders(tmp_path) == ["main-42", "main-42.1"]
+    kept = json.loads((tmp_path / "rank-0" / "main-42.1" / "meta.json").read_text())
+    assert kept["argv"] == ["launch.py"]
+    assert not (tmp_path / "rank-0" / "main-42" / "meta.json").exists()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+from doctor.record import kineto
 
 HANG_S = 150  # a job that has not ended by then hangs (it takes seconds; the machine is shared)
 
@@ -108,6 +108,7 @@ def main_meta(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads(meta.read_text()))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how, status", [("exit", 3), ("end", 0)])
 def test_children_forked_before_during_and_after_the_window_end(
         tmp_path: Path, how: str, status: int) -> None:
@@ -123,6 +124,7 @@ def test_children_forked_before_during_and_after_the_window_end(
     assert (tmp_path / "run" / "verdict.json").is_file()
 
 
+@pytest.mark.e2e
 def test_a_fork_pool_after_the_window(tmp_path: Path) -> None:
     bare, doctor = bare_and_doctor(tmp_path, POOL_JOB)
     assert bare.returncode == 0, bare.stderr
@@ -130,3 +132,47 @@ def test_a_fork_pool_after_the_window(tmp_path: Path) -> None:
     assert doctor.returncode == 0, doctor.stderr
     assert doctor.stdout == bare.stdout
     assert main_meta(tmp_path / "run")["window"]["state"] == "done"
+
+
+#: torch.profiler used by hand, then doctor's teardown of Kineto's thread, then a fork.
+BY_HAND = textwrap.dedent("""
+    import os, sys
+    import torch
+    from torch.profiler import profile
+    from doctor.record.kineto import stop_config_thread
+
+    threads = len(os.listdir("/proc/self/task"))
+    with profile():
+        torch.nn.Linear(8, 8)(torch.randn(2, 8))
+    print(len(os.listdir("/proc/self/task")) - threads, stop_config_thread(),
+          len(os.listdir("/proc/self/task")) - threads, flush=True)
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(3)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+""")
+
+
+def test_the_profilers_thread_is_stopped_and_a_later_fork_ends(tmp_path: Path) -> None:
+    job = tmp_path / "by_hand.py"
+    job.write_text(BY_HAND)
+    result = run_to_the_end([sys.executable, str(job)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "1 stopped 0\n3\n"  # Kineto's one thread, then none; the child's 3
+
+
+def test_the_thread_is_left_to_the_dynolog_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kineto.ENV_DAEMON, "1")
+    assert kineto.stop_config_thread().startswith("left running: KINETO_USE_DAEMON is set")
+
+
+def test_the_library_is_found_where_the_process_mapped_it(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r--p 00000000 08:01 1 /opt/env/lib/libc10.so\n"
+        "7f01-7f02 r-xp 00001000 08:01 2 /opt/env/lib/python3/torch/lib/libtorch_cpu.so\n"
+        "7f02-7f03 rw-p 00000000 00:00 0 [heap]\n")
+    assert kineto.loaded_library(kineto.LIBRARY, str(maps)) == \
+        "/opt/env/lib/python3/torch/lib/libtorch_cpu.so"
+    assert kineto.loaded_library("libnope.so", str(maps)) is None
+    assert kineto.loaded_library(kineto.LIBRARY, str(tmp_path / "absent")) is None
