@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from doctor.analyse.steps import choice_notes, training_processes
+from doctor.record.session import Session
+from doctor.store.reader import load_run
 from tests.conftest import doctor_cmd
-
-pytestmark = pytest.mark.e2e
+from tests.loops import FakeClock, write_record
 
 TRAIN = """
     model = torch.nn.Linear(32, 8)
@@ -81,6 +83,7 @@ def verdict_of(tmp_path: Path, result: subprocess.CompletedProcess[str]) -> dict
     return dict(json.loads((tmp_path / "run" / "verdict.json").read_text()))
 
 
+@pytest.mark.e2e
 def test_a_larger_helper_child_without_steps_is_not_the_job(tmp_path: Path) -> None:
     result = run(tmp_path, HELPER_JOB)
     verdict = verdict_of(tmp_path, result)
@@ -89,6 +92,7 @@ def test_a_larger_helper_child_without_steps_is_not_the_job(tmp_path: Path) -> N
     assert not [n for n in verdict["notes"] if "processes recorded steps" in n]
 
 
+@pytest.mark.e2e
 def test_a_daemon_child_that_outlives_the_job_is_not_the_job(tmp_path: Path) -> None:
     result = run(tmp_path, DAEMON_JOB)
     try:
@@ -100,4 +104,30 @@ def test_a_daemon_child_that_outlives_the_job_is_not_the_job(tmp_path: Path) -> 
     [note] = [n for n in verdict["notes"] if "processes recorded steps" in n]
     assert "2 processes recorded steps" in note
     assert "(19 optimizer steps)" in note
-    assert "149 optimizer steps, still running at the job's end" in note
+    assert "(149 optimizer steps, no exit recorded: it outlived the job" in note
+
+
+def record_steps(run_dir: Path, pid: int, steps: int, *, ends: bool) -> None:
+    """``steps`` optimizer steps of process ``pid``; ``ends``: its Session closes (an exit)."""
+    clock = FakeClock()
+    session = Session(run_dir, rank=0, clock=clock, window_start=10**9)
+    session.pid = pid
+    for _ in range(steps):
+        session.record_optimizer_start()
+        clock.tick(0.01)
+        session.record_optimizer_end(0)
+    if ends:
+        session.close()
+
+
+@pytest.mark.parametrize("signal_, analysed", [(None, 222), (15, 111)])
+def test_one_without_an_exit_comes_after_one_that_ended_unless_the_job_was_killed(
+        tmp_path: Path, signal_: int | None, analysed: int) -> None:
+    record_steps(tmp_path, 111, 20, ends=False)  # outlived the job, or killed with it
+    record_steps(tmp_path, 222, 10, ends=True)
+    write_record(tmp_path, exit_code=0 if signal_ is None else 128 + signal_, signal=signal_)
+    run = load_run(tmp_path)
+    assert training_processes(run)[0].pid == analysed
+    [note] = choice_notes(run)
+    assert note.startswith(f"Rank 0: 2 processes recorded steps; the analysis is of pid {analysed}")
+    assert ("no exit recorded" in note) is (signal_ is None)

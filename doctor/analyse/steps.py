@@ -77,17 +77,19 @@ def training_processes(run: RunData) -> dict[int, RankSteps]:
 def rank_candidates(run: RunData) -> dict[int, list[RankSteps]]:
     """Per rank, each process (DataLoader workers aside) that recorded steps, the one analysed
     first: the strongest kind of step boundary, then one that ended with the job over one still
-    running when it ended (a daemon child that outlived it), then the most steps. Processes that
+    running when it ended (a daemon child that outlived it; not asked of a job killed by a
+    signal, whose processes end without a word), then the most steps. Processes that
     recorded no step (a helper ``python -c``, a launcher) are no candidates, however large."""
     found: dict[int, list[tuple[tuple[float, bool, int], RankSteps]]] = {}
     procs = run.processes
+    killed = run.record.signal is not None  # then no process of the job ended as it would
     for node, rank, role, pid, ended in zip(procs["node"], procs["rank"], procs["role"],
                                             procs["pid"], procs["ended_ns"], strict=True):
         if str(role).startswith("worker"):
             continue
         steps = _rank_steps(run, (int(node), int(rank), int(pid)))
         if STRENGTH[steps.kind] > 0:
-            score = (STRENGTH[steps.kind], bool(pd.notna(ended)), len(steps.ends_ns))
+            score = (STRENGTH[steps.kind], killed or bool(pd.notna(ended)), len(steps.ends_ns))
             found.setdefault(steps.rank, []).append((score, steps))
     return {rank: [steps for _score, steps in sorted(c, key=lambda x: x[0], reverse=True)]
             for rank, c in sorted(found.items())}
@@ -98,12 +100,13 @@ def choice_notes(run: RunData) -> list[str]:
     which are left out (a forked or spawned child that trained too, a daemon that outlived the
     job)."""
     procs = run.processes
-    ended = {(int(n), int(p)): bool(pd.notna(e))
+    ended = {(int(n), int(p)): bool(pd.notna(e)) or run.record.signal is not None
              for n, p, e in zip(procs["node"], procs["pid"], procs["ended_ns"], strict=True)}
 
     def said(steps: RankSteps) -> str:
-        running = "" if ended.get((steps.node, steps.pid)) else ", still running at the job's end"
-        return f"pid {steps.pid} ({len(steps.ends_ns)} {steps.kind} steps{running})"
+        outlived = "" if ended.get((steps.node, steps.pid)) else \
+            ", no exit recorded: it outlived the job, or was killed"
+        return f"pid {steps.pid} ({len(steps.ends_ns)} {steps.kind} steps{outlived})"
 
     notes = []
     for rank, found in rank_candidates(run).items():
