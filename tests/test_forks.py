@@ -176,3 +176,37 @@ def test_the_library_is_found_where_the_process_mapped_it(tmp_path: Path) -> Non
         "/opt/env/lib/python3/torch/lib/libtorch_cpu.so"
     assert kineto.loaded_library("libnope.so", str(maps)) is None
     assert kineto.loaded_library(kineto.LIBRARY, str(tmp_path / "absent")) is None
+
+
+#: A Session and its window in a process of its own: a fork while the window is open.
+FORK_IN_WINDOW = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    import torch
+    from doctor.probes.torch_ops import DeepWindow
+    from doctor.record.session import STEP_OPTIMIZER, Session
+
+    session = Session(Path(sys.argv[1]), window_start=2, window_steps=5)
+    window = DeepWindow.for_session(session)
+    window.start()
+    for _ in range(3):
+        torch.ones(4).sum()
+        session.count_step(STEP_OPTIMIZER)
+    assert window.state == "active"
+    pid = os.fork()
+    if pid == 0:  # 10 without a profiler, 11 with one
+        os._exit(10 + int(torch.autograd._profiler_enabled()))
+    record = window._record
+    print(window.state, record["closed_by"], record["steps_profiled"], record["kineto_thread"],
+          os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+""")
+
+
+def test_a_fork_inside_the_window_closes_it_first(tmp_path: Path) -> None:
+    job = tmp_path / "fork_in_window.py"
+    job.write_text(FORK_IN_WINDOW)
+    result = run_to_the_end([sys.executable, str(job), str(tmp_path)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "done fork 1 stopped 10\n"  # the child inherited no profiler
+    assert (tmp_path / "rank-0").is_dir()
+    assert len(list(tmp_path.glob("rank-0/main-*/trace.json"))) == 1  # the window exported
