@@ -3,10 +3,10 @@
 A process folder is named by role and pid, and a pid can record twice: a process that
 ``os.exec``s another Python keeps its pid, and a pid is reused on a long run. The second
 recorder never writes into the first one's folder (that would truncate its rings). The folder
-that recorded steps keeps the name the analysis reads; the other is kept beside it as
+that recorded training steps keeps the name the analysis reads; the other is kept beside it as
 ``<role>-<pid>.<N>``, which the analysis does not read: the new image when the earlier one
-recorded steps (a job that trained, then exec'd a helper), else the earlier folder (a launcher
-that exec'd the job).
+trained (a job that trained, then exec'd a helper), else the earlier folder (a launcher that
+exec'd the job, even one that read a few batches first).
 
 This runs inside every process of the job: it imports no more than it writes with (no pandas)."""
 
@@ -21,10 +21,9 @@ from typing import Any
 from doctor.store import layout
 from doctor.store.ringbuffer import RingWriter
 
-from .records import INTERVAL_RINGS
-
-#: The rings whose presence says a folder recorded steps (or the cadence of a DataLoader).
-STEP_RINGS = ("steps", *INTERVAL_RINGS)
+#: The rings whose presence says a folder recorded training steps: ``doctor.step()`` calls,
+#: optimizer steps, ``backward()`` calls (a DataLoader's cadence alone is not training).
+TRAINING_RINGS = ("steps", "optimizer", "backward")
 
 
 class ProcessWriter:
@@ -38,14 +37,14 @@ class ProcessWriter:
         """Make the folder: the canonical one, or where an earlier recorder of this pid left
         one, the folder that keeps both (see the module's docstring)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(100):  # a folder made meanwhile by another try is another pid's: retry
+        for _ in range(100):  # repeats only where the folder vanished between two calls
             try:
                 self.path.mkdir()
                 return self.path
             except FileExistsError:
                 pass
             aside = _free_beside(self.path)
-            if recorded_steps(self.path):
+            if trained(self.path):
                 aside.mkdir()
                 self.path = aside
                 return self.path
@@ -74,9 +73,9 @@ class ProcessWriter:
         return self.path / layout.TRACE
 
 
-def recorded_steps(proc_dir: Path) -> bool:
-    """Whether the process folder holds a ring of steps (or of DataLoader waits)."""
-    return any(layout.ring_path(proc_dir, name).is_file() for name in STEP_RINGS)
+def trained(proc_dir: Path) -> bool:
+    """Whether the process folder holds a ring of training steps."""
+    return any(layout.ring_path(proc_dir, name).is_file() for name in TRAINING_RINGS)
 
 
 def _free_beside(path: Path) -> Path:
