@@ -7,12 +7,21 @@ trace has one ProfilerStep#N per training step. The trace is exported as plain J
 training thread when the window closes; whoever finalises the run directory gzips it. The
 window's state goes to the process's meta.json (what happened, for the analysis) and to the run's
 control file (so that ``doctor run`` starts py-spy while it is open).
+
+Fork-safe: the window closes by stopping Kineto's config thread (doctor.record.kineto), so a
+child forked after it ends as it would without doctor. A fork during the window (from the thread
+that profiles) closes the window first, in the parent: the child inherits no profiler, which
+would otherwise record its ops for its whole life and crash it at exit, and stopping it in the
+child would cost the child the whole window's processing. The window is then shorter, and its
+record says so (``closed_by``).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+import weakref
 from typing import Any
 
 from doctor.probes.stacks import sample_own_stacks_if_asked
@@ -28,7 +37,12 @@ from doctor.record.session import (
 from doctor.store.control import post_window
 from doctor.verdict import ProbeStatus
 
+from ..record.kineto import stop_config_thread
+
 IDLE, ACTIVE, DONE, FAILED = "idle", "active", "done", "failed"
+#: Why a window closed (``closed_by`` in its record): its steps were done, the process forked
+#: inside it, or the process ended inside it.
+BY_STEPS, BY_FORK, BY_EXIT = "steps", "fork", "exit"
 #: "off": the window records no input shapes. The ops then have no FLOPs or bytes (no roofline,
 #: no MFU), and the closing step is cheaper: stopping the profiler processes every op's shapes,
 #: about 2x the stop and export time of a window without them.
@@ -57,6 +71,8 @@ class DeepWindow:
         self.state = IDLE
         self._prof: Any = None
         self._opened_at = 0
+        self._count = 0
+        self._thread = 0  # the thread that opened the window (the profiler's state is its own)
         self._record: dict[str, Any] = {}
 
     @classmethod
@@ -86,6 +102,7 @@ class DeepWindow:
 
     def on_step(self, count: int) -> None:
         """Called by the Session at each step boundary with the steady-step count."""
+        self._count = count
         if self.state == IDLE and count >= self.start_at:
             self._open(count)
         elif self.state == ACTIVE:
@@ -115,26 +132,48 @@ class DeepWindow:
             self.session.emit(WINDOW_START)
             self.state = ACTIVE
             self._opened_at = count
+            self._thread = threading.get_ident()
+            _watch_forks(self)
             self._note({"state": ACTIVE, "start_step": count, "steps": self.steps,
                         "cuda": "CUDA" in str(activities), "shapes": shapes,
                         "clock": clock_pair()})
         except Exception as err:
             self._fail(err)
 
-    def _close(self) -> None:
+    def _close(self, closed_by: str = BY_STEPS) -> None:
         try:
             self.session.record_event(EVENT_WINDOW_STOP_BEGIN, 0)
             self._prof.stop()
             self.session.export_trace(self._prof.export_chrome_trace)
+            kineto = self._release()
             self.session.record_event(EVENT_WINDOW_STOP_END, 0)
             self.session.emit(WINDOW_END)
             self.state = DONE
-            self._note({**self._record, "state": DONE})
+            self._note({**self._record, "state": DONE, "closed_by": closed_by,
+                        "steps_profiled": max(0, self._count - self._opened_at),
+                        "kineto_thread": kineto})
         except Exception as err:
             self._fail(err)
         finally:
             self._prof = None
             self.session.off_step(self.on_step)
+
+    def _release(self) -> str:
+        """After the profiler stopped: leave no Kineto thread behind (what a fork would copy
+        half of), and no fork watch."""
+        _unwatch_forks(self)
+        return stop_config_thread()
+
+    def before_fork(self) -> None:
+        """In the parent, just before a fork inside the window: close it here (the child then
+        inherits no profiler). A fork from another thread cannot stop this thread's profiler;
+        its child inherits none either, and Kineto's thread is stopped for it."""
+        if self.state != ACTIVE:
+            return
+        if threading.get_ident() == self._thread:
+            self._close(BY_FORK)
+        else:
+            stop_config_thread()
 
     def _note(self, record: dict[str, Any]) -> None:
         self._record = record
@@ -151,6 +190,7 @@ class DeepWindow:
             pass
         self._prof = None
         self.session.off_step(self.on_step)
+        self._release()
         try:
             self._note({"state": FAILED, "reason": f"{type(err).__name__}: {err}"})
         except OSError:
@@ -159,4 +199,29 @@ class DeepWindow:
     def close(self) -> None:
         """At exit inside an open window: keep what was recorded so far."""
         if self.state == ACTIVE:
-            self._close()
+            self._close(BY_EXIT)
+
+
+_windows: weakref.WeakSet[DeepWindow] = weakref.WeakSet()
+_fork_hook = False
+
+
+def _watch_forks(window: DeepWindow) -> None:
+    """Call ``window.before_fork`` before each fork while it is open."""
+    global _fork_hook
+    _windows.add(window)
+    if not _fork_hook:
+        os.register_at_fork(before=_before_fork)
+        _fork_hook = True
+
+
+def _unwatch_forks(window: DeepWindow) -> None:
+    _windows.discard(window)
+
+
+def _before_fork() -> None:
+    for window in list(_windows):
+        try:
+            window.before_fork()
+        except Exception:  # the job's fork goes ahead whatever happens to the window
+            pass

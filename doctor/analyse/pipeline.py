@@ -33,6 +33,7 @@ from doctor.analyse.ops import ops_evidence
 from doctor.analyse.split import outside_loader, rank_split
 from doctor.analyse.steps import (
     analysed,
+    choice_notes,
     step_range,
     step_table,
     training_processes,
@@ -94,7 +95,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
               *facts.comm_contention_notes(comm_contention, job.cores),
               *(facts.range_notes(ledger, in_range) if in_range else []), *summary.notes,
               *facts.rule_notes(outcome.skipped), *facts.crash_notes(run),
-              *facts.sampling_notes(run), *facts.trace_notes(run)]
+              *facts.sampling_notes(run), *facts.trace_notes(run), *choice_notes(run)]
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, ranks, window_problems),

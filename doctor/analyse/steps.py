@@ -70,18 +70,51 @@ class RankSteps:
 
 
 def training_processes(run: RunData) -> dict[int, RankSteps]:
-    """Per rank, the process that trained: the one with the strongest, most numerous steps."""
-    best: dict[int, tuple[tuple[float, int], RankSteps]] = {}
+    """Per rank, the process that trained: the first of its candidates (``rank_candidates``)."""
+    return {rank: found[0] for rank, found in rank_candidates(run).items()}
+
+
+def rank_candidates(run: RunData) -> dict[int, list[RankSteps]]:
+    """Per rank, each process (DataLoader workers aside) that recorded steps, the one analysed
+    first: the strongest kind of step boundary, then one that ended with the job over one still
+    running when it ended (a daemon child that outlived it; not asked of a job killed by a
+    signal, whose processes end without a word), then the most steps. Processes that
+    recorded no step (a helper ``python -c``, a launcher) are no candidates, however large."""
+    found: dict[int, list[tuple[tuple[float, bool, int], RankSteps]]] = {}
     procs = run.processes
-    for node, rank, role, pid in zip(procs["node"], procs["rank"], procs["role"], procs["pid"],
-                                     strict=True):
+    killed = run.record.signal is not None  # then no process of the job ended as it would
+    for node, rank, role, pid, ended in zip(procs["node"], procs["rank"], procs["role"],
+                                            procs["pid"], procs["ended_ns"], strict=True):
         if str(role).startswith("worker"):
             continue
         steps = _rank_steps(run, (int(node), int(rank), int(pid)))
-        score = (STRENGTH[steps.kind], len(steps.ends_ns))
-        if score[0] > 0 and (steps.rank not in best or score > best[steps.rank][0]):
-            best[steps.rank] = (score, steps)
-    return {rank: steps for rank, (_score, steps) in sorted(best.items())}
+        if STRENGTH[steps.kind] > 0:
+            score = (STRENGTH[steps.kind], killed or bool(pd.notna(ended)), len(steps.ends_ns))
+            found.setdefault(steps.rank, []).append((score, steps))
+    return {rank: [steps for _score, steps in sorted(c, key=lambda x: x[0], reverse=True)]
+            for rank, c in sorted(found.items())}
+
+
+def choice_notes(run: RunData) -> list[str]:
+    """A note for each rank where several processes recorded steps: which one is analysed, and
+    which are left out (a forked or spawned child that trained too, a daemon that outlived the
+    job)."""
+    procs = run.processes
+    ended = {(int(n), int(p)): bool(pd.notna(e)) or run.record.signal is not None
+             for n, p, e in zip(procs["node"], procs["pid"], procs["ended_ns"], strict=True)}
+
+    def said(steps: RankSteps) -> str:
+        outlived = "" if ended.get((steps.node, steps.pid)) else \
+            ", no exit recorded: it outlived the job, or was killed"
+        return f"pid {steps.pid} ({len(steps.ends_ns)} {steps.kind} steps{outlived})"
+
+    notes = []
+    for rank, found in rank_candidates(run).items():
+        if len(found) > 1:
+            notes.append(f"Rank {rank}: {len(found)} processes recorded steps; the analysis is "
+                         f"of {said(found[0])}; left out: "
+                         f"{', '.join(said(s) for s in found[1:])}.")
+    return notes
 
 
 def _rank_steps(run: RunData, process: Process) -> RankSteps:

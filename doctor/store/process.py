@@ -1,5 +1,13 @@
 """One process folder of a run, as the job's Session writes it (layout in doctor.store.layout).
 
+A process folder is named by role and pid, and a pid can record twice: a process that
+``os.exec``s another Python keeps its pid, and a pid is reused on a long run. The second
+recorder never writes into the first one's folder (that would truncate its rings). The folder
+that recorded training steps keeps the name the analysis reads; the other is kept beside it as
+``<role>-<pid>.<N>``, which the analysis does not read: the new image when the earlier one
+trained (a job that trained, then exec'd a helper), else the earlier folder (a launcher that
+exec'd the job, even one that read a few batches first).
+
 This runs inside every process of the job: it imports no more than it writes with (no pandas).
 Every file is created exclusively and never through a link (doctor.store.safe_files); a write
 that fails (a full disk, a read-only or failing filesystem) raises ``OSError`` to the Session,
@@ -23,6 +31,10 @@ from .safe_files import write_text_atomic
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
+#: The rings whose presence says a folder recorded training steps: ``doctor.step()`` calls,
+#: optimizer steps, ``backward()`` calls (a DataLoader's cadence alone is not training).
+TRAINING_RINGS = ("steps", "optimizer", "backward")
+
 
 class ProcessWriter:
     """Writes ``RUN_DIR/rank-<R>/<role>-<pid>/``; the folder is made by ``create()``."""
@@ -33,7 +45,25 @@ class ProcessWriter:
         self._memory_fd = -1
 
     def create(self) -> Path:
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Make the folder: the canonical one, or where an earlier recorder of this pid left
+        one, the folder that keeps both (see the module's docstring)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(100):  # repeats only where the folder vanished between two calls
+            try:
+                self.path.mkdir()
+                return self.path
+            except FileExistsError:
+                pass
+            aside = _free_beside(self.path)
+            if trained(self.path):
+                aside.mkdir()
+                self.path = aside
+                return self.path
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                continue
+        self.path.mkdir(exist_ok=True)
         return self.path
 
     def write_meta(self, meta: Mapping[str, Any]) -> None:
@@ -121,3 +151,15 @@ def _create_appending(path: Path) -> int:
     except FileExistsError:
         os.unlink(path)
         return os.open(path, flags, 0o644)
+
+def trained(proc_dir: Path) -> bool:
+    """Whether the process folder holds a ring of training steps."""
+    return any(layout.ring_path(proc_dir, name).is_file() for name in TRAINING_RINGS)
+
+
+def _free_beside(path: Path) -> Path:
+    """``<folder>.<N>`` with the lowest N that is free."""
+    n = 1
+    while (beside := path.with_name(f"{path.name}.{n}")).exists():
+        n += 1
+    return beside
