@@ -145,21 +145,6 @@ def _exit_notes(run: RunData) -> tuple[bool, list[str]]:
     return False, []
 
 
-def crash_notes(run: RunData) -> list[str]:
-    """Which ranks died of an exception, the first one first: the others usually died of it
-    (a peer's connection closed), so they are marked as following it."""
-    procs = run.processes
-    crashed = procs[procs["crashed"].notna() & ~procs["role"].astype(str).str.startswith("worker")]
-    rows = sorted((float(c) if pd.notna(c) else 0.0, int(rank), str(why))
-                  for c, rank, why in zip(crashed["crashed_ns"], crashed["rank"],
-                                          crashed["crashed"], strict=True))
-    notes = []
-    for i, (_t, rank, why) in enumerate(rows):
-        after = f" (after rank {rows[0][1]} failed)" if i and len(rows) > 1 else ""
-        notes.append(f"Rank {rank} failed{after}: {why}")
-    return notes
-
-
 def contention_notes(contention: dict[int, float], cores: int | None) -> list[str]:
     if not contention:
         return []

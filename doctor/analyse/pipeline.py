@@ -25,6 +25,7 @@ from doctor.analyse.comms import (
 )
 from doctor.analyse.contention import COMMUNICATION, INPUT, analysed_span, core_contention
 from doctor.analyse.evidence import build_evidence, job_facts, training_loaders, window_analysed
+from doctor.analyse.failures import failure_finding, failure_notes
 from doctor.analyse.gpu_split import counter_splits, crosscheck_notes
 from doctor.analyse.gpus import gpu_counters, gpu_tables
 from doctor.analyse.ledger import build_ledger
@@ -87,13 +88,17 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, ranks),
                                             run.record.kind == TRACE))
     partial, notes = facts.exit_notes(run)
-    notes += [*facts.source_notes(ranks, window, bool(windows) or bool(coarse)),
+    killed = failure_finding(run)
+    if killed is not None:
+        findings.insert(0, killed)
+    notes += [*failure_notes(run),
+              *facts.source_notes(ranks, window, bool(windows) or bool(coarse)),
               *coarse_notes, *(counters.notes if counters else ()),
               *crosscheck_notes(counters, window),
               *facts.contention_notes(contention, job.cores),
               *facts.comm_contention_notes(comm_contention, job.cores),
               *(facts.range_notes(ledger, in_range) if in_range else []), *summary.notes,
-              *facts.rule_notes(outcome.skipped), *facts.crash_notes(run),
+              *facts.rule_notes(outcome.skipped),
               *facts.sampling_notes(run), *facts.trace_notes(run)]
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
