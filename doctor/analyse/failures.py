@@ -13,6 +13,7 @@ without a signal.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,11 @@ import pandas as pd
 from doctor.probes.exits import signal_name
 from doctor.store.rundata import RunData
 from doctor.verdict import Finding, Fix
+
+#: The signals a launcher (torchrun, a shell, a scheduler) sends to stop processes: a death by
+#: one of them follows another failure when there is one.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+KILL_MARGIN_S = 1.0  # how much later than the death itself the parent may see it
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,8 @@ def deaths(run: RunData) -> list[Death]:
     by_pid = {int(p): (int(r), str(role)) for p, r, role in
               zip(mine["pid"], mine["rank"], mine["role"], strict=True)}
     seen = sorted((d for d in run.record.deaths if _int(d.get("signal")) is not None),
-                  key=lambda d: float(d.get("t_s") or 0.0))
+                  key=lambda d: (_int(d.get("signal")) in STOP_SIGNALS,
+                                 float(d.get("t_s") or 0.0)))
     out = [_death(d, by_pid) for d in seen if _int(d.get("pid")) is not None]
     named = {d.pid for d in out}
     r = run.record
@@ -110,21 +117,26 @@ def failure_notes(run: RunData) -> list[str]:
 
 
 def first_killed(run: RunData, dead: list[Death] | None = None) -> Death | None:
-    """The process killed by a signal that failed first, if one did before any exception
-    (times on the run's monotonic clock); None when an exception came first, or none died."""
+    """The process killed by a signal that failed first; None when none was, or when a rank's
+    exception came first. SIGTERM, SIGINT and SIGHUP are what a launcher sends the survivors of
+    a failure, so a process they ended comes first only when nothing else failed. The parent
+    sees a death a little after it happens while a peer's connection breaks at once, so an
+    exception counts as first only when it came KILL_MARGIN_S before the death was seen."""
     dead = deaths(run) if dead is None else dead
     if not dead:
         return None
+    causes = [d for d in dead if d.signal not in STOP_SIGNALS]
     procs = run.processes
     crashed = procs.loc[procs["crashed"].notna(), "crashed_ns"].dropna()
-    if crashed.empty:
-        return dead[0]
-    timed = [(d, d.t_s) for d in dead if d.t_s is not None]
+    if procs["crashed"].notna().sum() == 0:
+        return (causes or dead)[0]
     t0_ns = run.record.t0_ns.get(0)
-    if not timed or t0_ns is None:
+    if crashed.empty or t0_ns is None:
         return None
-    first, t_s = timed[0]
-    return first if t0_ns + t_s * 1e9 < float(crashed.min()) else None
+    for d in causes:
+        if d.t_s is not None and t0_ns + (d.t_s - KILL_MARGIN_S) * 1e9 < float(crashed.min()):
+            return d
+    return None
 
 
 def _first_crash_rank(run: RunData) -> int | None:
