@@ -51,8 +51,17 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
     probes.update(run.record.probes)
     stacks = probes.get("stacks")
     if ranks and stacks is not None and stacks.ok and run.stack_spans.empty:
-        probes["stacks"] = ProbeStatus(False, stacks_reason(run, ranks), NO_WINDOW_HINT)
+        opened = _window_opened(run, ranks)
+        probes["stacks"] = ProbeStatus(False, stacks_reason(run, ranks),
+                                       stacks.hint if opened and stacks.hint else
+                                       "" if opened else NO_WINDOW_HINT)
     return probes
+
+
+def _window_opened(run: RunData, ranks: dict[int, RankSteps]) -> bool:
+    """Whether any rank's profiler window opened (so stacks were due)."""
+    procs = of_processes(run.processes, (r.process for r in ranks.values()))
+    return bool(procs["window_state"].notna().any()) if "window_state" in procs else False
 
 
 def _iterated_a_loader(run: RunData, main: RankSteps) -> bool:
@@ -93,6 +102,10 @@ def stacks_reason(run: RunData, ranks: dict[int, RankSteps]) -> str:
     if status is not None and not status.ok:
         return status.reason or "the stacks probe did not run"
     if of_processes(run.stack_spans, (r.process for r in ranks.values())).empty:
+        if _window_opened(run, ranks):
+            said = status.reason if status is not None and status.reason else ""
+            return ("no stack samples were taken in the profiler window"
+                    + (f" ({said})" if said else ": py-spy wrote none"))
         window = of_processes(run.probe_status, (r.process for r in ranks.values()))
         off = window[(window["probe"] == "torch_ops") & ~window["ok"]]
         why = str(off["reason"].iloc[0]) if not off.empty else \
