@@ -87,7 +87,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     findings = attach_verified(outcome.findings, run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, ranks),
-                                            run.record.kind == TRACE))
+                                            run.record.kind == TRACE,
+                                            facts.no_steps_fix(run, ranks)))
     partial, notes = facts.exit_notes(run)
     stalls = find_stalls(table, export_seconds(ranks),
                          run.record.duration_s if len(run.record.nodes) <= 1 else None)
