@@ -124,6 +124,27 @@ def read_oom_kills(path: Path) -> int | None:
     return None
 
 
+def recorded_pids(run_dir: Path) -> list[int]:
+    """The pids of the job's process folders (``rank-R/ROLE-PID``, made as each process starts
+    recording: a DataLoader worker at its first batch), by their names alone: a worker that
+    lives less than the host sampler's rescan is watched from its folder."""
+    pids = []
+    try:
+        ranks = [e.path for e in os.scandir(run_dir) if e.name.startswith("rank-")]
+    except OSError:
+        return []
+    for rank_dir in ranks:
+        try:
+            names = [e.name for e in os.scandir(rank_dir)]
+        except OSError:
+            continue
+        for name in names:
+            _role, _, pid = name.rpartition("-")
+            if pid.isdigit():
+                pids.append(int(pid))
+    return pids
+
+
 class ExitWatcher:
     """Watches pids (added as the host sampler finds them) and keeps how each that ended badly
     ended. ``exits`` is read after ``stop()``."""
@@ -220,5 +241,13 @@ class ExitWatcher:
                 pass
 
 
-__all__ = ["ExitWatcher", "ProcessExit", "decode", "oom_kill_counters", "read_exit",
-           "read_oom_kills", "signal_name"]
+__all__ = [
+    "ExitWatcher",
+    "ProcessExit",
+    "decode",
+    "oom_kill_counters",
+    "read_exit",
+    "read_oom_kills",
+    "recorded_pids",
+    "signal_name",
+]

@@ -22,7 +22,7 @@ from doctor.record.machine import private_bytes, usable_cores
 from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS, save_host
 from doctor.verdict import ProbeStatus
 
-from .exits import ExitWatcher, ProcessExit
+from .exits import ExitWatcher, ProcessExit, recorded_pids
 
 if TYPE_CHECKING:
     from doctor.probes import ParentContext
@@ -100,6 +100,8 @@ class HostSampler:
         if now - self._last_scan >= self.rescan_s:
             self._scan()
             self._last_scan = now
+        if self._exits is not None and self.run_dir is not None:
+            self._exits.watch(recorded_pids(self.run_dir))
         t = now - self.t0
         cols = self._proc_cols
         private = now >= self._next_private

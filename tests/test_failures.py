@@ -39,6 +39,27 @@ dist.destroy_process_group()
 """
 
 
+KILLED_WORKER = """\
+import os, signal, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Data(Dataset):
+    def __len__(self):
+        return 100000
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info().id == 1 and i > 400:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.005)
+        return torch.randn(8)
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in DataLoader(Data(), batch_size=8, num_workers=2):
+    model(x).sum().backward(); opt.step(); opt.zero_grad()
+"""
+
+
 def test_a_wait_status_decodes_to_the_signal_or_the_exit_status() -> None:
     killed = decode(5, 1, signal.SIGKILL, 2.0, oom_killer=True)
     assert killed is not None and killed.signal_name == "SIGKILL" and killed.oom_killer
@@ -108,3 +129,21 @@ def test_a_rank_killed_by_sigkill_is_named_before_its_peers_connection_error(
     assert failures[0].startswith("Rank 1 (pid ") and "SIGKILL" in failures[0]
     later = [n for n in failures[1:] if "Connection reset" in n or "Rank 0 failed" in n]
     assert all("after rank 1" in n for n in later)
+
+
+@pytest.mark.e2e
+def test_a_dataloader_worker_killed_by_sigkill_is_named_before_its_rank_s_error(
+        tmp_path: Path) -> None:
+    job = tmp_path / "killed_worker.py"
+    job.write_text(KILLED_WORKER)
+    out = tmp_path / "run"
+    result = doctor_cmd("run", "--out", str(out), "--", sys.executable, str(job), timeout=240,
+                        env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    verdict = json.loads((out / "verdict.json").read_text())
+    first = verdict["findings"][0]
+    assert first["id"] == "failure.killed", verdict["notes"]
+    assert first["evidence"]["role"] == "worker1" and first["evidence"]["signal"] == "SIGKILL"
+    failures = [n for n in verdict["notes"] if "killed" in n or "failed" in n]
+    assert failures[0].startswith("DataLoader worker 1 of rank 0 (pid ")
+    assert "Rank 0 failed (after DataLoader worker 1" in failures[1]

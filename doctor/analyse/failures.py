@@ -111,7 +111,8 @@ def failure_notes(run: RunData) -> list[str]:
         after = f"rank {lead} failed" if lead is not None else "another process failed"
         return [*crashes, *(f"{_cap(d.who)} {d.how}, after {after}." for d in dead)]
     notes = [f"{_cap(first.who)} {first.how}; it failed first: the other processes' errors "
-             "(a peer's connection reset or closed) follow from it."]
+             "follow from it (a peer's connection reset or closed, a DataLoader worker that "
+             "exited unexpectedly)."]
     notes += [f"{_cap(d.who)} {d.how}, after {first.short}." for d in dead if d is not first]
     return notes + crash_notes(run, first)
 
