@@ -168,7 +168,10 @@ class HostSampler:
     @property
     def exits(self) -> list[ProcessExit]:
         """The job's processes that died by a signal or exited non-zero, as seen so far."""
-        return list(self._exits.exits) if self._exits is not None else []
+        if self._exits is None:
+            return []
+        # the watcher's thread and the sampler's zombie check may both have read one process
+        return list({e.pid: e for e in reversed(self._exits.exits)}.values())[::-1]
 
     def stop(self) -> None:
         """Hand the samples to the store (``host.npz`` of the run directory)."""

@@ -259,6 +259,7 @@ class PySpyRecorder:
 
     def _reap(self) -> None:
         still = []
+        abandon = False
         for proc, proc_dir, start, plan in self._running:
             if proc.poll() is None:
                 still.append((proc, proc_dir, start, plan))
@@ -267,10 +268,16 @@ class PySpyRecorder:
             if proc.returncode != 0 and not stacks_output(proc_dir).is_file():
                 if not self.fallback_reason:
                     self._request_fallback(*record_failure(err, proc.returncode))
+                    abandon = True
                 continue
             write_stacks_meta(proc_dir, recorder=plan.recorder, rate_hz=round(plan.rate_hz),
                               start_ns=start, end_ns=self.clock(), taken=_samples_taken(err),
                               busy_threads=plan.busy_threads, threads=plan.threads)
+        if abandon:  # the in-process sampler takes every process over: one writer per folder
+            for proc, _dir, _start, _plan in still:
+                proc.kill()  # killed, py-spy writes nothing
+                proc.wait()
+            still = []
         self._running = still
 
     def _request_fallback(self, reason: str, hint: str = PTRACE_HINT) -> None:
