@@ -147,3 +147,20 @@ def test_a_dataloader_worker_killed_by_sigkill_is_named_before_its_rank_s_error(
     failures = [n for n in verdict["notes"] if "killed" in n or "failed" in n]
     assert failures[0].startswith("DataLoader worker 1 of rank 0 (pid ")
     assert "Rank 0 failed (after DataLoader worker 1" in failures[1]
+
+
+def test_odd_deaths_in_run_json_are_left_out(tmp_path: Path) -> None:
+    from doctor.analyse.failures import failure_notes
+    from doctor.store.reader import load_run
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({
+        "schema": "doctor.run/2", "argv": ["python", "x.py"], "exit_code": 1,
+        "t0_monotonic_s": 1.0,
+        "deaths": [{"pid": "x", "signal": 9}, {"pid": 5, "signal": "KILL"}, "text",
+                   {"pid": 6, "signal": 9, "t_s": "soon", "oom_killer": "yes"}]}))
+    notes = failure_notes(load_run([run_dir]))
+    assert notes == ["Process 6 of the job was killed by SIGKILL; it failed first: the other "
+                     "processes' errors follow from it (a peer's connection reset or closed, a "
+                     "DataLoader worker that exited unexpectedly)."]

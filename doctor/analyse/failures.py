@@ -66,8 +66,7 @@ def deaths(run: RunData) -> list[Death]:
     by_pid = {int(p): (int(r), str(role)) for p, r, role in
               zip(mine["pid"], mine["rank"], mine["role"], strict=True)}
     seen = sorted((d for d in run.record.deaths if _int(d.get("signal")) is not None),
-                  key=lambda d: (_int(d.get("signal")) in STOP_SIGNALS,
-                                 float(d.get("t_s") or 0.0)))
+                  key=lambda d: (_int(d.get("signal")) in STOP_SIGNALS, _float(d) or 0.0))
     out = [_death(d, by_pid) for d in seen if _int(d.get("pid")) is not None]
     named = {d.pid for d in out}
     r = run.record
@@ -202,10 +201,13 @@ def _int(value: Any) -> int | None:
 
 
 def _float(raw: Mapping[str, Any]) -> float | None:
+    """The death's time (seconds from the run's start); None where run.json has none that is
+    a finite number."""
     try:
-        return float(raw["t_s"])
+        t = float(raw["t_s"])
     except (KeyError, TypeError, ValueError):
         return None
+    return t if t == t and abs(t) != float("inf") else None
 
 
 __all__ = ["Death", "crash_notes", "deaths", "failure_finding", "failure_notes",
