@@ -13,6 +13,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from ..record.tracer import PR_SET_PTRACER
@@ -77,17 +79,70 @@ def record_failure(output: str, returncode: int | None) -> tuple[str, str]:
     return f"py-spy record failed (exit status {returncode}): {said}", FAILED_HINT
 
 
-def py_spy_refusal(py_spy: str, parent_pid: int, timeout: float = 10.0
-                   ) -> tuple[str, str] | None:
+def py_spy_refusal(py_spy: str, parent_pid: int, timeout: float = 10.0,
+                   stop: threading.Event | None = None) -> tuple[str, str] | None:
     """Try py-spy on a throwaway process set up as the job's are, as it will read them: a
     ``dump`` (reading its memory), then a short blocking ``record`` (pausing it: ptrace
-    attach, which a policy may refuse where reading is allowed). None when both work, else
-    (reason, hint)."""
-    why = ptrace_refusal(py_spy, parent_pid, timeout)
-    if why is not None:
-        return f"ptrace refused: {why}", PTRACE_HINT
-    failed = record_refusal(py_spy, parent_pid, timeout)
-    return record_failure(*failed) if failed is not None else None
+    attach, which a policy may refuse where reading is allowed). None when both work (or
+    ``stop`` was set: the run ended first), else (reason, hint).
+
+    The job's processes name the doctor parent as their tracer (PR_SET_PTRACER), so a refusal
+    here means the same refusal there: a container without SYS_PTRACE, or Yama scope 2-3.
+    """
+    import tempfile
+
+    try:
+        target = _throwaway(parent_pid)
+    except OSError as err:
+        return f"py-spy could not be tried: {err}", FAILED_HINT
+    try:
+        rc, said = _ask([py_spy, "dump", "--nonblocking", "--pid", str(target.pid)],
+                        timeout, stop)
+        if rc is None and said == _STOPPED:
+            return None
+        if rc != 0:
+            return f"ptrace refused: {py_spy_error(said)}", PTRACE_HINT
+        with tempfile.TemporaryDirectory(prefix="doctor-py-spy-") as tmp:
+            output = Path(tmp) / "stacks.txt"
+            rc, said = _ask([py_spy, "record", "--pid", str(target.pid), "--rate", "20",
+                             "--duration", "1", "--idle", "--threads", "--format", "raw",
+                             "--output", str(output)], timeout, stop)
+            if (rc == 0 and output.is_file()) or said == _STOPPED:
+                return None
+        return record_failure(said, rc)
+    finally:
+        target.kill()
+        target.wait()
+
+
+_STOPPED = "stopped: the run ended first"
+
+
+def _ask(cmd: list[str], timeout: float, stop: threading.Event | None
+         ) -> tuple[int | None, str]:
+    """(exit status, what it said on stdout and stderr) of ``cmd``; (None, why) where it did
+    not answer within ``timeout`` or could not start, (None, _STOPPED) where ``stop`` was set
+    first (it is killed then)."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    except OSError as err:
+        return None, f"py-spy did not start: {err}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=0.1)
+            return proc.returncode, out or ""
+        except subprocess.TimeoutExpired:
+            if stop is not None and stop.is_set():
+                why = _STOPPED
+            elif time.monotonic() > deadline:
+                why = f"py-spy did not answer in {timeout:.0f} s"
+            else:
+                continue
+        proc.kill()
+        proc.communicate()
+        return None, why
 
 
 def _throwaway(parent_pid: int) -> subprocess.Popen[bytes]:
@@ -103,51 +158,5 @@ def _throwaway(parent_pid: int) -> subprocess.Popen[bytes]:
     return target
 
 
-def record_refusal(py_spy: str, parent_pid: int, timeout: float = 10.0
-                   ) -> tuple[str, int | None] | None:
-    """A one-second blocking ``py-spy record`` of a throwaway process; None when it wrote its
-    samples, else (what py-spy said, its exit status)."""
-    import tempfile
-
-    target = _throwaway(parent_pid)
-    try:
-        with tempfile.TemporaryDirectory(prefix="doctor-py-spy-") as tmp:
-            output = Path(tmp) / "stacks.txt"
-            out = subprocess.run(
-                [py_spy, "record", "--pid", str(target.pid), "--rate", "20", "--duration", "1",
-                 "--idle", "--threads", "--format", "raw", "--output", str(output)],
-                capture_output=True, text=True, timeout=timeout)
-            if out.returncode == 0 and output.is_file():
-                return None
-            return (out.stderr or "") + (out.stdout or ""), out.returncode
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return f"py-spy did not answer: {err}", None
-    finally:
-        target.kill()
-        target.wait()
-
-
-def ptrace_refusal(py_spy: str, parent_pid: int, timeout: float = 10.0) -> str | None:
-    """Try ``py-spy dump`` on a throwaway process set up as the job's are; None when it works,
-    else why (py-spy's words, without a backtrace).
-
-    The job's processes name the doctor parent as their tracer (PR_SET_PTRACER), so a refusal
-    here means the same refusal there: a container without SYS_PTRACE, or Yama scope 2-3.
-    """
-    target = _throwaway(parent_pid)
-    try:
-        out = subprocess.run([py_spy, "dump", "--nonblocking", "--pid", str(target.pid)],
-                             capture_output=True, text=True, timeout=timeout)
-        if out.returncode == 0:
-            return None
-        return py_spy_error(out.stderr or out.stdout)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return f"py-spy did not answer: {err}"
-    finally:
-        target.kill()
-        target.wait()
-
-
 __all__ = ["FAILED_HINT", "MISSING_HINT", "PTRACE_HINT", "RECORD_HINT", "find_py_spy",
-           "ptrace_refusal", "py_spy_error", "py_spy_refusal", "record_failure",
-           "record_refusal"]
+           "py_spy_error", "py_spy_refusal", "record_failure"]

@@ -62,7 +62,6 @@ from .py_spy import (
     MISSING_HINT,
     PTRACE_HINT,
     find_py_spy,
-    ptrace_refusal,
     py_spy_refusal,
     record_failure,
 )
@@ -199,6 +198,8 @@ class PySpyRecorder:
         self._running: list[tuple[subprocess.Popen[bytes], Path, int, SamplingPlan]] = []
         self.status = ProbeStatus(True)
         self.fallback_reason = ""
+        self._stopping = threading.Event()  # the run ended: the check of py-spy stops too
+        self._checker: threading.Thread | None = None
 
     @classmethod
     def for_run(cls, context: ParentContext) -> PySpyRecorder:
@@ -213,13 +214,14 @@ class PySpyRecorder:
             self._request_fallback(self._missing, self._missing_hint)
             return
         # find out now, long before the first window, whether ptrace is allowed
-        threading.Thread(target=self._check_ptrace, name="doctor-ptrace-check",
-                         daemon=True).start()
+        self._checker = threading.Thread(target=self._check_ptrace, name="doctor-ptrace-check",
+                                         daemon=True)
+        self._checker.start()
 
     def _check_ptrace(self) -> None:
         assert self.py_spy is not None
-        refusal = py_spy_refusal(self.py_spy, os.getpid())
-        if refusal is not None:
+        refusal = py_spy_refusal(self.py_spy, os.getpid(), stop=self._stopping)
+        if refusal is not None and not self._stopping.is_set():
             self._request_fallback(*refusal)
 
     def sample(self) -> None:
@@ -289,6 +291,9 @@ class PySpyRecorder:
             pass
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._checker is not None:
+            self._checker.join(timeout=5)
         for proc, _dir, _start, _plan in self._running:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
@@ -326,7 +331,6 @@ __all__ = [
     "InProcessSampler",
     "PySpyRecorder",
     "find_py_spy",
-    "ptrace_refusal",
     "request_in_process_stacks",
     "sample_own_stacks_if_asked",
 ]
