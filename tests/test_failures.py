@@ -164,3 +164,41 @@ def test_odd_deaths_in_run_json_are_left_out(tmp_path: Path) -> None:
     assert notes == ["Process 6 of the job was killed by SIGKILL; it failed first: the other "
                      "processes' errors follow from it (a peer's connection reset or closed, a "
                      "DataLoader worker that exited unexpectedly)."]
+
+
+def _run_dir(tmp_path: Path, exit_code: int, deaths: list[dict[str, object]],
+             metas: dict[str, dict[str, object]]) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({
+        "schema": "doctor.run/2", "argv": ["torchrun", "x.py"], "exit_code": exit_code,
+        "t0_monotonic_s": 1.0, "deaths": deaths}))
+    for folder, meta in metas.items():
+        (run_dir / folder).mkdir(parents=True)
+        (run_dir / folder / "meta.json").write_text(json.dumps(meta))
+    return run_dir
+
+
+def test_a_helper_the_job_stopped_itself_is_no_failure(tmp_path: Path) -> None:
+    from doctor.analyse.failures import failure_finding, failure_notes
+    from doctor.store.reader import load_run
+
+    run_dir = _run_dir(tmp_path, 0, [{"pid": 300, "ppid": 100, "signal": 9, "t_s": 5.0},
+                                     {"pid": 301, "ppid": 100, "signal": 15, "t_s": 6.0}],
+                       {"rank-0/main-100": {"pid": 100, "rank": 0, "role": "main",
+                                            "ended_ns": 9}})
+    run = load_run([run_dir])
+    assert failure_notes(run) == [] and failure_finding(run) is None
+
+
+def test_a_rank_that_left_no_exit_record_is_named_where_its_signal_was_missed(
+        tmp_path: Path) -> None:
+    from doctor.analyse.failures import failure_notes
+    from doctor.store.reader import load_run
+
+    run_dir = _run_dir(tmp_path, 1, [], {
+        "rank-0/main-100": {"pid": 100, "rank": 0, "role": "main", "ended_ns": 9},
+        "rank-1/main-101": {"pid": 101, "rank": 1, "role": "main"}})
+    notes = failure_notes(load_run([run_dir]))
+    assert notes[0].startswith("Rank 1 ended without a clean exit and without a Python "
+                               "exception: it was killed")

@@ -43,6 +43,12 @@ class Death:
     t_s: float | None
 
     @property
+    def recorded(self) -> bool:
+        """Whether it is one of the job's recorded processes (a rank's or a worker's folder),
+        not a helper the job (or a library) started and may have stopped itself."""
+        return self.role is not None
+
+    @property
     def how(self) -> str:
         if self.signal is None:
             return ("ended without a clean exit and without a Python exception: it was killed "
@@ -103,6 +109,8 @@ def failure_notes(run: RunData) -> list[str]:
     """The first failure first (a process killed by a signal, or a rank's exception, whichever
     came first), then the others, each said to follow from it."""
     dead = deaths(run)
+    if run.record.exit_code == 0:  # only the job's own (recorded) processes are worth a word
+        dead = [d for d in dead if d.recorded and d.signal not in STOP_SIGNALS]
     first = first_killed(run, dead)
     if first is None:  # an exception came first: torchrun's SIGTERMs to the others follow it
         crashes = crash_notes(run)
@@ -118,18 +126,23 @@ def failure_notes(run: RunData) -> list[str]:
 
 def first_killed(run: RunData, dead: list[Death] | None = None) -> Death | None:
     """The process killed by a signal that failed first; None when none was, or when a rank's
-    exception came first. SIGTERM, SIGINT and SIGHUP are what a launcher sends the survivors of
+    exception came first. Only the job's recorded processes (ranks, workers) are weighed
+    against exceptions; a helper process counts only where nothing else explains a failed
+    job. SIGTERM, SIGINT and SIGHUP are what a launcher sends the survivors of
     a failure, so a process they ended comes first only when nothing else failed. The parent
     sees a death a little after it happens while a peer's connection breaks at once, so an
     exception counts as first only when it came KILL_MARGIN_S before the death was seen."""
     dead = deaths(run) if dead is None else dead
     if not dead:
         return None
-    causes = [d for d in dead if d.signal not in STOP_SIGNALS]
+    recorded = [d for d in dead if d.recorded]
+    causes = [d for d in recorded if d.signal not in STOP_SIGNALS]
     procs = run.processes
     crashed = procs.loc[procs["crashed"].notna(), "crashed_ns"].dropna()
     if procs["crashed"].notna().sum() == 0:
-        return (causes or dead)[0]
+        if run.record.exit_code == 0:  # a helper the job stopped itself is no failure
+            return causes[0] if causes else None
+        return (causes or recorded or dead)[0]
     t0_ns = run.record.t0_ns.get(0)
     if crashed.empty or t0_ns is None:
         return None
