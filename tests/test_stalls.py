@@ -19,6 +19,7 @@ from doctor.analyse.stalls import (
     find_stalls,
     stall_findings,
     stall_notes,
+    warmup_notes,
 )
 from tests.conftest import doctor_cmd
 
@@ -72,6 +73,14 @@ def test_warm_up_and_ordinary_steps_are_not_stalls() -> None:
     assert find_stalls(table(walls)) == []
     # short steps: ten times the median but under a second is not a stall either
     assert find_stalls(table([0.01] * 20 + [0.5] + [0.01] * 20)) == []
+
+
+def test_a_long_warm_up_is_said_though_it_is_no_stall() -> None:
+    walls = [1.0, 40.0, 2.0] + [0.05] * 100
+    assert find_stalls(table(walls)) == []
+    (note,) = warmup_notes(table(walls), run_s=60.0)
+    assert "took 43.0 s (72% of the run; step 2 40.0 s)" in note
+    assert warmup_notes(table([1.0, 0.5, 0.2] + [0.05] * 100), run_s=60.0) == []
 
 
 def test_doctor_s_own_export_is_not_the_job_s_stall() -> None:

@@ -32,7 +32,13 @@ from doctor.analyse.ledger import build_ledger
 from doctor.analyse.memory import memory_evidence
 from doctor.analyse.ops import ops_evidence
 from doctor.analyse.split import outside_loader, rank_split
-from doctor.analyse.stalls import export_seconds, find_stalls, stall_findings, stall_notes
+from doctor.analyse.stalls import (
+    export_seconds,
+    find_stalls,
+    stall_findings,
+    stall_notes,
+    warmup_notes,
+)
 from doctor.analyse.steps import (
     analysed,
     step_range,
@@ -90,15 +96,15 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                                             run.record.kind == TRACE,
                                             facts.no_steps_fix(run, ranks)))
     partial, notes = facts.exit_notes(run)
-    stalls = find_stalls(table, export_seconds(ranks),
-                         run.record.duration_s if len(run.record.nodes) <= 1 else None)
+    run_s = run.record.duration_s if len(run.record.nodes) <= 1 else None
+    stalls = find_stalls(table, export_seconds(ranks), run_s)
     long_steps = stall_findings(stalls)  # a stall of a fifth of the run or more leads
     findings[:0] = [f for f in long_steps if f.severity == "warning"]
     findings += [f for f in long_steps if f.severity != "warning"]
     killed = failure_finding(run)
     if killed is not None:
         findings.insert(0, killed)
-    notes += [*failure_notes(run), *stall_notes(stalls),
+    notes += [*failure_notes(run), *stall_notes(stalls), *warmup_notes(table, run_s),
               *facts.source_notes(ranks, window, bool(windows) or bool(coarse)),
               *coarse_notes, *(counters.notes if counters else ()),
               *crosscheck_notes(counters, window),

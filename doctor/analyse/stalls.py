@@ -145,4 +145,25 @@ def stall_notes(stalls: list[Stall]) -> list[str]:
     return notes
 
 
-__all__ = ["Stall", "export_seconds", "find_stalls", "stall_findings", "stall_notes"]
+def warmup_notes(table: pd.DataFrame, run_s: float | None = None) -> list[str]:
+    """Warm-up steps are never stalls (compilation is slow by nature), but a warm-up that took
+    MAJOR_SHARE of the run or more is said, with its longest step: a hang there shows too."""
+    notes = []
+    warm = table[table["warmup"] & table["in_range"]]
+    for rank in sorted({int(r) for r in warm["rank"]}):
+        rows = warm[warm["rank"] == rank]
+        whole = run_s if run_s and run_s > 0 else float(table.loc[table["rank"] == rank,
+                                                                  "wall_s"].sum())
+        spent = float(rows["wall_s"].sum())
+        if whole > 0 and spent / whole >= MAJOR_SHARE and spent >= MIN_STALL_S:
+            longest = rows.sort_values("wall_s").iloc[-1]
+            notes.append(f"The {len(rows)} warm-up step(s) of rank {rank} took {spent:.1f} s "
+                         f"({spent / whole:.0%} of the run; step {int(longest['step'])} "
+                         f"{float(longest['wall_s']):.1f} s): compilation and lazy imports, "
+                         "or a stall there; they are left out of the shares.")
+            break  # one rank says it for all
+    return notes
+
+
+__all__ = ["Stall", "export_seconds", "find_stalls", "stall_findings", "stall_notes",
+           "warmup_notes"]
