@@ -66,6 +66,39 @@ def _python_job_name(args: list[str]) -> str:
     raise UsageError("python needs a script or -m module to profile")
 
 
+#: Python's options that keep doctor's bootstrap out (it loads as ``sitecustomize`` from a
+#: folder put first on PYTHONPATH): what each does.
+BOOTSTRAP_BLOCKERS = {
+    "I": "-I (isolated mode) ignores PYTHONPATH and skips the user's site",
+    "E": "-E ignores PYTHONPATH (and every PYTHON* variable)",
+    "S": "-S skips the site module, which loads sitecustomize",
+}
+_TAKES_VALUE = frozenset("WXQ")
+
+
+def bootstrap_blockers(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """Which of Python's options in a ``python ...`` command keep doctor's bootstrap from
+    loading (BOOTSTRAP_BLOCKERS' words), in the order given; [] for any other command."""
+    if not argv or not _PYTHON_NAME.match(Path(argv[0]).name):
+        return []
+    found: list[str] = []
+    args = list(argv[1:])
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("-") or arg.startswith("--") or arg == "-":
+            break  # the script (or stdin): Python's own options end here
+        for k, letter in enumerate(arg[1:], start=2):
+            if letter in BOOTSTRAP_BLOCKERS and BOOTSTRAP_BLOCKERS[letter] not in found:
+                found.append(BOOTSTRAP_BLOCKERS[letter])
+            if letter in "mc":
+                return found  # a module or a command: what follows is the job's
+            if letter in _TAKES_VALUE:
+                if k == len(arg):  # -W ignore, -X dev: the value is the next word
+                    args = args[1:]
+                break  # -Wignore: the rest of the word is the value
+    return found
+
+
 def _require_script(path: str) -> None:
     if not Path(path).is_file():
         raise UsageError(f"no such script: {path}")

@@ -131,7 +131,9 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     duration = clock() - t0
     if progress is not None:
         _progress_step(progress, WindowProgress.finish)
+    host = samplers.running.get("host")
     probes = samplers.stop()
+    deaths = [e.to_dict() for e in getattr(host, "exits", [])]
     handoff = _measure_handoff() if launch.measure_handoff else None
     peaks = _machine_peaks() if launch.measure_handoff else None
     links = _links(run_dir, env) if launch.measure_handoff else None
@@ -142,6 +144,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
                         probes={k: v.to_dict() for k, v in probes.items()},
                         fd_handoff_s=handoff, peaks=peaks, cwd=launch.cwd, env=env,
                         **({"links": links} if links else {}),
+                        **({"deaths": deaths} if deaths else {}),
                         **({"timed_out": True} if timed_out else {}))
     try:
         write_run_record(run_dir, record)

@@ -22,6 +22,8 @@ from doctor.record.machine import private_bytes, usable_cores
 from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS, save_host
 from doctor.verdict import ProbeStatus
 
+from .exits import ExitWatcher, ProcessExit, recorded_pids
+
 if TYPE_CHECKING:
     from doctor.probes import ParentContext
 
@@ -61,6 +63,7 @@ class HostSampler:
         self._next_private = -1e18
         self._private_seen: set[int] = set()
         self._comm_threads: dict[int, list[int]] = {}  # pid -> its communication threads
+        self._exits: ExitWatcher | None = None  # how the job's processes died (start())
 
     @classmethod
     def for_run(cls, context: ParentContext) -> HostSampler:
@@ -89,12 +92,16 @@ class HostSampler:
         # keep the Process objects we already have (psutil caches per-object state)
         self._procs = {pid: self._procs.get(pid, p) for pid, p in known.items()}
         self._comm_threads = {pid: comm_threads(pid) for pid in known}
+        if self._exits is not None:
+            self._exits.watch(list(known))
 
     def sample(self) -> None:
         now = self.clock()
         if now - self._last_scan >= self.rescan_s:
             self._scan()
             self._last_scan = now
+        if self._exits is not None and self.run_dir is not None:
+            self._exits.watch(recorded_pids(self.run_dir))
         t = now - self.t0
         cols = self._proc_cols
         private = now >= self._next_private
@@ -106,6 +113,8 @@ class HostSampler:
                     mem = proc.memory_info()
                     threads = proc.num_threads()
                     ppid = proc.ppid()
+                    if self._exits is not None and proc.status() == psutil.STATUS_ZOMBIE:
+                        self._exits.saw_zombie(pid)
                 try:
                     read = float(proc.io_counters().read_bytes)
                 except (psutil.AccessDenied, AttributeError):
@@ -149,10 +158,25 @@ class HostSampler:
         self._last_cpu = cpu
 
     def start(self) -> None:
-        pass  # psutil needs nothing opened; the first sample primes the CPU counters
+        """Start watching how the job's processes end (psutil needs nothing opened; the first
+        sample primes the CPU counters)."""
+        try:
+            self._exits = ExitWatcher(self.root_pid, self.t0, clock=self.clock)
+        except Exception:  # how processes died is evidence, never a reason to stop sampling
+            self._exits = None
+
+    @property
+    def exits(self) -> list[ProcessExit]:
+        """The job's processes that died by a signal or exited non-zero, as seen so far."""
+        if self._exits is None:
+            return []
+        # the watcher's thread and the sampler's zombie check may both have read one process
+        return list({e.pid: e for e in reversed(self._exits.exits)}.values())[::-1]
 
     def stop(self) -> None:
         """Hand the samples to the store (``host.npz`` of the run directory)."""
+        if self._exits is not None:
+            self._exits.stop()
         if self.run_dir is not None:
             save_host(self.run_dir, self._proc_cols, self._sys_cols)
 

@@ -13,9 +13,14 @@ and how the samples were taken):
   threads (and those that run) as its window opens and picks the plan that keeps the pauses
   within budget (doctor.probes.stack_plan): a lower rate for longer, or, past that,
   ``--nonblocking`` (said in the report, with the under-count it may cause).
-- an in-process sampler thread, when py-spy is missing or ptrace is refused (a container without
-  SYS_PTRACE, Yama): the parent says so in the run's control file (doctor.store.control), and
-  the main process samples from its window's start, each worker from its third batch.
+- an in-process sampler thread, when py-spy is missing, refused (a container without
+  SYS_PTRACE, Yama, a policy that lets py-spy read a process but not pause it) or failing:
+  the parent checks py-spy on a throwaway process before any window opens
+  (doctor.probes.py_spy), says so in the run's control file (doctor.store.control), and the
+  main process samples from its window's start, each worker from its third batch. Where
+  py-spy fails only on the job's own processes, once their window has opened, the parent says
+  so then, and a main process that listens for LATE_WAIT_S after its window opened starts
+  sampling as soon as it hears.
 
 Both keep *every* sample of the process's main thread, running or blocked (py-spy ``--idle
 --threads``, keeping the thread whose id is the pid), so that sample counts are proportional to
@@ -27,7 +32,6 @@ phantom blocked time wherever py-spy fell behind its rate or outlived the proces
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -48,19 +52,27 @@ from doctor.probes.stack_plan import (
     sampling_plan,
     thread_counts,
 )
-from doctor.record.tracer import PR_SET_PTRACER
 from doctor.store import layout
 from doctor.store.control import IN_PROCESS, in_process_stacks, post_stacks_mode, read_control
 from doctor.store.stacks import stacks_output, write_stacks, write_stacks_meta
 from doctor.verdict import ProbeStatus
+
+from ..record.tracer import ENV_PARENT_PID
+from .py_spy import (
+    MISSING_HINT,
+    PTRACE_HINT,
+    find_py_spy,
+    py_spy_refusal,
+    record_failure,
+)
 
 if TYPE_CHECKING:
     from doctor.probes import ParentContext
     from doctor.record.session import Session
 
 FLUSH_S = 0.5  # the in-process sampler writes what it has this often
-PTRACE_HINT = ("py-spy needs ptrace: run the container with --cap-add SYS_PTRACE, or set "
-               "kernel.yama.ptrace_scope=0; doctor fell back to an in-process sampler")
+LATE_WAIT_S = 10.0  # how long a main process listens for a fallback asked after its window opened
+LATE_POLL_S = 0.25
 
 
 # ---- in the job: the fallback sampler ------------------------------------------------------
@@ -72,10 +84,30 @@ def request_in_process_stacks(run_dir: Path, reason: str) -> None:
 
 def sample_own_stacks_if_asked(session: Session) -> None:
     """Where the parent asked for it, sample the calling thread of this process (the training
-    or worker loop) from now on."""
+    or worker loop) from now on. A main process under ``doctor run`` that was not asked yet
+    listens a few seconds more (LATE_WAIT_S): where py-spy fails on it once its window opened,
+    the parent asks then, and the sampler starts as soon as it hears."""
     try:
+        target = threading.get_ident()
         if in_process_stacks(session.run_dir):
-            InProcessSampler(session.directory, threading.get_ident()).start()
+            InProcessSampler(session.directory, target).start()
+        elif session.role == "main" and os.environ.get(ENV_PARENT_PID):
+            threading.Thread(target=_start_when_asked, args=(session, target),
+                             name="doctor-stacks-fallback", daemon=True).start()
+    except Exception:  # stacks are evidence, never a reason to fail the job
+        pass
+
+
+def _start_when_asked(session: Session, target: int, wait_s: float = LATE_WAIT_S) -> None:
+    """Start sampling ``target`` if the parent asks for the in-process sampler within
+    ``wait_s`` (py-spy refused on this process after its window opened)."""
+    deadline = time.monotonic() + wait_s
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(LATE_POLL_S)
+            if in_process_stacks(session.run_dir):
+                InProcessSampler(session.directory, target).start()
+                return
     except Exception:  # stacks are evidence, never a reason to fail the job
         pass
 
@@ -163,10 +195,13 @@ class PySpyRecorder:
             py_spy = "" if asked else find_py_spy()
         self.py_spy = py_spy
         self._missing = (f"{ENV_STACKS}={IN_PROCESS}" if asked else "py-spy is not installed")
+        self._missing_hint = "" if asked else MISSING_HINT
         self._started: set[tuple[int, int]] = set()
         self._running: list[tuple[subprocess.Popen[bytes], Path, int, SamplingPlan]] = []
         self.status = ProbeStatus(True)
         self.fallback_reason = ""
+        self._stopping = threading.Event()  # the run ended: the check of py-spy stops too
+        self._checker: threading.Thread | None = None
 
     @classmethod
     def for_run(cls, context: ParentContext) -> PySpyRecorder:
@@ -178,17 +213,18 @@ class PySpyRecorder:
 
     def start(self) -> None:
         if not self.py_spy:
-            self._request_fallback(self._missing)
+            self._request_fallback(self._missing, self._missing_hint)
             return
         # find out now, long before the first window, whether ptrace is allowed
-        threading.Thread(target=self._check_ptrace, name="doctor-ptrace-check",
-                         daemon=True).start()
+        self._checker = threading.Thread(target=self._check_ptrace, name="doctor-ptrace-check",
+                                         daemon=True)
+        self._checker.start()
 
     def _check_ptrace(self) -> None:
         assert self.py_spy is not None
-        why = ptrace_refusal(self.py_spy, os.getpid())
-        if why is not None:
-            self._request_fallback(f"ptrace refused ({why})")
+        refusal = py_spy_refusal(self.py_spy, os.getpid(), stop=self._stopping)
+        if refusal is not None and not self._stopping.is_set():
+            self._request_fallback(*refusal)
 
     def sample(self) -> None:
         """Called at the parent's tick: start recorders for newly opened windows, reap others.
@@ -227,29 +263,39 @@ class PySpyRecorder:
 
     def _reap(self) -> None:
         still = []
+        abandon = False
         for proc, proc_dir, start, plan in self._running:
             if proc.poll() is None:
                 still.append((proc, proc_dir, start, plan))
                 continue
             err = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
             if proc.returncode != 0 and not stacks_output(proc_dir).is_file():
-                if "ermission" in err or "ptrace" in err.lower() or "EPERM" in err:
-                    self._request_fallback("ptrace refused: " + _last_line(err))
+                if not self.fallback_reason:
+                    self._request_fallback(*record_failure(err, proc.returncode))
+                    abandon = True
                 continue
             write_stacks_meta(proc_dir, recorder=plan.recorder, rate_hz=round(plan.rate_hz),
                               start_ns=start, end_ns=self.clock(), taken=_samples_taken(err),
                               busy_threads=plan.busy_threads, threads=plan.threads)
+        if abandon:  # the in-process sampler takes every process over: one writer per folder
+            for proc, _dir, _start, _plan in still:
+                proc.kill()  # killed, py-spy writes nothing
+                proc.wait()
+            still = []
         self._running = still
 
-    def _request_fallback(self, reason: str) -> None:
+    def _request_fallback(self, reason: str, hint: str = PTRACE_HINT) -> None:
         self.fallback_reason = reason
-        self.status = ProbeStatus(True, f"in-process sampler ({reason})", PTRACE_HINT)
+        self.status = ProbeStatus(True, f"in-process sampler ({reason})", hint)
         try:
             request_in_process_stacks(self.run_dir, reason)
         except OSError:
             pass
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._checker is not None:
+            self._checker.join(timeout=5)
         for proc, _dir, _start, _plan in self._running:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
@@ -260,21 +306,6 @@ class PySpyRecorder:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self._reap()
-
-
-def find_py_spy() -> str | None:
-    """py-spy where pip put it: beside the running interpreter's scripts (a venv's bin, run as
-    .venv/bin/doctor without the venv on PATH), then on PATH."""
-    import sysconfig
-
-    names = ("py-spy.exe", "py-spy") if os.name == "nt" else ("py-spy",)
-    folders = [Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))]
-    for folder in folders:
-        for name in names:
-            candidate = folder / name
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
-    return shutil.which("py-spy")
 
 
 def _worker_dirs(run_dir: Path, rank: int, main_pid: int) -> list[tuple[Path, int]]:
@@ -298,43 +329,10 @@ def _samples_taken(stderr: str) -> int:
     return 0
 
 
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1][:200] if lines else "no message"
-
-
-def ptrace_refusal(py_spy: str, parent_pid: int, timeout: float = 10.0) -> str | None:
-    """Try py-spy on a throwaway process set up as the job's are; None when it works, else why.
-
-    The job's processes name the doctor parent as their tracer (PR_SET_PTRACER), so a refusal
-    here means the same refusal there: a container without SYS_PTRACE, or Yama scope 2-3.
-    """
-    target = subprocess.Popen(
-        [sys.executable, "-c",
-         "import ctypes, sys, time\n"
-         f"ctypes.CDLL(None).prctl({PR_SET_PTRACER}, {parent_pid}, 0, 0, 0)\n"
-         "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(30)\n"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        assert target.stdout is not None
-        target.stdout.readline()
-        out = subprocess.run([py_spy, "dump", "--nonblocking", "--pid", str(target.pid)],
-                             capture_output=True, text=True, timeout=timeout)
-        if out.returncode == 0:
-            return None
-        return _last_line(out.stderr or out.stdout)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return f"py-spy did not answer: {err}"
-    finally:
-        target.kill()
-        target.wait()
-
-
 __all__ = [
     "InProcessSampler",
     "PySpyRecorder",
     "find_py_spy",
-    "ptrace_refusal",
     "request_in_process_stacks",
     "sample_own_stacks_if_asked",
 ]

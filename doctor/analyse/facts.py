@@ -7,12 +7,13 @@ from typing import Any
 
 import pandas as pd
 
-from doctor.analyse.steps import WINDOW, RankSteps
+from doctor.analyse.steps import WINDOW, RankSteps, boundaries_seen
+from doctor.command import bootstrap_blockers
 from doctor.probes import JOB, probes_of
 from doctor.probes.stack_plan import ENV_STACKS, RATE_HZ
 from doctor.rules.evidence import JobFacts
 from doctor.store.rundata import TRACE, RunData, of_processes, process_labels
-from doctor.verdict import ProbeStatus
+from doctor.verdict import Fix, ProbeStatus
 
 NO_WINDOW_HINT = "run 15 steps or more, or set --window START,STEPS"
 TRACE_HAS_NO_LOADER = "a trace has no view of the loading code"
@@ -32,15 +33,15 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
             False, f"{len(errors)} process(es) could not start doctor: {errors[0]}",
             "is doctor installed in the Python that runs the job?")
     first = min(ranks.values(), key=lambda r: r.rank) if ranks else None
-    mine = run.rows("probe_status", first.process) if first else run.probe_status.iloc[0:0]
+    mine = run.rows("probe_status", first.process) if first else _main_status(run)
     for spec in probes_of(JOB):
         row = mine[mine["probe"] == spec.name]
         if not row.empty:
             probes[spec.name] = ProbeStatus(bool(row["ok"].iloc[0]), str(row["reason"].iloc[0]),
                                             str(row["hint"].iloc[0]))
         else:
-            probes[spec.name] = ProbeStatus(False, "no status recorded" if ranks
-                                            else "torch was never imported by the job")
+            probes[spec.name] = (ProbeStatus(False, "no status recorded") if ranks
+                                 else _not_started(run))
     if first is not None and probes["dataloader"].ok and not _iterated_a_loader(run, first):
         probes["dataloader"] = ProbeStatus(True, "no DataLoader was iterated")
     if ranks:
@@ -51,8 +52,40 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
     probes.update(run.record.probes)
     stacks = probes.get("stacks")
     if ranks and stacks is not None and stacks.ok and run.stack_spans.empty:
-        probes["stacks"] = ProbeStatus(False, stacks_reason(run, ranks), NO_WINDOW_HINT)
+        opened = _window_opened(run, ranks)
+        probes["stacks"] = ProbeStatus(False, stacks_reason(run, ranks),
+                                       stacks.hint if opened and stacks.hint else
+                                       "" if opened else NO_WINDOW_HINT)
     return probes
+
+
+def _window_opened(run: RunData, ranks: dict[int, RankSteps]) -> bool:
+    """Whether any rank's profiler window opened (so stacks were due)."""
+    procs = of_processes(run.processes, (r.process for r in ranks.values()))
+    return bool(procs["window_state"].notna().any()) if "window_state" in procs else False
+
+
+def _main_status(run: RunData) -> pd.DataFrame:
+    """The probe statuses of the job's first main process, where no rank has steps (a job of
+    0 or 1 steps still started its probes)."""
+    status = run.probe_status
+    if status.empty:
+        return status
+    procs = run.processes[~run.processes["role"].astype(str).str.startswith("worker")]
+    for node, rank, pid in zip(procs["node"], procs["rank"], procs["pid"], strict=True):
+        rows = run.rows("probe_status", (int(node), int(rank), int(pid)))
+        if not rows.empty:
+            return rows
+    return status.iloc[0:0]
+
+
+def _not_started(run: RunData) -> ProbeStatus:
+    """Why a job-side probe has no status, where no rank has steps."""
+    if run.processes.empty:
+        hint = ("run the job's Python without -I, -E or -S" if bootstrap_blockers(run.record.argv)
+                else "")
+        return ProbeStatus(False, nothing_recorded(run), hint)
+    return ProbeStatus(False, "torch was never imported by the job")
 
 
 def _iterated_a_loader(run: RunData, main: RankSteps) -> bool:
@@ -93,6 +126,10 @@ def stacks_reason(run: RunData, ranks: dict[int, RankSteps]) -> str:
     if status is not None and not status.ok:
         return status.reason or "the stacks probe did not run"
     if of_processes(run.stack_spans, (r.process for r in ranks.values())).empty:
+        if _window_opened(run, ranks):
+            said = status.reason if status is not None and status.reason else ""
+            return ("no stack samples were taken in the profiler window"
+                    + (f" ({said})" if said else ": py-spy wrote none"))
         window = of_processes(run.probe_status, (r.process for r in ranks.values()))
         off = window[(window["probe"] == "torch_ops") & ~window["ok"]]
         why = str(off["reason"].iloc[0]) if not off.empty else \
@@ -145,21 +182,6 @@ def _exit_notes(run: RunData) -> tuple[bool, list[str]]:
     return False, []
 
 
-def crash_notes(run: RunData) -> list[str]:
-    """Which ranks died of an exception, the first one first: the others usually died of it
-    (a peer's connection closed), so they are marked as following it."""
-    procs = run.processes
-    crashed = procs[procs["crashed"].notna() & ~procs["role"].astype(str).str.startswith("worker")]
-    rows = sorted((float(c) if pd.notna(c) else 0.0, int(rank), str(why))
-                  for c, rank, why in zip(crashed["crashed_ns"], crashed["rank"],
-                                          crashed["crashed"], strict=True))
-    notes = []
-    for i, (_t, rank, why) in enumerate(rows):
-        after = f" (after rank {rows[0][1]} failed)" if i and len(rows) > 1 else ""
-        notes.append(f"Rank {rank} failed{after}: {why}")
-    return notes
-
-
 def contention_notes(contention: dict[int, float], cores: int | None) -> list[str]:
     if not contention:
         return []
@@ -199,11 +221,48 @@ def no_steps_reason(run: RunData, ranks: dict[int, RankSteps]) -> str:
         reasons = [r for r in run.window_status["reason"] if r]
         return reasons[0] if reasons else "the steps have no duration"
     if run.processes.empty:
-        return "no Python process of the job recorded anything"
+        return nothing_recorded(run)
     if not ranks:
+        seen = boundaries_seen(run)
+        if seen:
+            return (f"the job ran {seen} step{'s' if seen > 1 else ''}: a step is timed from "
+                    "one to the next, so doctor needs 2 or more")
         return ("the job's processes recorded no optimizer step, backward() call or DataLoader "
                 "batch")
     return "the steps have no duration"
+
+
+def nothing_recorded(run: RunData) -> str:
+    """Why no process of the job recorded anything: Python's options that keep doctor's
+    bootstrap out (in the command as run), else the job ran no step (a process records from
+    its first step), or no torch."""
+    blocked = bootstrap_blockers(run.record.argv)
+    if blocked:
+        return f"doctor's bootstrap never loaded in the job's Python: {'; '.join(blocked)}"
+    return ("no Python process of the job recorded anything: it ran no training step (doctor "
+            "records from the first optimizer step, backward() call or DataLoader batch), or "
+            "it does not use torch")
+
+
+def no_steps_fix(run: RunData, ranks: dict[int, RankSteps]) -> Fix | None:
+    """The fix for a run with no steps where it is not marking steps (None: mark them)."""
+    if run.record.kind == TRACE or ranks:
+        return None
+    if run.processes.empty and bootstrap_blockers(run.record.argv):
+        return Fix(
+            title="Run the job's Python without -I, -E or -S",
+            why="doctor starts in every process of the job through PYTHONPATH and the site "
+                "module (a sitecustomize); those options turn that off, so nothing was "
+                "recorded. Without them, or with doctor.watch in the script, it is.",
+            code="doctor run python train.py     # not: doctor run python -I train.py\n\n"
+                 "# or, keeping the options, in the script:\nimport doctor\n\n"
+                 "@doctor.watch\ndef train(): ...")
+    if not run.processes.empty and boundaries_seen(run):
+        return Fix(
+            title="Run more steps",
+            why="a step is timed from one to the next and the first few are warm-up: run 15 "
+                "steps or more (25 for the profiler window's split of each step)")
+    return None
 
 
 def range_notes(ledger: pd.DataFrame, step_range: tuple[int, int]) -> list[str]:

@@ -25,12 +25,20 @@ from doctor.analyse.comms import (
 )
 from doctor.analyse.contention import COMMUNICATION, INPUT, analysed_span, core_contention
 from doctor.analyse.evidence import build_evidence, job_facts, training_loaders, window_analysed
+from doctor.analyse.failures import failure_finding, failure_notes
 from doctor.analyse.gpu_split import counter_splits, crosscheck_notes
 from doctor.analyse.gpus import gpu_counters, gpu_tables
 from doctor.analyse.ledger import build_ledger
 from doctor.analyse.memory import memory_evidence
 from doctor.analyse.ops import ops_evidence
 from doctor.analyse.split import outside_loader, rank_split
+from doctor.analyse.stalls import (
+    export_seconds,
+    find_stalls,
+    stall_findings,
+    stall_notes,
+    warmup_notes,
+)
 from doctor.analyse.steps import (
     analysed,
     choice_notes,
@@ -86,16 +94,27 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     findings = attach_verified(outcome.findings, run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, ranks),
-                                            run.record.kind == TRACE))
+                                            run.record.kind == TRACE,
+                                            facts.no_steps_fix(run, ranks)))
     partial, notes = facts.exit_notes(run)
-    notes += [*facts.source_notes(ranks, window, bool(windows) or bool(coarse)),
+    run_s = run.record.duration_s if len(run.record.nodes) <= 1 else None
+    stalls = find_stalls(table, export_seconds(ranks), run_s)
+    long_steps = stall_findings(stalls)  # a stall of a fifth of the run or more leads
+    findings[:0] = [f for f in long_steps if f.severity == "warning"]
+    findings += [f for f in long_steps if f.severity != "warning"]
+    killed = failure_finding(run)
+    if killed is not None:
+        findings.insert(0, killed)
+    notes += [*failure_notes(run), *stall_notes(stalls), *warmup_notes(table, run_s),
+              *facts.source_notes(ranks, window, bool(windows) or bool(coarse)),
               *coarse_notes, *(counters.notes if counters else ()),
               *crosscheck_notes(counters, window),
               *facts.contention_notes(contention, job.cores),
               *facts.comm_contention_notes(comm_contention, job.cores),
               *(facts.range_notes(ledger, in_range) if in_range else []), *summary.notes,
-              *facts.rule_notes(outcome.skipped), *facts.crash_notes(run),
-              *facts.sampling_notes(run), *facts.trace_notes(run), *choice_notes(run)]
+              *facts.rule_notes(outcome.skipped),
+              *facts.sampling_notes(run), *facts.trace_notes(run),
+              *choice_notes(run)]
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, ranks, window_problems),

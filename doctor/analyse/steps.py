@@ -155,6 +155,22 @@ def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.nda
     return "none", empty, empty
 
 
+def boundaries_seen(run: RunData) -> int:
+    """The most step boundaries any process of the job recorded (``doctor.step()`` calls,
+    optimizer steps, ``backward()`` calls or DataLoader batches): the steps a job too short to
+    time one ran (a step is the time from one boundary to the next)."""
+    most = 0
+    procs = run.processes
+    for node, rank, pid in zip(procs["node"], procs["rank"], procs["pid"], strict=True):
+        process = (int(node), int(rank), int(pid))
+        marks = run.rows("marks", process)
+        counts = [int((marks["kind"] == STEP_MANUAL).sum())]
+        counts += [len(run.intervals_of(process, name)[1])
+                   for name in ("optimizer", "backward", "loader_wait")]
+        most = max(most, *counts)
+    return most
+
+
 def _window_span(run: RunData, process: Process) -> tuple[int, int, int] | None:
     events = run.rows("events", process)
     codes, times = events["event"].to_numpy(), events["t_ns"].to_numpy()

@@ -126,9 +126,11 @@ def _step_notes(ledger: pd.DataFrame, steady: pd.DataFrame) -> list[str]:
     return notes
 
 
-def no_steps_finding(why: str, trace: bool) -> Finding:
-    """The finding of an ``unknown`` verdict: nothing to split, why, and how to give steps."""
-    fix = Fix(
+def no_steps_finding(why: str, trace: bool, fix: Fix | None = None) -> Finding:
+    """The finding of an ``unknown`` verdict: nothing to split, why, and how to give steps
+    (``fix``, where marking them is not it: Python's options that kept doctor out, too few
+    steps)."""
+    fixes = (fix,) if fix is not None else (Fix(
         title="Record a few steps with prof.step()",
         why="doctor reads one step per ProfilerStep#N; call prof.step() once per training step "
             "inside the profiler",
@@ -139,9 +141,9 @@ def no_steps_finding(why: str, trace: bool) -> Finding:
         title="Mark each step with doctor.step()",
         why=f"doctor finds steps from torch.optim, backward() and DataLoader; here {why}.",
         code="import doctor\n\nfor batch in batches:\n    train_step(batch)\n    doctor.step()",
-    )
+    ),)
     return Finding(
         id="steps.none", category="other", severity="warning",
         title=f"No training steps were seen, so there is nothing to split into categories: "
               f"{why}",
-        evidence={"reason": why}, fixes=(fix,))
+        evidence={"reason": why}, fixes=fixes)

@@ -168,6 +168,8 @@ def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecor
         gpus=tuple({**g, "node": 0} for g in read_gpu_info(run_dir)),
         visible_devices=(raw.get("env") or {}).get("CUDA_VISIBLE_DEVICES"),
         links=raw.get("links") if isinstance(raw.get("links"), dict) else None,
+        deaths=tuple(d for d in raw.get("deaths") or () if isinstance(d, dict))
+        if isinstance(raw.get("deaths"), list) else (),
     )
 
 

@@ -200,6 +200,7 @@ class RunRecord:
     gpus: tuple[Mapping[str, Any], ...] = ()  # what each GPU is (gpus.json), with its node
     visible_devices: str | None = None  # the job's CUDA_VISIBLE_DEVICES, when it set one
     links: Mapping[str, Any] | None = None  # the machine's links (doctor.probes.links)
+    deaths: tuple[Mapping[str, Any], ...] = ()  # processes killed by a signal (probes.exits)
 
     @property
     def job_seen(self) -> bool:
