@@ -48,7 +48,8 @@ class Data(Dataset):
     def __len__(self):
         return 100000
     def __getitem__(self, i):
-        if torch.utils.data.get_worker_info().id == 1 and i > 400:
+        if torch.utils.data.get_worker_info().id == 1 and i > 1600:  # after the parent's
+            # rescans have found it (a worker that dies within a second of its start may not be)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(0.005)
         return torch.randn(8)
@@ -202,3 +203,23 @@ def test_a_rank_that_left_no_exit_record_is_named_where_its_signal_was_missed(
     notes = failure_notes(load_run([run_dir]))
     assert notes[0].startswith("Rank 1 ended without a clean exit and without a Python "
                                "exception: it was killed")
+
+
+def test_a_worker_reaped_before_the_parent_read_it_is_named_from_torchs_error(
+        tmp_path: Path) -> None:
+    """The training process reaps its DataLoader workers within milliseconds: where the parent
+    lost that race, torch's own error names the worker's pid and signal."""
+    from doctor.analyse.failures import failure_finding, failure_notes
+    from doctor.store.reader import load_run
+
+    crashed = ("RuntimeError: DataLoader worker (pid 102) is killed by signal: Killed. ")
+    run_dir = _run_dir(tmp_path, 1, [], {
+        "rank-0/main-100": {"pid": 100, "rank": 0, "role": "main", "crashed": crashed,
+                            "crashed_ns": 5},
+        "rank-0/worker1-102": {"pid": 102, "rank": 0, "role": "worker1"}})
+    run = load_run([run_dir])
+    finding = failure_finding(run)
+    assert finding is not None and finding.evidence["signal"] == "SIGKILL"
+    assert finding.evidence["role"] == "worker1"
+    notes = failure_notes(run)
+    assert notes[0].startswith("DataLoader worker 1 of rank 0 (pid 102) was killed by SIGKILL")

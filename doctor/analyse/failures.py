@@ -7,15 +7,17 @@ how each process of the tree ended (doctor.probes.exits: the zombie's wait statu
 the OOM killer's count rose), kept in run.json's ``deaths``. The first process killed by a
 signal is named first; the Python exceptions of the others, and the signals torchrun sends the
 survivors, are said to follow from it. Where the parent could not read the status (the process
-was reaped first), a rank that left neither a clean exit nor an exception is named as killed,
-without a signal.
+was reaped first), a DataLoader worker's death is taken from torch's own error in the training
+process ("DataLoader worker (pid N) is killed by signal: Killed"), and a rank that left neither
+a clean exit nor an exception is named as killed, without a signal.
 """
 
 from __future__ import annotations
 
+import re
 import signal
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -41,6 +43,7 @@ class Death:
     signal: int | None
     oom_killer: bool | None
     t_s: float | None
+    reported: bool = False  # named by a training process's exception (torch's): it came first
 
     @property
     def recorded(self) -> bool:
@@ -75,6 +78,10 @@ def deaths(run: RunData) -> list[Death]:
                   key=lambda d: (_int(d.get("signal")) in STOP_SIGNALS, _float(d) or 0.0))
     out = [_death(d, by_pid) for d in seen if _int(d.get("pid")) is not None]
     named = {d.pid for d in out}
+    for pid, sig in _workers_torch_saw_killed(procs["crashed"]):
+        if pid not in named:  # reaped before the parent could read it: torch's word for it
+            out.append(replace(_death({"pid": pid, "signal": sig}, by_pid), reported=True))
+            named.add(pid)
     r = run.record
     if r.exit_code not in (0, None) and not r.signal and len(run.record.nodes) <= 1:
         for pid, rank, role, ended, crashed in zip(
@@ -85,6 +92,24 @@ def deaths(run: RunData) -> list[Death]:
                 out.append(Death(int(pid), f"rank {int(rank)}", int(rank), "main", None, None,
                                  None))
     return out
+
+
+#: torch's error in the training process when a DataLoader worker dies by a signal
+#: (torch/utils/data/_utils/signal_handling.py, from the worker's wait status).
+_WORKER_KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.\n]+)")
+
+
+def _workers_torch_saw_killed(crashed: Iterable[Any]) -> list[tuple[int, int]]:
+    """(pid, signal) of each DataLoader worker whose death by a signal a training process's
+    exception reports, in torch's words."""
+    names = {signal.strsignal(s): int(s) for s in signal.valid_signals()
+             if isinstance(s, signal.Signals) and signal.strsignal(s)}
+    found = []
+    for text in crashed:
+        for pid, description in _WORKER_KILLED.findall(_text(text)):
+            if description.strip() in names:
+                found.append((int(pid), names[description.strip()]))
+    return found
 
 
 def _death(raw: Mapping[str, Any], by_pid: dict[int, tuple[int, str]]) -> Death:
@@ -126,12 +151,13 @@ def failure_notes(run: RunData) -> list[str]:
 
 def first_killed(run: RunData, dead: list[Death] | None = None) -> Death | None:
     """The process killed by a signal that failed first; None when none was, or when a rank's
-    exception came first. Only the job's recorded processes (ranks, workers) are weighed
-    against exceptions; a helper process counts only where nothing else explains a failed
-    job. SIGTERM, SIGINT and SIGHUP are what a launcher sends the survivors of
-    a failure, so a process they ended comes first only when nothing else failed. The parent
-    sees a death a little after it happens while a peer's connection breaks at once, so an
-    exception counts as first only when it came KILL_MARGIN_S before the death was seen."""
+    exception came first (a death that exception itself reports came before it). Only the
+    job's recorded processes (ranks, workers) are weighed against exceptions; a helper process
+    counts only where nothing else explains a failed job. SIGTERM, SIGINT and SIGHUP are what a
+    launcher sends the survivors of a failure, so a process they ended comes first only when
+    nothing else failed. The parent sees a death a little after it happens while a peer's
+    connection breaks at once, so an exception counts as first only when it came KILL_MARGIN_S
+    before the death was seen."""
     dead = deaths(run) if dead is None else dead
     if not dead:
         return None
@@ -147,7 +173,8 @@ def first_killed(run: RunData, dead: list[Death] | None = None) -> Death | None:
     if crashed.empty or t0_ns is None:
         return None
     for d in causes:
-        if d.t_s is not None and t0_ns + (d.t_s - KILL_MARGIN_S) * 1e9 < float(crashed.min()):
+        if d.reported or (d.t_s is not None
+                          and t0_ns + (d.t_s - KILL_MARGIN_S) * 1e9 < float(crashed.min())):
             return d
     return None
 
