@@ -35,7 +35,7 @@ from pathlib import Path
 
 from doctor.probes import ENV_PROBES_OFF
 
-JOB_PROBES = ("steps", "dataloader", "torch_ops", "memory", "model_state", "ddp")
+JOB_PROBES = ("steps", "dataloader", "page_faults", "torch_ops", "memory", "model_state", "ddp")
 
 
 def loop() -> Callable[[int], int]:

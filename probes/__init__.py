@@ -81,6 +81,8 @@ class ProbeSpec:
 REGISTRY: tuple[ProbeSpec, ...] = (
     ProbeSpec("steps", JOB, "doctor.probes.steps:StepsProbe"),
     ProbeSpec("dataloader", JOB, "doctor.probes.dataloader:DataLoaderProbe"),
+    # before torch_ops: its step listener reads the faults before the window opens
+    ProbeSpec("page_faults", JOB, "doctor.probes.page_faults:PageFaultsProbe"),
     ProbeSpec("torch_ops", JOB, "doctor.probes.torch_ops:DeepWindow.for_session"),
     ProbeSpec("memory", JOB, "doctor.probes.memory:MemoryProbe"),
     ProbeSpec("model_state", JOB, "doctor.probes.model_state:ModelStateProbe"),

@@ -43,7 +43,7 @@ from doctor.analyse.tables import memory_tables, report_tables
 from doctor.analyse.verdict import no_steps_finding, summarise
 from doctor.analyse.verified import attach_verified
 from doctor.analyse.window import window_frame, window_splits
-from doctor.analyse.window_drift import drift_notes, window_drift
+from doctor.analyse.window_drift import drift_notes, fault_rates, window_drift
 from doctor.rules import default_rules, run_rules
 from doctor.store.reader import load_run
 from doctor.store.rundata import TRACE, RunData
@@ -82,7 +82,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
                               outside, span, in_range is not None,
                               facts.stacks_reason(run, ranks), counters, memory, ops, models)
-    drifts = window_drift(ledger)  # the steps before the window against those after it
+    drifts = window_drift(ledger, fault_rates(run, ranks))  # before the window vs after
     evidence = dataclasses.replace(evidence, window_drift=drifts or None)
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)

@@ -29,21 +29,26 @@ def page_faults(ev: Evidence) -> list[Finding]:
     """The steps after the window are faster than those before it, on a CPU job."""
     if ev.job.device != "cpu" or ev.window_drift is None:
         return []
-    faster = [d for d in ev.window_drift if d.faster]
+    # faster after the window, and the page faults (where measured) say it is the allocator
+    faster = [d for d in ev.window_drift if d.faster and d.allocator is not False]
     if not faster:
         return []
     d = min(faster, key=lambda x: x.ratio)
     speedup = 1 / d.ratio
     env = " ".join(f"{k}={v}" for k, v in ENV.items())
+    likely = "" if d.allocator else "likely "
     return [Finding(
         id="allocator.page_faults", category="compute", severity="info",
         title=(f"Steps ran {1 - d.ratio:.0%} faster after the profiler window than before it: "
-               "large tensors likely pay page faults on every step (glibc's mmap threshold)"),
+               f"large tensors {likely}pay page faults on every step (glibc's mmap threshold)"),
         evidence={**d.to_dict(), "ranks": [x.rank for x in faster]},
         fixes=(Fix(
             title="Keep large tensors' memory in the heap (glibc malloc thresholds)",
             why=(f"the steps after the window ran {d.after_s * 1e3:.1f} ms against "
-                 f"{d.before_s * 1e3:.1f} ms before it: glibc maps and unmaps each large tensor, "
+                 f"{d.before_s * 1e3:.1f} ms before it"
+                 + (f", with {d.faults_after:.0f} page faults a step against "
+                    f"{d.faults_before:.0f}" if d.faults_before is not None else "")
+                 + ": glibc maps and unmaps each large tensor, "
                  "a page fault per 4 KiB every step, until a large free raises its threshold. "
                  "Fixed thresholds keep that memory for reuse (more resident memory: up to the "
                  "trim threshold above the job's peak). jemalloc or tcmalloc "

@@ -23,5 +23,6 @@ EVENT_WINDOW_STOP_END = 3
 STEPS_RECORD = ("<qii", ("t_ns", "kind", "key"))
 INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
 EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
-#: Interval rings a process may hold (step hooks, the DataLoader probe).
-INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate")
+#: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
+#: profiler window: doctor.probes.page_faults).
+INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults")
