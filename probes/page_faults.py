@@ -20,6 +20,7 @@ from ..verdict import ProbeStatus
 
 SPAN = 4  # steps a span counts
 SKIP = 1  # steps after the window's closing step before the after-span starts
+KEY_MAX = 2**31 - 1  # an interval's key is an int32
 
 
 def minor_faults() -> int:
@@ -80,8 +81,9 @@ class PageFaultsProbe:
             return
         (t0, f0), (t1, f1) = self._read, now
         self._read = None
-        self.spans.append((t0, t1, f1 - f0))
-        self.session.record_interval("page_faults", t0, t1, f1 - f0)
+        faults = min(f1 - f0, KEY_MAX)
+        self.spans.append((t0, t1, faults))
+        self.session.record_interval("page_faults", t0, t1, faults)
         if self._after:  # both spans read: nothing more to do per step
             self.session.off_step(self._on_step)
 

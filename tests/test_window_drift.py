@@ -116,3 +116,15 @@ def test_the_allocator_rule_on_made_up_drifts() -> None:
     # a GPU job's tensors live in the CUDA caching allocator, not glibc's
     assert page_faults(Evidence(job=JobFacts(device="cuda"),
                                 window_drift=(drift(0.75),))) == []
+
+
+def test_the_allocator_rule_on_steady_page_faults() -> None:
+    """The window aside: a job that still pays many page faults a step after it gets the
+    finding (its bare run pays them too); one with few does not."""
+    many = WindowDrift(0, 0.38, 0.38, 4, 20, 0.37, 0.40, 12_000.0, 11_000.0)
+    [finding] = page_faults(Evidence(job=JobFacts(device="cpu"), window_drift=(many,)))
+    assert finding.title.startswith("Each step pays 11000 page faults")
+    assert finding.estimated_speedup is not None and finding.estimated_speedup > 1.0
+    assert finding.fixes[0].apply == {"env": ENV}
+    few = WindowDrift(0, 0.38, 0.38, 4, 20, 0.37, 0.40, 300.0, 20.0)
+    assert page_faults(Evidence(job=JobFacts(device="cpu"), window_drift=(few,))) == []

@@ -24,38 +24,63 @@ ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
        "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
 
 
+#: Page faults a step after the window from which the job is said to pay them every step
+#: (4 MiB of fresh pages a step), and what one costs (the kernel's fault and zeroing of a 4 KiB
+#: page; a floor: a busy machine pays more).
+STEADY_FAULTS = 1024
+FAULT_S = 0.25e-6
+
+
 @rule("allocator.page_faults", needs=("window_drift",))
 def page_faults(ev: Evidence) -> list[Finding]:
-    """The steps after the window are faster than those before it, on a CPU job."""
+    """On a CPU job: the steps after the window are faster than those before it and the page
+    faults (where measured) say it is the allocator; or, the window aside, the job still pays
+    many page faults a step after it."""
     if ev.job.device != "cpu" or ev.window_drift is None:
         return []
-    # faster after the window, and the page faults (where measured) say it is the allocator
     faster = [d for d in ev.window_drift if d.faster and d.allocator is not False]
-    if not faster:
+    if faster:
+        d = min(faster, key=lambda x: x.ratio)
+        likely = "" if d.allocator else "likely "
+        title = (f"Steps ran {1 - d.ratio:.0%} faster after the profiler window than before it: "
+                 f"large tensors {likely}pay page faults on every step (glibc's mmap threshold)")
+        why = (f"the steps after the window ran {d.after_s * 1e3:.1f} ms against "
+               f"{d.before_s * 1e3:.1f} ms before it"
+               + (f", with {d.faults_after:.0f} page faults a step against "
+                  f"{d.faults_before:.0f}" if d.faults_before is not None else ""))
+        return [_finding(title, why, 1 / d.ratio, {**d.to_dict(),
+                                                   "ranks": [x.rank for x in faster]})]
+    steady = [d for d in ev.window_drift
+              if d.faults_after is not None and d.faults_after >= STEADY_FAULTS]
+    if not steady:
         return []
-    d = min(faster, key=lambda x: x.ratio)
-    speedup = 1 / d.ratio
+    d = max(steady, key=lambda x: (x.faults_after or 0) / x.after_s)
+    faults = d.faults_after or 0.0
+    cost = min(faults * FAULT_S, d.after_s * 0.5)
+    title = (f"Each step pays {faults:.0f} page faults ({faults * 4 / 1024:.0f} MiB of fresh "
+             "pages): glibc maps and unmaps the job's large tensors every step")
+    why = (f"{faults:.0f} minor page faults a step after the profiler window, at least "
+           f"{cost * 1e3:.1f} ms of a {d.after_s * 1e3:.1f} ms step")
+    return [_finding(title, why, d.after_s / (d.after_s - cost),
+                     {**d.to_dict(), "fault_cost_floor_s": cost,
+                      "ranks": [x.rank for x in steady]})]
+
+
+def _finding(title: str, why: str, speedup: float, evidence: dict[str, object]) -> Finding:
     env = " ".join(f"{k}={v}" for k, v in ENV.items())
-    likely = "" if d.allocator else "likely "
-    return [Finding(
-        id="allocator.page_faults", category="compute", severity="info",
-        title=(f"Steps ran {1 - d.ratio:.0%} faster after the profiler window than before it: "
-               f"large tensors {likely}pay page faults on every step (glibc's mmap threshold)"),
-        evidence={**d.to_dict(), "ranks": [x.rank for x in faster]},
+    return Finding(
+        id="allocator.page_faults", category="compute", severity="info", title=title,
+        evidence=evidence,
         fixes=(Fix(
             title="Keep large tensors' memory in the heap (glibc malloc thresholds)",
-            why=(f"the steps after the window ran {d.after_s * 1e3:.1f} ms against "
-                 f"{d.before_s * 1e3:.1f} ms before it"
-                 + (f", with {d.faults_after:.0f} page faults a step against "
-                    f"{d.faults_before:.0f}" if d.faults_before is not None else "")
-                 + ": glibc maps and unmaps each large tensor, "
-                 "a page fault per 4 KiB every step, until a large free raises its threshold. "
-                 "Fixed thresholds keep that memory for reuse (more resident memory: up to the "
-                 "trim threshold above the job's peak). jemalloc or tcmalloc "
-                 "(LD_PRELOAD=libjemalloc.so.2) do the same without the variables"),
+            why=(why + ": glibc maps and unmaps each large tensor, a page fault per 4 KiB every "
+                 "step, until a large free raises its threshold. Fixed thresholds keep that "
+                 "memory for reuse (more resident memory: up to the trim threshold above the "
+                 "job's peak). jemalloc or tcmalloc (LD_PRELOAD=libjemalloc.so.2) do the same "
+                 "without the variables"),
             code=f"{env} python train.py ...",
             apply={"env": dict(ENV)},
             estimated_speedup=speedup,
         ),),
         estimated_speedup=speedup,
-    )]
+    )
