@@ -1,11 +1,16 @@
 """What each job-side probe adds to a training step, in CPU time of the training thread.
 
-    python bench/step_hooks.py                    # 40 rounds of 100-step blocks
-    python bench/step_hooks.py --rounds 80 --after-window
+    python bench/step_hooks.py                    # the hook path alone, 40 rounds
+    python bench/step_hooks.py --loop             # whole steps of a tiny training loop
+    python bench/step_hooks.py --after-window     # the loop's steps after the window
 
-A tiny model (so that doctor's hooks are a visible part of a step: a step of ~100-300 us) trains
-through a DataLoader, ``zero_grad``, ``backward`` and ``optimizer.step`` in this one process, in
-blocks of ``--steps`` steps, each block under one configuration:
+By default, one step's hook path alone: the DataLoader's ``__next__``, the fetch and the collate,
+``backward()`` and the optimizer's global step hooks, each called once around a stand-in that does
+nothing, so that what is timed is the probes' own work (and the stand-ins', the ``bare`` line).
+With ``--loop``, whole steps of a tiny model (a step of ~100-300 us) through a DataLoader,
+``zero_grad``, ``backward`` and ``optimizer.step``: the probes' cost with torch's around it,
+noisier. Either runs in this one process, in blocks of ``--steps`` steps, each block under one
+configuration:
 
 * ``bare``: no doctor at all;
 * ``all``: every job-side probe, as under ``doctor run`` (started for the block, closed after it
@@ -13,13 +18,12 @@ blocks of ``--steps`` steps, each block under one configuration:
 * ``all - NAME``: every probe but NAME, turned off with ``DOCTOR_PROBES_OFF`` (the registry's
   bench knob, doctor.probes), so that ``all`` minus it is what NAME costs a step.
 
-A block's figure is the CPU time of the training thread (``time.thread_time_ns``: other work on
-the machine shows far less than in wall-clock time) per step; the configurations alternate for
-``--rounds`` rounds and each keeps its smallest block (the least disturbed). By default the
-profiler window never opens (the always-on cost); ``--after-window`` opens it at step 8 of each
-block for 5 steps and times the steps after it (what the window leaves behind). The figures are
-differences of a few microseconds: read them against the spread between rounds, and on a busy
-machine run more rounds.
+A block's figure is the CPU time of the training thread (``time.thread_time_ns``) per step; the
+configurations alternate for ``--rounds`` rounds and each keeps its smallest block (the least
+disturbed). The profiler window never opens, except with ``--after-window`` (at step 8 of each
+block, for 5 steps; the steps after it are timed: what the window leaves behind). The figures are
+differences of a few microseconds: read them against the spread between rounds (about 0.3 us for
+the hook path on a busy 2-core machine, tens of us for the loop).
 """
 
 from __future__ import annotations
@@ -68,6 +72,51 @@ def loop() -> Callable[[int], int]:
     return run
 
 
+def hook_path() -> Callable[[int], int]:
+    """One step's hook path alone: the DataLoader's ``__next__``, the fetch and the collate,
+    ``backward()`` and the optimizer's global step hooks, each around a stand-in that does
+    nothing (installed before the probes, so that they wrap it). ``run(n)`` makes n such steps and
+    returns their CPU ns: the calls are the probes' and the stand-ins' only, so other work on the
+    machine shows far less than in a training step."""
+    import torch
+    from torch.optim import optimizer as optim
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import dataloader as dl
+    from torch.utils.data._utils import fetch
+
+    batch = (torch.zeros(2), torch.zeros(2))
+    fakes = {
+        (dl._BaseDataLoaderIter, "__next__"): lambda self: batch,
+        (fetch._MapDatasetFetcher, "fetch"): lambda self, index: batch,
+    }
+    for (owner, name), fake in fakes.items():
+        setattr(owner, name, fake)
+    torch.autograd.backward = lambda *args, **kwargs: None
+    loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+    def run(n: int) -> int:
+        it = iter(loader)  # the probes' wrappers of this moment
+        fetcher = fetch._MapDatasetFetcher(loader.dataset, True, lambda b: b, False)
+        nxt, fetch_one, collate = type(it).__next__, type(fetcher).fetch, fetcher.collate_fn
+        backward = torch.autograd.backward
+        pre = list(optim._global_optimizer_pre_hooks.values())
+        post = list(optim._global_optimizer_post_hooks.values())
+        t0 = time.thread_time_ns()
+        for _ in range(n):
+            nxt(it)
+            fetch_one(fetcher, [0, 1])
+            collate(batch)
+            backward(batch[0])
+            for hook in pre:
+                hook(opt, (), {})
+            for hook in post:
+                hook(opt, (), {})
+        return time.thread_time_ns() - t0
+
+    return run
+
+
 def block_ns(run: Callable[[int], int], config: str, steps: int, after_window: bool) -> float:
     """Mean CPU ns of a step over ``steps`` steps of ``config`` (probes started for the block
     and closed after it, with their patches undone)."""
@@ -96,13 +145,19 @@ def block_ns(run: Callable[[int], int], config: str, steps: int, after_window: b
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=100, help="steps a block")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="steps a block (default: 2000 for the hook path, 100 for the loop)")
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--loop", action="store_true",
+                    help="time whole steps of a tiny training loop instead of the hook path "
+                         "alone (the probes' cost and torch's, so noisier)")
     ap.add_argument("--after-window", action="store_true",
                     help="open the window at step 8 and time the steps after it")
     args = ap.parse_args()
     configs = ["bare", "all", *(f"all - {p}" for p in JOB_PROBES)]
-    run = loop()
+    whole_steps = args.loop or args.after_window
+    args.steps = args.steps or (100 if whole_steps else 2000)
+    run = loop() if whole_steps else hook_path()
     run(200)  # warm-up: lazy imports, the allocator's first growth
     best: dict[str, float] = {}
     for r in range(args.rounds):
@@ -111,13 +166,16 @@ def main() -> None:
             best[config] = min(best.get(config, float("inf")), ns)
         if (r + 1) % 10 == 0:
             print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    when = "after the window" if args.after_window else "window never opens"
+    when = ("after the window" if args.after_window else "window never opens") + (
+        ", whole steps of a tiny loop" if args.loop or args.after_window else
+        ", the hook path of a step alone")
     print(f"load average {os.getloadavg()[0]:.2f}; CPU us per step of the training thread "
           f"(smallest block of {args.rounds} rounds), {when}")
     bare, whole = best["bare"], best["all"]
     print(f"  {'bare':<22} {bare / 1e3:8.1f}")
-    print(f"  {'all probes':<22} {whole / 1e3:8.1f}   doctor adds {(whole - bare) / 1e3:6.1f} us "
-          f"({whole / bare:.3f}x)")
+    ratio = f" ({whole / bare:.3f}x)" if args.loop or args.after_window else ""
+    print(f"  {'all probes':<22} {whole / 1e3:8.1f}   doctor adds {(whole - bare) / 1e3:6.1f} us"
+          + ratio)
     for p in JOB_PROBES:
         ns = best[f"all - {p}"]
         print(f"  {'all - ' + p:<22} {ns / 1e3:8.1f}   {p} costs {(whole - ns) / 1e3:6.1f} us")
