@@ -4,6 +4,8 @@
     python bench/overhead.py --jobs compute_bound --pairs 7 --steps 900
     python bench/overhead.py --window off         # the always-on part alone
     python bench/overhead.py --shapes both        # the window with input shapes vs without
+    python bench/overhead.py --window off --probes-off memory,model_state,ddp
+                                                  # what those probes cost: against a run with all
 
 For each job, runs ``python sample_jobs/JOB.py --steps N`` bare and under
 ``doctor run --out TMP [--window W] -- python sample_jobs/JOB.py --steps N``, alternating
@@ -34,6 +36,11 @@ Figures per job, each the median over pairs with (min..max):
 ops' FLOPs and bytes) and not (``DOCTOR_SHAPES=off``), one after the other, and prints the two
 tables and, pair by pair, the ratios of their window steps and closing steps.
 
+``--probes-off NAMES`` leaves the named probes off in the doctor runs (``DOCTOR_PROBES_OFF``, the
+registry's bench knob, doctor.probes): two runs of this bench, with and without, give a probe's
+share of the median-step ratio. The Session's hot path and each job-side probe's CPU time per step
+(bench/step_hooks.py: a tiny loop in one process, each probe off in turn) close the output.
+
 The machine has 2 cores and other work on it shows up in every figure: the load average is
 printed at the start and the end; with other load running, read min..max before the medians.
 """
@@ -54,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from doctor.probes import ENV_PROBES_OFF
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "sample_jobs"
@@ -162,9 +171,11 @@ def job_command(job: str, steps: int, extra: list[str]) -> list[str]:
 
 
 def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: str,
-             env: dict[str, str] | None = None) -> Pair:
+             env: dict[str, str] | None = None, probes_off: str = "") -> Pair:
     load = os.getloadavg()[0]
     bare = run(job_cmd)
+    if probes_off:
+        env = {**(env or {}), ENV_PROBES_OFF: probes_off}
     tmp = Path(tempfile.mkdtemp(prefix="doctor-overhead-"))
     run_dir = tmp / "run"
     try:
@@ -315,6 +326,11 @@ def main() -> None:
                          "DOCTOR_SHAPES=off), or both, pair by pair")
     ap.add_argument("--job-args", default="",
                     help="extra arguments for every job, e.g. '--threads 1' (one string)")
+    ap.add_argument("--probes-off", default="", metavar="NAMES",
+                    help="probes left off in the doctor runs, comma-separated (DOCTOR_PROBES_OFF), "
+                         "e.g. memory,model_state,ddp")
+    ap.add_argument("--hook-rounds", type=int, default=20,
+                    help="rounds of the per-probe CPU cost per step (bench/step_hooks.py; 0: skip)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="copy each doctor run directory under this folder")
     ap.add_argument("--no-warmup", action="store_true",
@@ -334,7 +350,8 @@ def main() -> None:
 
     load0 = os.getloadavg()
     print(f"doctor overhead: {len(jobs)} job(s) x {args.pairs} pairs, window "
-          f"{args.window or 'default'}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
+          f"{args.window or 'default'}, {os.cpu_count()} cores, python {sys.version.split()[0]}"
+          + (f", probes off: {args.probes_off}" if args.probes_off else ""))
     print(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} "
           "(figures are noisy when anything else runs on this machine)")
     t_all = time.perf_counter()
@@ -348,7 +365,7 @@ def main() -> None:
         for i in range(args.pairs):
             for v in variants:
                 pairs[v].append(run_pair(job_cmd, args.window, args.keep, f"{job}-{v}-{i + 1}",
-                                         SHAPES_ENV[v]))
+                                         SHAPES_ENV[v], args.probes_off))
             print(f"  {job}: pair {i + 1}/{args.pairs} done", file=sys.stderr, flush=True)
         for v in variants:
             report(" ".join([job, *job_cmd[2:], f"(window shapes {v})"]), pairs[v], window_on)
@@ -356,6 +373,11 @@ def main() -> None:
             shapes_report(pairs["on"], pairs["off"])
     if not args.no_micro:
         micro_benchmark()
+        if args.hook_rounds > 0:
+            print(f"\n== each job-side probe's CPU time per step (bench/step_hooks.py, "
+                  f"{args.hook_rounds} rounds) ==", flush=True)
+            subprocess.run([sys.executable, str(ROOT / "bench" / "step_hooks.py"),
+                            "--rounds", str(args.hook_rounds)], check=False)
     load1 = os.getloadavg()
     print(f"\nload average at end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}; "
           f"{time.perf_counter() - t_all:.0f} s in all")

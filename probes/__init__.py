@@ -14,11 +14,16 @@ job (the bootstrap creates them for the process's Session), ``parent`` probes in
 process (created for a ParentContext). Each entry names the probe's factory, imported only when
 the probe is created, so that the bootstrap imports nothing it does not use. Probes import nothing
 from the analysis or the reports.
+
+``DOCTOR_PROBES_OFF`` (a bench knob: bench/overhead.py ``--probes-off``) names probes to leave
+off, comma-separated (``memory,model_state``): each is created as a stand-in that reports itself
+off for that reason and does nothing, so a run measures what the others cost without it.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +32,10 @@ from typing import Any, Protocol
 from doctor.verdict import ProbeStatus
 
 __all__ = ["JOB", "PARENT", "REGISTRY", "ParentContext", "Probe", "ProbeSpec", "ProbeStatus",
-           "probes_of"]
+           "TurnedOff", "probes_of", "turned_off"]
 
 JOB, PARENT = "job", "parent"
+ENV_PROBES_OFF = "DOCTOR_PROBES_OFF"
 
 
 class Probe(Protocol):
@@ -62,6 +68,8 @@ class ProbeSpec:
     factory: str  # "module:callable", the callable taking the Session or a ParentContext
 
     def create(self, context: Any) -> Probe:
+        if self.name in turned_off():
+            return TurnedOff(self.name)
         module, _, attr = self.factory.partition(":")
         owner: Any = importlib.import_module(module)
         for part in attr.split("."):
@@ -73,6 +81,8 @@ class ProbeSpec:
 REGISTRY: tuple[ProbeSpec, ...] = (
     ProbeSpec("steps", JOB, "doctor.probes.steps:StepsProbe"),
     ProbeSpec("dataloader", JOB, "doctor.probes.dataloader:DataLoaderProbe"),
+    # before torch_ops: its step listener reads the faults before the window opens
+    ProbeSpec("page_faults", JOB, "doctor.probes.page_faults:PageFaultsProbe"),
     ProbeSpec("torch_ops", JOB, "doctor.probes.torch_ops:DeepWindow.for_session"),
     ProbeSpec("memory", JOB, "doctor.probes.memory:MemoryProbe"),
     ProbeSpec("model_state", JOB, "doctor.probes.model_state:ModelStateProbe"),
@@ -81,6 +91,32 @@ REGISTRY: tuple[ProbeSpec, ...] = (
     ProbeSpec("gpu", PARENT, "doctor.probes.gpu:GpuSampler.for_run"),
     ProbeSpec("stacks", PARENT, "doctor.probes.stacks:PySpyRecorder.for_run"),
 )
+
+
+def turned_off(environ: Any = None) -> frozenset[str]:
+    """The probes ``DOCTOR_PROBES_OFF`` names (a bench knob; empty when unset)."""
+    text = (os.environ if environ is None else environ).get(ENV_PROBES_OFF, "")
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
+
+
+class TurnedOff:
+    """What a probe named in ``DOCTOR_PROBES_OFF`` is created as: off, and says why."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def check(self) -> ProbeStatus:
+        return ProbeStatus(False, f"turned off by {ENV_PROBES_OFF}",
+                           "a bench knob; unset it to measure this probe")
+
+    def start(self) -> None:
+        pass
+
+    def sample(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 def probes_of(side: str) -> tuple[ProbeSpec, ...]:

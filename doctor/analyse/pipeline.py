@@ -12,6 +12,7 @@ that say so (a fix to run doctor run instead, no exit status).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -51,6 +52,7 @@ from doctor.analyse.tables import memory_tables, report_tables
 from doctor.analyse.verdict import no_steps_finding, summarise
 from doctor.analyse.verified import attach_verified
 from doctor.analyse.window import window_frame, window_splits
+from doctor.analyse.window_drift import drift_notes, fault_rates, window_drift
 from doctor.rules import default_rules, run_rules
 from doctor.store.reader import load_run
 from doctor.store.rundata import TRACE, RunData
@@ -89,6 +91,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     evidence = build_evidence(run, job, ranks, workers, ledger, window, loaders, splits,
                               outside, span, in_range is not None,
                               facts.stacks_reason(run, ranks), counters, memory, ops, models)
+    drifts = window_drift(ledger, fault_rates(run, ranks))  # before the window vs after
+    evidence = dataclasses.replace(evidence, window_drift=drifts or None)
     outcome = run_rules(evidence, default_rules())
     summary = summarise(ledger)
     findings = attach_verified(outcome.findings, run.record.tries)
@@ -114,7 +118,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
               *(facts.range_notes(ledger, in_range) if in_range else []), *summary.notes,
               *facts.rule_notes(outcome.skipped),
               *facts.sampling_notes(run), *facts.trace_notes(run),
-              *choice_notes(run)]
+              *choice_notes(run), *drift_notes(drifts, job.device)]
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, ranks, window_problems),

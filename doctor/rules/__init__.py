@@ -7,6 +7,7 @@ those.
 from __future__ import annotations
 
 from doctor.rules import (
+    allocator,
     communication,
     compute,
     distributed,
@@ -25,7 +26,7 @@ from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 from doctor.rules.evidence import Evidence, JobFacts
 
 MODULES = (compute, ops, distributed, gpu, gpu_counters, communication, memory, memory_fit,
-           memory_growth, host, input, other, trace)
+           memory_growth, allocator, host, input, other, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from doctor.analyse.gpus import GpuCounters
     from doctor.analyse.memory import MemoryEvidence
     from doctor.analyse.ops import RankOps
+    from doctor.analyse.window_drift import WindowDrift
 
 HOST_CONTENTION = "host contention"
 
@@ -105,7 +106,9 @@ class Evidence:
     - ``ops``: each rank's ops against the roofline (doctor.analyse.ops), where its window
       recorded ops;
     - ``comm_models``: each rank's communication model and its what-ifs (doctor.analyse.comms),
-      where its window recorded all-reduces of known size.
+      where its window recorded all-reduces of known size;
+    - ``window_drift``: each rank's median step before the profiler window and after it
+      (doctor.analyse.window_drift), where both sides have enough analysed steps.
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -127,6 +130,7 @@ class Evidence:
     memory_use: MemoryEvidence | None = None
     ops: Mapping[int, RankOps] | None = None
     comm_models: Mapping[int, CommModel] | None = None
+    window_drift: tuple[WindowDrift, ...] | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}

@@ -23,9 +23,11 @@ EVENT_WINDOW_STOP_END = 3
 STEPS_RECORD = ("<qii", ("t_ns", "kind", "key"))
 INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
 EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
-#: Interval rings a process may hold (step hooks, the DataLoader probe).
-INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate")
+#: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
+#: profiler window: doctor.probes.page_faults).
+INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
 RING_PROBES = {"steps": "steps", "optimizer": "steps", "backward": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
-               "events": "torch_ops"}
+               "events": "torch_ops",
+               "page_faults": "page_faults"}
