@@ -19,6 +19,7 @@ import random
 import resource
 import shutil
 import struct
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -290,3 +291,22 @@ def test_every_single_file_mutation_reports_or_is_refused_in_one_line(
     print(f"\n{len(every)} mutations of {len(files_of(recorded))} files tried, "
           f"{len(failures)} failed")
     assert not failures, f"{len(failures)} of {len(every)} mutations:\n" + "\n".join(failures)
+
+
+def test_bytes_that_are_not_utf8_in_the_argv_or_out_still_give_a_report(tmp_path: Path) -> None:
+    """``doctor run --out $'runs/\\xff' python job.py $'\\xfe'``: the report is written, the
+    bytes shown as U+FFFD."""
+    from tests.test_try_safety import JOB
+
+    (tmp_path / "job.py").write_text(JOB)
+    out = os.fsencode(tmp_path / "runs") + b"/\xff"
+    ran = subprocess.run([os.fsencode(sys.executable), b"-m", b"doctor.cli", b"run", b"--quiet",
+                          b"--window", b"off", b"--out", out, b"--", os.fsencode(sys.executable),
+                          b"job.py", b"marker.txt", b"\xfe"],
+                         cwd=tmp_path, capture_output=True, timeout=240)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert b"could not analyse" not in ran.stderr and b"Traceback" not in ran.stderr
+    run_dir = Path(os.fsdecode(out))
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    assert verdict["steps"] and (run_dir / "report.html").is_file()
+    assert "\ufffd" in (run_dir / "report.html").read_text()

@@ -140,9 +140,11 @@ def _write_json(path: Path, record: Mapping[str, Any]) -> None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    from .readback import Unreadable, read_json
+
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = read_json(path)
+    except Unreadable:
         return {}
     return record if isinstance(record, dict) else {}
 
