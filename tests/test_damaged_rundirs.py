@@ -137,7 +137,8 @@ def _ring_cases() -> dict[str, Mutation]:
     return {"capacity": patch(8, struct.pack("<Q", 2**62)),
             "capacity0": patch(8, struct.pack("<Q", 0)),
             "format": patch(24, b"\xff\xfe<qq"), "names": patch(56, b"\xff,\xfe"),
-            "header_flip": lambda p, r: _flip(p, r, within=256)}
+            "header_flip": lambda p, r: _flip(p, r, within=256),
+            "records_flip": lambda p, r: _flip(p, r, within=256 + 16 * 40)}
 
 
 def _npz_cases(path: Path) -> dict[str, Mutation]:

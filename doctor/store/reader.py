@@ -59,6 +59,7 @@ from .readback import (
 )
 
 ERROR_LIMIT = 1 << 20  # bytes read of a bootstrap error (its first line is reported)
+RING_LIMIT = 1 << 30  # bytes of a ring file read (doctor's are a few MB)
 
 
 def load_run(dirs: Path | Sequence[Path]) -> RunData:
@@ -326,6 +327,9 @@ def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -
         return pd.DataFrame()
     if not regular_file(path):
         problems.append(f"{path} is not a regular file: left out")
+        return pd.DataFrame()
+    if path.stat().st_size > RING_LIMIT:
+        problems.append(f"{path} is over {RING_LIMIT >> 20} MB, not a ring of doctor's: left out")
         return pd.DataFrame()
     try:
         records, _written = read_ring(path)
