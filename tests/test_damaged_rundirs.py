@@ -311,3 +311,27 @@ def test_bytes_that_are_not_utf8_in_the_argv_or_out_still_give_a_report(tmp_path
     verdict = json.loads((run_dir / "verdict.json").read_text())
     assert verdict["steps"] and (run_dir / "report.html").is_file()
     assert "\ufffd" in (run_dir / "report.html").read_text()
+
+
+@pytest.mark.parametrize("folder", ["rank-0", "rank-0/main", "bootstrap-errors"])
+def test_a_folder_that_leads_out_of_the_run_directory_is_not_followed(
+        recorded: Path, tmp_path: Path, folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder of the run replaced by a link to a copy of it outside: the copy is never read
+    (the process it holds is left out, with a note)."""
+    case_dir = tmp_path / "run"
+    shutil.copytree(recorded, case_dir, symlinks=True, copy_function=os.link)
+    [path] = case_dir.glob(f"{folder}*")
+    outside = tmp_path / "outside"
+    path.rename(outside)
+    path.symlink_to(outside, target_is_directory=True)
+    status, err = report(case_dir, tmp_path / "verdict.json", capsys)
+    assert status in (0, 2), (status, err)
+    if status == 2:
+        assert len(err.strip().splitlines()) == 1
+        return
+    text = (tmp_path / "verdict.json").read_text()
+    if folder == "bootstrap-errors":
+        assert "4242" not in text and "no module named x" not in text
+    else:
+        verdict = json.loads(text)
+        assert verdict["partial"] and "leads out of the run directory" in text

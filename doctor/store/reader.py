@@ -175,7 +175,8 @@ def _window_span(events: pd.DataFrame) -> tuple[int, int] | None:
 def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecord:
     """The run record, each field taken only when it has its type (a field of another type is
     as good as absent: a damaged or hand-edited run.json)."""
-    errors = tuple(_first_line(p) for p in layout.bootstrap_errors(run_dir))
+    errors = tuple(_first_line(p) for p in layout.bootstrap_errors(run_dir)
+                   if real_dir_inside(p.parent, run_dir))
     probes = {str(k): ProbeStatus(v.get("ok") is True, str(v.get("reason") or ""),
                                   str(v.get("hint") or ""))
               for k, v in as_dict(raw.get("probes")).items() if isinstance(v, dict)}
