@@ -39,6 +39,7 @@ SEED = 32
 WRONG = ([], ["x", 1], "text", None, {}, {"a": [1]}, -1, 1e308, True, "\udcff")
 #: What is not a file of the run's own: never read, and said (the report is partial).
 PLANTED = ("fifo", "dev_zero", "directory", "link_out", "link_out_fifo")
+NESTED = 15  # fields inside a JSON file's objects and lists given a wrong value (seeded)
 HANG_S = 20.0  # a case still reading after this has hung (its FIFO is then opened to end it)
 ADDRESS_SPACE_MARGIN = 3 << 30  # bytes the cases may map beyond what the process has
 
@@ -122,7 +123,29 @@ def _json_cases(rel: str, doc: Any, rng: random.Random) -> dict[str, Mutation]:
         for key in doc:
             wrong = rng.choice(WRONG)
             cases[f"{key}={wrong!r}"] = put({**doc, key: wrong})
+    nested = [p for p in _paths(doc) if len(p) > 1]
+    for path in rng.sample(nested, min(NESTED, len(nested))):
+        wrong = rng.choice(WRONG)
+        cases[f"{'.'.join(map(str, path))}={wrong!r}"] = put(_put(doc, path, wrong))
     return cases
+
+
+def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Where a value sits in ``doc``: every key of every object, the first items of a list."""
+    items = (doc.items() if isinstance(doc, dict) else
+             enumerate(doc[:2]) if isinstance(doc, list) else ())
+    for key, value in items:
+        yield (*prefix, key)
+        yield from _paths(value, (*prefix, key))
+
+
+def _put(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
+    doc = json.loads(json.dumps(doc))
+    inner = doc
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = value
+    return doc
 
 
 def _ring_cases() -> dict[str, Mutation]:

@@ -124,6 +124,10 @@ def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def as_bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
 def as_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 

@@ -44,8 +44,10 @@ from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 from doctor.verdict import ProbeStatus
 
+from .meta_rows import ddp_rows, loader_rows, model_state_rows
 from .readback import (
     Unreadable,
+    as_bool,
     as_dict,
     as_float,
     as_int,
@@ -97,11 +99,9 @@ def _load_node(run_dir: Path) -> RunData:
         statuses += [{**who, "probe": str(name), "ok": s.get("ok") is True,
                       "reason": str(s.get("reason") or ""), "hint": str(s.get("hint") or "")}
                      for name, s in as_dict(meta.get("probes")).items() if isinstance(s, dict)]
-        model_states += _model_state_rows(who, meta)
-        ddp += _ddp_rows(who, meta)
-        counts = as_dict(meta.get("batch_tensors"))
-        loaders += [{**who, **lo, "batch_tensors": counts.get(str(lo.get("id")))}
-                    for lo in as_list(meta.get("loaders")) if isinstance(lo, dict)]
+        model_states += model_state_rows(who, meta)
+        ddp += ddp_rows(who, meta)
+        loaders += loader_rows(who, meta)
         marks.append(_ring(proc_dir, "steps", who, problems))
         for name in INTERVAL_RINGS:
             intervals.append(_ring(proc_dir, name, who, problems).assign(name=name))
@@ -238,64 +238,6 @@ def _meta(proc_dir: Path, problems: list[str] | None = None) -> dict[str, Any]:
         return {}
 
 
-def _model_state_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """The model-state probe's rows of one process (doctor.probes.model_state), with its tag;
-    each optimizer's class a row of kind "optimizer" (its name as the dtype, no bytes)."""
-    states = meta.get("model_state")
-    states = states if isinstance(states, dict) else {}
-    rows = [{**who, "tag": tag, **row} for tag, state in states.items() if isinstance(state, dict)
-            for row in state.get("rows") or () if isinstance(row, dict)]
-    rows += [{**who, "tag": tag, "kind": "optimizer", "device": "", "dtype": str(name),
-              "bytes": 0, "tensors": 0} for tag, state in states.items()
-             if isinstance(state, dict) for name in state.get("optimizers") or ()]
-    return rows + _activation_rows(who, meta.get("saved_tensors"))
-
-
-def _ddp_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each DistributedDataParallel the process built (doctor.probes.ddp): bucket bytes summed,
-    the last bucket's (reduced when backward ends: never overlapped), seconds from DDP's
-    nanoseconds."""
-    rows = []
-    for d in meta.get("ddp") or ():
-        if not isinstance(d, dict):
-            continue
-        sizes = [float(b) for b in d.get("bucket_bytes") or () if isinstance(b, int | float)]
-        rows.append({
-            **who, "bucket_cap_bytes": d.get("bucket_cap_bytes"), "buckets": len(sizes),
-            "bucket_bytes": sum(sizes) if sizes else None,
-            "last_bucket_bytes": sizes[-1] if sizes else None,
-            "parameter_bytes": d.get("parameter_bytes"),
-            "dtypes": ",".join(str(t) for t in d.get("dtypes") or ()),
-            "backend": d.get("backend"), "world_size": d.get("world_size"),
-            **{f"backward_{k}_s": _seconds(d.get(f"backward_{k}_ns"))
-               for k in ("compute", "comm", "overlap")},
-            **{k: bool(d.get(k)) for k in ("gradient_as_bucket_view", "static_graph",
-                                           "find_unused_parameters")},
-        })
-    return rows
-
-
-def _seconds(ns: Any) -> float | None:
-    return float(ns) * 1e-9 if isinstance(ns, int | float) and ns > 0 else None
-
-
-def _activation_rows(who: dict[str, Any], saved: Any) -> list[dict[str, Any]]:
-    """The bytes saved for backward (doctor.probes.saved_tensors): kind "activations", one row
-    per window step (tag "window_step", dtype "all"), and per device and dtype the mean of a
-    step (tag "window", device and dtype from "cuda:float32")."""
-    if not isinstance(saved, dict):
-        return []
-    steps = [s for s in saved.get("steps") or () if isinstance(s, list) and len(s) == 2]
-    rows = [{**who, "tag": "window_step", "kind": "activations", "device": "all",
-             "dtype": "all", "bytes": int(b), "tensors": int(n)} for b, n in steps]
-    dtypes = saved.get("dtypes")
-    for key, nbytes in (dtypes.items() if isinstance(dtypes, dict) and steps else ()):
-        device, _, dtype = str(key).rpartition(":")
-        rows.append({**who, "tag": "window", "kind": "activations", "device": device or "all",
-                     "dtype": dtype, "bytes": int(nbytes) // len(steps), "tensors": 0})
-    return rows
-
-
 def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str, Any]
                  ) -> dict[str, Any]:
     window = meta.get("window")
@@ -305,12 +247,14 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str,
     return {**who, "role": role, "path": str(proc_dir), "ppid": meta.get("ppid"),
             "started_ns": meta.get("started_ns"), "ended_ns": meta.get("ended_ns"),
             "cores": meta.get("cores"), "world_size": meta.get("world_size"),
-            "torch_version": meta.get("torch_version"), "torch_threads": meta.get("torch_threads"),
-            "cuda": meta.get("cuda"), "crashed": meta.get("crashed"),
-            "crashed_ns": meta.get("crashed_ns"), "window_state": window.get("state"),
-            "window_reason": window.get("reason"), "window_shapes": window.get("shapes"),
-            "cuda_uuid": meta.get("cuda_uuid"),
-            "cuda_initialized": meta.get("cuda_initialized"),
+            "torch_version": as_str(meta.get("torch_version")),
+            "torch_threads": meta.get("torch_threads"),
+            "cuda": as_bool(meta.get("cuda")), "crashed": as_str(meta.get("crashed")),
+            "crashed_ns": meta.get("crashed_ns"), "window_state": as_str(window.get("state")),
+            "window_reason": as_str(window.get("reason")),
+            "window_shapes": as_bool(window.get("shapes")),
+            "cuda_uuid": as_str(meta.get("cuda_uuid")),
+            "cuda_initialized": as_bool(meta.get("cuda_initialized")),
             "cuda_device": meta.get("cuda_device"),
             "start_private_bytes": start.get("private_bytes"),
             "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns"),
