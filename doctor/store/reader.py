@@ -109,7 +109,8 @@ def _load_node(run_dir: Path) -> RunData:
         taken = read_stacks_meta(proc_dir)
         samples = read_stacks(proc_dir, taken) if taken is not None else None
         if (os.path.lexists(proc_dir / layout.STACKS_JSON) and taken is None) or (
-                samples is None and os.path.lexists(proc_dir / layout.STACKS_TXT)):
+                taken is not None and samples is None
+                and os.path.lexists(proc_dir / layout.STACKS_TXT)):
             problems.append(f"{proc_dir}: its stack samples cannot be read: left out")
             taken = samples = None
         if samples is not None:
