@@ -332,9 +332,7 @@ def try_(run_dir: Path | None, fixes: tuple[str, ...], sets: tuple[str, ...], st
         click.echo(line, err=True)
     if dry_run:
         return
-    if not yes and sys.stdin.isatty():
-        click.confirm("The job will run again (it may write checkpoints or logs each time). "
-                      "Go on?", abort=True, err=True)
+    _allowed_to_run(yes)
     record = execute(prepared, lambda line: click.echo(line, err=True))
     try_dir = Path(record["dir"])
     write_text_atomic(try_dir / layout.REPORT, render_try_html(record))
@@ -344,6 +342,19 @@ def try_(run_dir: Path | None, fixes: tuple[str, ...], sets: tuple[str, ...], st
         click.echo(f"doctor: could not update the run's report: {type(err).__name__}: {err}",
                    err=True)
     click.echo(render_try_text(record, report=str(try_dir / layout.REPORT)), nl=False)
+
+
+def _allowed_to_run(yes: bool) -> None:
+    """Whether doctor try may run the job: ``--yes``, or a yes typed at a terminal. Without a
+    terminal to ask on (CI, a pipe, an IDE) and without ``--yes``, nothing runs: the plan was
+    printed, and one line says how to run it (exit status 2)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError("doctor try runs the job again only when told to: stdin is not a "
+                         "terminal to ask on, so pass --yes to run the plan above")
+    click.confirm("The job will run again (it may write checkpoints or logs each time). "
+                  "Go on?", abort=True, err=True)
 
 
 @cli.command()

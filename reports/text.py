@@ -11,13 +11,13 @@ import contextlib
 import json
 import math
 import re
-import shlex
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from doctor.reports.verified import verified_line
 from doctor.store.redact import redact_argv, redact_value
+from doctor.tries.escape import escaped, shell_command, shell_word
 from doctor.verdict import Analysis, Finding, Verdict, fix_id
 
 #: The bottleneck in words, for headlines.
@@ -113,9 +113,9 @@ def partial_line(verdict: Verdict) -> str:
 def command_line(job: Mapping[str, Any]) -> str:
     """The job's command as a shell would take it, its secrets hidden (doctor.store.redact)."""
     argv = job.get("argv")
-    if isinstance(argv, Sequence) and not isinstance(argv, str):
-        return shlex.join(redact_argv(argv))
-    return redact_value(str(argv)) if argv else ""
+    if isinstance(argv, Sequence) and not isinstance(argv, str):  # escaped: a received run's
+        return shell_command(redact_argv([str(a) for a in argv]))  # argv never acts on the terminal
+    return escaped(redact_value(str(argv))) if argv else ""
 
 
 def format_seconds(value: Any) -> str:
@@ -279,7 +279,7 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
     if report_path:
         out += _wrap(f"Report: {report_path}", width, "", "  ")
     elif analysis.source and not full:
-        out += _wrap(f"Details: doctor report {shlex.quote(analysis.source)} --format text",
+        out += _wrap(f"Details: doctor report {shell_word(analysis.source)} --format text",
                      width, "", "  ")
     return "\n".join(clean(line) for line in out).rstrip() + "\n"
 

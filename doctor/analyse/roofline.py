@@ -77,10 +77,20 @@ class Roofs:
 def measured_roofs(peaks: Mapping[str, Any] | None, device: str) -> Roofs | None:
     """The roofs of ``device`` ("cpu" or "cuda") from doctor.probes.peaks' record."""
     side = (peaks or {}).get(device)
-    if not isinstance(side, dict) or not side.get("gemm_flops") or not side.get("copy_bytes_s"):
+    if not isinstance(side, dict) or not isinstance(side.get("gemm_flops"), dict):
+        return None  # (a run.json damaged or written by hand: no roof rather than a wrong one)
+    flops = {DTYPE_NAMES.get(str(k), str(k)): v for k, v in side["gemm_flops"].items()
+             if _positive(v)}
+    copy: Any = side.get("copy_bytes_s")
+    if not flops or not _positive(copy):
         return None
-    flops = {DTYPE_NAMES.get(k, k): float(v) for k, v in side["gemm_flops"].items()}
-    return Roofs(flops, float(side["copy_bytes_s"]), "measured on this machine", device)
+    return Roofs({k: float(v) for k, v in flops.items()}, float(copy), "measured on this machine",
+                 device)
+
+
+def _positive(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and 0 < value < float("inf"))
 
 
 def published_roofs(gpu_name: str | None) -> Roofs | None:

@@ -97,6 +97,8 @@ def trace_of(proc_dir: Path) -> Path | None:
 def process_dirs(run_dir: Path) -> Iterator[tuple[Path, int, str, int]]:
     """(folder, rank, role, pid) of every process folder, in order of rank, then name."""
     for rank_dir in sorted(run_dir.glob("rank-*")):
+        if not rank_dir.is_dir():
+            continue
         try:
             rank = int(rank_dir.name.split("-", 1)[1])
         except ValueError:

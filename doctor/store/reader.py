@@ -9,7 +9,8 @@ say.
 
 from __future__ import annotations
 
-import json
+import os
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,6 @@ import pandas as pd
 from doctor.errors import (
     RingFormatError,
     RingVersionError,
-    RunDirError,
     RunFormatError,
     WindowUnavailable,
 )
@@ -44,10 +44,27 @@ from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 from doctor.verdict import ProbeStatus
 
+from .meta_rows import ddp_rows, loader_rows, model_state_rows
+from .readback import (
+    Unreadable,
+    as_bool,
+    as_dict,
+    as_float,
+    as_int,
+    as_list,
+    as_str,
+    printable,
+    read_json_dict,
+    read_text,
+    real_dir_inside,
+    regular_file,
+)
 from .records import RING_PROBES
 from .ringbuffer import ring_stop_reason
 
 RING_NAMES = ("steps", *INTERVAL_RINGS, "events")
+ERROR_LIMIT = 1 << 20  # bytes read of a bootstrap error (its first line is reported)
+RING_LIMIT = 1 << 30  # bytes of a ring file read (doctor's are a few MB)
 
 
 def load_run(dirs: Path | Sequence[Path]) -> RunData:
@@ -76,17 +93,18 @@ def _load_node(run_dir: Path) -> RunData:
     ddp: list[dict[str, Any]] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
-        meta = _meta(proc_dir)
+        if not real_dir_inside(proc_dir, run_dir):
+            problems.append(f"{proc_dir} is a link or leads out of the run directory: left out")
+            continue
+        meta = _meta(proc_dir, problems)
         who = {"node": 0, "rank": rank, "pid": pid}
         procs.append(_process_row(who, role, proc_dir, meta))
-        statuses += [{**who, "probe": name, "ok": bool(s.get("ok")),
-                      "reason": s.get("reason", ""), "hint": s.get("hint", "")}
-                     for name, s in (meta.get("probes") or {}).items() if isinstance(s, dict)]
-        model_states += _model_state_rows(who, meta)
-        ddp += _ddp_rows(who, meta)
-        counts = meta.get("batch_tensors") or {}
-        loaders += [{**who, **lo, "batch_tensors": counts.get(str(lo.get("id")))}
-                    for lo in meta.get("loaders") or []]
+        statuses += [{**who, "probe": str(name), "ok": s.get("ok") is True,
+                      "reason": str(s.get("reason") or ""), "hint": str(s.get("hint") or "")}
+                     for name, s in as_dict(meta.get("probes")).items() if isinstance(s, dict)]
+        model_states += model_state_rows(who, meta)
+        ddp += ddp_rows(who, meta)
+        loaders += loader_rows(who, meta)
         marks.append(_ring(proc_dir, "steps", who, problems))
         for name in INTERVAL_RINGS:
             intervals.append(_ring(proc_dir, name, who, problems).assign(name=name))
@@ -94,22 +112,33 @@ def _load_node(run_dir: Path) -> RunData:
         statuses = _with_stopped_rings(statuses, proc_dir, who, problems)
         taken = read_stacks_meta(proc_dir)
         samples = read_stacks(proc_dir, taken) if taken is not None else None
+        if (os.path.lexists(proc_dir / layout.STACKS_JSON) and taken is None) or (
+                taken is not None and samples is None
+                and os.path.lexists(proc_dir / layout.STACKS_TXT)):
+            problems.append(f"{proc_dir}: its stack samples cannot be read: left out")
+            taken = samples = None
         if samples is not None:
             stacks += [{**who, "stack": s, "count": n} for s, n in samples.stacks.items()]
         if taken is not None:
+            rate = as_float(taken.get("rate_hz"))
             spans.append({**who, "recorder": str(taken.get("recorder", "?")),
-                          "rate_hz": float(taken.get("rate_hz", DEFAULT_RATE_HZ)),
-                          "start_ns": _int(taken.get("start_ns")),
-                          "end_ns": _int(taken.get("end_ns")), "taken": _int(taken.get("taken"))})
-        trace = layout.trace_of(proc_dir)
-        if trace is not None and not role.startswith("worker"):
+                          "rate_hz": rate if rate and rate > 0 else DEFAULT_RATE_HZ,
+                          "start_ns": as_int(taken.get("start_ns")) or 0,
+                          "end_ns": as_int(taken.get("end_ns")) or 0,
+                          "taken": as_int(taken.get("taken")) or 0})
+        trace = next((proc_dir / n for n in (layout.TRACE_GZ, layout.TRACE)
+                      if os.path.lexists(proc_dir / n)), None)
+        if trace is not None and not role.startswith("worker") and not regular_file(trace):
+            window_status.append({**who, "ok": False,
+                                  "reason": f"{trace.name} is not a regular file: not read"})
+        elif trace is not None and not role.startswith("worker"):
             try:
                 window = read_window(trace, rank)
                 windows.append(window.steps.assign(node=0, pid=pid))
                 ops.append(window.ops.assign(**who))
                 collectives.append(window.calls.assign(**who))
                 window_events.append(on_process_clock(
-                    window.events, meta.get("window") or {},
+                    window.events, as_dict(meta.get("window")),
                     _window_span(process_events)).assign(**who))
                 window_status.append({**who, "ok": True, "reason": "",
                                       "events": window.events_total})
@@ -117,15 +146,15 @@ def _load_node(run_dir: Path) -> RunData:
                 window_status.append({**who, "ok": False, "reason": f"trace unreadable: {err}"})
         if not role.startswith("worker"):
             dirs_of[pid] = proc_dir
-    host, system = read_host(run_dir)
-    memory = read_memory(dirs_of)
+    host, system = read_host(run_dir, problems)
+    memory = read_memory(dirs_of, problems)
     rank_of = {p["pid"]: p["rank"] for p in procs}
     memory["rank"] = [rank_of.get(int(p), -1) for p in memory["pid"]]
     parts: dict[str, Any] = {
         "processes": procs, "probe_status": statuses, "loaders": loaders,
         "marks": _concat(marks), "intervals": _concat(intervals), "events": _concat(events),
         "stacks": stacks, "stack_spans": spans, "host": host.assign(node=0),
-        "system": system.assign(node=0), "gpu": read_gpu(run_dir).assign(node=0),
+        "system": system.assign(node=0), "gpu": read_gpu(run_dir, problems).assign(node=0),
         "gpu_procs": read_gpu_procs(run_dir).assign(node=0),
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
@@ -149,41 +178,46 @@ def _window_span(events: pd.DataFrame) -> tuple[int, int] | None:
 
 
 def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecord:
-    errors = tuple(_first_line(p) for p in layout.bootstrap_errors(run_dir))
-    probes = {str(k): ProbeStatus(bool(v.get("ok")), str(v.get("reason", "")),
-                                  str(v.get("hint", "")))
-              for k, v in (raw.get("probes") or {}).items() if isinstance(v, dict)}
+    """The run record, each field taken only when it has its type (a field of another type is
+    as good as absent: a damaged or hand-edited run.json)."""
+    errors = tuple(_first_line(p) for p in layout.bootstrap_errors(run_dir)
+                   if real_dir_inside(p.parent, run_dir))
+    probes = {str(k): ProbeStatus(v.get("ok") is True, str(v.get("reason") or ""),
+                                  str(v.get("hint") or ""))
+              for k, v in as_dict(raw.get("probes")).items() if isinstance(v, dict)}
+    argv = raw.get("argv")
+    if not isinstance(argv, list) and argv is not None:
+        problems.append(f"{run_dir / layout.RUN_RECORD}: its argv is not a list: left out")
+    t0 = as_float(raw.get("t0_monotonic_s")) or 0.0
+    visible = as_dict(raw.get("env")).get("CUDA_VISIBLE_DEVICES")
+    host = as_str(raw.get("host"))
     return RunRecord(
-        kind=str(raw.get("mode") or RUN), source=str(run_dir),
-        argv=tuple(str(a) for a in raw.get("argv") or ()),
-        exit_code=raw.get("exit_code"), signal=raw.get("signal"),
-        cores=int(raw["cores"]) if raw.get("cores") else None,
-        memory_bytes=int(raw["memory_bytes"]) if raw.get("memory_bytes") else None,
+        kind=as_str(raw.get("mode")) or RUN, source=printable(str(run_dir)),
+        argv=tuple(printable(str(a)) for a in as_list(argv)),
+        exit_code=as_int(raw.get("exit_code")), signal=as_int(raw.get("signal")),
+        cores=as_int(raw.get("cores")) or None,
+        memory_bytes=as_int(raw.get("memory_bytes")) or None,
         peaks=raw["peaks"] if isinstance(raw.get("peaks"), dict) else None,
-        host=raw.get("host"), python=raw.get("python"), started=raw.get("started"),
-        duration_s=raw.get("duration_s"), fd_handoff_s=raw.get("fd_handoff_s"), probes=probes,
-        nodes=(raw.get("host"),),
-        t0_ns={0: int(float(raw.get("t0_monotonic_s", 0.0)) * 1e9)},
+        host=host, python=as_str(raw.get("python")), started=as_str(raw.get("started")),
+        duration_s=as_float(raw.get("duration_s")),
+        fd_handoff_s=as_float(raw.get("fd_handoff_s")), probes=probes,
+        nodes=(host,),
+        t0_ns={0: int(t0 * 1e9) if abs(t0) < 1e9 else 0},
         bootstrap_errors=errors, problems=tuple(problems), tries=tuple(read_tries(run_dir)),
         gpus=tuple({**g, "node": 0} for g in read_gpu_info(run_dir)),
-        visible_devices=(raw.get("env") or {}).get("CUDA_VISIBLE_DEVICES"),
+        visible_devices=visible if isinstance(visible, str) else None,
         links=raw.get("links") if isinstance(raw.get("links"), dict) else None,
         deaths=tuple(d for d in raw.get("deaths") or () if isinstance(d, dict))
         if isinstance(raw.get("deaths"), list) else (),
     )
 
 
-def _int(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
 def _first_line(path: Path) -> str:
     try:
-        return path.read_text().strip().splitlines()[0]
-    except (OSError, IndexError):
+        return printable(read_text(path, ERROR_LIMIT).strip().splitlines()[0])
+    except Unreadable as err:
+        return f"its message cannot be read ({err})"
+    except IndexError:
         return "no message"
 
 
@@ -192,75 +226,23 @@ def job_world_size(run_dir: Path) -> int:
     its folders if more: 1 for a job without ranks."""
     world = 1
     for proc_dir, rank, _role, _pid in layout.process_dirs(run_dir):
-        size = _meta(proc_dir).get("world_size")
-        world = max(world, rank + 1, size if isinstance(size, int) else 1)
+        size = as_int(_meta(proc_dir).get("world_size"))
+        world = max(world, rank + 1, size if size is not None and size < 1 << 20 else 1)
     return world
 
 
-def _meta(proc_dir: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads((proc_dir / layout.META).read_text())
-    except (OSError, json.JSONDecodeError):
+def _meta(proc_dir: Path, problems: list[str] | None = None) -> dict[str, Any]:
+    """A process folder's meta.json; {} when it has none (a process killed at birth) or it
+    cannot be read (said in ``problems``: what the process was is then unknown)."""
+    path = proc_dir / layout.META
+    if not os.path.lexists(path):
         return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def _model_state_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """The model-state probe's rows of one process (doctor.probes.model_state), with its tag;
-    each optimizer's class a row of kind "optimizer" (its name as the dtype, no bytes)."""
-    states = meta.get("model_state")
-    states = states if isinstance(states, dict) else {}
-    rows = [{**who, "tag": tag, **row} for tag, state in states.items() if isinstance(state, dict)
-            for row in state.get("rows") or () if isinstance(row, dict)]
-    rows += [{**who, "tag": tag, "kind": "optimizer", "device": "", "dtype": str(name),
-              "bytes": 0, "tensors": 0} for tag, state in states.items()
-             if isinstance(state, dict) for name in state.get("optimizers") or ()]
-    return rows + _activation_rows(who, meta.get("saved_tensors"))
-
-
-def _ddp_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each DistributedDataParallel the process built (doctor.probes.ddp): bucket bytes summed,
-    the last bucket's (reduced when backward ends: never overlapped), seconds from DDP's
-    nanoseconds."""
-    rows = []
-    for d in meta.get("ddp") or ():
-        if not isinstance(d, dict):
-            continue
-        sizes = [float(b) for b in d.get("bucket_bytes") or () if isinstance(b, int | float)]
-        rows.append({
-            **who, "bucket_cap_bytes": d.get("bucket_cap_bytes"), "buckets": len(sizes),
-            "bucket_bytes": sum(sizes) if sizes else None,
-            "last_bucket_bytes": sizes[-1] if sizes else None,
-            "parameter_bytes": d.get("parameter_bytes"),
-            "dtypes": ",".join(str(t) for t in d.get("dtypes") or ()),
-            "backend": d.get("backend"), "world_size": d.get("world_size"),
-            **{f"backward_{k}_s": _seconds(d.get(f"backward_{k}_ns"))
-               for k in ("compute", "comm", "overlap")},
-            **{k: bool(d.get(k)) for k in ("gradient_as_bucket_view", "static_graph",
-                                           "find_unused_parameters")},
-        })
-    return rows
-
-
-def _seconds(ns: Any) -> float | None:
-    return float(ns) * 1e-9 if isinstance(ns, int | float) and ns > 0 else None
-
-
-def _activation_rows(who: dict[str, Any], saved: Any) -> list[dict[str, Any]]:
-    """The bytes saved for backward (doctor.probes.saved_tensors): kind "activations", one row
-    per window step (tag "window_step", dtype "all"), and per device and dtype the mean of a
-    step (tag "window", device and dtype from "cuda:float32")."""
-    if not isinstance(saved, dict):
-        return []
-    steps = [s for s in saved.get("steps") or () if isinstance(s, list) and len(s) == 2]
-    rows = [{**who, "tag": "window_step", "kind": "activations", "device": "all",
-             "dtype": "all", "bytes": int(b), "tensors": int(n)} for b, n in steps]
-    dtypes = saved.get("dtypes")
-    for key, nbytes in (dtypes.items() if isinstance(dtypes, dict) and steps else ()):
-        device, _, dtype = str(key).rpartition(":")
-        rows.append({**who, "tag": "window", "kind": "activations", "device": device or "all",
-                     "dtype": dtype, "bytes": int(nbytes) // len(steps), "tensors": 0})
-    return rows
+    try:
+        return read_json_dict(path)
+    except Unreadable as err:
+        if problems is not None:
+            problems.append(f"{err}: left out")
+        return {}
 
 
 def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str, Any]
@@ -272,12 +254,14 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str,
     return {**who, "role": role, "path": str(proc_dir), "ppid": meta.get("ppid"),
             "started_ns": meta.get("started_ns"), "ended_ns": meta.get("ended_ns"),
             "cores": meta.get("cores"), "world_size": meta.get("world_size"),
-            "torch_version": meta.get("torch_version"), "torch_threads": meta.get("torch_threads"),
-            "cuda": meta.get("cuda"), "crashed": meta.get("crashed"),
-            "crashed_ns": meta.get("crashed_ns"), "window_state": window.get("state"),
-            "window_reason": window.get("reason"), "window_shapes": window.get("shapes"),
-            "cuda_uuid": meta.get("cuda_uuid"),
-            "cuda_initialized": meta.get("cuda_initialized"),
+            "torch_version": as_str(meta.get("torch_version")),
+            "torch_threads": meta.get("torch_threads"),
+            "cuda": as_bool(meta.get("cuda")), "crashed": as_str(meta.get("crashed")),
+            "crashed_ns": meta.get("crashed_ns"), "window_state": as_str(window.get("state")),
+            "window_reason": as_str(window.get("reason")),
+            "window_shapes": as_bool(window.get("shapes")),
+            "cuda_uuid": as_str(meta.get("cuda_uuid")),
+            "cuda_initialized": as_bool(meta.get("cuda_initialized")),
             "cuda_device": meta.get("cuda_device"),
             "start_private_bytes": start.get("private_bytes"),
             "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns"),
@@ -291,7 +275,13 @@ def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -
     again); a damaged one (a process killed as it made it) is left out, and ``problems`` says
     so."""
     path = layout.ring_path(proc_dir, name)
-    if not path.is_file():
+    if not os.path.lexists(path):
+        return pd.DataFrame()
+    if not regular_file(path):
+        problems.append(f"{path} is not a regular file: left out")
+        return pd.DataFrame()
+    if path.stat().st_size > RING_LIMIT:
+        problems.append(f"{path} is over {RING_LIMIT >> 20} MB, not a ring of doctor's: left out")
         return pd.DataFrame()
     try:
         records, _written = read_ring(path)
@@ -303,8 +293,9 @@ def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -
     except RingFormatError as err:
         problems.append(f"{err}: left out")
         return pd.DataFrame()
-    except OSError as err:
-        raise RunDirError(f"{path} is unreadable: {err.strerror or err}") from err
+    except (OSError, ValueError, TypeError, struct.error) as err:  # a damaged header
+        problems.append(f"{path}: not readable as a ring ({type(err).__name__}): left out")
+        return pd.DataFrame()
     n = len(records)
     return pd.DataFrame({**{k: np.full(n, v, dtype=np.int64) for k, v in who.items()},
                          **{k: records[k] for k in records.dtype.names or ()}})

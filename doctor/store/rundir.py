@@ -104,13 +104,17 @@ def write_run_record(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def read_run_record(run_dir: Path) -> dict[str, Any]:
+    """The run record of ``run_dir``, read defensively (doctor.store.readback): RunDirError, one
+    line, when it is missing, not a regular file, not a JSON object or of another format."""
+    from .readback import Unreadable, read_json
+
     path = run_dir / layout.RUN_RECORD
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise RunDirError(f"{run_dir} is not a doctor run directory (no {layout.RUN_RECORD})")
     try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise RunDirError(f"{path} is unreadable: {err}") from err
+        record = read_json(path)
+    except Unreadable as err:
+        raise RunDirError(f"{err}: not a run record that can be read") from err
     schema = record.get("schema") if isinstance(record, dict) else None
     if schema not in layout.READS:
         if isinstance(schema, str) and schema.startswith("doctor.run/"):
@@ -181,9 +185,11 @@ def _write_json(path: Path, record: Mapping[str, Any]) -> None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    from .readback import Unreadable, read_json
+
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = read_json(path)
+    except Unreadable:
         return {}
     return record if isinstance(record, dict) else {}
 

@@ -9,6 +9,7 @@ column, so that stages downstream never test for absence column by column.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,16 +52,21 @@ def save_host(run_dir: Path, procs: Columns, system: Columns) -> None:
         np.savez_compressed(f, **arrays)
 
 
-def read_host(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-process samples with cpu_pct, machine samples); empty frames when absent."""
-    path = run_dir / HOST
-    if not path.exists():
-        return _empty((*PROC_COLUMNS, "cpu_pct")), _empty(SYSTEM_COLUMNS)
-    with np.load(path) as z:
-        n = len(z["proc_t_s"])
-        procs = pd.DataFrame({c: z[f"proc_{c}"] if f"proc_{c}" in z else np.full(n, np.nan)
-                              for c in PROC_COLUMNS})
-        system = pd.DataFrame({c: z[f"system_{c}"] for c in SYSTEM_COLUMNS})
+def read_host(run_dir: Path, problems: list[str] | None = None
+              ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-process samples with cpu_pct, machine samples); empty frames when absent, or when
+    the file cannot be read (said in ``problems``)."""
+    empty = _empty((*PROC_COLUMNS, "cpu_pct")), _empty(SYSTEM_COLUMNS)
+    z = _arrays(run_dir / HOST, problems)
+    if z is None:
+        return empty
+    procs = _frame(z, PROC_COLUMNS, "proc_", required=("t_s", "pid", "ppid", "cpu_s"))
+    system = _frame(z, SYSTEM_COLUMNS, "system_", required=SYSTEM_COLUMNS)
+    if procs is None or system is None:
+        _say(problems, f"{run_dir / HOST}: its columns are missing or of unequal lengths")
+        return empty
+    finite = np.isfinite(procs["pid"]) & np.isfinite(procs["ppid"])
+    procs = procs[finite]
     procs["pid"] = procs["pid"].astype("int64")
     procs["ppid"] = procs["ppid"].astype("int64")
     procs = procs.sort_values(["pid", "t_s"]).reset_index(drop=True)
@@ -68,6 +74,38 @@ def read_host(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     dcpu = procs.groupby("pid")["cpu_s"].diff()
     procs["cpu_pct"] = (dcpu / dt * 100.0).where(dt > 0)
     return procs, system
+
+
+def _say(problems: list[str] | None, line: str) -> None:
+    if problems is not None:
+        problems.append(f"{line}: left out")
+
+
+def _arrays(path: Path, problems: list[str] | None) -> dict[str, Any] | None:
+    """The arrays of a samples file; None when there is none, or it cannot be read (said)."""
+    from .readback import Unreadable, load_arrays
+
+    if not os.path.lexists(path):
+        return None
+    try:
+        return load_arrays(path)
+    except Unreadable as err:
+        _say(problems, str(err))
+        return None
+
+
+def _frame(z: Mapping[str, Any], columns: Iterable[str], prefix: str = "",
+           required: Iterable[str] = ()) -> pd.DataFrame | None:
+    """The columns of ``z`` (``prefix`` + name) as a float frame, a column it lacks as NaN;
+    None when a ``required`` column is missing or the columns' lengths differ."""
+    if any(f"{prefix}{c}" not in z for c in required):
+        return None
+    present = [z[f"{prefix}{c}"] for c in columns if f"{prefix}{c}" in z]
+    n = len(present[0]) if present else 0
+    if any(len(a) != n for a in present):
+        return None
+    return pd.DataFrame({c: z[f"{prefix}{c}"].astype(np.float64) if f"{prefix}{c}" in z
+                         else np.full(n, np.nan) for c in columns})
 
 
 def save_gpu(run_dir: Path, columns: Columns, procs: Columns | None = None,
@@ -86,56 +124,74 @@ def save_gpu(run_dir: Path, columns: Columns, procs: Columns | None = None,
             np.savez_compressed(f, **arrays)
 
 
-def read_gpu(run_dir: Path) -> pd.DataFrame:
-    """The per-GPU samples; columns a run of an older doctor did not record read as NaN."""
-    path = run_dir / GPU
-    if not path.exists():
+def read_gpu(run_dir: Path, problems: list[str] | None = None) -> pd.DataFrame:
+    """The per-GPU samples; columns a run of an older doctor did not record read as NaN (a file
+    that cannot be read: none, said in ``problems``)."""
+    z = _arrays(run_dir / GPU, problems)
+    frame = _frame(z, GPU_COLUMNS, required=("t_s", "gpu")) if z is not None else None
+    if frame is None:
+        if z is not None:
+            _say(problems, f"{run_dir / GPU}: its GPU columns are missing or of unequal lengths")
         return _empty(GPU_COLUMNS)
-    with np.load(path) as z:
-        n = len(z["t_s"])
-        frame = pd.DataFrame({c: z[c] if c in z else np.full(n, np.nan) for c in GPU_COLUMNS})
+    frame = frame[np.isfinite(frame["gpu"])]
     frame["gpu"] = frame["gpu"].astype("int64")
     return frame
 
 
 def read_gpu_procs(run_dir: Path) -> pd.DataFrame:
-    """Which processes ran on which GPU, per rescan; empty when not recorded."""
-    path = run_dir / GPU
-    if not path.exists():
+    """Which processes ran on which GPU, per rescan; empty when not recorded (or unreadable:
+    read_gpu says so)."""
+    z = _arrays(run_dir / GPU, None)
+    frame = _frame(z, GPU_PROC_COLUMNS, "proc_", required=GPU_PROC_COLUMNS) if z else None
+    if frame is None:
         return _empty(GPU_PROC_COLUMNS)
-    with np.load(path) as z:
-        if "proc_t_s" not in z:
-            return _empty(GPU_PROC_COLUMNS)
-        frame = pd.DataFrame({c: z[f"proc_{c}"] for c in GPU_PROC_COLUMNS})
+    frame = frame[np.isfinite(frame["gpu"]) & np.isfinite(frame["pid"])]
     for c in ("gpu", "pid"):
         frame[c] = frame[c].astype("int64")
     return frame
 
 
 def read_gpu_info(run_dir: Path) -> list[dict[str, Any]]:
-    """What each GPU of the node is (``gpus.json``), index order; [] when not recorded."""
+    """What each GPU of the node is (``gpus.json``), index order; [] when not recorded (or not
+    readable)."""
+    from .readback import Unreadable, read_json
+
     try:
-        info = json.loads((run_dir / GPU_INFO).read_text())
-    except (OSError, json.JSONDecodeError):
+        info = read_json(run_dir / GPU_INFO)
+    except (Unreadable, FileNotFoundError):
         return []
     return [g for g in info if isinstance(g, dict)] if isinstance(info, list) else []
 
 
-def read_memory(proc_dirs: Mapping[int, Path]) -> pd.DataFrame:
+def read_memory(proc_dirs: Mapping[int, Path], problems: list[str] | None = None
+                ) -> pd.DataFrame:
     """Every snapshot the process folders (pid -> folder) hold, with ``pid`` and ``t_s`` (from
     the first snapshot); an empty frame when none."""
+    from .readback import Unreadable, as_float, read_text
+
     rows: list[dict[str, Any]] = []
     for pid, d in proc_dirs.items():
         path = d / MEMORY
-        if not path.is_file():
+        if not os.path.lexists(path):
             continue
-        for line in path.read_text().splitlines():
+        try:
+            text = read_text(path)
+        except Unreadable as err:
+            _say(problems, str(err))
+            continue
+        for line in text.splitlines():
             try:
-                rows.append({**json.loads(line), "pid": pid})
-            except json.JSONDecodeError:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
                 continue  # a line cut short by a kill
+            if isinstance(row, dict):
+                rows.append({**row, "pid": pid})
+    if not rows:
+        return _empty((*MEMORY_COLUMNS, "pid", "t_s"))
+    rows = [r for r in rows if as_float(r.get("t_ns")) is not None]  # a time, or no snapshot
     if not rows:
         return _empty((*MEMORY_COLUMNS, "pid", "t_s"))
     frame = pd.DataFrame(rows)
+    frame["t_ns"] = frame["t_ns"].astype(np.float64)
     frame["t_s"] = (frame["t_ns"] - frame["t_ns"].min()) * 1e-9
     return frame

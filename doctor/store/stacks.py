@@ -10,6 +10,7 @@ the sampled span on the shared monotonic clock, and the number of samples taken.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -47,18 +48,21 @@ def stacks_output(proc_dir: Path) -> Path:
 def read_stacks(proc_dir: Path, meta: dict[str, Any] | None = None) -> StackSamples | None:
     """The samples a process folder holds (``meta``: its stacks.json, when already read), or
     None."""
+    from .readback import Unreadable, as_float, as_int, read_text
+
     txt = proc_dir / STACKS_TXT
     meta = read_stacks_meta(proc_dir) if meta is None else meta
-    if meta is None or not txt.is_file():
+    if meta is None or not os.path.lexists(txt):
         return None
     try:
-        stacks = parse_raw(txt.read_text(errors="replace"), main_thread=pid_of(proc_dir))
-    except (OSError, ValueError):
+        stacks = parse_raw(read_text(txt), main_thread=pid_of(proc_dir))
+    except (Unreadable, ValueError):
         return None
+    rate = as_float(meta.get("rate_hz"))
     return StackSamples(stacks, str(meta.get("recorder", "?")),
-                        float(meta.get("rate_hz", DEFAULT_RATE_HZ)),
-                        (int(meta.get("start_ns", 0)), int(meta.get("end_ns", 0))),
-                        int(meta.get("taken", 0)))
+                        rate if rate and rate > 0 else DEFAULT_RATE_HZ,
+                        (as_int(meta.get("start_ns")) or 0, as_int(meta.get("end_ns")) or 0),
+                        as_int(meta.get("taken")) or 0)
 
 
 _THREAD = re.compile(r"^thread \((?:0x)?(?P<tid>[0-9A-Fa-f]+)\)(: .*)?$")
@@ -98,9 +102,11 @@ def format_raw(stacks: Mapping[tuple[str, ...], int]) -> str:
 
 def read_stacks_meta(proc_dir: Path) -> dict[str, Any] | None:
     """A process folder's stacks.json (recorder, rate, span, samples taken), or None."""
+    from .readback import Unreadable, read_json
+
     try:
-        meta = json.loads((proc_dir / STACKS_JSON).read_text())
-    except (OSError, ValueError):
+        meta = read_json(proc_dir / STACKS_JSON)
+    except Unreadable:
         return None
     return meta if isinstance(meta, dict) else None
 

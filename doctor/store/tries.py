@@ -108,10 +108,13 @@ def write_try(try_dir: Path, record: dict[str, Any]) -> Path:
 
 
 def read_try(path: Path) -> dict[str, Any] | None:
-    """A try record, or None when it is unreadable or of another format."""
+    """A try record, or None when it is unreadable (not a regular file of its own, too large,
+    not JSON: doctor.store.readback) or of another format."""
+    from .readback import Unreadable, read_json
+
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = read_json(path)
+    except Unreadable:
         return None
     return record if isinstance(record, dict) and record.get("schema") == TRY_FORMAT else None
 
@@ -119,7 +122,11 @@ def read_try(path: Path) -> dict[str, Any] | None:
 def read_tries(run_dir: Path) -> list[dict[str, Any]]:
     """Every readable try of the run, oldest first, each with ``dir`` (relative to the run)."""
     out = []
+    from .readback import real_dir_inside
+
     for path in sorted((run_dir / layout.TRIES).glob(f"*/{layout.TRY_RECORD}")):
+        if not real_dir_inside(path.parent, run_dir):
+            continue
         record = read_try(path)
         if record is not None:
             out.append({**record, "dir": str(path.parent.relative_to(run_dir))})

@@ -60,7 +60,8 @@ def on_process_clock(events: pd.DataFrame, window: dict[str, Any],
     end_us = events["end_us"].to_numpy(np.float64)
     offset: float | None = None
     pair = window.get("clock")
-    if isinstance(pair, list | tuple) and len(pair) == 2:
+    if (isinstance(pair, list | tuple) and len(pair) == 2
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in pair)):
         offset = (int(pair[1]) - int(pair[0])) / 1e3  # Unix us minus session us
     if len(start_us) and span_ns is not None:
         first = (start_us.min() - (offset or 0.0)) * 1e3

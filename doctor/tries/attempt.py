@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from doctor.analyse.pipeline import analyze_run
 from doctor.command import JobCommand
 from doctor.errors import UsageError
-from doctor.launch import Launch, recorded_env, run_job
+from doctor.launch import RECORDED_ENV, Launch, recorded_env, run_job
 from doctor.record.overrides import ENV_APPLY
 from doctor.record.stop import ENV_STOP_AFTER
 from doctor.reports.json import render_json
@@ -31,6 +33,7 @@ from doctor.store.redact import REDACTED, is_redacted
 from doctor.store.rundir import read_run_record
 from doctor.store.safe_files import open_new, write_text_atomic
 from doctor.store.tries import keep_tail, output_paths, process_notes
+from doctor.tries.escape import escaped
 from doctor.tries.measure import AttemptResult
 from doctor.tuning import Apply
 
@@ -48,27 +51,62 @@ class RecordedJob:
     notes: list[str] = field(default_factory=list)  # how the environment differs from now
 
 
+#: Of the names run.json records (doctor.launch.RECORDED_ENV), those doctor try puts back: the
+#: job-shaping ones. PYTHONPATH is this shell's: a received run's would choose what the job
+#: imports. Any other name a run.json holds (LD_PRELOAD, BASH_ENV, PATH, PYTHONSTARTUP...) is
+#: never applied, and the plan says it was dropped.
+RESTORED_ENV = tuple(p for p in RECORDED_ENV if p != "PYTHONPATH")
+_ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def restorable(name: str) -> bool:
+    """Whether doctor try puts ``name`` back as the run recorded it (or unsets it to match)."""
+    return (_ENV_NAME.fullmatch(name) is not None and name.startswith(RESTORED_ENV)
+            and bool(recorded_env({name: ""})))
+
+
+def _restore_env(env: dict[str, str], recorded: dict[Any, Any], notes: list[str]) -> None:
+    """Put the job-shaping names of ``recorded`` (run.json ``env``) back into ``env``."""
+    dropped = sorted(escaped(str(k)) for k, v in recorded.items()
+                     if not (isinstance(k, str) and restorable(k) and isinstance(v, str)
+                             and "\0" not in v))
+    kept = {k: v for k, v in recorded.items() if isinstance(k, str) and restorable(k)
+            and isinstance(v, str) and "\0" not in v}
+    for key in list(env):
+        if restorable(key) and key not in kept:
+            notes.append(f"{key} unset, as when the run was recorded (now {escaped(env[key])!r})")
+            del env[key]
+    for key, value in kept.items():
+        if is_redacted([value]):  # a password doctor did not keep: the shell's, if any
+            notes.append(f"{key} as in this shell (its recorded value hides a password)")
+            continue
+        if env.get(key) != value:
+            now = escaped(env[key]) if key in env else None
+            notes.append(f"{key}={escaped(value)!r} as recorded (now {now!r})")
+        env[key] = value
+    if dropped:
+        notes.append("not restored from run.json (not a job-shaping name doctor records, or "
+                     f"not text): {', '.join(dropped)}")
+
+
 def recorded_job(run_dir: Path, now: Mapping[str, str] | None = None) -> RecordedJob:
+    """The job as run.json recorded it: argv, cwd, and this shell's environment with the
+    job-shaping names put back (``now``: the environment to start from, default this one)."""
     raw = read_run_record(run_dir)
     env = dict(os.environ if now is None else now)
     notes: list[str] = []
     recorded = raw.get("env")
     if isinstance(recorded, dict):
-        for key in list(env):
-            if recorded_env({key: env[key]}) and key not in recorded:
-                notes.append(f"{key} unset, as when the run was recorded (now {env[key]!r})")
-                del env[key]
-        for key, value in recorded.items():
-            if is_redacted([value]):  # a password doctor did not keep: the shell's, if any
-                notes.append(f"{key} as in this shell (its recorded value hides a password)")
-                continue
-            if env.get(key) != value:
-                notes.append(f"{key}={value!r} as recorded (now {env.get(key)!r})")
-            env[key] = str(value)
+        _restore_env(env, recorded, notes)
     else:
         notes.append("the run did not record its environment: the job gets this shell's")
-    cwd = str(raw.get("cwd") or os.getcwd())
-    argv = [str(a) for a in raw.get("argv") or []]
+    argv, cwd = raw.get("argv") or [], raw.get("cwd")
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or (
+            cwd is not None and not isinstance(cwd, str)):
+        raise UsageError(f"{run_dir}: run.json's argv is not a list of strings, or its cwd not "
+                         "a string: doctor try re-runs only a command recorded as doctor run "
+                         "records one")
+    cwd = cwd or os.getcwd()
     if is_redacted(argv):
         raise UsageError(f"{run_dir} recorded its command with secrets hidden ({REDACTED}), so "
                          "doctor try cannot run it again: pass the secret by environment "

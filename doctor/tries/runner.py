@@ -24,6 +24,7 @@ from doctor.errors import Interrupted, UsageError
 from doctor.store.redact import redact_argv
 from doctor.store.tries import attempt_dir, merge_tried, new_try_dir, write_try
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
+from doctor.tries.escape import escaped, shell_command, shell_word
 from doctor.tries.measure import AttemptResult, measure, outcome, ratio, steadiness
 from doctor.tries.plan import Plan, plan_try
 
@@ -83,17 +84,20 @@ def prepare(run_dir: Path, fixes: tuple[str, ...] = (), sets: tuple[str, ...] = 
 
 
 def plan_lines(p: Prepared) -> list[str]:
-    """What will run, said before it runs."""
-    lines = [f"doctor try: re-running `{' '.join(redact_argv(p.job.argv))}` in {p.job.cwd}",
+    """What will run, said before it runs: the command and its folder as a shell would need them
+    typed, every character that is not printable escaped (doctor.tries.escape), so that what a
+    received run.json holds cannot draw over the command on the terminal."""
+    command = shell_command(redact_argv(p.job.argv))
+    lines = [f"doctor try: re-running `{command}` in {shell_word(p.job.cwd)}",
              f"  {p.repeat} round(s) of the baseline and {len(p.plan.candidates)} setting(s): "
              f"{p.attempts} runs of the job, each stopped after step {p.stop_at} "
              f"({p.per_attempt} steady steps)"]
     for c in p.plan.candidates:
         estimate = f"estimated {c.estimate:.2f}x" if c.estimate else "not estimated"
-        lines.append(f"    {c.id:<22} {c.label}  ({estimate})")
+        lines.append(f"    {escaped(c.id):<22} {escaped(c.label)}  ({estimate})")
     if p.plan.manual and not any(c.id.startswith("set:") for c in p.plan.candidates):
         lines.append(f"  not tried, they need code: {', '.join(m.id for m in p.plan.manual)}")
-    lines += [f"  environment: {n}" for n in p.notes]
+    lines += [f"  environment: {escaped(n)}" for n in p.notes]
     return lines
 
 

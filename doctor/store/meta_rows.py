@@ -1,0 +1,103 @@
+"""The rows a process's meta.json gives the run's frames: its DataLoaders, its model state and
+activations, its DistributedDataParallel modules.
+
+meta.json is written by the job's probes, but a run directory may be damaged or edited by hand:
+each field is taken only when it has its type (doctor.store.readback's ``as_*``), and a row whose
+identifying numbers are missing or of another type is left out, so that a frame's int64 columns
+never meet a string, a list or a float past int64.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .readback import as_bool, as_dict, as_float, as_int, as_list, as_str
+
+
+def loader_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each DataLoader the process built (doctor.probes.dataloader), with the tensors of its
+    batch."""
+    counts = as_dict(meta.get("batch_tensors"))
+    rows = []
+    for lo in as_list(meta.get("loaders")):
+        lo = as_dict(lo)
+        loader_id, workers = as_int(lo.get("id")), as_int(lo.get("num_workers"))
+        if loader_id is None or workers is None or workers < 0:
+            continue
+        rows.append({
+            **who, "id": loader_id, "num_workers": workers,
+            "batch_size": as_int(lo.get("batch_size")),
+            "pin_memory": as_bool(lo.get("pin_memory")) or False,
+            "prefetch_factor": as_int(lo.get("prefetch_factor")),
+            "persistent_workers": as_bool(lo.get("persistent_workers")) or False,
+            "dataset": as_str(lo.get("dataset")), "dataset_len": as_int(lo.get("dataset_len")),
+            "collate_fn": as_str(lo.get("collate_fn")),
+            "sharing_strategy": as_str(lo.get("sharing_strategy")),
+            "batch_tensors": as_int(counts.get(str(loader_id)))})
+    return rows
+
+
+def model_state_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model-state probe's rows of one process (doctor.probes.model_state), with its tag;
+    each optimizer's class a row of kind "optimizer" (its name as the dtype, no bytes)."""
+    rows = []
+    for tag, state in as_dict(meta.get("model_state")).items():
+        state = as_dict(state)
+        for row in as_list(state.get("rows")):
+            row = as_dict(row)
+            nbytes = as_int(row.get("bytes"))
+            if nbytes is None or as_str(row.get("kind")) is None:
+                continue
+            rows.append({**who, "tag": str(tag), "kind": row["kind"],
+                         "device": as_str(row.get("device")), "dtype": as_str(row.get("dtype")),
+                         "bytes": nbytes, "tensors": as_int(row.get("tensors")) or 0})
+        rows += [{**who, "tag": str(tag), "kind": "optimizer", "device": "", "dtype": str(name),
+                  "bytes": 0, "tensors": 0} for name in as_list(state.get("optimizers"))]
+    return rows + activation_rows(who, meta.get("saved_tensors"))
+
+
+def activation_rows(who: dict[str, Any], saved: Any) -> list[dict[str, Any]]:
+    """The bytes saved for backward (doctor.probes.saved_tensors): kind "activations", one row
+    per window step (tag "window_step", dtype "all"), and per device and dtype the mean of a
+    step (tag "window", device and dtype from "cuda:float32")."""
+    saved = as_dict(saved)
+    steps = [(b, n) for s in as_list(saved.get("steps")) if isinstance(s, list) and len(s) == 2
+             and (b := as_int(s[0])) is not None and (n := as_int(s[1])) is not None]
+    rows = [{**who, "tag": "window_step", "kind": "activations", "device": "all",
+             "dtype": "all", "bytes": b, "tensors": n} for b, n in steps]
+    for key, nbytes in (as_dict(saved.get("dtypes")).items() if steps else ()):
+        if as_int(nbytes) is None:
+            continue
+        device, _, dtype = str(key).rpartition(":")
+        rows.append({**who, "tag": "window", "kind": "activations", "device": device or "all",
+                     "dtype": dtype, "bytes": int(nbytes) // len(steps), "tensors": 0})
+    return rows
+
+
+def ddp_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each DistributedDataParallel the process built (doctor.probes.ddp): bucket bytes summed,
+    the last bucket's (reduced when backward ends: never overlapped), seconds from DDP's
+    nanoseconds."""
+    rows = []
+    for d in as_list(meta.get("ddp")):
+        if not isinstance(d, dict):
+            continue
+        sizes = [b for b in map(as_float, as_list(d.get("bucket_bytes"))) if b is not None]
+        rows.append({
+            **who, "bucket_cap_bytes": as_float(d.get("bucket_cap_bytes")),
+            "buckets": len(sizes), "bucket_bytes": sum(sizes) if sizes else None,
+            "last_bucket_bytes": sizes[-1] if sizes else None,
+            "parameter_bytes": as_float(d.get("parameter_bytes")),
+            "dtypes": ",".join(str(t) for t in as_list(d.get("dtypes"))),
+            "backend": as_str(d.get("backend")), "world_size": as_int(d.get("world_size")) or 0,
+            **{f"backward_{k}_s": _seconds(d.get(f"backward_{k}_ns"))
+               for k in ("compute", "comm", "overlap")},
+            **{k: d.get(k) is True for k in ("gradient_as_bucket_view", "static_graph",
+                                             "find_unused_parameters")},
+        })
+    return rows
+
+
+def _seconds(ns: Any) -> float | None:
+    value = as_float(ns)
+    return value * 1e-9 if value is not None and value > 0 else None
