@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from doctor import cli
+from doctor.store import layout
 from tests.conftest import SAMPLE_JOBS, doctor_cmd
 
 pytestmark = pytest.mark.e2e
@@ -66,7 +67,10 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def files_of(run_dir: Path) -> list[str]:
-    return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
+    """The files of a run directory that the analysis reads (not the lock a recording run
+    holds, doctor.store.claim: it is never read back)."""
+    return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
+                  if p.is_file() and p.name != layout.RUN_LOCK)
 
 
 Mutation = Callable[[Path, random.Random], None]
