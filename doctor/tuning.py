@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from doctor.errors import UsageError
+from .errors import UsageError
 
 Apply = dict[str, dict[str, Any]]
 

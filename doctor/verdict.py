@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from doctor.categories import BOTTLENECKS, CATEGORIES, UNSPLIT_INPUT
-from doctor.errors import VerdictSchemaError
+from .categories import BOTTLENECKS, CATEGORIES, UNSPLIT_INPUT
+from .errors import VerdictSchemaError
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from doctor.verdict import ProbeStatus
+from ..verdict import ProbeStatus
 
 __all__ = ["JOB", "PARENT", "REGISTRY", "ParentContext", "Probe", "ProbeSpec", "ProbeStatus",
            "TurnedOff", "probes_of", "turned_off"]

@@ -9,9 +9,9 @@ import functools
 import inspect
 from typing import Any
 
-from doctor.record.machine import private_bytes, rss_bytes
-from doctor.record.session import STEP_DATALOADER, Session
-from doctor.verdict import ProbeStatus
+from ..record.machine import private_bytes, rss_bytes
+from ..record.session import STEP_DATALOADER, Session
+from ..verdict import ProbeStatus
 
 
 def loader_settings(loader: Any) -> dict[str, Any]:
@@ -210,6 +210,6 @@ def _record_memory(session: Session, key: str) -> None:
 
 def _maybe_sample_worker(session: Session) -> None:
     """Without py-spy, a worker samples its own stacks for a few seconds (probes.stacks)."""
-    from doctor.probes.stacks import sample_own_stacks_if_asked
+    from .stacks import sample_own_stacks_if_asked
 
     sample_own_stacks_if_asked(session)

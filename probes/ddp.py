@@ -22,8 +22,8 @@ import functools
 import weakref
 from typing import Any
 
-from doctor.record.session import CLOSE, WINDOW_END, Session
-from doctor.verdict import ProbeStatus
+from ..record.session import CLOSE, WINDOW_END, Session
+from ..verdict import ProbeStatus
 
 MAX_MODULES = 4
 #: From the reducer's logging data: the keys kept, as this probe names them.

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from doctor.record.session import CLOSE, WINDOW_END, WINDOW_START, Session
-from doctor.verdict import ProbeStatus
+from ..record.session import CLOSE, WINDOW_END, WINDOW_START, Session
+from ..verdict import ProbeStatus
 
 _KEYS = {
     "allocated_bytes": "allocated_bytes.all.current",

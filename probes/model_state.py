@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from doctor.probes.saved_tensors import SavedTensorCounter
-from doctor.record.session import CLOSE, WINDOW_END, WINDOW_START, Session
-from doctor.verdict import ProbeStatus
+from ..record.session import CLOSE, WINDOW_END, WINDOW_START, Session
+from ..verdict import ProbeStatus
+from .saved_tensors import SavedTensorCounter
 
 KINDS = ("parameters", "gradients", "optimizer_state")
 #: Steps of the window whose saved tensors are counted: activations are alike from step to

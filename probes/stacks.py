@@ -43,7 +43,19 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from doctor.probes.stack_plan import (
+from ..record.tracer import ENV_PARENT_PID
+from ..store import layout
+from ..store.control import IN_PROCESS, in_process_stacks, post_stacks_mode, read_control
+from ..store.stacks import stacks_output, write_stacks, write_stacks_meta
+from ..verdict import ProbeStatus
+from .py_spy import (
+    MISSING_HINT,
+    PTRACE_HINT,
+    find_py_spy,
+    py_spy_refusal,
+    record_failure,
+)
+from .stack_plan import (
     ENV_STACKS,
     RATE_HZ,
     SPAN_S,
@@ -52,23 +64,10 @@ from doctor.probes.stack_plan import (
     sampling_plan,
     thread_counts,
 )
-from doctor.store import layout
-from doctor.store.control import IN_PROCESS, in_process_stacks, post_stacks_mode, read_control
-from doctor.store.stacks import stacks_output, write_stacks, write_stacks_meta
-from doctor.verdict import ProbeStatus
-
-from ..record.tracer import ENV_PARENT_PID
-from .py_spy import (
-    MISSING_HINT,
-    PTRACE_HINT,
-    find_py_spy,
-    py_spy_refusal,
-    record_failure,
-)
 
 if TYPE_CHECKING:
-    from doctor.probes import ParentContext
-    from doctor.record.session import Session
+    from ..record.session import Session
+    from . import ParentContext
 
 FLUSH_S = 0.5  # the in-process sampler writes what it has this often
 LATE_WAIT_S = 10.0  # how long a main process listens for a fallback asked after its window opened

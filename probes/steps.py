@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from doctor.record.session import STEP_BACKWARD, Session
-from doctor.verdict import ProbeStatus
+from ..record.session import STEP_BACKWARD, Session
+from ..verdict import ProbeStatus
 
 
 class StepsProbe:

@@ -24,8 +24,8 @@ import time
 import weakref
 from typing import Any
 
-from doctor.probes.stacks import sample_own_stacks_if_asked
-from doctor.record.session import (
+from ..record.kineto import stop_config_thread
+from ..record.session import (
     CLOSE,
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
@@ -34,10 +34,9 @@ from doctor.record.session import (
     WINDOW_START,
     Session,
 )
-from doctor.store.control import post_window
-from doctor.verdict import ProbeStatus
-
-from ..record.kineto import stop_config_thread
+from ..store.control import post_window
+from ..verdict import ProbeStatus
+from .stacks import sample_own_stacks_if_asked
 
 IDLE, ACTIVE, DONE, FAILED = "idle", "active", "done", "failed"
 #: Why a window closed (``closed_by`` in its record): its steps were done, the process forked

@@ -19,10 +19,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from doctor.record import overrides, stop
-from doctor.record import session as session_mod
-from doctor.record.session import Session
-from doctor.record.tracer import allow_parent_tracer
+from . import overrides, stop
+from . import session as session_mod
+from .session import Session
+from .tracer import allow_parent_tracer
 
 ENV_RUN_DIR = "DOCTOR_RUN_DIR"
 ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"
@@ -97,7 +97,7 @@ class JobProbes:
         self.overrides: overrides.Overrides | None = None
 
     def start(self) -> None:
-        from doctor.probes import JOB, probes_of
+        from ..probes import JOB, probes_of
 
         if self.overrides is not None:  # the settings a try changes come before user code
             self.overrides.start()

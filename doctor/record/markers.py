@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from doctor.record import session as _session
+from . import session as _session
 
 
 def step() -> None:

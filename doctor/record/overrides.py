@@ -25,8 +25,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from doctor.record.session import CLOSE, Session
-from doctor.tuning import WHERE, Apply, normalize
+from ..tuning import WHERE, Apply, normalize
+from .session import CLOSE, Session
 
 ENV_APPLY = "DOCTOR_TRY_APPLY"  # the apply record, JSON
 MAX_SEEN = 20  # job values kept per setting

@@ -33,15 +33,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from doctor.record.machine import usable_cores
-from doctor.record.tracer import allow_parent_tracer
-from doctor.store.process import ProcessWriter
-from doctor.store.records import (  # noqa: F401  (the step kinds and events probes record)
+from ..store import layout
+from ..store.process import ProcessWriter
+from ..store.records import (  # noqa: F401  (the step kinds and events probes record)
     EVENT_RECORD,
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
     EVENT_WINDOW_STOP_END,
     INTERVAL_RECORD,
+    RING_PROBES,
     STEP_BACKWARD,
     STEP_DATALOADER,
     STEP_KIND_NAMES,
@@ -49,10 +49,9 @@ from doctor.store.records import (  # noqa: F401  (the step kinds and events pro
     STEP_OPTIMIZER,
     STEPS_RECORD,
 )
-from doctor.store.ringbuffer import RingWriter
-
-from ..store import layout
-from ..store.records import RING_PROBES
+from ..store.ringbuffer import RingWriter
+from .machine import usable_cores
+from .tracer import allow_parent_tracer
 
 # Events between probes (``on``/``emit``).
 WINDOW_START, WINDOW_END, CLOSE = "window_start", "window_end", "close"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from doctor.record.session import Session
+from .session import Session
 
 ENV_STOP_AFTER = "DOCTOR_STOP_AFTER"
 GRACE_STEPS = 3  # steps a job that caught the SystemExit may take before the hard stop

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from doctor.store.layout import CONTROL
+from .layout import CONTROL
 
 IN_PROCESS = "in-process"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

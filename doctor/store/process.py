@@ -23,9 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from doctor.store import layout
-from doctor.store.ringbuffer import OnStop, RingWriter
-
+from . import layout
+from .ringbuffer import OnStop, RingWriter
 from .safe_files import write_text_atomic
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from doctor.errors import RingFormatError, RingVersionError
+from ..errors import RingFormatError, RingVersionError
 
 if TYPE_CHECKING:
     import numpy as np

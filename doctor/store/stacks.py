@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doctor.store.layout import STACKS_JSON, STACKS_TXT, pid_of
-
+from .layout import STACKS_JSON, STACKS_TXT, pid_of
 from .safe_files import write_text_atomic
 
 DEFAULT_RATE_HZ = 50.0
