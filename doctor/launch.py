@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from doctor import probes
 from doctor.command import JobCommand
 from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
@@ -33,6 +34,7 @@ from doctor.verdict import ProbeStatus
 from doctor.version import __version__
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "record" / "_bootstrap"
+ENV_PROBES_DIR = "DOCTOR_PROBES_DIR"  # where the bootstrap finds doctor.probes (sitecustomize)
 QUIET_KINETO = "6"
 SAMPLE_INTERVAL_S = 0.5  # host and GPU sampling from the parent: 2 Hz
 
@@ -54,6 +56,7 @@ def job_environment(run_dir: Path, window: str | None,
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + path if path else "")
     env[ENV_RUN_DIR] = str(run_dir)
+    env[ENV_PROBES_DIR] = str(Path(probes.__file__).resolve().parent)
     env[ENV_PARENT_PID] = str(os.getpid())
     # Kineto prints profiler start/stop lines on stderr; keep the job's stderr its own.
     env.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)

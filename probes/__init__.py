@@ -65,13 +65,15 @@ class ParentContext:
 class ProbeSpec:
     name: str
     side: str  # JOB or PARENT
-    factory: str  # "module:callable", the callable taking the Session or a ParentContext
+    factory: str  # ".module:callable" in this package, the callable taking the Session or a
+    # ParentContext (relative: inside the job this package has a private name, see
+    # doctor.record._bootstrap.sitecustomize)
 
     def create(self, context: Any) -> Probe:
         if self.name in turned_off():
             return TurnedOff(self.name)
         module, _, attr = self.factory.partition(":")
-        owner: Any = importlib.import_module(module)
+        owner: Any = importlib.import_module(module, __package__)
         for part in attr.split("."):
             owner = getattr(owner, part)
         probe: Probe = owner(context)
@@ -79,17 +81,17 @@ class ProbeSpec:
 
 
 REGISTRY: tuple[ProbeSpec, ...] = (
-    ProbeSpec("steps", JOB, "doctor.probes.steps:StepsProbe"),
-    ProbeSpec("dataloader", JOB, "doctor.probes.dataloader:DataLoaderProbe"),
+    ProbeSpec("steps", JOB, ".steps:StepsProbe"),
+    ProbeSpec("dataloader", JOB, ".dataloader:DataLoaderProbe"),
     # before torch_ops: its step listener reads the faults before the window opens
-    ProbeSpec("page_faults", JOB, "doctor.probes.page_faults:PageFaultsProbe"),
-    ProbeSpec("torch_ops", JOB, "doctor.probes.torch_ops:DeepWindow.for_session"),
-    ProbeSpec("memory", JOB, "doctor.probes.memory:MemoryProbe"),
-    ProbeSpec("model_state", JOB, "doctor.probes.model_state:ModelStateProbe"),
-    ProbeSpec("ddp", JOB, "doctor.probes.ddp:DdpProbe"),
-    ProbeSpec("host", PARENT, "doctor.probes.host:HostSampler.for_run"),
-    ProbeSpec("gpu", PARENT, "doctor.probes.gpu:GpuSampler.for_run"),
-    ProbeSpec("stacks", PARENT, "doctor.probes.stacks:PySpyRecorder.for_run"),
+    ProbeSpec("page_faults", JOB, ".page_faults:PageFaultsProbe"),
+    ProbeSpec("torch_ops", JOB, ".torch_ops:DeepWindow.for_session"),
+    ProbeSpec("memory", JOB, ".memory:MemoryProbe"),
+    ProbeSpec("model_state", JOB, ".model_state:ModelStateProbe"),
+    ProbeSpec("ddp", JOB, ".ddp:DdpProbe"),
+    ProbeSpec("host", PARENT, ".host:HostSampler.for_run"),
+    ProbeSpec("gpu", PARENT, ".gpu:GpuSampler.for_run"),
+    ProbeSpec("stacks", PARENT, ".stacks:PySpyRecorder.for_run"),
 )
 
 

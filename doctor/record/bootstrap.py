@@ -9,23 +9,26 @@ job's import order. Which probes ran, and why the others did not, goes to the pr
 from __future__ import annotations
 
 import atexit
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import overrides, stop
 from . import session as session_mod
 from .session import Session
 from .tracer import allow_parent_tracer
 
+if TYPE_CHECKING:
+    import importlib.machinery
+
+    from . import overrides
+
 ENV_RUN_DIR = "DOCTOR_RUN_DIR"
 ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"
+ENV_TRY_APPLY = "DOCTOR_TRY_APPLY"  # overrides.ENV_APPLY: the settings a try changes
+ENV_TRY_STOP = "DOCTOR_STOP_AFTER"  # stop.ENV_STOP_AFTER: a try's stop after N steps
 
 
 def start_from_env() -> Session | None:
@@ -78,13 +81,22 @@ def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5
         Session(run_dir, window_start=window_start, window_steps=window_steps))
     starter = JobProbes(session)
     if tried:
-        starter.overrides = overrides.from_env(session)
-        stop.from_env(session)
+        _tried_settings(starter)
     if "torch" in sys.modules:
         starter.start()
     else:
         sys.meta_path.insert(0, _AfterImport("torch", starter.start))
     return starter
+
+
+def _tried_settings(starter: JobProbes) -> None:
+    """The settings of a ``doctor try`` and its stop after N steps (imported only then: a
+    process that runs no try pays nothing for them)."""
+    if any(os.environ.get(name) for name in (ENV_TRY_APPLY, ENV_TRY_STOP)):
+        from . import overrides, stop
+
+        starter.overrides = overrides.from_env(starter.session)
+        stop.from_env(starter.session)
 
 
 class JobProbes:
@@ -128,7 +140,7 @@ class JobProbes:
         session_mod.uninstall(self.session)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class _AfterImport:
     """A one-shot meta path finder that runs ``callback`` after module ``name`` is imported."""
 
     def __init__(self, name: str, callback: Callable[[], None]) -> None:
@@ -140,6 +152,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname != self.name or self._busy:
             return None
+        import importlib.util  # here, not at start-up: the job's own import of torch
+
         self._busy = True
         try:
             spec = importlib.util.find_spec(fullname)

@@ -67,7 +67,20 @@ _lock = threading.Lock()
 _fork_hook = False
 
 
+# Inside a job under `doctor run` this module is PRIVATE_PACKAGE.record.session (the bootstrap
+# loads doctor's in-job code under that name, doctor.record._bootstrap.sitecustomize); the job's
+# own `import doctor` (doctor.step(), doctor.watch) loads the public copy, which defers to it.
+PRIVATE_PACKAGE = "_doctor_job"
+_PRIVATE_SESSION = PRIVATE_PACKAGE + ".record.session"
+
+
 def current() -> Session | None:
+    """This process's Session: the bootstrap's under ``doctor run``, or ``doctor.watch``'s."""
+    if _current is None and __name__ != _PRIVATE_SESSION:
+        private = sys.modules.get(_PRIVATE_SESSION)
+        if private is not None:
+            found: Session | None = private.current()
+            return found
     return _current
 
 

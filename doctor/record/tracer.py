@@ -17,8 +17,8 @@ PR_SET_PTRACER = 0x59616D61
 
 def allow_tracer(parent_pid: int) -> None:
     """Let ``parent_pid`` (and so its py-spy children) trace this process (Linux, Yama)."""
-    if not sys.platform.startswith("linux"):
-        return
+    if not sys.platform.startswith("linux") or _yama_scope() != "1":
+        return  # scope 0 lets any process of ours trace; 2 and 3 no naming can change
     try:
         import ctypes
 
@@ -26,6 +26,15 @@ def allow_tracer(parent_pid: int) -> None:
         libc.prctl(PR_SET_PTRACER, parent_pid, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _yama_scope() -> str:
+    """Yama's ptrace_scope ("0" to "3"); "0" without Yama (no tracer needs naming then)."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return f.read().strip()
+    except OSError:
+        return "0"
 
 
 def allow_parent_tracer() -> None:

@@ -1,26 +1,66 @@
 # doctor's bootstrap: `doctor run` puts this folder first on PYTHONPATH so that every Python
 # process of the job starts a doctor Session before user code runs. It imports nothing from the
 # user's directory, never raises, and then runs the sitecustomize it shadows, if there is one.
+#
+# doctor's code runs inside the job under a private package name (PRIVATE), loaded from
+# doctor's own folders, so that `doctor` is never in the job's sys.modules: a project with its
+# own package or module named `doctor` imports its own. Nothing heavy is imported here (no
+# numpy, torch or pandas): the probes start once the job imports torch.
 # It names RUN_DIR/bootstrap-errors itself (doctor.store.layout.BOOTSTRAP_ERRORS): it writes there
 # when doctor cannot be imported at all.
+PRIVATE = "_doctor_job"  # doctor.record.session.PRIVATE_PACKAGE says the same
+ENV_PROBES_DIR = "DOCTOR_PROBES_DIR"  # doctor.launch sets it: where doctor.probes lives
+
+
 def _doctor_bootstrap() -> None:
     import os
 
     if not os.environ.get("DOCTOR_RUN_DIR"):
         return
     try:
-        from doctor.record import bootstrap as boot
+        import importlib
 
-        boot.start_from_env()
+        _install_private_package()
+        importlib.import_module(PRIVATE + ".record.bootstrap").start_from_env()
     except BaseException as err:
         try:
             run_dir = os.environ["DOCTOR_RUN_DIR"]
             os.makedirs(os.path.join(run_dir, "bootstrap-errors"), exist_ok=True)
             path = os.path.join(run_dir, "bootstrap-errors", f"{os.getpid()}.txt")
-            with open(path, "w") as f:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as f:
                 f.write(f"{type(err).__name__}: {err}\n")
         except OSError:
             pass
+
+
+def _install_private_package() -> None:
+    """Make PRIVATE a package over doctor's folder (its __init__, the public API, is not run)
+    and over the folder that holds doctor.probes: the in-job modules import each other
+    relatively, so they load as PRIVATE.* from doctor's own files, without a finder of ours."""
+    import importlib.machinery
+    import os
+    import sys
+
+    if PRIVATE in sys.modules:
+        return
+    package_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    probes_dir = os.environ.get(ENV_PROBES_DIR, "")
+    if not os.path.isfile(os.path.join(probes_dir, "__init__.py")):
+        # an installed doctor has doctor/probes; a source checkout has probes/ beside doctor/
+        probes_dir = os.path.join(package_dir, "probes")
+        if not os.path.isdir(probes_dir):
+            probes_dir = os.path.join(os.path.dirname(package_dir), "probes")
+    path = [package_dir]
+    if os.path.basename(probes_dir) == "probes" and os.path.dirname(probes_dir) != package_dir:
+        path.append(os.path.dirname(probes_dir))
+    spec = importlib.machinery.ModuleSpec(PRIVATE, None, is_package=True)
+    spec.submodule_search_locations = path
+    module = type(sys)(PRIVATE)
+    module.__spec__ = spec
+    module.__path__ = path
+    module.__package__ = PRIVATE
+    sys.modules[PRIVATE] = module
 
 
 def _chain_to_shadowed_sitecustomize() -> None:
