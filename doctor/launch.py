@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,13 @@ from typing import IO, Any
 
 from doctor import probes
 from doctor.command import JobCommand
+from doctor.job_record import BOOTSTRAP_DIR, run_record
 from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
-from doctor.record.machine import memory_bytes, usable_cores
 from doctor.record.tracer import ENV_PARENT_PID
-from doctor.store.redact import is_secret_name, redact_argv, redact_value
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
-from doctor.version import __version__
 
-BOOTSTRAP_DIR = Path(__file__).resolve().parent / "record" / "_bootstrap"
 ENV_PROBES_DIR = "DOCTOR_PROBES_DIR"  # where the bootstrap finds doctor.probes (sitecustomize)
 QUIET_KINETO = "6"
 SAMPLE_INTERVAL_S = 0.5  # host and GPU sampling from the parent: 2 Hz
@@ -332,47 +328,6 @@ def _links(run_dir: Path, env: Mapping[str, str]) -> dict[str, Any] | None:
         return links(env) if job_world_size(run_dir) > 1 else None
     except Exception:  # evidence for the bandwidth model, never a reason to fail the run
         return None
-
-
-#: The environment that shapes how a training job runs, kept in run.json so that doctor try
-#: re-runs the job as it ran (the rest is taken from the shell doctor try runs in).
-RECORDED_ENV = ("CUDA_", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTORCH_",
-                "TORCH_", "TORCHINDUCTOR_", "NVIDIA_", "MASTER_", "PYTHONHASHSEED",
-                "PYTHONPATH", "WORLD_SIZE", "RANK", "LOCAL_RANK", "TOKENIZERS_")
-
-
-def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The part of ``env`` that run.json keeps: never a variable whose name looks secret
-    (doctor.store.redact), and the password of a URL in a value hidden
-    (``MASTER_ADDR=user:<redacted>@host``)."""
-    return {k: redact_value(v) for k, v in env.items()
-            if k.startswith(RECORDED_ENV) and not is_secret_name(k)}
-
-
-def run_record(argv: list[str], name: str, started: float, t0: float,
-               cwd: str | None = None, env: Mapping[str, str] | None = None,
-               **extra: Any) -> dict[str, Any]:
-    """The run.json record: the job, the machine, and (at the end) its exit and probes. Its
-    ``argv`` has the values of secret-looking arguments hidden (doctor.store.redact); its
-    ``env`` is the job's environment as doctor try needs it (recorded_env), before doctor's
-    own variables went in."""
-    job_env = recorded_env({k: v for k, v in (env or os.environ).items()
-                            if not k.startswith("DOCTOR_")})
-    path = job_env.get("PYTHONPATH", "").split(os.pathsep)
-    if path and path[0] == str(BOOTSTRAP_DIR):
-        path = path[1:]
-        if path:
-            job_env["PYTHONPATH"] = os.pathsep.join(path)
-        else:
-            job_env.pop("PYTHONPATH")
-    return {
-        "argv": redact_argv(argv), "name": name, "cwd": os.path.abspath(cwd or os.getcwd()),
-        "env": job_env,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "t0_monotonic_s": t0, "host": socket.gethostname(), "cores": usable_cores(),
-        "memory_bytes": memory_bytes(), "doctor_version": __version__,
-        "python": sys.version.split()[0], **extra,
-    }
 
 
 def _forward_signals(proc: subprocess.Popen[bytes]) -> Callable[[], None]:

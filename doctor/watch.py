@@ -120,7 +120,8 @@ class _WatchRun:
     @classmethod
     def start(cls, out: Path | None, name: str, window: str, force: bool = False
               ) -> _WatchRun:
-        from doctor.launch import QUIET_KINETO, run_record
+        from doctor.job_record import run_record
+        from doctor.launch import QUIET_KINETO
         from doctor.probes.gpu import GpuSampler
         from doctor.probes.host import HostSampler
         from doctor.probes.stacks import request_in_process_stacks
@@ -164,7 +165,7 @@ class _WatchRun:
         self.sampler_cpu_s = time.thread_time()  # this thread's CPU, for the run record
 
     def finish(self, *, failed: bool, report: bool, interrupted: bool) -> None:
-        from doctor.launch import run_record
+        from doctor.job_record import run_record
         from doctor.store.rundir import report_path, write_run_record
 
         self._stop.set()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from doctor.errors import UsageError
-from doctor.launch import recorded_env, run_record
+from doctor.job_record import recorded_env, run_record
 from doctor.store.rundir import write_run_record
 from doctor.tries.attempt import recorded_job
 

@@ -24,7 +24,8 @@ import psutil
 from doctor.analyse.pipeline import analyze_run
 from doctor.command import JobCommand
 from doctor.errors import UsageError
-from doctor.launch import RECORDED_ENV, Launch, recorded_env, run_job
+from doctor.job_record import RECORDED_ENV, recorded_env
+from doctor.launch import Launch, run_job
 from doctor.record.overrides import ENV_APPLY
 from doctor.record.stop import ENV_STOP_AFTER
 from doctor.reports.json import render_json
@@ -51,7 +52,7 @@ class RecordedJob:
     notes: list[str] = field(default_factory=list)  # how the environment differs from now
 
 
-#: Of the names run.json records (doctor.launch.RECORDED_ENV), those doctor try puts back: the
+#: Of the names run.json records (doctor.job_record.RECORDED_ENV), those doctor try puts back: the
 #: job-shaping ones. PYTHONPATH is this shell's: a received run's would choose what the job
 #: imports. Any other name a run.json holds (LD_PRELOAD, BASH_ENV, PATH, PYTHONSTARTUP...) is
 #: never applied, and the plan says it was dropped.
