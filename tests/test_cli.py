@@ -210,22 +210,42 @@ def test_the_bootstrap_never_imports_torch_itself(tmp_path: Path) -> None:
 
 
 def test_a_broken_doctor_in_the_job_does_not_stop_it(tmp_path: Path) -> None:
-    # the job's Python finds a 'doctor' that fails to import: the job runs, the report says why
-    (tmp_path / "site" / "doctor").mkdir(parents=True)
-    (tmp_path / "site" / "doctor" / "__init__.py").write_text("raise ImportError('broken')\n")
-    job = script(tmp_path, "print('ran')\n")
-    env = dict(os.environ)
-    from doctor.launch import job_environment
+    # the bootstrap's own code fails to import: the job runs, the run directory says why
+    import shutil
 
+    from doctor.launch import BOOTSTRAP_DIR, job_environment
+
+    broken = tmp_path / "install" / "doctor"
+    (broken / "record" / "_bootstrap").mkdir(parents=True)
+    shutil.copy(BOOTSTRAP_DIR / "sitecustomize.py", broken / "record" / "_bootstrap")
+    (broken / "record" / "__init__.py").write_text("")
+    (broken / "record" / "bootstrap.py").write_text("raise ImportError('broken')\n")
+    job = script(tmp_path, "print('ran')\n")
     child_env = job_environment(tmp_path / "run", None)
-    child_env["PYTHONPATH"] = child_env["PYTHONPATH"].split(os.pathsep)[0] + os.pathsep + \
-        str(tmp_path / "site")
+    child_env["PYTHONPATH"] = str(broken / "record" / "_bootstrap")
     (tmp_path / "run").mkdir()
-    out = subprocess.run([sys.executable, str(job)], env={**env, **child_env},
+    out = subprocess.run([sys.executable, str(job)], env={**os.environ, **child_env},
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout == "ran\n"
     errors = list((tmp_path / "run" / "bootstrap-errors").glob("*.txt"))
     assert errors and "broken" in errors[0].read_text()
+
+
+def test_a_broken_doctor_of_the_jobs_own_is_not_doctors(tmp_path: Path) -> None:
+    # a 'doctor' on the job's path that fails to import is the job's business: doctor's
+    # bootstrap loads its own code under a private name and records as ever
+    (tmp_path / "site" / "doctor").mkdir(parents=True)
+    (tmp_path / "site" / "doctor" / "__init__.py").write_text("raise ImportError('broken')\n")
+    job = script(tmp_path, "print('ran')\n")
+    from doctor.launch import job_environment
+
+    child_env = job_environment(tmp_path / "run", None)
+    child_env["PYTHONPATH"] += os.pathsep + str(tmp_path / "site")
+    (tmp_path / "run").mkdir()
+    out = subprocess.run([sys.executable, str(job)], env={**os.environ, **child_env},
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "ran\n"
+    assert not (tmp_path / "run" / "bootstrap-errors").exists()
 
 
 def test_a_run_directory_an_older_doctor_recorded_is_refused_in_one_line(tmp_path: Path) -> None:
