@@ -25,7 +25,7 @@ from typing import Any
 
 from . import layout
 from .ringbuffer import OnStop, RingWriter
-from .safe_files import write_text_atomic
+from .safe_files import new_temporary, write_text_atomic
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -130,15 +130,9 @@ class ProcessWriter:
 def _new_file(path: Path) -> Path:
     """An empty file of a fresh name beside ``path``, created exclusively, never through a
     link, for a writer that opens files by name."""
-    for n in range(100):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{n}.tmp")
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC,
-                             0o644))
-        except FileExistsError:
-            continue
-        return tmp
-    raise FileExistsError(f"no free temporary name beside {path}")
+    fd, tmp = new_temporary(path)
+    os.close(fd)
+    return tmp
 
 
 def _create_appending(path: Path) -> int:

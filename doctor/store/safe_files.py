@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["UnsafeFileError", "inside", "open_new", "read_bounded", "write_atomic",
-           "write_text_atomic"]
+__all__ = ["UnsafeFileError", "inside", "new_temporary", "open_new", "read_bounded",
+           "write_atomic", "write_text_atomic"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -36,7 +36,9 @@ class UnsafeFileError(OSError):
     """A file that is not a regular file of its own (a link, a FIFO, a device), or too large."""
 
 
-def _temporary(path: Path) -> tuple[int, Path]:
+def new_temporary(path: Path) -> tuple[int, Path]:
+    """A fresh file beside ``path`` (open for writing, and its name), created exclusively and
+    never through a link."""
     for n in range(100):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{n}.tmp")
         try:
@@ -49,17 +51,8 @@ def _temporary(path: Path) -> tuple[int, Path]:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a fresh temporary file renamed into place."""
-    fd, tmp = _temporary(Path(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with open_new(path) as f:
+        f.write(data)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -70,7 +63,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 def open_new(path: Path) -> Iterator[IO[bytes]]:
     """A binary stream to a temporary file beside ``path``, renamed over it when the block ends
     without an error (and removed when it does not)."""
-    fd, tmp = _temporary(Path(path))
+    fd, tmp = new_temporary(Path(path))
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
