@@ -51,6 +51,7 @@ from ..store.records import (  # noqa: F401  (the step kinds and events probes r
 )
 from ..store.ringbuffer import RingWriter
 from .machine import usable_cores
+from .process_facts import cuda_device, env_int, torch_facts
 from .tracer import allow_parent_tracer
 
 # Events between probes (``on``/``emit``).
@@ -164,10 +165,10 @@ class Session:
             self._writer = writer
             self._meta = {
                 "pid": self.pid, "ppid": os.getppid(), "rank": self.rank, "role": self.role,
-                "argv": redact_argv(sys.argv), "local_rank": _env_int("LOCAL_RANK"),
-                "world_size": _env_int("WORLD_SIZE"), "host": os.uname().nodename,
+                "argv": redact_argv(sys.argv), "local_rank": env_int("LOCAL_RANK"),
+                "world_size": env_int("WORLD_SIZE"), "host": os.uname().nodename,
                 "started_ns": self.clock(), "cores": usable_cores(), "probes": self.probe_status,
-                **_torch_facts(), **self._meta,
+                **torch_facts(), **self._meta,
             }
             self._save_meta()
         return self._writer
@@ -354,7 +355,7 @@ class Session:
             self._meta["ended_ns"] = self.clock()
             self._meta["rings"] = {k: r.written for k, r in self._rings.items()}
             self._meta["probes"] = self.probe_status
-            self._meta.update(_cuda_device())
+            self._meta.update(cuda_device())
             self._save_meta()
             self._writer.close()
         for ring in self._rings.values():
@@ -365,39 +366,3 @@ def write_error(err: OSError) -> str:
     """An error of a write as the probe table says it: "no space left on device"."""
     text = err.strerror or str(err) or type(err).__name__
     return text[:1].lower() + text[1:]
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _cuda_device() -> dict[str, Any]:
-    """The CUDA device this process used (its index and uuid), where it initialised CUDA: what
-    maps a rank to its GPU when NVML's process list cannot (a container's own PID namespace)."""
-    torch = sys.modules.get("torch")
-    try:
-        if torch is None:
-            return {}
-        if not torch.cuda.is_initialized():
-            return {"cuda_initialized": False}
-        index = int(torch.cuda.current_device())
-        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
-        return {"cuda_initialized": True, "cuda_device": index, "cuda_uuid": uuid or None}
-    except Exception:  # a fact for the analysis; never a reason to fail the job's exit
-        return {}
-
-
-def _torch_facts() -> dict[str, Any]:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return {}
-    try:
-        return {"torch_version": str(torch.__version__),
-                "torch_threads": int(torch.get_num_threads()),
-                "cuda": bool(torch.cuda.is_available())}
-    except Exception:  # facts for the report; a half-imported torch gives none
-        return {}
