@@ -18,7 +18,6 @@ from doctor.version import __version__
 
 if TYPE_CHECKING:
     from doctor.launch import JobResult
-    from doctor.nodes import Node
     from doctor.verdict import Analysis
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -63,6 +62,7 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
     from doctor.compat import numpy_mismatch
     from doctor.launch import Launch, no_room, run_bare, run_job
     from doctor.nodes import node_of
+    from doctor.run_summary import summarise, summarise_node
     from doctor.store import layout
     from doctor.store.rundir import new_node_dir, new_run_dir, write_node_record
 
@@ -84,7 +84,7 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
                               full, launch).exit_code)
         result = run_job(job, run_dir, window=window, launch=launch)
         if not result.bare and not _unwritten(result, run_dir):
-            _summarise(run_dir)
+            summarise(run_dir)
         sys.exit(result.exit_code)
     if out is None:
         raise UsageError(f"this is node {node.rank} of a {node.nnodes}-node job: give every "
@@ -93,7 +93,7 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
     run_dir = new_node_dir(out, node.rank, job.name, force=force)
     write_node_record(run_dir, node.rank, node.nnodes, done=False)
     result = run_job(job, run_dir, window=window, launch=launch)
-    _summarise_node(run_dir.parent, run_dir, node)
+    summarise_node(run_dir.parent, run_dir, node)
     sys.exit(result.exit_code)
 
 
@@ -117,77 +117,6 @@ def _say(line: str) -> None:
 def _valid_window(text: str) -> bool:
     parts = text.split(",")
     return len(parts) == 2 and all(p.strip().isdigit() and int(p) > 0 for p in parts)
-
-
-def _summarise(run_dir: Path) -> None:
-    """Analyse and report; a failure here never changes the job's exit status."""
-    analysis = _finalize(run_dir)
-    if analysis is not None:
-        _print_summary(analysis, run_dir)
-
-
-def _finalize(run_dir: Path) -> Analysis | None:
-    """The run's verdict and report, written; None (and a line saying why) when they could not
-    be made."""
-    from doctor.outputs import finalize_run
-
-    try:
-        return finalize_run(run_dir)
-    except Exception as err:  # the job ran; say why there is no report, keep its status
-        click.echo(f"doctor: could not analyse the run in {run_dir}: "
-                   f"{type(err).__name__}: {err}", err=True)
-        return None
-
-
-def _print_summary(analysis: Analysis, run_dir: Path) -> None:
-    from doctor.reports.text import render_text
-    from doctor.store import layout
-    from doctor.store.rundir import report_path
-
-    click.echo("", err=True)
-    click.echo(render_text(analysis, report_path=str(report_path(run_dir))), err=True)
-    if (run_dir / layout.TIMELINE).is_file():
-        click.echo(f"Timeline: {run_dir / layout.TIMELINE} (ui.perfetto.dev or chrome://tracing)",
-                   err=True)
-
-
-def _summarise_node(job_dir: Path, run_dir: Path, node: Node) -> None:
-    """Node ``node``'s own verdict and report; then the whole job's, written into ``job_dir``
-    and printed instead, when this node is the last to finish. Never changes the exit status."""
-    from doctor.outputs import NodeFinish, finish_node
-    from doctor.store.rundir import report_path
-
-    analysis = _finalize(run_dir)
-    finish: NodeFinish | None = None
-    try:
-        finish = finish_node(job_dir, run_dir, node)
-    except Exception as err:  # the node's own report stands; the job's can be made later
-        click.echo(f"doctor: could not merge the nodes' runs in {job_dir}: "
-                   f"{type(err).__name__}: {err} (`doctor report {job_dir}` makes it later)",
-                   err=True)
-    if finish is not None and finish.merged is not None:
-        _print_summary(finish.merged, job_dir)
-        click.echo(f"doctor: every node has finished: this is the job's verdict over "
-                   f"{finish.nodes.nnodes} nodes; node {node.rank}'s own report is "
-                   f"{report_path(run_dir)}", err=True)
-        return
-    if analysis is not None:
-        _print_summary(analysis, run_dir)
-    if finish is None:
-        return
-    waiting = finish.waiting_for
-    if waiting:
-        click.echo(f"doctor: node {node.rank} of {finish.nodes.nnodes} is done; "
-                   f"{_nodes_text(waiting)} still running: the last node to finish writes the "
-                   f"job's merged report into {job_dir} (or run `doctor report {job_dir}` once "
-                   "they have)", err=True)
-    else:
-        click.echo(f"doctor: every node has finished; another node is writing the job's merged "
-                   f"report into {job_dir}", err=True)
-
-
-def _nodes_text(nodes: list[int]) -> str:
-    return ("node " if len(nodes) == 1 else "nodes ") + ", ".join(map(str, nodes))
 
 
 @cli.command()
