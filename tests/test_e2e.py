@@ -287,8 +287,8 @@ def test_a_batch_of_many_tensors_is_named_for_its_handoff(tmp_path: Path) -> Non
 
 
 def test_doctor_brings_nothing_heavy_into_the_job(tmp_path: Path) -> None:
-    """The probes start with torch, but what they import is the recorder's: no pandas, no
-    analysis, no report code, in any process of the job."""
+    """The probes start with torch, but what they import is the recorder's (under its private
+    name): no pandas, no analysis, no report code, nothing of the public doctor package."""
     job = tmp_path / "train.py"
     job.write_text(textwrap.dedent("""
         import sys
@@ -298,9 +298,11 @@ def test_doctor_brings_nothing_heavy_into_the_job(tmp_path: Path) -> None:
         for _ in range(12):
             model(torch.randn(2, 4)).sum().backward()
             opt.step()
-        heavy = ("pandas", "matplotlib", "jinja2", "doctor.analyse", "doctor.reports")
-        print(sorted(m for m in sys.modules if m.split(".")[0] in heavy or m in heavy))
-        print("doctor.record.session" in sys.modules)
+        heavy = ("pandas", "matplotlib", "jinja2", "_doctor_job.analyse", "_doctor_job.reports",
+                 "doctor")
+        print(sorted(m for m in sys.modules
+                     if m.split(".")[0] in heavy or ".".join(m.split(".")[:2]) in heavy))
+        print("_doctor_job.record.session" in sys.modules)
     """))
     result = doctor_cmd("run", "--out", str(tmp_path / "run"), "--window", "off", str(job))
     assert result.returncode == 0, result.stderr
