@@ -61,7 +61,8 @@ DAEMON_JOB = textwrap.dedent("""
     ''' + {train!r} + '''
     time.sleep(60)
     '''
-    daemon = subprocess.Popen([sys.executable, "-c", DAEMON], start_new_session=True)
+    daemon = subprocess.Popen([sys.executable, "-c", DAEMON], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print(daemon.pid, flush=True)
     STEPS = 20
 """).replace("{train!r}", repr(textwrap.dedent(TRAIN))) + textwrap.dedent(TRAIN) + textwrap.dedent(
