@@ -8,6 +8,10 @@ the environment doctor run gives a job (PYTHONPATH, DOCTOR_RUN_DIR: the process 
 fresh run directory) and bare, and prints the medians and their difference.
 
     python bench/startup.py --runs 20
+    python bench/startup.py --runs 20 --no-compile   # as if doctor run wrote no bytecode
+
+``doctor run`` writes the bytecode of doctor's in-job modules before it starts a job
+(doctor.record.bytecode); this bench does the same, unless ``--no-compile``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor.launch import job_environment  # noqa: E402
+from doctor.launch import job_environment, probes_dir  # noqa: E402
+from doctor.record.bytecode import compile_missing, in_job_sources  # noqa: E402
 
 
 def start_s(env: dict[str, str], code: str) -> tuple[float, float]:
@@ -44,7 +49,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--code", default="pass", help="the process's code (default: pass)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="do not write doctor's in-job bytecode first, as doctor run does "
+                             "(what a process pays under PYTHONDONTWRITEBYTECODE=1 without it)")
     args = parser.parse_args()
+    if not args.no_compile:
+        compile_missing(in_job_sources(probes_dir()))
     bare = dict(os.environ)
     for name in [n for n in bare if n.startswith("DOCTOR_")]:
         bare.pop(name)
@@ -61,7 +71,9 @@ def main() -> None:
             [sys.executable, "-c", "import sys; print(len(sys.modules), "
              "sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'torch', 'pandas'}))"],
             env=under, capture_output=True, text=True, check=True).stdout.strip()
-    print(f"python -c {args.code!r}, {args.runs} runs each, alternating")
+    print(f"python -c {args.code!r}, {args.runs} runs each, alternating; "
+          f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}, "
+          f"doctor's in-job bytecode {'not ' if args.no_compile else ''}written first")
     med: dict[str, tuple[float, float]] = {}
     for k, v in times.items():
         wall, cpu = ([r[i] for r in v] for i in (0, 1))

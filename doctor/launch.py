@@ -52,13 +52,18 @@ def job_environment(run_dir: Path, window: str | None,
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + path if path else "")
     env[ENV_RUN_DIR] = str(run_dir)
-    env[ENV_PROBES_DIR] = str(Path(probes.__file__).resolve().parent)
+    env[ENV_PROBES_DIR] = str(probes_dir())
     env[ENV_PARENT_PID] = str(os.getpid())
     # Kineto prints profiler start/stop lines on stderr; keep the job's stderr its own.
     env.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
     if window is not None:
         env[ENV_WINDOW] = window
     return env
+
+
+def probes_dir() -> Path:
+    """Where doctor.probes lives: beside doctor/ in a source checkout, inside it installed."""
+    return Path(probes.__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,10 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
             clock: Callable[[], float] = time.monotonic, launch: Launch = Launch()
             ) -> JobResult:
     from doctor.probes import PARENT, ParentContext, probes_of
+    from doctor.record.bytecode import compile_missing, in_job_sources
 
+    # each process of the job then starts without compiling doctor's modules (bytecode.py)
+    compile_missing(in_job_sources(probes_dir()))
     started = time.time()
     t0 = clock()
     env = job_environment(run_dir, window, launch.env)
