@@ -12,10 +12,12 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from doctor.store.layout import GPU, GPU_INFO, HOST, MEMORY
 
@@ -40,7 +42,13 @@ MEMORY_COLUMNS = ("t_ns", "tag", "device", "allocated_bytes", "reserved_bytes",
 Columns = Mapping[str, Any]  # column name -> a buffer of float64 (array.array("d"), ndarray)
 
 
+# pandas is imported where frames are built (report time): the doctor run process that saves
+# samples while the job runs never loads it (~0.5 s of a core, taken from the job's start).
+
+
 def _empty(columns: Iterable[str]) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
 
 
@@ -96,6 +104,8 @@ def _arrays(path: Path, problems: list[str] | None) -> dict[str, Any] | None:
 
 def _frame(z: Mapping[str, Any], columns: Iterable[str], prefix: str = "",
            required: Iterable[str] = ()) -> pd.DataFrame | None:
+    import pandas as pd
+
     """The columns of ``z`` (``prefix`` + name) as a float frame, a column it lacks as NaN;
     None when a ``required`` column is missing or the columns' lengths differ."""
     if any(f"{prefix}{c}" not in z for c in required):
@@ -167,6 +177,8 @@ def read_memory(proc_dirs: Mapping[int, Path], problems: list[str] | None = None
                 ) -> pd.DataFrame:
     """Every snapshot the process folders (pid -> folder) hold, with ``pid`` and ``t_s`` (from
     the first snapshot); an empty frame when none."""
+    import pandas as pd
+
     from .readback import Unreadable, as_float, read_text
 
     rows: list[dict[str, Any]] = []
