@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from doctor import probes
 from doctor.command import JobCommand
+from doctor.exit_wait import ExitWait
 from doctor.job_record import BOOTSTRAP_DIR, run_record
 from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
@@ -115,14 +116,14 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     progress = _start_progress(launch.progress, command, run_dir, env, samplers)
     deadline = t0 + launch.timeout_s if launch.timeout_s else None
     timed_out = False
+    exit_wait = ExitWait(proc)
     try:
         next_tick = clock()
         while True:
-            try:
-                rc = proc.wait(timeout=max(0.0, next_tick - clock()))
+            ended = exit_wait.wait(max(0.0, next_tick - clock()))
+            if ended is not None:
+                rc = ended
                 break
-            except subprocess.TimeoutExpired:
-                pass
             if deadline is not None and clock() > deadline:
                 timed_out = True
                 rc = _terminate(proc)
@@ -134,6 +135,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
             if next_tick < clock():  # fell behind (suspended laptop, loaded host): skip ahead
                 next_tick = clock() + SAMPLE_INTERVAL_S
     finally:
+        exit_wait.close()
         restore()
     duration = clock() - t0
     if progress is not None:
