@@ -8,15 +8,21 @@
                                                   # what those probes cost: against a run with all
 
 For each job, runs ``python sample_jobs/JOB.py --steps N`` bare and under
-``doctor run --out TMP [--window W] -- python sample_jobs/JOB.py --steps N``, alternating
-(bare, doctor, bare, doctor, ...) after one discarded bare warm-up run (page cache, torch import).
+``doctor run --out TMP [--window W] -- python sample_jobs/JOB.py --steps N``, in pairs whose order
+alternates (bare, doctor, doctor, bare, bare, doctor, ...: a drift of the machine's speed cancels)
+after one discarded bare warm-up run (page cache, torch import).
 Both are timed by the job's own clock: its last JSON line gives ``median_step_s`` (median over
 the steps after the first 20 %, so the deep window near the start is outside it) and ``loop_s``
 (the whole training loop, which includes the one-off deep window).
 
 Figures per job, each the median over pairs with (min..max):
 
-* median step, doctor / bare: the always-on cost. Budget at most 1.01x.
+* median step, doctor / bare: the always-on cost. Budget at most 1.01x. With it, a bootstrap
+  90 % interval of that median (the pairs resampled): on this 2-core machine one pair's ratio
+  moves by +-10 %, so read the budget against the interval, and run 15 pairs or more.
+* doctor run's own CPU while the job ran (run.json's ``parent_cpu_s`` over ``duration_s``): the
+  parent's sampling, as a share of one core; it competes with the job only where the job keeps
+  every core busy.
 * loop time, doctor / bare: always-on cost plus the deep window, once. No budget of its own; the
   window's share of a run of ten minutes is derived below.
 * From the doctor run's own ledger (``doctor.analyse.pipeline.analyze_run``), against the median
@@ -164,6 +170,8 @@ class Pair:
     window: WindowFigures
     disk: int
     load: float  # 1-minute load average when the pair started
+    parent_cpu_s: float = float("nan")  # run.json: doctor run's own CPU while the job ran
+    duration_s: float = float("nan")  # run.json: how long the job ran
 
 
 def job_command(job: str, steps: int, extra: list[str]) -> list[str]:
@@ -171,9 +179,12 @@ def job_command(job: str, steps: int, extra: list[str]) -> list[str]:
 
 
 def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: str,
-             env: dict[str, str] | None = None, probes_off: str = "") -> Pair:
+             env: dict[str, str] | None = None, probes_off: str = "",
+             doctor_first: bool = False) -> Pair:
+    """One bare run and one under doctor; ``doctor_first`` swaps their order (pairs alternate
+    bare-doctor, doctor-bare, so that a drift of the machine's speed cancels out)."""
     load = os.getloadavg()[0]
-    bare = run(job_cmd)
+    bare = {} if doctor_first else run(job_cmd)
     if probes_off:
         env = {**(env or {}), ENV_PROBES_OFF: probes_off}
     tmp = Path(tempfile.mkdtemp(prefix="doctor-overhead-"))
@@ -183,7 +194,11 @@ def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: st
         if window is not None:
             cmd += ["--window", window]
         doc = run([*cmd, "--", *job_cmd], env)
+        if doctor_first:
+            bare = run(job_cmd)
         from doctor.store.rundir import disk_usage_bytes
+
+        record = json.loads((run_dir / "run.json").read_text())
 
         disk = disk_usage_bytes(run_dir)
         try:
@@ -194,7 +209,8 @@ def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: st
             shutil.copytree(run_dir, keep / name, dirs_exist_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Pair(bare, doc, figures, disk, load)
+    return Pair(bare, doc, figures, disk, load, float(record.get("parent_cpu_s") or "nan"),
+                float(record.get("duration_s") or "nan"))
 
 
 def spread(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -203,6 +219,19 @@ def spread(values: list[float], fmt: str = "{:.3f}") -> str:
         return "n/a"
     return (f"{fmt.format(statistics.median(vals))} "
             f"({fmt.format(min(vals))}..{fmt.format(max(vals))})")
+
+
+def bootstrap_interval(values: list[float], level: float = 0.90, rounds: int = 5000
+                       ) -> tuple[float, float]:
+    """A bootstrap interval of the median of ``values`` (pairs resampled with replacement): how
+    far the median ratio could move with other draws of the machine's noise."""
+    vals = np.array([v for v in values if v == v])
+    if len(vals) < 3:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(0)
+    meds = np.median(rng.choice(vals, size=(rounds, len(vals)), replace=True), axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(meds, tail)), float(np.percentile(meds, 100 - tail))
 
 
 def verdict(value: float, budget: float) -> str:
@@ -219,7 +248,7 @@ def med(values: list[float]) -> float:
 def report(title: str, pairs: list[Pair], window_on: bool) -> None:
     step_r = [p.doctor["median_step_s"] / p.bare["median_step_s"] for p in pairs]
     loop_r = [p.doctor["loop_s"] / p.bare["loop_s"] for p in pairs]
-    print(f"\n== {title}: {len(pairs)} pairs, bare then doctor ==")
+    print(f"\n== {title}: {len(pairs)} pairs, order alternating ==")
     print(f"{'pair':>4} {'bare step ms':>12} {'doc step ms':>11} {'ratio':>6} "
           f"{'bare loop s':>11} {'doc loop s':>10} {'ratio':>6} "
           f"{'win med':>7} {'win max':>7} {'close':>6} {'disk KB':>8} {'load':>5}")
@@ -234,8 +263,13 @@ def report(title: str, pairs: list[Pair], window_on: bool) -> None:
               f"{wmed:>7.2f} {wmax:>7.2f} {close:>6.2f} {p.disk / 1024:>8.0f} {p.load:>5.2f}"
               + (f"  [{w.note}]" if w.note else ""))
     m = med(step_r)
+    low, high = bootstrap_interval(step_r)
     print(f"  median step  doctor/bare  {spread(step_r)}   "
-          f"budget <= {BUDGET_MEDIAN:.2f}x  {verdict(m, BUDGET_MEDIAN)}")
+          f"budget <= {BUDGET_MEDIAN:.2f}x  {verdict(m, BUDGET_MEDIAN)}   "
+          f"(90 % interval of the median: {low:.3f}..{high:.3f})")
+    parent = [p.parent_cpu_s / p.duration_s for p in pairs]
+    print(f"  doctor run's own CPU while the job ran, share of one core  "
+          f"{spread([100 * x for x in parent], '{:.2f}')} %  (of {os.cpu_count()} cores)")
     print(f"  loop time    doctor/bare  {spread(loop_r)}   (includes the one-off window)")
     if not window_on:
         print("  window off: no window figures")
@@ -365,7 +399,8 @@ def main() -> None:
         for i in range(args.pairs):
             for v in variants:
                 pairs[v].append(run_pair(job_cmd, args.window, args.keep, f"{job}-{v}-{i + 1}",
-                                         SHAPES_ENV[v], args.probes_off))
+                                         SHAPES_ENV[v], args.probes_off,
+                                         doctor_first=i % 2 == 1))
             print(f"  {job}: pair {i + 1}/{args.pairs} done", file=sys.stderr, flush=True)
         for v in variants:
             report(" ".join([job, *job_cmd[2:], f"(window shapes {v})"]), pairs[v], window_on)

@@ -117,6 +117,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     deadline = t0 + launch.timeout_s if launch.timeout_s else None
     timed_out = False
     exit_wait = ExitWait(proc)
+    cpu0 = time.process_time()  # the parent's own CPU while the job runs: its always-on cost
     try:
         next_tick = clock()
         while True:
@@ -138,6 +139,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
         exit_wait.close()
         restore()
     duration = clock() - t0
+    parent_cpu_s = time.process_time() - cpu0
     if progress is not None:
         _progress_step(progress, WindowProgress.finish)
     host = samplers.running.get("host")
@@ -149,7 +151,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
     record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,
-                        signal=sig, duration_s=duration,
+                        signal=sig, duration_s=duration, parent_cpu_s=round(parent_cpu_s, 3),
                         probes={k: v.to_dict() for k, v in probes.items()},
                         fd_handoff_s=handoff, peaks=peaks, cwd=launch.cwd, env=env,
                         **({"links": links} if links else {}),
