@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 EXIT_CODE_FIELD = 52  # /proc/PID/stat, counted from 1 as proc(5) does
-POLL_MS = 200  # how often the watching thread looks for pids added since it last polled
+POLL_MS = 200  # how long stop() waits for the thread, at most, after waking it
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,9 @@ class ExitWatcher:
         self._counters = oom_kill_counters(root_pid)
         self._oom_before = self._oom_kills()
         self._thread: threading.Thread | None = None
+        self._wake_r = self._wake_w = -1  # a byte written wakes the thread: new pids, or stop
         if hasattr(os, "pidfd_open"):
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             self._thread = threading.Thread(target=self._run, name="doctor-exits", daemon=True)
             self._thread.start()
 
@@ -183,6 +185,13 @@ class ExitWatcher:
                 continue
             with self._lock:
                 self._fds[fd] = pid
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"w")
+        except OSError:  # the pipe is full (the thread wakes anyway) or closed (stopped)
+            pass
 
     def saw_zombie(self, pid: int) -> None:
         """The host sampler saw ``pid`` as a zombie: read its status (where no pidfd did)."""
@@ -194,20 +203,26 @@ class ExitWatcher:
             self._ended(pid)
 
     def _run(self) -> None:
+        """Sleep until a watched process ends or the wake pipe is written (no periodic
+        wake-ups: the job's cores are the job's)."""
         while not self._stop.is_set():
             with self._lock:
                 fds = dict(self._fds)
-            if not fds:
-                self._stop.wait(POLL_MS / 1000)
-                continue
             poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
             for fd in fds:
                 poller.register(fd, select.POLLIN)
             try:
-                ready = poller.poll(POLL_MS)
+                ready = poller.poll()
             except OSError:
                 ready = []
             for fd, _events in ready:
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except OSError:
+                        pass
+                    continue
                 pid = fds[fd]
                 self._ended(pid)
                 with self._lock:
@@ -231,9 +246,12 @@ class ExitWatcher:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
+            self._wake()
             self._thread.join(timeout=2 * POLL_MS / 1000 + 1)
         with self._lock:
             fds, self._fds = self._fds, {}
+        if self._thread is not None and not self._thread.is_alive():
+            fds.update({self._wake_r: -1, self._wake_w: -1})
         for fd in fds:
             try:
                 os.close(fd)

@@ -111,6 +111,39 @@ def test_the_watcher_reads_a_killed_process_before_it_is_reaped(
         (child.pid, "SIGKILL", True)]
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd here: no watching thread")
+def test_the_exit_watcher_sleeps_until_a_process_ends_or_it_is_stopped() -> None:
+    """No periodic wake-ups while the job runs (each one is taken from the job's cores): over a
+    second with a process watched, the thread switches out a handful of times, where polling
+    every 200 ms made it 5 or more; a later-watched process ending is still seen, and stop()
+    ends the thread."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    watcher = ExitWatcher(os.getpid(), time.monotonic())
+    try:
+        watcher.watch([child.pid])
+        assert watcher._thread is not None
+        status = Path(f"/proc/self/task/{watcher._thread.native_id}/status")
+
+        def switches() -> int:
+            line = next(x for x in status.read_text().splitlines()
+                        if x.startswith("voluntary_ctxt_switches"))
+            return int(line.split()[1])
+
+        time.sleep(0.2)
+        before = switches()
+        time.sleep(1.0)
+        assert switches() - before <= 2
+        child.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not watcher.exits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [e.pid for e in watcher.exits] == [child.pid]
+    finally:
+        watcher.stop()
+        child.wait()
+    assert not watcher._thread.is_alive()
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
 def test_a_rank_killed_by_sigkill_is_named_before_its_peers_connection_error(
