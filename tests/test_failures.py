@@ -45,11 +45,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 class Data(Dataset):
+    started = None  # set in each worker by its first item
     def __len__(self):
         return 100000
     def __getitem__(self, i):
-        if torch.utils.data.get_worker_info().id == 1 and i > 1600:  # after the parent's
-            # rescans have found it (a worker that dies within a second of its start may not be)
+        if Data.started is None:
+            Data.started = time.monotonic()
+        if torch.utils.data.get_worker_info().id == 1 and time.monotonic() - Data.started > 5:
+            # after the parent's rescans (every 2 s) have found it, however loaded the machine
+            # (a worker that dies within a second of its start may not be)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(0.005)
         return torch.randn(8)
