@@ -36,6 +36,10 @@ Figures per job, each the median over pairs with (min..max):
     the training thread. Budget about 5x one step.
   - window excess: the seconds the window steps and the closing step took beyond the median step,
     as a share of a ten-minute run (DESIGN.md: amortised over ten minutes or more, at most 1 %).
+  - steps under stack sampling (the ledger's ``sampled`` rows: py-spy's span after the window):
+    their median / median step. They count in the job's own median step when the span covers
+    many of the steps it is taken over (a short run): read the always-on cost with
+    ``--window off``.
 * disk: the run directory's size after ``doctor run`` finished (report included).
 
 ``--shapes both`` runs each pair twice, the window recording input shapes (doctor's default: the
@@ -123,6 +127,7 @@ class WindowFigures:
     median_step_s: float = float("nan")  # median analysed step in doctor's ledger
     active: list[float] = field(default_factory=list)  # wall_s of steps under the profiler
     closing_s: float = float("nan")
+    sampled: list[float] = field(default_factory=list)  # wall_s of steps under stack sampling
     note: str = ""
 
     def excess_s(self) -> float:
@@ -145,6 +150,7 @@ def window_figures(run_dir: Path) -> WindowFigures:
         out.note = "no analysed step"
         return out
     out.median_step_s = float(analysed.median())
+    out.sampled = [float(w) for w in ledger.loc[ledger["sampled"] & ~ledger["warmup"], "wall_s"]]
     closing = ledger.loc[ledger["window_close"], "wall_s"]
     if closing.empty:
         out.note = "no window closed"
@@ -286,6 +292,12 @@ def report(title: str, pairs: list[Pair], window_on: bool) -> None:
               f"{verdict(med(wins), BUDGET_WINDOW_STEP)}")
         print(f"  window steps max/step            {spread(wmaxs, '{:.2f}')}   "
               f"(first profiled steps: profiler start-up)")
+        sampled = [float(np.median(p.window.sampled)) / p.window.median_step_s
+                   for p in pairs if p.window.sampled]
+        counts = sorted({len(p.window.sampled) for p in pairs})
+        print(f"  steps under stack sampling median/step {spread(sampled, '{:.2f}')}   "
+              f"({min(counts, default=0)}-{max(counts, default=0)} steps a run; part of the "
+              f"window's cost)")
         print(f"  closing step / step              {spread(closes, '{:.2f}')}   "
               f"budget <= ~{BUDGET_CLOSING:.0f}x  {verdict(med(closes), BUDGET_CLOSING)}")
         share = [e / AMORTISE_OVER_S for e in excess]
