@@ -18,7 +18,7 @@ import pytest
 
 from doctor.errors import UsageError
 from doctor.store import layout
-from doctor.store.claim import claim_run_dir, earlier_run, release_run_dir
+from doctor.store.claim import claim_run_dir, earlier_run, release_run_dir, share_run_dir
 from doctor.store.rundir import new_run_dir
 from tests.conftest import doctor_cmd
 
@@ -183,6 +183,48 @@ def test_the_claim_in_process(tmp_path: Path) -> None:
     assert new_run_dir(run_dir, "job", force=True) == run_dir
     release_run_dir(run_dir)
     assert not (run_dir / layout.RUN_RECORD).exists()
+
+
+CLAIM_IN_CHILD = ("import sys; from pathlib import Path; from doctor.store import claim; "
+                  "getattr(claim, sys.argv[2])(Path(sys.argv[1]))")
+
+
+def test_a_try_shares_the_lock_a_run_takes_alone(tmp_path: Path) -> None:
+    """doctor try holds the run directory's lock shared while it re-runs the job: a second try
+    may run beside it, a doctor run (--force included) into it is refused; and a try is refused
+    while a run records there."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    def other(how: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", CLAIM_IN_CHILD, str(run_dir), how],
+                              capture_output=True, text=True, timeout=60)
+
+    share_run_dir(run_dir)
+    try:
+        assert other("share_run_dir").returncode == 0
+        refused = other("claim_run_dir")
+        assert refused.returncode != 0
+        assert (f"a doctor try is re-running the run in {run_dir} now (pid " in refused.stderr)
+    finally:
+        release_run_dir(run_dir)
+    claim_run_dir(run_dir)
+    try:
+        refused = other("share_run_dir")
+        assert refused.returncode != 0 and "is recording into" in refused.stderr
+    finally:
+        release_run_dir(run_dir)
+
+
+def test_tries_started_in_the_same_second_get_a_folder_each(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    from doctor.store import tries
+
+    monkeypatch.setattr(tries.time, "strftime", lambda _fmt: "20261203-120000")
+    made = [tries.new_try_dir(tmp_path) for _ in range(3)]
+    assert [p.name for p in made] == ["20261203-120000", "20261203-120000-2",
+                                      "20261203-120000-3"]
 
 
 def test_default_directories_are_new_each_time(tmp_path: Path) -> None:

@@ -69,6 +69,38 @@ def claim_run_dir(run_dir: Path, force: bool = False, *, option: str = "--force"
     _held[key] = fd
 
 
+def share_run_dir(run_dir: Path) -> None:
+    """Take ``run_dir``'s lock shared, for this process's life (``doctor try`` reading the run
+    and writing its tries into it): several tries may run at once, but no ``doctor run`` may
+    record into it (or replace it) meanwhile, and a try is refused while one records."""
+    key = Path(os.path.realpath(run_dir))
+    if key in _held:
+        return
+    path = run_dir / layout.RUN_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
+    except OSError as err:
+        what = "a symbolic link" if err.errno == errno.ELOOP else err.strerror or err
+        raise UsageError(f"cannot write the run directory {run_dir}: {path.name}: "
+                         f"{what}") from err
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise UsageError(f"a doctor run is recording into {run_dir} now{holder}: wait for it "
+                         "to end") from None
+    except OSError:
+        pass  # a filesystem without locks: unguarded, as a run there is
+    else:
+        try:  # for the message of a run refused meanwhile (tries at once: any one of them)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"try {os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
+    _held[key] = fd
+
+
 def release_run_dir(run_dir: Path) -> None:
     """Let go of ``run_dir``'s lock (the process's end does it too)."""
     fd = _held.pop(Path(os.path.realpath(run_dir)), None)
@@ -93,8 +125,10 @@ def _lock(run_dir: Path, force: bool) -> int:
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise UsageError(f"another doctor run is recording into {run_dir} now{holder}: wait "
-                         "for it to end, or give another directory") from None
+        doing = (f"a doctor try is re-running the run in {run_dir} now{holder[4:]}"
+                 if holder.startswith(" try") else
+                 f"another doctor run is recording into {run_dir} now{holder}")
+        raise UsageError(f"{doing}: wait for it to end, or give another directory") from None
     except OSError:
         return fd  # a filesystem without locks: the run goes on unguarded
     try:
@@ -106,11 +140,15 @@ def _lock(run_dir: Path, force: bool) -> int:
 
 
 def _holder(fd: int) -> str:
+    """`` (pid N)`` of the run holding the lock, `` try (pid N)`` of a try, or ``""``."""
     try:
-        pid = os.pread(fd, 32, 0).decode().strip()
+        text = os.pread(fd, 32, 0).decode().strip()
     except (OSError, UnicodeDecodeError):
         return ""
-    return f" (pid {pid})" if pid.isdigit() else ""
+    kind, _, pid = text.rpartition(" ")
+    if not pid.isdigit() or kind not in ("", "try"):
+        return ""
+    return f"{' try' if kind else ''} (pid {pid})"
 
 
 def is_run_entry(name: str) -> bool:

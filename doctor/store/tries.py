@@ -30,13 +30,16 @@ def new_try_dir(run_dir: Path) -> Path:
     if root.is_symlink():
         raise UsageError(f"{root} is a symbolic link: doctor try writes only inside the run "
                          "directory (remove the link)")
+    root.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out, n = root / stamp, 1
-    while out.exists():
-        n += 1
-        out = root / f"{stamp}-{n}"
-    out.mkdir(parents=True)
-    return out
+    for n in range(1, 10_000):  # two tries started in the same second get a folder each
+        out = root / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            continue
+    raise UsageError(f"{root} holds too many tries started at {stamp}")
 
 
 def attempt_dir(try_dir: Path, round_: int, arm: str) -> Path:

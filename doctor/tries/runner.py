@@ -21,6 +21,7 @@ from typing import Any
 
 from doctor.analyse.pipeline import analyze_run
 from doctor.errors import Interrupted, UsageError
+from doctor.store.claim import share_run_dir
 from doctor.store.redact import redact_argv
 from doctor.store.tries import attempt_dir, merge_tried, new_try_dir, write_try
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
@@ -103,6 +104,7 @@ def plan_lines(p: Prepared) -> list[str]:
 
 def execute(p: Prepared, echo: Callable[[str], None]) -> dict[str, Any]:
     """Run the rounds, measure, write ``try.json``; the record."""
+    share_run_dir(p.run_dir)  # no doctor run replaces the run while it is being re-run
     try_dir = new_try_dir(p.run_dir)
     started = time.monotonic()
     attempts: list[AttemptResult] = []
