@@ -21,10 +21,10 @@ from typing import Any
 
 from doctor.analyse.pipeline import analyze_run
 from doctor.errors import Interrupted, UsageError
+from doctor.reports.escape import escaped, shell_command, shell_word
 from doctor.store.redact import redact_argv
 from doctor.store.tries import attempt_dir, merge_tried, new_try_dir, write_try
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
-from doctor.tries.escape import escaped, shell_command, shell_word
 from doctor.tries.measure import AttemptResult, measure, outcome, ratio, steadiness
 from doctor.tries.plan import Plan, plan_try
 
