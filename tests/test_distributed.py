@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from doctor.analyse.distributed import rank_table, search_stragglers
+from doctor.analyse.distributed import HOST_CONTENTION, Straggler, rank_table, search_stragglers
+from doctor.analyse.evidence import Evidence
 from doctor.analyse.pipeline import analyze_run
 from doctor.record.session import Session
 from doctor.reports.html import render_html
 from doctor.rules.distributed import straggler
-from doctor.rules.evidence import HOST_CONTENTION, Evidence, Straggler
 from doctor.verdict import CATEGORIES
 from tests.conftest import ROOT
 from tests.loops import FakeClock, record_loop, write_record

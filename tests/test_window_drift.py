@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from doctor.analyse.evidence import Evidence, JobFacts
 from doctor.analyse.pipeline import analyze_run
 from doctor.analyse.window_drift import MIN_BEFORE, WindowDrift, drift_notes, window_drift
 from doctor.record.session import (
@@ -19,7 +20,6 @@ from doctor.record.session import (
     Session,
 )
 from doctor.rules.allocator import ENV, page_faults
-from doctor.rules.evidence import Evidence, JobFacts
 from tests.loops import FakeClock, write_record
 
 

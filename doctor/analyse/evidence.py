@@ -1,23 +1,113 @@
-"""The evidence stage: what the rules read (doctor.rules.evidence.Evidence), from the run and
-the stages before it. Nothing here decides anything; it gathers and types."""
+"""The evidence stage: what the rules read, one typed record (Evidence), from the run and the
+stages before it. Nothing here decides anything; it gathers and types.
+
+Frames are those of the analysis (the ledger's analysed steps, the parent's samples, the
+profiler window's steps, allocator snapshots, loader settings); the records are what the
+stages worked out. A rule names the fields it needs; a field that is None (or an empty frame)
+is missing, and the rule is skipped with that reason.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
 from doctor.analyse.comms import CommModel
 from doctor.analyse.contention import Span, cores_used, within
-from doctor.analyse.distributed import search_stragglers
+from doctor.analyse.distributed import StragglerSearch, search_stragglers
 from doctor.analyse.gpus import GpuCounters, said_cuda
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
-from doctor.analyse.split import OutsideShares, StageSplit, outside_evidence, split_evidence
+from doctor.analyse.split import (
+    InputSplit,
+    OutsideLoader,
+    OutsideShares,
+    StageSplit,
+    outside_evidence,
+    split_evidence,
+)
 from doctor.analyse.steps import WINDOW, RankSteps, analysed
-from doctor.rules.evidence import Evidence, JobFacts
+from doctor.analyse.window_drift import WindowDrift
 from doctor.store.rundata import TRACE, RunData, of_process, of_processes
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the job is, as far as it is known (None: not known, e.g. for a trace alone)."""
+
+    kind: str = "run"  # run | watch | trace
+    device: str = "cpu"  # cpu | cuda
+    cores: int | None = None  # usable by the job's processes
+    torch_threads: int | None = None  # intra-op threads of the training process
+    torch_version: str | None = None
+    world_size: int | None = None  # ranks of the job, when known
+    ranks: int = 1  # ranks analysed
+    ranks_here: int = 1  # training processes on one machine (the most on any node)
+    worker_processes: int = 0  # DataLoader workers seen
+    rank_pids: Mapping[int, int] = field(default_factory=dict)  # rank -> training process
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything a rule may read (see the module docstring).
+
+    - ``ledger``: one row per analysed (rank, step), seconds per category (doctor.analyse.ledger)
+      and its evidence columns (``wait_s``, ``contention_s``, ``backward_s``, ...);
+    - ``host``/``system``: the parent's samples of the job's processes and of the machine;
+    - ``window``: the profiler window's steps (doctor.trace.steps.STEP_COLUMNS, ``analyzed``);
+    - ``memory``: CUDA allocator snapshots; ``loaders``: DataLoader settings, one row per loader;
+    - ``input_split``/``outside_loader``: the input split by stage (None: not measured, and
+      ``unsplit_reason`` says why); ``stragglers``: the straggler search (two ranks or more);
+    - ``fd_handoff_s``: a worker-to-training tensor round trip on this machine;
+      ``main_cpu_cores``/``worker_cpu_cores``: cores the training process (mean per rank) and
+      the DataLoader workers (summed) kept busy during the analysed steps;
+    - ``traces``: the trace files, when traces are analysed on their own;
+    - ``gpus``: NVML's counters over the analysed steps, per GPU, and each rank's GPU
+      (doctor.analyse.gpus; a GPU job only);
+    - ``memory_use``: where each rank's memory goes, its capacity and headroom, growth over the
+      run, DataLoader workers' growth (doctor.analyse.memory);
+    - ``ops``: each rank's ops against the roofline (doctor.analyse.ops), where its window
+      recorded ops;
+    - ``comm_models``: each rank's communication model and its what-ifs (doctor.analyse.comms),
+      where its window recorded all-reduces of known size;
+    - ``window_drift``: each rank's median step before the profiler window and after it
+      (doctor.analyse.window_drift), where both sides have enough analysed steps.
+    """
+
+    job: JobFacts = field(default_factory=JobFacts)
+    ledger: pd.DataFrame | None = None
+    host: pd.DataFrame | None = None
+    system: pd.DataFrame | None = None
+    window: pd.DataFrame | None = None
+    memory: pd.DataFrame | None = None
+    loaders: pd.DataFrame | None = None
+    input_split: InputSplit | None = None
+    unsplit_reason: str = ""
+    outside_loader: OutsideLoader | None = None
+    stragglers: StragglerSearch | None = None
+    fd_handoff_s: float | None = None
+    main_cpu_cores: float | None = None
+    worker_cpu_cores: float | None = None
+    traces: tuple[str, ...] | None = None
+    gpus: GpuCounters | None = None
+    memory_use: MemoryEvidence | None = None
+    ops: Mapping[int, RankOps] | None = None
+    comm_models: Mapping[int, CommModel] | None = None
+    window_drift: tuple[WindowDrift, ...] | None = None
+
+    def missing(self, needs: Iterable[str]) -> list[str]:
+        known = {f.name for f in fields(self)}
+        out = []
+        for name in needs:
+            if name not in known:
+                raise AttributeError(f"a rule needs {name!r}, which is not evidence")
+            value = getattr(self, name)
+            if value is None or (isinstance(value, pd.DataFrame) and value.empty):
+                out.append(name)
+        return out
 
 
 def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -> JobFacts:
