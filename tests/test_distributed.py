@@ -21,7 +21,7 @@ import pytest
 
 from doctor.analyse.distributed import HOST_CONTENTION, Straggler, rank_table, search_stragglers
 from doctor.analyse.evidence import Evidence
-from doctor.analyse.pipeline import analyze_run
+from doctor.pipeline import analyze_run
 from doctor.record.session import Session
 from doctor.reports.html import render_html
 from doctor.rules.distributed import straggler
@@ -273,7 +273,7 @@ def write_synthetic_run(run_dir: Path, ranks: int, steps: int, slow_rank: int = 
 MEASURE = """
 import json, resource, sys, time
 from pathlib import Path
-from doctor.analyse.pipeline import analyze_run
+from doctor.pipeline import analyze_run
 from doctor.reports.html import render_html
 t0 = time.perf_counter()
 analysis = analyze_run(Path(sys.argv[1]))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from doctor.analyse.evidence import Evidence, JobFacts
-from doctor.analyse.pipeline import analyze_run
 from doctor.analyse.window_drift import MIN_BEFORE, WindowDrift, drift_notes, window_drift
+from doctor.pipeline import analyze_run
 from doctor.record.session import (
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,

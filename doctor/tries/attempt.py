@@ -21,11 +21,11 @@ from typing import Any
 
 import psutil
 
-from doctor.analyse.pipeline import analyze_run
 from doctor.command import JobCommand
 from doctor.errors import UsageError
 from doctor.job_record import RECORDED_ENV, recorded_env
 from doctor.launch import Launch, run_job
+from doctor.pipeline import analyze_run
 from doctor.record.overrides import ENV_APPLY
 from doctor.record.stop import ENV_STOP_AFTER
 from doctor.reports.escape import escaped
