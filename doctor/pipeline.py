@@ -25,7 +25,7 @@ from doctor.analyse.comms import (
     inter_node_link,
 )
 from doctor.analyse.contention import COMMUNICATION, INPUT, analysed_span, core_contention
-from doctor.analyse.evidence import build_evidence, job_facts, training_loaders, window_analysed
+from doctor.analyse.evidence import build_evidence
 from doctor.analyse.failures import failure_finding, failure_notes
 from doctor.analyse.gpu_split import counter_splits, crosscheck_notes
 from doctor.analyse.gpus import gpu_counters, gpu_tables
@@ -33,6 +33,7 @@ from doctor.analyse.ledger import build_ledger
 from doctor.analyse.memory import memory_evidence
 from doctor.analyse.ops import ops_evidence
 from doctor.analyse.split import outside_loader, rank_split
+from doctor.analyse.stages import job_facts, training_loaders, window_analysed
 from doctor.analyse.stalls import (
     export_seconds,
     find_stalls,

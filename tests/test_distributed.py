@@ -173,7 +173,7 @@ def test_two_run_directories_merge_into_one_job(tmp_path: Path) -> None:
     assert s.evidence["waiting_ranks"] == [0, 1, 2]
     assert "Balance the work" in s.fixes[0].title
     assert analysis.source.count("node-") == 2
-    from doctor.analyse.evidence import job_facts
+    from doctor.analyse.stages import job_facts
     from doctor.analyse.steps import training_processes
     from doctor.store.reader import load_run
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from doctor.analyse.evidence import Evidence, JobFacts
+from doctor.analyse.evidence import Evidence
+from doctor.analyse.stages import JobFacts
 from doctor.analyse.window_drift import MIN_BEFORE, WindowDrift, drift_notes, window_drift
 from doctor.pipeline import analyze_run
 from doctor.record.session import (

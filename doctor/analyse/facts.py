@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from doctor.analyse.evidence import JobFacts
+from doctor.analyse.stages import JobFacts
 from doctor.analyse.steps import WINDOW, RankSteps, boundaries_seen
 from doctor.command import bootstrap_blockers
 from doctor.probes import JOB, probes_of

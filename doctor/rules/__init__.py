@@ -7,7 +7,8 @@ those.
 
 from __future__ import annotations
 
-from doctor.analyse.evidence import Evidence, JobFacts
+from doctor.analyse.evidence import Evidence
+from doctor.analyse.stages import JobFacts
 from doctor.rules import (
     allocator,
     communication,
