@@ -15,21 +15,20 @@ from dataclasses import dataclass, field, fields
 import pandas as pd
 
 from doctor.analyse.comms import CommModel
-from doctor.analyse.contention import Span, cores_used, within
+from doctor.analyse.contention import cores_used, within
 from doctor.analyse.distributed import StragglerSearch, search_stragglers
+from doctor.analyse.facts import stacks_reason
 from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
 from doctor.analyse.split import (
     InputSplit,
     OutsideLoader,
-    OutsideShares,
-    StageSplit,
     outside_evidence,
     split_evidence,
 )
-from doctor.analyse.stages import JobFacts
-from doctor.analyse.steps import RankSteps, analysed
+from doctor.analyse.stages import JobFacts, Stages
+from doctor.analyse.steps import analysed
 from doctor.analyse.window_drift import WindowDrift
 from doctor.store.rundata import TRACE, RunData, of_processes
 
@@ -94,33 +93,26 @@ class Evidence:
         return out
 
 
-def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
-                   workers: dict[int, list[int]], ledger: pd.DataFrame, window: pd.DataFrame,
-                   loaders: pd.DataFrame,
-                   splits: dict[int, StageSplit], outside: dict[int, OutsideShares],
-                   span: Span | None, ranged: bool, unsplit_reason: str,
-                   gpus: GpuCounters | None = None,
-                   memory_use: MemoryEvidence | None = None,
-                   ops: Mapping[int, RankOps] | None = None,
-                   comm_models: Mapping[int, CommModel] | None = None) -> Evidence:
-    """The evidence of the run; ``workers`` the DataLoader workers of each rank, ``window``
-    marked analysed (window_analysed), ``loaders`` of the training processes
-    (training_loaders), ``gpus`` the GPU counters of a GPU job (doctor.analyse.gpus),
-    ``memory_use`` where the memory goes (doctor.analyse.memory)."""
-    steady = analysed(ledger)
+def build_evidence(run: RunData, stages: Stages) -> Evidence:
+    """The evidence of the run, from what the analyse stages worked out (run_stages)."""
+    ranks, span = stages.ranks, stages.span
+    steady = analysed(stages.ledger)
+    ranged = stages.in_range is not None
     host = within(run.host, span) if ranged else run.host
     system = within(run.system, span) if ranged else run.system
     return Evidence(
-        job=job, ledger=steady, host=host, system=system,
-        window=window, memory=of_processes(run.memory, (r.process for r in ranks.values())),
-        loaders=loaders,
-        input_split=split_evidence(splits), unsplit_reason=unsplit_reason,
-        outside_loader=outside_evidence(outside),
-        stragglers=search_stragglers(steady, host, job.rank_pids) if len(ranks) > 1 else None,
+        job=stages.job, ledger=steady, host=host, system=system, window=stages.window,
+        memory=of_processes(run.memory, (r.process for r in ranks.values())),
+        loaders=stages.loaders, input_split=split_evidence(stages.splits),
+        unsplit_reason=stacks_reason(run, ranks),
+        outside_loader=outside_evidence(stages.outside),
+        stragglers=search_stragglers(steady, host, stages.job.rank_pids) if len(ranks) > 1
+        else None,
         fd_handoff_s=run.record.fd_handoff_s,
         main_cpu_cores=cores_used(run.host, [(r.node, r.pid) for r in ranks.values()], span),
         worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
-                                               for p in workers[rank]], span, total=True),
+                                               for p in stages.workers[rank]], span, total=True),
         traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
-        gpus=gpus, memory_use=memory_use, ops=ops or None, comm_models=comm_models or None,
+        gpus=stages.counters, memory_use=stages.memory, ops=stages.ops or None,
+        comm_models=stages.models or None, window_drift=stages.drifts or None,
     )

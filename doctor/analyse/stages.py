@@ -1,5 +1,13 @@
-"""The analyse stages' view of the job: what the job is (JobFacts), which DataLoaders the
-training processes used, and which of the profiler window's steps are analysed."""
+"""The analyse stages, in their order, over one RunData: ``run_stages`` -> Stages, the one
+record of what they worked out, from which the evidence (doctor.analyse.evidence) and the verdict
+(doctor.pipeline) are built.
+
+    steps -> window fractions (or GPU counters) -> input split -> contention -> ledger
+          -> memory -> ops -> communication -> the window's drift
+
+Also here: what the job is (JobFacts), which DataLoaders the training processes used, and which
+of the profiler window's steps are analysed.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +17,31 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from doctor.analyse.gpus import said_cuda
-from doctor.analyse.steps import WINDOW, RankSteps
+from doctor.analyse.comms import CommModel, RankComms, comm_models, comms_evidence, inter_node_link
+from doctor.analyse.contention import (
+    COMMUNICATION,
+    INPUT,
+    Span,
+    analysed_span,
+    core_contention,
+)
+from doctor.analyse.gpu_split import counter_splits
+from doctor.analyse.gpus import GpuCounters, gpu_counters, said_cuda
+from doctor.analyse.ledger import build_ledger
+from doctor.analyse.memory import MemoryEvidence, memory_evidence
+from doctor.analyse.ops import RankOps, ops_evidence
+from doctor.analyse.split import OutsideShares, StageSplit, outside_loader, rank_split
+from doctor.analyse.steps import (
+    WINDOW,
+    RankSteps,
+    analysed,
+    step_range,
+    step_table,
+    training_processes,
+    workers_by_parent,
+)
+from doctor.analyse.window import WindowSplit, window_frame, window_splits
+from doctor.analyse.window_drift import WindowDrift, fault_rates, window_drift
 from doctor.store.rundata import RunData, of_process, of_processes
 
 
@@ -28,6 +59,73 @@ class JobFacts:
     ranks_here: int = 1  # training processes on one machine (the most on any node)
     worker_processes: int = 0  # DataLoader workers seen
     rank_pids: Mapping[int, int] = field(default_factory=dict)  # rank -> training process
+
+
+@dataclass(frozen=True)
+class Stages:
+    """What the analyse stages worked out for one run, in the order they run (run_stages)."""
+
+    ranks: dict[int, RankSteps]  # rank -> its training process (doctor.analyse.steps)
+    in_range: tuple[int, int] | None  # the steps asked for (first, last), or None: every step
+    table: pd.DataFrame  # one row per (rank, step): its time, its waits, whether analysed
+    windows: dict[int, WindowSplit]  # each rank's profiler window's split of its step
+    window_problems: dict[int, str]  # rank -> why its window gives no split
+    span: Span | None  # the analysed steps' (first start, last end)
+    job: JobFacts
+    counters: GpuCounters | None  # NVML's counters (a GPU job only)
+    coarse: dict[int, WindowSplit]  # the split the GPU counters give a rank with no window's
+    coarse_notes: list[str]
+    workers: dict[int, list[int]]  # rank -> its DataLoader workers' pids
+    splits: dict[int, StageSplit]  # rank -> its loading time by stage, from stack samples
+    outside: dict[int, OutsideShares]  # rank -> its batch building outside a DataLoader
+    contention: dict[int, float]  # rank -> its input wait's share lost to busy cores
+    comm_contention: dict[int, float]  # rank -> its communication's share lost to busy cores
+    ledger: pd.DataFrame  # seconds per category of every (rank, step) (doctor.analyse.ledger)
+    window: pd.DataFrame  # the profiler window's steps, each marked analysed
+    loaders: pd.DataFrame  # the training processes' DataLoader settings
+    memory: MemoryEvidence | None
+    ops: dict[int, RankOps]
+    comms: dict[int, RankComms]
+    models: dict[int, CommModel]
+    drifts: tuple[WindowDrift, ...]  # each rank's median step before the window and after it
+
+
+def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None) -> Stages:
+    """The stages over ``run``; ``steps`` (first, last), 1-based, inclusive, either open,
+    analyses only the steps in that range (the ledger keeps the others) and the samples of
+    their span."""
+    ranks = training_processes(run)
+    in_range = step_range(steps, ranks)
+    table = step_table(run, ranks, in_range)
+    window = window_frame(run, ranks)
+    windows, window_problems = window_splits(run, ranks)
+    span = analysed_span(analysed(table))
+    job = job_facts(run, ranks, window)
+    counters = gpu_counters(run, ranks, table) if job.device == "cuda" else None
+    coarse, coarse_notes = counter_splits(counters, ranks, table, windows)
+    children = workers_by_parent(run)
+    workers = {rank: children.get(main.process, []) for rank, main in ranks.items()}
+    splits = {rank: rank_split(run, main, workers[rank]) for rank, main in ranks.items()}
+    outside = outside_loader(run, ranks)
+    cores = core_contention(run.host, run.system, table, workers, ranks, span)
+    contention = {r: c[INPUT] for r, c in cores.items() if INPUT in c and workers.get(r)}
+    comm_contention = {r: c[COMMUNICATION] for r, c in cores.items() if COMMUNICATION in c}
+    ledger = build_ledger(table, {**windows, **coarse},
+                          {r: f for r, s in splits.items() if (f := s.fractions) is not None},
+                          {r: o.shares for r, o in outside.items()}, contention, comm_contention)
+    window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
+    memory = memory_evidence(run, job.device, ranks, table, workers, counters, loaders,
+                             job.world_size)
+    ops = ops_evidence(run, job.device, ranks, window, counters)
+    comms = comms_evidence(run, ranks, window)
+    models = comm_models(run, comms, window, job, inter_node_link(run.record))
+    drifts = window_drift(ledger, fault_rates(run, ranks))  # before the window vs after
+    return Stages(
+        ranks=ranks, in_range=in_range, table=table, windows=windows,
+        window_problems=window_problems, span=span, job=job, counters=counters, coarse=coarse,
+        coarse_notes=coarse_notes, workers=workers, splits=splits, outside=outside,
+        contention=contention, comm_contention=comm_contention, ledger=ledger, window=window,
+        loaders=loaders, memory=memory, ops=ops, comms=comms, models=models, drifts=drifts)
 
 
 def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -> JobFacts:
