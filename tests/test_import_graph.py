@@ -28,7 +28,7 @@ FOLDERS = {"doctor": "doctor", "probes": "doctor.probes", "reports": "doctor.rep
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the shared kernel: the types, settings and facts every stage speaks, in the job too
     ("kernel", ("doctor.errors", "doctor.categories", "doctor.version", "doctor.tuning",
-                "doctor.verdict", "doctor.machine", "doctor.command")),
+                "doctor.verdict", "doctor.machine", "doctor.command", "doctor.units")),
     ("trace", ("doctor.trace",)),  # the torch.profiler / Kineto trace reader
     ("store", ("doctor.store",)),  # the run directory: in-job writers, readers -> RunData
     ("record", ("doctor.record",)),  # in the job: the Session, its ring buffers, the tracer
@@ -40,7 +40,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the doors: doctor run (and its in-job start, bootstrap), doctor.watch, doctor try, the CLI
     ("doors", ("doctor", "doctor.bootstrap", "doctor.cli", "doctor.launch", "doctor.watch",
                "doctor.outputs", "doctor.run_summary", "doctor.progress", "doctor.nodes",
-               "doctor.job_record", "doctor.compat", "doctor.tries")),
+               "doctor.job_record", "doctor.compat", "doctor.exit_wait", "doctor.sampler",
+               "doctor.sources", "doctor.tries")),
 )
 
 Edges = Mapping[tuple[str, str], list[str]]  # (node, node) -> "file:line imports module"
