@@ -62,7 +62,7 @@ from typing import Any
 
 import pandas as pd
 
-from doctor.analyse.pipeline import analyze_run
+from doctor.pipeline import analyze_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_JOBS = ROOT / "sample_jobs"

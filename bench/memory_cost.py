@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch import nn
 
+from doctor.machine import private_bytes, rss_bytes
 from doctor.probes.host import PRIVATE_COST_RATIO, PRIVATE_MIN_S
 from doctor.probes.memory import MemoryProbe
 from doctor.probes.saved_tensors import SavedTensorCounter
-from doctor.record.machine import private_bytes, rss_bytes
 from doctor.record.session import Session
 
 

@@ -55,7 +55,7 @@ def write_run(run_dir: Path, ranks: int, steps: int) -> None:
 
 def measure(run_dir: Path) -> dict[str, float]:
     """In this (fresh) process: analyse and render, and how long and how much memory it took."""
-    from doctor.analyse.pipeline import analyze_run
+    from doctor.pipeline import analyze_run
     from doctor.reports.html import render_html
 
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

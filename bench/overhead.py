@@ -25,7 +25,7 @@ Figures per job, each the median over pairs with (min..max):
   every core busy.
 * loop time, doctor / bare: always-on cost plus the deep window, once. No budget of its own; the
   window's share of a run of ten minutes is derived below.
-* From the doctor run's own ledger (``doctor.analyse.pipeline.analyze_run``), against the median
+* From the doctor run's own ledger (``doctor.pipeline.analyze_run``), against the median
   analysed step of the same run:
   - window steps: the ledger rows that end after the window's start event and before its stop
     event (the events ring, read into ``doctor.analyse.steps.RankSteps``); the ledger numbers
@@ -138,8 +138,8 @@ class WindowFigures:
 
 def window_figures(run_dir: Path) -> WindowFigures:
     """Window steps and the closing step, from the run directory's ledger and events ring."""
-    from doctor.analyse.pipeline import analyze_run
     from doctor.analyse.steps import training_processes
+    from doctor.pipeline import analyze_run
     from doctor.store.reader import load_run
 
     out = WindowFigures()

@@ -123,7 +123,7 @@ def block_ns(run: Callable[[int], int], config: str, steps: int, after_window: b
     if config == "bare":
         run(20)  # as the others do
         return run(steps) / steps
-    from doctor.record.bootstrap import start_session
+    from doctor.bootstrap import start_session
 
     os.environ.pop(ENV_PROBES_OFF, None)
     if config.startswith("all - "):

@@ -217,7 +217,7 @@ def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = Non
             raise UsageError(f"{bad[0]} is not a trace (*.json or *.json.gz)")
         if steps is not None:
             raise UsageError("--steps applies to run directories, not to traces")
-        from doctor.analyse.pipeline import analyze_traces
+        from doctor.pipeline import analyze_traces
 
         return analyze_traces(traces), Path(traces[0].name.split(".")[0] + ".report.html")
     from doctor.outputs import analyse_runs
@@ -298,7 +298,7 @@ def compare(run_a: Path, run_b: Path, fmt: str, output: Path | None) -> None:
     import json
 
     from doctor.analyse.compare import compare as compare_runs
-    from doctor.analyse.pipeline import analyze_run
+    from doctor.pipeline import analyze_run
     from doctor.reports.tries import render_compare_html, render_compare_text
 
     comparison = compare_runs(analyze_run(run_a), analyze_run(run_b))

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from doctor.record.machine import memory_bytes, usable_cores
+from doctor.machine import memory_bytes, usable_cores
 from doctor.store.redact import is_secret_name, redact_argv, redact_value
 from doctor.version import __version__
 

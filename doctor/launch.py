@@ -22,11 +22,11 @@ from types import FrameType
 from typing import IO, Any
 
 from doctor import probes
+from doctor.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
 from doctor.command import JobCommand
 from doctor.exit_wait import ExitWait
 from doctor.job_record import BOOTSTRAP_DIR, run_record
 from doctor.progress import Say, WindowProgress, start_line
-from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
 from doctor.record.tracer import ENV_PARENT_PID
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from doctor.analyse.pipeline import analyse, analyze_run
 from doctor.analyse.timeline import run_timeline
 from doctor.errors import UsageError
 from doctor.nodes import Node
+from doctor.pipeline import analyse, analyze_run
 from doctor.reports.json import render_json
 from doctor.reports.timeline import write_timeline
 from doctor.store import layout
@@ -76,7 +76,7 @@ def export_timeline(run_dir: Path, output: Path | None = None) -> Path:
 
 def analyse_runs(dirs: Sequence[Path], steps: tuple[int | None, int | None] | None = None
                  ) -> Analysis:
-    """Run directories as one job (doctor.analyse.pipeline.analyze_run), a multi-node job's
+    """Run directories as one job (doctor.pipeline.analyze_run), a multi-node job's
     directory among them expanded to its node folders in node order, with a note naming the
     node folders that are missing or whose job had not ended."""
     expanded: list[Path] = []

@@ -120,12 +120,12 @@ class _WatchRun:
     @classmethod
     def start(cls, out: Path | None, name: str, window: str, force: bool = False
               ) -> _WatchRun:
+        from doctor.bootstrap import parse_window, start_session
         from doctor.job_record import run_record
         from doctor.launch import QUIET_KINETO
         from doctor.probes.gpu import GpuSampler
         from doctor.probes.host import HostSampler
         from doctor.probes.stacks import request_in_process_stacks
-        from doctor.record.bootstrap import parse_window, start_session
         from doctor.store.rundir import new_run_dir, write_run_record
 
         run_dir = new_run_dir(out, name, force=force, option="force=True")

@@ -9,7 +9,7 @@ import functools
 import inspect
 from typing import Any
 
-from ..record.machine import private_bytes, rss_bytes
+from ..machine import private_bytes, rss_bytes
 from ..record.session import STEP_DATALOADER, Session
 from ..verdict import ProbeStatus
 

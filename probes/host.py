@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import psutil
 
-from doctor.record.machine import private_bytes, usable_cores
+from doctor.machine import private_bytes, usable_cores
 from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS, save_host
 from doctor.verdict import ProbeStatus
 

@@ -15,9 +15,9 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from doctor.reports.escape import escaped, shell_command, shell_word
 from doctor.reports.verified import verified_line
 from doctor.store.redact import redact_argv, redact_value
-from doctor.tries.escape import escaped, shell_command, shell_word
 from doctor.verdict import Analysis, Finding, Verdict, fix_id
 
 #: The bottleneck in words, for headlines.

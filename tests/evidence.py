@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from doctor.rules.evidence import Evidence, InputSplit, JobFacts
+from doctor.analyse.evidence import Evidence
+from doctor.analyse.split import InputSplit
+from doctor.analyse.stages import JobFacts
 
 JOB_FIELDS = {f.name for f in fields(JobFacts)}
 EVIDENCE_FIELDS = {f.name for f in fields(Evidence)}

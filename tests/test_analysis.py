@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from doctor.analyse.pipeline import analyze_run
 from doctor.outputs import finalize_run
+from doctor.pipeline import analyze_run
 from doctor.verdict import CATEGORIES, check_verdict
 from tests.loops import record_loop, write_record
 

@@ -86,7 +86,7 @@ def test_under_the_budget_nothing_is_left_out(tmp_path: Path) -> None:
 
 def test_the_verdict_says_what_it_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                            ) -> None:
-    from doctor.analyse.pipeline import analyze_traces
+    from doctor.pipeline import analyze_traces
 
     monkeypatch.setattr(budget, "MAX_EVENTS", 1000)
     monkeypatch.setattr(reader, "BLOCK_CHARS", 4096)

@@ -54,7 +54,7 @@ def test_ranks_with_different_collectives_are_not_matched() -> None:
 
 
 def test_two_sampled_ranks_of_a_recsys_job() -> None:
-    from doctor.analyse.pipeline import analyze_traces
+    from doctor.pipeline import analyze_traces
 
     paths = [TRACES / "recsys_128_ranks_sampled" / f"rank-{r}.json.gz" for r in (0, 1)]
     if not all(p.is_file() for p in paths):

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from doctor.analyse.pipeline import analyze_traces
 from doctor.errors import TraceError
+from doctor.pipeline import analyze_traces
 from doctor.reports.json import render_json
 from doctor.reports.text import render_text
 from doctor.trace import events as events_module

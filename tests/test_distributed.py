@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from doctor.analyse.distributed import rank_table, search_stragglers
-from doctor.analyse.pipeline import analyze_run
+from doctor.analyse.distributed import HOST_CONTENTION, Straggler, rank_table, search_stragglers
+from doctor.analyse.evidence import Evidence
+from doctor.pipeline import analyze_run
 from doctor.record.session import Session
 from doctor.reports.html import render_html
 from doctor.rules.distributed import straggler
-from doctor.rules.evidence import HOST_CONTENTION, Evidence, Straggler
 from doctor.verdict import CATEGORIES
 from tests.conftest import ROOT
 from tests.loops import FakeClock, record_loop, write_record
@@ -173,7 +173,7 @@ def test_two_run_directories_merge_into_one_job(tmp_path: Path) -> None:
     assert s.evidence["waiting_ranks"] == [0, 1, 2]
     assert "Balance the work" in s.fixes[0].title
     assert analysis.source.count("node-") == 2
-    from doctor.analyse.evidence import job_facts
+    from doctor.analyse.stages import job_facts
     from doctor.analyse.steps import training_processes
     from doctor.store.reader import load_run
 
@@ -273,7 +273,7 @@ def write_synthetic_run(run_dir: Path, ranks: int, steps: int, slow_rank: int = 
 MEASURE = """
 import json, resource, sys, time
 from pathlib import Path
-from doctor.analyse.pipeline import analyze_run
+from doctor.pipeline import analyze_run
 from doctor.reports.html import render_html
 t0 = time.perf_counter()
 analysis = analyze_run(Path(sys.argv[1]))

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from doctor.analyse.pipeline import analyse, analyze_run, analyze_traces
 from doctor.categories import INPUT_PIPELINE
+from doctor.pipeline import analyse, analyze_run, analyze_traces
 from doctor.reports.text import headline
 from doctor.store.layout import process_dir
 from doctor.store.reader import load_run

@@ -11,7 +11,7 @@ import pytest
 
 from doctor.analyse.gpu_split import crosscheck_notes
 from doctor.analyse.gpus import GpuCounters, GpuSummary
-from doctor.analyse.pipeline import analyze_run
+from doctor.pipeline import analyze_run
 from doctor.reports.html import render_html
 from doctor.reports.text import render_text
 from doctor.verdict import Verdict, check_verdict

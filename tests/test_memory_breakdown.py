@@ -13,7 +13,7 @@ import pytest
 
 from doctor.analyse.memory import MemoryEvidence, RankMemory
 from doctor.analyse.memory_growth import MIN_WORKER_GROWTH_BYTES, linear_growth, worker_growth
-from doctor.analyse.pipeline import analyze_run, analyze_traces
+from doctor.pipeline import analyze_run, analyze_traces
 from doctor.probes.memory import MemoryProbe
 from doctor.record.session import Session
 from doctor.rules import Evidence

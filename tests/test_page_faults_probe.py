@@ -9,9 +9,9 @@ import mmap
 from collections.abc import Callable
 from pathlib import Path
 
-from doctor.analyse.pipeline import analyze_run
 from doctor.analyse.steps import training_processes
 from doctor.analyse.window_drift import fault_rates, window_drift
+from doctor.pipeline import analyze_run
 from doctor.probes.page_faults import SKIP, SPAN, PageFaultsProbe
 from doctor.record.session import (
     EVENT_WINDOW_START,

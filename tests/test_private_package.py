@@ -102,13 +102,14 @@ def test_the_bootstrap_adds_little_to_a_python_start(tmp_path: Path) -> None:
 
 
 def test_a_try_is_read_from_the_names_its_modules_use() -> None:
-    from doctor.record import bootstrap, overrides, stop
+    from doctor import bootstrap
+    from doctor.record import overrides, stop
 
     assert (bootstrap.ENV_TRY_APPLY, bootstrap.ENV_TRY_STOP) == (overrides.ENV_APPLY,
                                                                  stop.ENV_STOP_AFTER)
 
 
-IN_JOB_ROOTS = ("doctor/record/bootstrap.py", "doctor/record/overrides.py",
+IN_JOB_ROOTS = ("doctor/bootstrap.py", "doctor/record/overrides.py",
                 "doctor/record/stop.py", "probes/__init__.py")
 
 
@@ -117,6 +118,8 @@ def _module_file(package: list[str], level: int, name: str | None) -> Path | Non
     folder names under the checkout), or None where it names no module of doctor's."""
     base = package[: len(package) - level + 1]
     parts = [*base, *(name.split(".") if name else [])]
+    if parts[:2] == ["doctor", "probes"]:  # doctor.probes (from doctor/bootstrap.py) is probes/
+        parts = parts[1:]
     for top in ((), ("doctor",)):  # probes/ is doctor.probes: its parents are doctor's
         path = ROOT.joinpath(*top, *parts) if top else ROOT.joinpath(*parts)
         if path.with_suffix(".py").is_file():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from doctor.bootstrap import JobProbes
 from doctor.probes import ENV_PROBES_OFF, JOB, TurnedOff, probes_of, turned_off
-from doctor.record.bootstrap import JobProbes
 from doctor.record.session import Session
 
 

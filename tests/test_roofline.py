@@ -93,7 +93,7 @@ def test_a_real_traces_gemms_and_elementwise_ops() -> None:
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
 def test_the_trace_door_gives_the_ops_and_mfu() -> None:
-    from doctor.analyse.pipeline import analyze_traces
+    from doctor.pipeline import analyze_traces
 
     analysis = analyze_traces([TRACES / "recsys_a100_rank3_of_8.json.gz"])
     [ops] = analysis.verdict.extra["ops"]

@@ -141,7 +141,7 @@ def test_exposed_communication_gpu_and_cpu() -> None:
 
 
 def test_waiting_for_a_straggler_is_not_exposed_communication_twice() -> None:
-    from doctor.rules.evidence import Straggler, StragglerSearch
+    from doctor.analyse.distributed import Straggler, StragglerSearch
 
     def search(wait_s: float) -> StragglerSearch:
         return StragglerSearch([Straggler(rank=1, extra_s=wait_s, step_s=0.1,

@@ -95,7 +95,7 @@ def test_nchw_convolutions_by_their_strides_are_a_suggestion_without_an_estimate
 
 
 def test_the_a100_resnet_trace_transposes_around_its_convolutions() -> None:
-    from doctor.analyse.pipeline import analyze_traces
+    from doctor.pipeline import analyze_traces
 
     path = TRACES / "ddp_a100_rank0_of_2_hostbound.json.gz"
     if not path.is_file():

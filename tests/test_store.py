@@ -53,7 +53,7 @@ def test_nodes_combine_into_one_run(tmp_path: Path) -> None:
 
 def test_a_damaged_ring_is_left_out_and_said(tmp_path: Path) -> None:
     """A process killed as it made a ring leaves a file without a header: the rest is read."""
-    from doctor.analyse.pipeline import analyze_run
+    from doctor.pipeline import analyze_run
 
     session = record_loop(tmp_path, 30, wait_s=0.001, compute_s=0.02)
     write_record(tmp_path)

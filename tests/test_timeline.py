@@ -213,8 +213,8 @@ def test_gpu_and_machine_samples_are_counter_tracks_thinned_to_their_cap(tmp_pat
 
 def test_the_nodes_of_a_job_are_named_and_said_to_be_aligned_at_their_starts(tmp_path: Path
                                                                              ) -> None:
-    from doctor.analyse.pipeline import analyse
     from doctor.analyse.timeline import run_timeline
+    from doctor.pipeline import analyse
     from doctor.store.reader import load_run
 
     for node in (0, 1):
@@ -262,8 +262,8 @@ def test_a_job_of_20000_steps_has_a_timeline_of_a_few_mb(tmp_path: Path) -> None
 
 
 def test_a_run_of_many_processes_shares_the_run_s_budget(tmp_path: Path) -> None:
-    from doctor.analyse.pipeline import analyse
     from doctor.analyse.timeline import Caps, run_timeline
+    from doctor.pipeline import analyse
     from doctor.store.reader import load_run
 
     for rank in range(8):

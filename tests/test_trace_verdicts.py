@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from doctor.analyse.pipeline import analyze_traces
 from doctor.analyse.verdict import choose_bottleneck
+from doctor.pipeline import analyze_traces
 from doctor.trace.reader import TraceError
 from doctor.verdict import CATEGORIES, LEDGER_COLUMNS, Analysis, check_verdict
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from doctor.reports.escape import escaped, shell_command
 from doctor.store.rundir import write_run_record
 from doctor.tries.attempt import recorded_job, restorable
-from doctor.tries.escape import escaped, shell_command
 from tests.conftest import ROOT
 
 JOB = textwrap.dedent("""

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from doctor.analyse.pipeline import analyze_run
+from doctor.analyse.evidence import Evidence
+from doctor.analyse.stages import JobFacts
 from doctor.analyse.window_drift import MIN_BEFORE, WindowDrift, drift_notes, window_drift
+from doctor.pipeline import analyze_run
 from doctor.record.session import (
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
@@ -19,7 +21,6 @@ from doctor.record.session import (
     Session,
 )
 from doctor.rules.allocator import ENV, page_faults
-from doctor.rules.evidence import Evidence, JobFacts
 from tests.loops import FakeClock, write_record
 
 

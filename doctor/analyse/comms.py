@@ -37,7 +37,7 @@ from doctor.analyse.steps import RankSteps
 from doctor.store.rundata import RunData, RunRecord
 
 if TYPE_CHECKING:
-    from doctor.rules.evidence import JobFacts
+    from doctor.analyse.stages import JobFacts
 
 #: Below this a message's transfer time is small against a collective's round trips (NCCL's
 #: low-latency protocol is used up to about this size; gloo's TCP rounds cost more).

@@ -10,18 +10,46 @@ time is compute that the rank's CPU time does not account for, the rank was runn
 running: host contention.
 
 Pure functions over the ledger (doctor.analyse.ledger) and the host samples; the search's result is
-evidence (doctor.rules.evidence.StragglerSearch) that the rule in doctor.rules.distributed words.
+evidence (StragglerSearch, below) that the rule in doctor.rules.distributed words.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from doctor.categories import CATEGORIES, UNSPLIT_INPUT
-from doctor.rules.evidence import HOST_CONTENTION, Straggler, StragglerSearch
+
+HOST_CONTENTION = "host contention"
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """One rank that the others wait for."""
+
+    rank: int
+    extra_s: float  # median extra non-communication seconds per step, vs the other ranks
+    step_s: float  # median step wall time over the compared ranks and steps
+    slower_fraction: float  # share of the shared steps in which it was slower than the others
+    steps: int  # shared steps compared
+    cause: str  # input | transfer | compute | other | host contention
+    cause_category: str  # the ledger category with the most extra time
+    extra_by_category: dict[str, float] = field(default_factory=dict)  # mean s/step vs others
+    waiting: dict[int, float] = field(default_factory=dict)  # rank -> extra comm s/step
+    cpu_extra_s: float | None = None  # its CPU seconds per step above the others', if sampled
+
+
+@dataclass(frozen=True)
+class StragglerSearch:
+    """The stragglers found, and a rank that looked slower only through the profiler window's
+    split (a few steps) but not step by step: noise, or extra work inside backward()."""
+
+    stragglers: list[Straggler]
+    window_only: dict[int, float] = field(default_factory=dict)  # rank -> extra s/step
+
 
 #: Cause groups: the ledger categories whose extra time points to each likely cause.
 CAUSE_GROUPS: dict[str, tuple[str, ...]] = {

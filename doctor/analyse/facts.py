@@ -7,11 +7,11 @@ from typing import Any
 
 import pandas as pd
 
+from doctor.analyse.stages import JobFacts
 from doctor.analyse.steps import WINDOW, RankSteps, boundaries_seen
 from doctor.command import bootstrap_blockers
 from doctor.probes import JOB, probes_of
 from doctor.probes.stack_plan import ENV_STACKS, RATE_HZ
-from doctor.rules.evidence import JobFacts
 from doctor.store.rundata import TRACE, RunData, of_processes, process_labels
 from doctor.verdict import Fix, ProbeStatus
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -29,12 +29,30 @@ from doctor.analyse.frames import (
 )
 from doctor.analyse.steps import RankSteps, worker_pids
 from doctor.categories import INPUT_STAGES
-from doctor.rules.evidence import InputSplit, OutsideLoader
 from doctor.store.rundata import Process, RunData
 from doctor.store.stacks import StackSamples
 
 OUTSIDE_MIN = 0.02  # below this share of the step, input outside a DataLoader is noise
 TOP = 3  # functions named per stage in the evidence
+
+
+@dataclass(frozen=True)
+class InputSplit:
+    """Where the loading time went, from stack samples (only when some were in the loading)."""
+
+    stage_shares: Mapping[str, float]  # io, decode, preprocess: fractions of loading time
+    top: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # stage -> top functions
+    processes_sampled: int = 1
+    recorders: tuple[str, ...] = ()
+    collate_share_of_fetch: float | None = None  # collate_fn's part of the fetch time
+
+
+@dataclass(frozen=True)
+class OutsideLoader:
+    """Batches built in the training loop itself (no DataLoader), from the main's samples."""
+
+    stage_shares_of_step: Mapping[str, float]
+    top: tuple[str, ...] = ()
 
 
 @dataclass

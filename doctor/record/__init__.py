@@ -1,1 +1,2 @@
-"""What runs inside the job: the bootstrap, the per-process Session, ring buffers, doctor.step()."""
+"""What runs inside the job: the per-process Session, ring buffers, doctor.step() (doctor.bootstrap
+starts a Session and its probes)."""

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..machine import usable_cores
 from ..store import layout
 from ..store.process import ProcessWriter
 from ..store.records import (  # noqa: F401  (the step kinds and events probes record)
@@ -50,7 +51,6 @@ from ..store.records import (  # noqa: F401  (the step kinds and events probes r
     STEPS_RECORD,
 )
 from ..store.ringbuffer import RingWriter
-from .machine import usable_cores
 from .process_facts import cuda_device, env_int, torch_facts
 from .tracer import allow_parent_tracer
 

@@ -1,4 +1,5 @@
-"""Rules: small pure functions over the evidence (doctor.rules.evidence), one module per topic.
+"""Rules: small pure functions over the evidence (doctor.analyse.evidence.Evidence), one module
+per topic.
 
 ``default_rules()`` is every rule of these modules, in their order; the analysis runs exactly
 those.
@@ -6,6 +7,8 @@ those.
 
 from __future__ import annotations
 
+from doctor.analyse.evidence import Evidence
+from doctor.analyse.stages import JobFacts
 from doctor.rules import (
     allocator,
     communication,
@@ -23,7 +26,6 @@ from doctor.rules import (
     trace,
 )
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
-from doctor.rules.evidence import Evidence, JobFacts
 
 MODULES = (compute, ops, distributed, gpu, gpu_counters, communication, memory, memory_fit,
            memory_growth, allocator, host, input, other, trace)

@@ -12,8 +12,8 @@ it: the fix is two environment variables.
 
 from __future__ import annotations
 
+from doctor.analyse.evidence import Evidence
 from doctor.rules.base import rule
-from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 #: What the window leaves behind: glibc's largest dynamic mmap threshold, and twice that as the

@@ -1,6 +1,6 @@
 """The rule framework: small pure functions over the evidence that return findings.
 
-A rule declares the evidence it needs (names of fields of doctor.rules.evidence.Evidence); the
+A rule declares the evidence it needs (names of fields of doctor.analyse.evidence.Evidence); the
 engine skips it, recording why, when one of them is missing or empty. Rules never print and never
 raise to the caller: a rule that fails is recorded as skipped with the error. ``@rule`` makes a
 Rule of a function without registering it anywhere: the rules that run are the list given to
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from doctor.rules.evidence import Evidence
+from doctor.analyse.evidence import Evidence
 from doctor.verdict import Finding
 
 RuleFunc = Callable[[Evidence], list[Finding]]

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from doctor.analyse.comm_model import WhatIf
 from doctor.analyse.comms import critical
+from doctor.analyse.evidence import Evidence
 from doctor.rules.base import rule
-from doctor.rules.evidence import Evidence
 from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from doctor.analyse.evidence import Evidence
 from doctor.rules.base import rule
-from doctor.rules.evidence import Evidence
 from doctor.rules.host import set_threads
 from doctor.verdict import Finding, Fix
 

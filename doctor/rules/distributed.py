@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from doctor.analyse.distributed import HOST_CONTENTION, Straggler
+from doctor.analyse.evidence import Evidence
 from doctor.rules.base import RuleSkipped, rule
-from doctor.rules.evidence import HOST_CONTENTION, Evidence, Straggler
 from doctor.rules.input_model import main_loader
 from doctor.verdict import Finding, Fix
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from doctor.analyse.evidence import Evidence
 from doctor.rules.base import rule
-from doctor.rules.evidence import Evidence
 from doctor.rules.input_model import main_loader
 from doctor.rules.window import mean, means, window_finding, window_steps
 from doctor.verdict import Finding, Fix

@@ -14,10 +14,10 @@ from typing import Any
 
 import pandas as pd
 
+from doctor.analyse.evidence import Evidence
 from doctor.analyse.gpus import GpuSummary
 from doctor.categories import INPUT_PIPELINE, INPUT_STAGES, UNSPLIT_INPUT
 from doctor.rules.base import rule
-from doctor.rules.evidence import Evidence
 from doctor.rules.gpu import COMPILE_REDUCE_OVERHEAD, LARGER_BATCH
 from doctor.rules.input_model import main_loader
 from doctor.rules.window import severity, speedup

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from doctor.analyse.evidence import Evidence
 from doctor.rules.base import RuleSkipped, rule
-from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 OVERSUBSCRIBED = 1.5  # runnable threads per core, sustained, that we call contention

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from doctor.analyse.evidence import Evidence
 from doctor.categories import INPUT_STAGES
 from doctor.rules.base import rule
-from doctor.rules.evidence import Evidence
 from doctor.rules.input_model import InputFacts, count_of, suggested_workers
 from doctor.verdict import Finding, Fix
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from doctor.analyse.evidence import Evidence
 from doctor.rules.base import RuleSkipped, rule
-from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 MIB = 1 << 20

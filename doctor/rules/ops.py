@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from doctor.analyse.evidence import Evidence
 from doctor.analyse.ops import RankOps
 from doctor.analyse.roofline import BOUND_LAUNCH, BOUND_MEMORY
 from doctor.rules.base import rule
-from doctor.rules.evidence import Evidence
 from doctor.trace.op_costs import CONV, CONV_BACKWARD, KIND_CONV
 from doctor.verdict import Finding, Fix
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from doctor.analyse.evidence import Evidence
 from doctor.rules.base import rule
-from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 OTHER_SHARE = 0.2

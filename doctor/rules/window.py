@@ -14,8 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from doctor.analyse.evidence import Evidence
 from doctor.rules.base import RuleSkipped
-from doctor.rules.evidence import Evidence
 from doctor.verdict import Finding, Fix
 
 

@@ -53,7 +53,7 @@ def read_timelines(files: Sequence[Path], workers: int | None = None) -> list[Ti
     """Each trace's timeline, in the order given, read on the machine's cores when they are
     large enough to be worth it: several traces one process each; one trace its blocks across
     processes (doctor.trace.parallel) where the C scanner is missing (doctor.trace.scan)."""
-    from doctor.record.machine import usable_cores
+    from doctor.machine import usable_cores
 
     cores = workers or usable_cores()
     size = sum(p.stat().st_size for p in files if p.is_file())

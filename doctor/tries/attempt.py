@@ -21,20 +21,20 @@ from typing import Any
 
 import psutil
 
-from doctor.analyse.pipeline import analyze_run
 from doctor.command import JobCommand
 from doctor.errors import UsageError
 from doctor.job_record import RECORDED_ENV, recorded_env
 from doctor.launch import Launch, run_job
+from doctor.pipeline import analyze_run
 from doctor.record.overrides import ENV_APPLY
 from doctor.record.stop import ENV_STOP_AFTER
+from doctor.reports.escape import escaped
 from doctor.reports.json import render_json
 from doctor.store import layout
 from doctor.store.redact import REDACTED, is_redacted
 from doctor.store.rundir import read_run_record
 from doctor.store.safe_files import open_new, write_text_atomic
 from doctor.store.tries import keep_tail, output_paths, process_notes
-from doctor.tries.escape import escaped
 from doctor.tries.measure import AttemptResult
 from doctor.tuning import Apply
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from doctor.analyse.pipeline import analyze_run
 from doctor.errors import Interrupted, UsageError
+from doctor.pipeline import analyze_run
+from doctor.reports.escape import escaped, shell_command, shell_word
 from doctor.store.claim import share_run_dir
 from doctor.store.redact import redact_argv
 from doctor.store.tries import attempt_dir, merge_tried, new_try_dir, write_try
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
-from doctor.tries.escape import escaped, shell_command, shell_word
 from doctor.tries.measure import AttemptResult, measure, outcome, ratio, steadiness
 from doctor.tries.plan import Plan, plan_try
 

@@ -21,7 +21,7 @@ def _doctor_bootstrap() -> None:
         import importlib
 
         _install_private_package()
-        importlib.import_module(PRIVATE + ".record.bootstrap").start_from_env()
+        importlib.import_module(PRIVATE + ".bootstrap").start_from_env()
     except BaseException as err:
         try:
             run_dir = os.environ["DOCTOR_RUN_DIR"]

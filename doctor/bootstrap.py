@@ -16,14 +16,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from . import session as session_mod
-from .session import Session
-from .tracer import allow_parent_tracer
+from .record import session as session_mod
+from .record.session import Session
+from .record.tracer import allow_parent_tracer
 
 if TYPE_CHECKING:
     import importlib.machinery
 
-    from . import overrides
+    from .record import overrides
 
 ENV_RUN_DIR = "DOCTOR_RUN_DIR"
 ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"
@@ -93,7 +93,7 @@ def _tried_settings(starter: JobProbes) -> None:
     """The settings of a ``doctor try`` and its stop after N steps (imported only then: a
     process that runs no try pays nothing for them)."""
     if any(os.environ.get(name) for name in (ENV_TRY_APPLY, ENV_TRY_STOP)):
-        from . import overrides, stop
+        from .record import overrides, stop
 
         starter.overrides = overrides.from_env(starter.session)
         stop.from_env(starter.session)
@@ -109,7 +109,7 @@ class JobProbes:
         self.overrides: overrides.Overrides | None = None
 
     def start(self) -> None:
-        from ..probes import JOB, probes_of
+        from .probes import JOB, probes_of
 
         if self.overrides is not None:  # the settings a try changes come before user code
             self.overrides.start()

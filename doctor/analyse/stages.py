@@ -1,0 +1,187 @@
+"""The analyse stages, in their order, over one RunData: ``run_stages`` -> Stages, the one
+record of what they worked out, from which the evidence (doctor.analyse.evidence) and the verdict
+(doctor.pipeline) are built.
+
+    steps -> window fractions (or GPU counters) -> input split -> contention -> ledger
+          -> memory -> ops -> communication -> the window's drift
+
+Also here: what the job is (JobFacts), which DataLoaders the training processes used, and which
+of the profiler window's steps are analysed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from doctor.analyse.comms import CommModel, RankComms, comm_models, comms_evidence, inter_node_link
+from doctor.analyse.contention import (
+    COMMUNICATION,
+    INPUT,
+    Span,
+    analysed_span,
+    core_contention,
+)
+from doctor.analyse.gpu_split import counter_splits
+from doctor.analyse.gpus import GpuCounters, gpu_counters, said_cuda
+from doctor.analyse.ledger import build_ledger
+from doctor.analyse.memory import MemoryEvidence, memory_evidence
+from doctor.analyse.ops import RankOps, ops_evidence
+from doctor.analyse.split import OutsideShares, StageSplit, outside_loader, rank_split
+from doctor.analyse.steps import (
+    WINDOW,
+    RankSteps,
+    analysed,
+    step_range,
+    step_table,
+    training_processes,
+    workers_by_parent,
+)
+from doctor.analyse.window import WindowSplit, window_frame, window_splits
+from doctor.analyse.window_drift import WindowDrift, fault_rates, window_drift
+from doctor.store.rundata import RunData, of_process, of_processes
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the job is, as far as it is known (None: not known, e.g. for a trace alone)."""
+
+    kind: str = "run"  # run | watch | trace
+    device: str = "cpu"  # cpu | cuda
+    cores: int | None = None  # usable by the job's processes
+    torch_threads: int | None = None  # intra-op threads of the training process
+    torch_version: str | None = None
+    world_size: int | None = None  # ranks of the job, when known
+    ranks: int = 1  # ranks analysed
+    ranks_here: int = 1  # training processes on one machine (the most on any node)
+    worker_processes: int = 0  # DataLoader workers seen
+    rank_pids: Mapping[int, int] = field(default_factory=dict)  # rank -> training process
+
+
+@dataclass(frozen=True)
+class Stages:
+    """What the analyse stages worked out for one run, in the order they run (run_stages)."""
+
+    ranks: dict[int, RankSteps]  # rank -> its training process (doctor.analyse.steps)
+    in_range: tuple[int, int] | None  # the steps asked for (first, last), or None: every step
+    table: pd.DataFrame  # one row per (rank, step): its time, its waits, whether analysed
+    windows: dict[int, WindowSplit]  # each rank's profiler window's split of its step
+    window_problems: dict[int, str]  # rank -> why its window gives no split
+    span: Span | None  # the analysed steps' (first start, last end)
+    job: JobFacts
+    counters: GpuCounters | None  # NVML's counters (a GPU job only)
+    coarse: dict[int, WindowSplit]  # the split the GPU counters give a rank with no window's
+    coarse_notes: list[str]
+    workers: dict[int, list[int]]  # rank -> its DataLoader workers' pids
+    splits: dict[int, StageSplit]  # rank -> its loading time by stage, from stack samples
+    outside: dict[int, OutsideShares]  # rank -> its batch building outside a DataLoader
+    contention: dict[int, float]  # rank -> its input wait's share lost to busy cores
+    comm_contention: dict[int, float]  # rank -> its communication's share lost to busy cores
+    ledger: pd.DataFrame  # seconds per category of every (rank, step) (doctor.analyse.ledger)
+    window: pd.DataFrame  # the profiler window's steps, each marked analysed
+    loaders: pd.DataFrame  # the training processes' DataLoader settings
+    memory: MemoryEvidence | None
+    ops: dict[int, RankOps]
+    comms: dict[int, RankComms]
+    models: dict[int, CommModel]
+    drifts: tuple[WindowDrift, ...]  # each rank's median step before the window and after it
+
+
+def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None) -> Stages:
+    """The stages over ``run``; ``steps`` (first, last), 1-based, inclusive, either open,
+    analyses only the steps in that range (the ledger keeps the others) and the samples of
+    their span."""
+    ranks = training_processes(run)
+    in_range = step_range(steps, ranks)
+    table = step_table(run, ranks, in_range)
+    window = window_frame(run, ranks)
+    windows, window_problems = window_splits(run, ranks)
+    span = analysed_span(analysed(table))
+    job = job_facts(run, ranks, window)
+    counters = gpu_counters(run, ranks, table) if job.device == "cuda" else None
+    coarse, coarse_notes = counter_splits(counters, ranks, table, windows)
+    children = workers_by_parent(run)
+    workers = {rank: children.get(main.process, []) for rank, main in ranks.items()}
+    splits = {rank: rank_split(run, main, workers[rank]) for rank, main in ranks.items()}
+    outside = outside_loader(run, ranks)
+    cores = core_contention(run.host, run.system, table, workers, ranks, span)
+    contention = {r: c[INPUT] for r, c in cores.items() if INPUT in c and workers.get(r)}
+    comm_contention = {r: c[COMMUNICATION] for r, c in cores.items() if COMMUNICATION in c}
+    ledger = build_ledger(table, {**windows, **coarse},
+                          {r: f for r, s in splits.items() if (f := s.fractions) is not None},
+                          {r: o.shares for r, o in outside.items()}, contention, comm_contention)
+    window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
+    memory = memory_evidence(run, job.device, ranks, table, workers, counters, loaders,
+                             job.world_size)
+    ops = ops_evidence(run, job.device, ranks, window, counters)
+    comms = comms_evidence(run, ranks, window)
+    models = comm_models(run, comms, window, job, inter_node_link(run.record))
+    drifts = window_drift(ledger, fault_rates(run, ranks))  # before the window vs after
+    return Stages(
+        ranks=ranks, in_range=in_range, table=table, windows=windows,
+        window_problems=window_problems, span=span, job=job, counters=counters, coarse=coarse,
+        coarse_notes=coarse_notes, workers=workers, splits=splits, outside=outside,
+        contention=contention, comm_contention=comm_contention, ledger=ledger, window=window,
+        loaders=loaders, memory=memory, ops=ops, comms=comms, models=models, drifts=drifts)
+
+
+def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -> JobFacts:
+    procs = run.processes
+    mains = of_processes(procs, (r.process for r in ranks.values()))
+    first = mains.sort_values("rank").iloc[0] if not mains.empty else None
+    workers = procs[procs["role"].astype(str).str.startswith("worker")]
+    worlds = mains["world_size"].dropna()
+    if len(worlds):
+        world: int | None = int(worlds.max())
+    else:  # one process of a job doctor ran is a world of one; a trace alone may not say
+        world = (len(ranks) or None) if run.record.job_seen else None
+    cores = run.record.cores or (_int(first["cores"]) if first is not None else None)
+    cuda = used_cuda(run, mains) or bool((window["device"] == "cuda").any())
+    return JobFacts(
+        kind=run.record.kind, device="cuda" if cuda else "cpu", cores=cores,
+        torch_threads=_int(first["torch_threads"]) if first is not None else None,
+        torch_version=first["torch_version"] if first is not None else None,
+        world_size=world, ranks=len(ranks),
+        ranks_here=max(Counter(r.node for r in ranks.values()).values(), default=1),
+        worker_processes=len(workers), rank_pids={rank: r.pid for rank, r in ranks.items()},
+    )
+
+
+def used_cuda(run: RunData, mains: pd.DataFrame) -> bool:
+    """Whether the training processes computed on a GPU: one initialised CUDA (as it said at
+    its exit) or NVML saw it on a GPU; for a process that did not say (a crash, an older
+    doctor), whether torch saw a GPU at all."""
+    procs = run.gpu_procs
+    if not procs.empty and any(((procs["node"] == n) & (procs["pid"] == p)).any()
+                               for n, p in zip(mains["node"], mains["pid"], strict=True)):
+        return True
+    return any(said_cuda(row) for _, row in mains.iterrows())
+
+
+def _int(value: object) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)  # type: ignore[call-overload]
+
+
+def training_loaders(run: RunData, ranks: dict[int, RankSteps]) -> pd.DataFrame:
+    """The DataLoader settings the training processes recorded (lowest rank first)."""
+    rows = of_processes(run.loaders, (r.process for r in ranks.values()))
+    return rows.sort_values(["rank", "id"], kind="stable").drop(columns=["node", "pid"]) \
+        .reset_index(drop=True)
+
+
+def window_analysed(window: pd.DataFrame, ranks: dict[int, RankSteps],
+                    ledger: pd.DataFrame) -> pd.DataFrame:
+    """The window's steps, each marked analysed: all of a window beside the steps it profiled;
+    for steps that are the window's own, as the ledger marks them (warm-up left out)."""
+    out = window.assign(analyzed=True)
+    for rank, steps in ranks.items():
+        if steps.kind != WINDOW:
+            continue
+        flags = ledger.loc[ledger["rank"] == rank, "analyzed"].to_numpy()
+        mine = out.index.isin(of_process(out, steps.process).index)
+        if mine.sum() == len(flags):
+            out.loc[mine, "analyzed"] = flags
+    return out

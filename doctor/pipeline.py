@@ -1,0 +1,136 @@
+"""One analysis behind every door: RunData in, Analysis out. Reads only; writes nothing.
+
+    the analyse stages (doctor.analyse.stages: steps -> window fractions (or GPU counters)
+    -> input split -> contention -> ledger -> memory -> ...) -> evidence -> rules -> verdict
+
+It sits above both stages it runs: doctor.analyse works out the Stages record and the Evidence
+built from it, doctor.rules judges the Evidence, and this module words the verdict from both.
+A run directory (``analyze_run``) and traces analysed on their own (``analyze_traces``) differ
+only in the RunData they load; everything after that is this one function. What a trace lacks
+(stacks, host samples, the loader's settings, an exit status) is absent from its RunData, and
+the stages and rules that need it are skipped; its record says it is a trace, for the few words
+that say so (a fix to run doctor run instead, no exit status).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from doctor.analyse import facts
+from doctor.analyse.comms import comms_table, critical
+from doctor.analyse.evidence import build_evidence
+from doctor.analyse.failures import failure_finding, failure_notes
+from doctor.analyse.gpu_split import crosscheck_notes
+from doctor.analyse.gpus import gpu_tables
+from doctor.analyse.stages import Stages, run_stages
+from doctor.analyse.stalls import (
+    Stall,
+    export_seconds,
+    find_stalls,
+    stall_findings,
+    stall_notes,
+    warmup_notes,
+)
+from doctor.analyse.steps import choice_notes
+from doctor.analyse.tables import memory_tables, report_tables
+from doctor.analyse.verdict import Summary, no_steps_finding, summarise
+from doctor.analyse.verified import attach_verified
+from doctor.analyse.window_drift import drift_notes
+from doctor.rules import RuleOutcome, default_rules, run_rules
+from doctor.store.reader import load_run
+from doctor.store.rundata import TRACE, RunData
+from doctor.store.traces import load_traces
+from doctor.verdict import Analysis, Finding, Verdict
+
+
+def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) -> Analysis:
+    """The verdict of ``run``; ``steps`` (first, last), 1-based, inclusive, either open, analyses
+    only the steps in that range (the ledger keeps the others) and the samples of their span."""
+    stages = run_stages(run, steps)
+    outcome = run_rules(build_evidence(run, stages), default_rules())
+    summary = summarise(stages.ledger)
+    run_s = run.record.duration_s if len(run.record.nodes) <= 1 else None
+    stalls = find_stalls(stages.table, export_seconds(stages.ranks), run_s)
+    findings = _findings(run, stages, outcome, summary, stalls)
+    partial, notes = facts.exit_notes(run)
+    verdict = Verdict(
+        bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
+        findings=findings, probes=facts.probe_table(run, stages.ranks, stages.window_problems),
+        job=facts.job_dict(run, stages.job), partial=partial,
+        notes=notes + _notes(run, stages, outcome, summary, stalls, run_s),
+        extra=_extra(stages, outcome, summary),
+    )
+    return Analysis(verdict=verdict, ledger=stages.ledger, source=run.record.source,
+                    tables=_tables(run, stages))
+
+
+def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
+              stalls: list[Stall]) -> list[Finding]:
+    """The rules' findings, then what the analysis itself finds: no steps, a long stall (a
+    fifth of the run or more leads), the job killed (first)."""
+    findings = attach_verified(outcome.findings, run.record.tries)
+    if summary.no_steps:
+        findings.insert(0, no_steps_finding(facts.no_steps_reason(run, stages.ranks),
+                                            run.record.kind == TRACE,
+                                            facts.no_steps_fix(run, stages.ranks)))
+    long_steps = stall_findings(stalls)
+    findings[:0] = [f for f in long_steps if f.severity == "warning"]
+    findings += [f for f in long_steps if f.severity != "warning"]
+    killed = failure_finding(run)
+    if killed is not None:
+        findings.insert(0, killed)
+    return findings
+
+
+def _notes(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
+           stalls: list[Stall], run_s: float | None) -> list[str]:
+    """The notes after the exit's: how the job ran and what the figures rest on."""
+    s, counters = stages, stages.counters
+    return [*failure_notes(run), *stall_notes(stalls), *warmup_notes(s.table, run_s),
+            *facts.source_notes(s.ranks, s.window, bool(s.windows) or bool(s.coarse)),
+            *s.coarse_notes, *(counters.notes if counters else ()),
+            *crosscheck_notes(counters, s.window),
+            *facts.contention_notes(s.contention, s.job.cores),
+            *facts.comm_contention_notes(s.comm_contention, s.job.cores),
+            *(facts.range_notes(s.ledger, s.in_range) if s.in_range else []), *summary.notes,
+            *facts.rule_notes(outcome.skipped),
+            *facts.sampling_notes(run), *facts.trace_notes(run),
+            *choice_notes(run), *drift_notes(s.drifts, s.job.device)]
+
+
+def _extra(stages: Stages, outcome: RuleOutcome, summary: Summary) -> dict[str, Any]:
+    """The verdict's figures beside its shares: the bottleneck's share, the rules skipped, and
+    each stage's record as verdict.json holds it."""
+    s = stages
+    return {"bottleneck_share": summary.bottleneck_share, "rules_skipped": outcome.skipped,
+            **({"gpus": [g.to_dict() for g in s.counters.gpus]} if s.counters else {}),
+            **({"memory": s.memory.to_dict()} if s.memory else {}),
+            **({"ops": [o.to_dict() for o in s.ops.values()]} if s.ops else {}),
+            **({"communication": [c.to_dict() for c in s.comms.values()]} if s.comms else {}),
+            **({"comm_model": [m.to_dict() for m in s.models.values()]} if s.models else {})}
+
+
+def _tables(run: RunData, stages: Stages) -> dict[str, pd.DataFrame]:
+    """The report's tables, by name."""
+    s = stages
+    return {**report_tables(s.ledger, s.window, s.loaders, run.host, run.processes, s.splits,
+                            s.outside),
+            **gpu_tables(s.counters), **memory_tables(s.memory),
+            **({"ops": next(iter(s.ops.values())).top()} if s.ops else {}),
+            **comms_table(s.comms),
+            **({"comm_what_if": m.table()} if (m := critical(s.models)) is not None else {})}
+
+
+def analyze_run(run_dirs: Path | Sequence[Path],
+                steps: tuple[int | None, int | None] | None = None) -> Analysis:
+    """Analyse one run directory, or several (one per node of a multi-node job) as one job."""
+    return analyse(load_run(run_dirs), steps)
+
+
+def analyze_traces(paths: Sequence[str | Path]) -> Analysis:
+    """Analyse torch.profiler traces, one per rank (TraceError, one line, if unreadable)."""
+    return analyse(load_traces(paths))
