@@ -11,6 +11,7 @@ from doctor.analyse.steps import WINDOW, RankSteps, boundaries_seen
 from doctor.command import bootstrap_blockers
 from doctor.probes import JOB, probes_of
 from doctor.probes.stack_plan import ENV_STACKS, RATE_HZ
+from doctor.record.guard import GUARD_HINT
 from doctor.rules.evidence import JobFacts
 from doctor.store.rundata import TRACE, RunData, of_processes, process_labels
 from doctor.verdict import Fix, ProbeStatus
@@ -34,6 +35,7 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
             "is doctor installed in the Python that runs the job?")
     first = min(ranks.values(), key=lambda r: r.rank) if ranks else None
     mine = run.rows("probe_status", first.process) if first else _main_status(run)
+    job_side = {spec.name for spec in probes_of(JOB)}
     for spec in probes_of(JOB):
         row = mine[mine["probe"] == spec.name]
         if not row.empty:
@@ -48,8 +50,14 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
         windows = [window_status(run, r, window_problems.get(rank))
                    for rank, r in ranks.items()]
         failed = [s for s in windows if not s.ok]
-        probes["torch_ops"] = failed[0] if failed else ProbeStatus(True)
+        own = probes["torch_ops"]  # a failure its guard swallowed stays said (doctor.record.guard)
+        probes["torch_ops"] = failed[0] if failed else own if own.hint == GUARD_HINT else \
+            ProbeStatus(True)
     probes.update(run.record.probes)
+    swallowed = mine[(mine["hint"] == GUARD_HINT) & ~mine["probe"].isin(job_side)]
+    for name, reason in zip(swallowed["probe"], swallowed["reason"], strict=True):
+        if name in probes and probes[name].ok:  # in the job, by a parent's probe (the stacks)
+            probes[name] = ProbeStatus(True, str(reason), GUARD_HINT)
     stacks = probes.get("stacks")
     if ranks and stacks is not None and stacks.ok and run.stack_spans.empty:
         opened = _window_opened(run, ranks)
