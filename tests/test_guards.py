@@ -140,3 +140,34 @@ def test_the_stack_samplers_start_in_the_job_is_guarded(
     stacks.sample_own_stacks_if_asked(session)
     assert session.probe_status["stacks"]["reason"] == (
         "starting the in-process stack sampler failed: OSError: pretend")
+
+
+def test_trace_paths_are_carried_whole_even_with_a_comma_in_a_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trace files reach the evidence as the paths they are (a tuple), never a string
+    joined with ", " and split again."""
+    import shutil
+
+    from doctor.analyse import pipeline
+    from doctor.store.traces import load_traces
+    from tests.test_doors import TRACES
+
+    shared = TRACES / "ddp_v100_rank1_of_2.json.gz"
+    if not shared.is_file():
+        pytest.skip("the shared traces are not beside this checkout")
+    path = tmp_path / "rank1, run 2.json.gz"
+    shutil.copyfile(shared, path)
+    run = load_traces([path])
+    assert run.record.sources == (str(path),)
+    assert run.record.source == str(path)  # as the report names it
+    seen: list[object] = []
+    real = pipeline.build_evidence
+
+    def spy(*args: object, **kwargs: object) -> object:
+        evidence = real(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append(evidence.traces)
+        return evidence
+
+    monkeypatch.setattr(pipeline, "build_evidence", spy)
+    pipeline.analyse(run)
+    assert seen == [(str(path),)]

@@ -84,7 +84,7 @@ def build_evidence(run: RunData, job: JobFacts, ranks: dict[int, RankSteps],
         main_cpu_cores=cores_used(run.host, [(r.node, r.pid) for r in ranks.values()], span),
         worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
                                                for p in workers[rank]], span, total=True),
-        traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
+        traces=run.record.sources if run.record.kind == TRACE else None,
         gpus=gpus, memory_use=memory_use, ops=ops or None, comm_models=comm_models or None,
     )
 
