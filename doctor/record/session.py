@@ -303,11 +303,6 @@ class Session:
         for listener in self._step_listeners:
             listener(self._step_count)
 
-    @property
-    def step_kind(self) -> int:
-        """The strongest kind of step boundary seen so far (-1 before the first)."""
-        return self._step_kind
-
     # ----- listeners ----------------------------------------------------------------------
     def on_step(self, callback: Callable[[int], None]) -> None:
         self._step_listeners = (*self._step_listeners, callback)
