@@ -93,16 +93,20 @@ probe = sys.modules["_doctor_job.probes.model_state"]
 def fails(optimizers):
     raise RuntimeError("pretend measurement failure")
 probe.model_state = fails
+# and what a DataLoader worker measures of its memory (a forked worker inherits the patch)
+def unreadable(pid=None):
+    raise OSError("pretend unreadable smaps")
+sys.modules["_doctor_job.probes.dataloader"].private_bytes = unreadable
 model = torch.nn.Linear(16, 16)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for _ in range(16):
+data = torch.utils.data.TensorDataset(torch.randn(64, 16))
+for (x,) in torch.utils.data.DataLoader(data, batch_size=4, num_workers=1):
     opt.zero_grad()
-    model(torch.randn(4, 16)).sum().backward()
+    model(x).sum().backward()
     opt.step()
-# what guards in the job say for the window (torch_ops) and for a parent's probe (stacks)
+# what a guard of the window says (the analysis reads torch_ops' status from the window too)
 session = sys.modules["_doctor_job.record.session"].current()
 session.swallowed("torch_ops", "closing the window before a fork", KeyError("pretend"))
-session.swallowed("stacks", "starting the in-process stack sampler", OSError("pretend"))
 sys.exit(3)
 """
 
@@ -118,12 +122,12 @@ def test_a_failing_measurement_is_in_the_probe_table_and_the_exit_is_the_jobs(
     reason = "measuring the model's state failed: RuntimeError: pretend measurement failure"
     probes = json.loads((run / "verdict.json").read_text())["probes"]
     assert probes["model_state"] == {"ok": True, "reason": reason, "hint": GUARD_HINT}
+    assert probes["dataloader"] == {  # said in a worker: its own process folder
+        "ok": True, "hint": GUARD_HINT,
+        "reason": "reading a worker's memory failed: OSError: pretend unreadable smaps"}
     assert probes["torch_ops"] == {
         "ok": True, "hint": GUARD_HINT,
         "reason": "closing the window before a fork failed: KeyError: 'pretend'"}
-    assert probes["stacks"] == {
-        "ok": True, "hint": GUARD_HINT,
-        "reason": "starting the in-process stack sampler failed: OSError: pretend"}
     html = (run / "report.html").read_text()
     assert str(escape(reason)) in html and str(escape(GUARD_HINT)) in html
 

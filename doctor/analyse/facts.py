@@ -35,7 +35,6 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
             "is doctor installed in the Python that runs the job?")
     first = min(ranks.values(), key=lambda r: r.rank) if ranks else None
     mine = run.rows("probe_status", first.process) if first else _main_status(run)
-    job_side = {spec.name for spec in probes_of(JOB)}
     for spec in probes_of(JOB):
         row = mine[mine["probe"] == spec.name]
         if not row.empty:
@@ -50,13 +49,14 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
         windows = [window_status(run, r, window_problems.get(rank))
                    for rank, r in ranks.items()]
         failed = [s for s in windows if not s.ok]
-        own = probes["torch_ops"]  # a failure its guard swallowed stays said (doctor.record.guard)
-        probes["torch_ops"] = failed[0] if failed else own if own.hint == GUARD_HINT else \
-            ProbeStatus(True)
+        probes["torch_ops"] = failed[0] if failed else ProbeStatus(True)
     probes.update(run.record.probes)
-    swallowed = mine[(mine["hint"] == GUARD_HINT) & ~mine["probe"].isin(job_side)]
+    # a failure a guard swallowed in any process of the job (doctor.record.guard; the first
+    # rank's own first), said where the probe is otherwise fine
+    swallowed = run.probe_status[run.probe_status["hint"] == GUARD_HINT]
     for name, reason in zip(swallowed["probe"], swallowed["reason"], strict=True):
-        if name in probes and probes[name].ok:  # in the job, by a parent's probe (the stacks)
+        status = probes.get(name)
+        if status is not None and status.ok and status.hint != GUARD_HINT:
             probes[name] = ProbeStatus(True, str(reason), GUARD_HINT)
     stacks = probes.get("stacks")
     if ranks and stacks is not None and stacks.ok and run.stack_spans.empty:
