@@ -113,19 +113,20 @@ class JobProbes:
 
         if self.overrides is not None:  # the settings a try changes come before user code
             self.overrides.start()
+        # the Session's own from here: what a probe's start swallowed (Session.swallowed) stays
         status: dict[str, dict[str, Any]] = {}
+        self.session.probe_status = status
         for spec in probes_of(JOB):
             try:
                 probe = spec.create(self.session)
                 ok = probe.check()
+                status[spec.name] = ok.to_dict()
                 if ok.ok:
                     probe.start()
                     self.probes.append(probe)
-                status[spec.name] = ok.to_dict()
             except Exception as err:
                 status[spec.name] = {"ok": False,
                                      "reason": f"failed to start: {type(err).__name__}: {err}"}
-        self.session.probe_status = status
 
     def close(self) -> None:
         self.session.close()  # the window exports, the allocator takes its exit snapshot

@@ -41,7 +41,7 @@ def _sharing_strategy() -> str | None:
         import torch.multiprocessing
 
         return str(torch.multiprocessing.get_sharing_strategy())
-    except Exception:
+    except Exception:  # an optional setting (a torch without it): the others are still kept
         return None
 
 
@@ -100,8 +100,9 @@ class DataLoaderProbe:
             self._doctor_count = True
             try:
                 self._doctor_loader = session.record_loader(loader_settings(loader))
-            except Exception:  # settings are evidence, never a reason to fail the job
+            except Exception as err:  # settings are evidence, never a reason to fail the job
                 self._doctor_loader = -1
+                session.swallowed("dataloader", "recording a DataLoader's settings", err)
 
         @functools.wraps(orig_next)
         def __next__(self: Any) -> Any:
@@ -113,8 +114,8 @@ class DataLoaderProbe:
                 self._doctor_count = False
                 try:
                     session.record_batch_tensors(self._doctor_loader, count_tensors(batch))
-                except Exception:
-                    pass
+                except Exception as err:  # a count is evidence, never a reason to fail the job
+                    session.swallowed("dataloader", "counting a batch's tensors", err)
             return batch
 
         self._patch(base, "__init__", __init__)
@@ -204,8 +205,8 @@ def _record_memory(session: Session, key: str) -> None:
     try:
         session.update_meta(**{key: {"t_ns": session.clock(), "private_bytes": private_bytes(),
                                      "rss_bytes": rss_bytes()}})
-    except Exception:  # a measurement never stops a worker
-        pass
+    except Exception as err:  # a measurement never stops a worker
+        session.swallowed("dataloader", "reading a worker's memory", err)
 
 
 def _maybe_sample_worker(session: Session) -> None:

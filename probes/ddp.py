@@ -90,8 +90,8 @@ class DdpProbe:
             if rows:
                 self.session.update_meta(ddp=rows)
                 self._recorded = True
-        except Exception:  # evidence, never a reason to fail the job
-            pass
+        except Exception as err:  # evidence, never a reason to fail the job
+            self.session.swallowed(self.name, "reading DistributedDataParallel's settings", err)
 
 
 def ddp_settings(module: Any) -> dict[str, Any]:

@@ -74,7 +74,7 @@ class GpmReader:
         for sample in self._samples:
             try:
                 self.nvml.nvmlGpmSampleFree(sample)
-            except Exception:
+            except Exception:  # freeing at the end: a failure that ended it is said in reason
                 pass
         self._samples = []
 

@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 
 from doctor.machine import private_bytes, usable_cores
+from doctor.record.guard import degraded
 from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS, save_host
 from doctor.verdict import ProbeStatus
 
@@ -162,8 +163,9 @@ class HostSampler:
         sample primes the CPU counters)."""
         try:
             self._exits = ExitWatcher(self.root_pid, self.t0, clock=self.clock)
-        except Exception:  # how processes died is evidence, never a reason to stop sampling
+        except Exception as err:  # how processes died is evidence, never a reason to stop sampling
             self._exits = None
+            self._status = degraded(self.check(), "watching how the job's processes end", err)
 
     @property
     def exits(self) -> list[ProcessExit]:

@@ -88,7 +88,7 @@ def links(env: Mapping[str, str] | None = None, *, loopback: bool = True) -> dic
         nic = fastest_nic()
         if nic is not None:
             out["nic"], out["nic_gb_per_s"] = nic
-    except Exception:
+    except Exception:  # each figure is absent where unknown (psutil cannot list interfaces)
         pass
     if loopback:
         try:

@@ -75,8 +75,8 @@ class MemoryProbe:
         if attach is not None:
             try:
                 attach(self._on_oom)
-            except Exception:  # OOM snapshots are a bonus; window and exit ones still come
-                pass
+            except Exception as err:  # OOM snapshots are a bonus; window and exit ones still come
+                self.session.swallowed(self.name, "watching for out-of-memory errors", err)
 
     def sample(self) -> None:
         pass  # event-driven: at step boundaries and a few events
@@ -137,8 +137,8 @@ class MemoryProbe:
                                         "device": device, "step": step, "total_bytes": total,
                                         **{k: _lookup(stats, key) for k, key in _KEYS.items()}})
             self.rows += 1
-        except Exception:  # a statistic must never fail the job
-            pass
+        except Exception as err:  # a statistic must never fail the job
+            self.session.swallowed(self.name, "a snapshot of the allocator", err)
 
 
 def _lookup(stats: dict[str, Any], key: str) -> int:

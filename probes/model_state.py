@@ -64,8 +64,9 @@ class ModelStateProbe:
             self._saved = SavedTensorCounter(torch, params)
             self._saved.start()
             self.session.on_step(self._on_step)
-        except Exception:  # activations are evidence, never a reason to fail the job
+        except Exception as err:  # activations are evidence, never a reason to fail the job
             self._saved = None
+            self.session.swallowed(self.name, "counting the saved tensors", err)
 
     def _on_step(self, _count: int) -> None:
         if self._saved is not None:
@@ -83,8 +84,8 @@ class ModelStateProbe:
             if saved.steps:
                 self.session.update_meta(saved_tensors={"steps": [list(s) for s in saved.steps],
                                                         "dtypes": saved.dtypes})
-        except Exception:
-            pass
+        except Exception as err:  # a measurement must never fail the job
+            self.session.swallowed(self.name, "keeping the saved tensors' counts", err)
 
     def sample(self) -> None:
         pass  # event-driven: twice a run
@@ -101,8 +102,8 @@ class ModelStateProbe:
             if optimizers:
                 self._states[tag] = model_state(optimizers)
                 self.session.update_meta(model_state=dict(self._states))
-        except Exception:  # a measurement must never fail the job
-            pass
+        except Exception as err:  # a measurement must never fail the job
+            self.session.swallowed(self.name, "measuring the model's state", err)
 
 
 def model_state(optimizers: Iterable[Any]) -> dict[str, Any]:

@@ -73,8 +73,9 @@ class PageFaultsProbe:
         self._marks.pop(0)
         try:
             now = (self.session.clock(), self.faults())
-        except Exception:  # a measurement never fails the job
+        except Exception as err:  # a measurement never fails the job
             self._marks = []
+            self.session.swallowed(self.name, "reading the page faults", err)
             return
         if self._read is None:
             self._read = now

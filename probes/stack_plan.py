@@ -112,5 +112,5 @@ def _thread_cpu(pid: int) -> dict[int, float] | None:
         import psutil
 
         return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
-    except Exception:
+    except Exception:  # gone, or not ours to read: None says so (the plan then counts none)
         return None

@@ -93,8 +93,8 @@ def sample_own_stacks_if_asked(session: Session) -> None:
         elif session.role == "main" and os.environ.get(ENV_PARENT_PID):
             threading.Thread(target=_start_when_asked, args=(session, target),
                              name="doctor-stacks-fallback", daemon=True).start()
-    except Exception:  # stacks are evidence, never a reason to fail the job
-        pass
+    except Exception as err:  # stacks are evidence, never a reason to fail the job
+        session.swallowed("stacks", "starting the in-process stack sampler", err)
 
 
 def _start_when_asked(session: Session, target: int, wait_s: float = LATE_WAIT_S) -> None:
@@ -107,8 +107,8 @@ def _start_when_asked(session: Session, target: int, wait_s: float = LATE_WAIT_S
             if in_process_stacks(session.run_dir):
                 InProcessSampler(session.directory, target).start()
                 return
-    except Exception:  # stacks are evidence, never a reason to fail the job
-        pass
+    except Exception as err:  # stacks are evidence, never a reason to fail the job
+        session.swallowed("stacks", "starting the in-process stack sampler", err)
 
 
 class InProcessSampler:

@@ -222,5 +222,5 @@ def _before_fork() -> None:
     for window in list(_windows):
         try:
             window.before_fork()
-        except Exception:  # the job's fork goes ahead whatever happens to the window
-            pass
+        except Exception as err:  # the job's fork goes ahead whatever happens to the window
+            window.session.swallowed(window.name, "closing the window before a fork", err)

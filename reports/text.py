@@ -18,6 +18,7 @@ from typing import Any
 from doctor.reports.escape import escaped, shell_command, shell_word
 from doctor.reports.verified import verified_line
 from doctor.store.redact import redact_argv, redact_value
+from doctor.units import human_bytes
 from doctor.verdict import Analysis, Finding, Verdict, fix_id
 
 #: The bottleneck in words, for headlines.
@@ -172,7 +173,7 @@ def format_value(key: str, value: Any) -> str:
         if name.endswith("speedup"):
             return format_speedup(value)
         if name.endswith("bytes") and abs(value) >= 1024:
-            return _format_bytes(float(value))
+            return human_bytes(float(value), decimals=1)
         if isinstance(value, int):
             return f"{value:,}" if abs(value) >= 10_000 else str(value)
         return f"{value:.4g}"
@@ -181,14 +182,6 @@ def format_value(key: str, value: Any) -> str:
     if isinstance(value, list | tuple):
         return ", ".join(format_value(key, v) for v in value)
     return str(value)
-
-
-def _format_bytes(value: float) -> str:
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}"
-    return f"{value:.1f} TiB"  # pragma: no cover - the loop always returns
 
 
 def _is_number(value: Any) -> bool:

@@ -91,7 +91,7 @@ def test_run_queue_delay_next_to_busy_workers_is_loading_contention(tmp_path: Pa
     import numpy as np
     import pandas as pd
 
-    from doctor.analyse.contention import loading_contention
+    from doctor.analyse.contention import INPUT, core_contention
     from doctor.analyse.steps import RankSteps
 
     none = np.zeros(0, dtype=np.int64)
@@ -107,18 +107,18 @@ def test_run_queue_delay_next_to_busy_workers_is_loading_contention(tmp_path: Pa
     system = pd.DataFrame({"node": 0, "t_s": t, "busy_cores": [2.0] * 11})
     ledger = pd.DataFrame({"rank": [0] * 10, "analyzed": [True] * 10,
                            "wall_s": [0.1] * 10, "wait_s": [0.05] * 10})
-    got = loading_contention(host, system, ledger, workers, ranks, (0.0, 10.0))
+    got = core_contention(host, system, ledger, workers, ranks, (0.0, 10.0))
     # 0.2 s a second over 0.5 s of rest: 40 %; the workers are all the competing load
-    assert got[0] == pytest.approx(0.4, abs=0.01)
+    assert got[0][INPUT] == pytest.approx(0.4, abs=0.01)
     # other load on the machine takes its part: the workers' 1.4 of 2.8 competing cores
     busy = pd.DataFrame({"node": 0, "t_s": t, "busy_cores": [3.4] * 11})
-    got = loading_contention(host, busy, ledger, workers, ranks, (0.0, 10.0))
-    assert got[0] == pytest.approx(0.2, abs=0.01)
+    got = core_contention(host, busy, ledger, workers, ranks, (0.0, 10.0))
+    assert got[0][INPUT] == pytest.approx(0.2, abs=0.01)
     # no workers, no contention from loading
-    assert loading_contention(host, system, ledger, {0: []}, ranks, (0.0, 10.0)) == {}
+    assert core_contention(host, system, ledger, {0: []}, ranks, (0.0, 10.0)) == {}
     # the same pids on another node are another node's processes, not this rank's workers
     elsewhere = host.assign(node=[0] * 11 + [1] * 22)
-    assert loading_contention(elsewhere, system, ledger, workers, ranks, (0.0, 10.0)) == {}
+    assert core_contention(elsewhere, system, ledger, workers, ranks, (0.0, 10.0)) == {}
 
 
 def test_run_queue_delay_next_to_busy_communication_threads_is_communication() -> None:

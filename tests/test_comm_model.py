@@ -167,26 +167,26 @@ def test_the_link_nvlink_then_pcie_then_loopback_and_the_network_between_nodes()
     from doctor.analyse.comms import inter_node_link, network_link, node_link
     from doctor.store.rundata import RunRecord
 
-    nvlink = RunRecord("run", "x", gpus=({"nvlinks": 18, "nvlink_version": 4,
+    nvlink = RunRecord("run", ("x",), gpus=({"nvlinks": 18, "nvlink_version": 4,
                                           "pcie_gen_max": 5, "pcie_width_max": 16},))
     link = node_link(nvlink, on_gpu=True)
     assert link is not None and link.name == "NVLink 4 x18" and link.gb_per_s == 450
-    pcie = RunRecord("run", "x", gpus=({"nvlinks": 0, "pcie_gen_max": 4,
+    pcie = RunRecord("run", ("x",), gpus=({"nvlinks": 0, "pcie_gen_max": 4,
                                         "pcie_width_max": 16},))
     link = node_link(pcie, on_gpu=True)
     assert link is not None and link.name == "PCIe 4 x16"
     assert link.gb_per_s == pytest.approx(31.5, rel=0.01)
-    cpu = RunRecord("run", "x", links={"loopback_gb_per_s": 1.5, "nic": "eth0",
+    cpu = RunRecord("run", ("x",), links={"loopback_gb_per_s": 1.5, "nic": "eth0",
                                        "nic_gb_per_s": 1.25})
     link = node_link(cpu, on_gpu=False)
     assert link is not None and link.name == "TCP loopback" and link.source == "measured"
     net = network_link(cpu)
     assert net is not None and net.across_nodes and net.gb_per_s == 1.25
-    stated = RunRecord("run", "x", links={"stated_gb_per_s": 25.0, "nic_gb_per_s": 1.25})
+    stated = RunRecord("run", ("x",), links={"stated_gb_per_s": 25.0, "nic_gb_per_s": 1.25})
     fit = inter_node_link(stated)
     assert fit is not None and fit.beta_bytes_s == 25e9  # what the user states comes first
-    assert node_link(RunRecord("run", "x"), on_gpu=False) is None
-    assert inter_node_link(RunRecord("run", "x")) is None
+    assert node_link(RunRecord("run", ("x",)), on_gpu=False) is None
+    assert inter_node_link(RunRecord("run", ("x",))) is None
 
 
 def test_sizes_whose_times_no_line_explains_give_the_best_bandwidth_and_the_small_ones_latency(

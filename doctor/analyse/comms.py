@@ -33,6 +33,7 @@ from doctor.analyse.comm_model import (
     rank_comm,
     scaling,
 )
+from doctor.analyse.gpus import PCIE_LANE_GB_PER_S
 from doctor.analyse.steps import RankSteps
 from doctor.store.rundata import RunData, RunRecord
 
@@ -51,9 +52,8 @@ SHOWN = ("rank", "kind", "calls", "bytes", "time_s", "exposed_s", "bus_gb_per_s"
 
 
 #: NVLink bandwidth per link and direction, GB/s, by NVLink version (V100: 2, A100: 3,
-#: H100: 4, B200: 5); PCIe per lane and direction, GB/s, by generation (after encoding).
+#: H100: 4, B200: 5); PCIe's per lane: doctor.analyse.gpus.PCIE_LANE_GB_PER_S.
 NVLINK_GB_PER_S = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
-PCIE_LANE_GB_PER_S = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 
 @dataclass(frozen=True)

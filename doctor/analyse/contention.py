@@ -76,15 +76,6 @@ def core_contention(host: pd.DataFrame, system: pd.DataFrame, steps: pd.DataFram
     return out
 
 
-def loading_contention(host: pd.DataFrame, system: pd.DataFrame, steps: pd.DataFrame,
-                       workers: dict[int, list[int]], ranks: dict[int, RankSteps],
-                       span: Span | None) -> dict[int, float]:
-    """The ``input`` part of :func:`core_contention`, for ranks with DataLoader workers."""
-    return {rank: f[INPUT] for rank, f in
-            core_contention(host, system, steps, workers, ranks, span).items()
-            if INPUT in f and workers.get(rank)}
-
-
 def cores_used(host: pd.DataFrame, procs: list[tuple[int, int]], span: Span | None,
                total: bool = False) -> float | None:
     """Cores the processes ((node, pid) pairs) kept busy (CPU seconds over wall seconds) during

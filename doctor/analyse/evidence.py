@@ -112,7 +112,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         main_cpu_cores=cores_used(run.host, [(r.node, r.pid) for r in ranks.values()], span),
         worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
                                                for p in stages.workers[rank]], span, total=True),
-        traces=tuple(run.record.source.split(", ")) if run.record.kind == TRACE else None,
+        traces=run.record.sources if run.record.kind == TRACE else None,
         gpus=stages.counters, memory_use=stages.memory, ops=stages.ops or None,
         comm_models=stages.models or None, window_drift=stages.drifts or None,
     )

@@ -12,6 +12,7 @@ from doctor.analyse.steps import WINDOW, RankSteps, boundaries_seen
 from doctor.command import bootstrap_blockers
 from doctor.probes import JOB, probes_of
 from doctor.probes.stack_plan import ENV_STACKS, RATE_HZ
+from doctor.record.guard import GUARD_HINT
 from doctor.store.rundata import TRACE, RunData, of_processes, process_labels
 from doctor.verdict import Fix, ProbeStatus
 
@@ -50,6 +51,13 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
         failed = [s for s in windows if not s.ok]
         probes["torch_ops"] = failed[0] if failed else ProbeStatus(True)
     probes.update(run.record.probes)
+    # a failure a guard swallowed in any process of the job (doctor.record.guard; the first
+    # rank's own first), said where the probe is otherwise fine
+    swallowed = run.probe_status[run.probe_status["hint"] == GUARD_HINT]
+    for name, reason in zip(swallowed["probe"], swallowed["reason"], strict=True):
+        status = probes.get(name)
+        if status is not None and status.ok and status.hint != GUARD_HINT:
+            probes[name] = ProbeStatus(True, str(reason), GUARD_HINT)
     stacks = probes.get("stacks")
     if ranks and stacks is not None and stacks.ok and run.stack_spans.empty:
         opened = _window_opened(run, ranks)

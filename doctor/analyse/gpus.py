@@ -32,8 +32,9 @@ Gpu = tuple[int, int]  # (node, index as NVML counts them)
 POWER_BITS = 0x04 | 0x80  # software power cap, hardware power brake
 THERMAL_BITS = 0x20 | 0x40  # software and hardware thermal slowdown
 HW_SLOWDOWN_BIT = 0x08  # hardware slowdown (power or thermal, the board does not say which)
-#: PCIe bandwidth per lane and direction, GB/s, by generation (after encoding).
-PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+#: PCIe bandwidth per lane and direction, GB/s, by generation (after encoding); the one table
+#: (doctor.analyse.comms reads a node's link from it too).
+PCIE_LANE_GB_PER_S = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 IDLE_UTIL_PCT = 5.0  # a GPU below this all run long did nothing
 
 
@@ -232,7 +233,7 @@ def _summary(key: Gpu, rows: pd.DataFrame, info: Mapping[str, Any], ranks: tuple
     busy = rows[rows["util_pct"] >= 50]
     reasons = rows["throttle_reasons"].dropna().to_numpy(np.float64).astype(np.int64)
     gen, width = _float(info.get("pcie_gen_max")), _float(info.get("pcie_width_max"))
-    link = PCIE_LANE_GBPS.get(int(gen), float("nan")) * width * 1e9 \
+    link = PCIE_LANE_GB_PER_S.get(int(gen), float("nan")) * width * 1e9 \
         if not (math.isnan(gen) or math.isnan(width)) else float("nan")
     total = _float(info.get("memory_total_bytes"))
     return GpuSummary(

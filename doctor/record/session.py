@@ -15,7 +15,9 @@ What probes use (and nothing else):
 - ``on(event, callback)`` / ``emit(event)`` for the rare events between probes
   (``window_start``, ``window_end``, ``close``);
 - ``update_meta``, ``record_loader``, ``record_batch_tensors``, ``record_memory``,
-  ``export_trace``, ``trace_path()`` and ``directory`` for what the process folder holds.
+  ``export_trace``, ``trace_path()`` and ``directory`` for what the process folder holds;
+- ``swallowed(probe, what, err)``: from a probe's ``except`` branch, a measurement that failed
+  and was caught so that the job goes on (doctor.record.guard): its first is the probe's reason.
 
 None of these raises to the job when a write fails (a full, read-only or failing disk): what
 wrote stops recording, and its probe's status says ``stopped: <the error>`` once.
@@ -51,6 +53,8 @@ from ..store.records import (  # noqa: F401  (the step kinds and events probes r
     STEPS_RECORD,
 )
 from ..store.ringbuffer import RingWriter
+from ..verdict import ProbeStatus
+from .guard import degraded
 from .process_facts import cuda_device, env_int, torch_facts
 from .tracer import allow_parent_tracer
 
@@ -243,6 +247,20 @@ class Session:
         self._meta["probes"] = self.probe_status
         self._save_meta()
 
+    def swallowed(self, probe: str, what: str, err: BaseException) -> None:
+        """``what`` of ``probe`` raised ``err``, caught so that the job goes on: the probe's
+        first such failure becomes its status's reason (doctor.record.guard), in the meta at
+        once where the process folder exists. Never raises."""
+        try:
+            before = ProbeStatus(**self.probe_status.get(probe, {"ok": True}))
+            after = degraded(before, what, err)
+            if after is not before:
+                self.probe_status[probe] = after.to_dict()
+                self._meta["probes"] = self.probe_status
+                self._save_meta()
+        except Exception:  # the guard never raises into the job; nothing is left to say it
+            pass
+
     # ----- hot path ----------------------------------------------------------------------
     def mark_step(self, kind: int, key: int = 0) -> None:
         """A step boundary seen now (end of a step)."""
@@ -284,11 +302,6 @@ class Session:
         self._step_count += 1
         for listener in self._step_listeners:
             listener(self._step_count)
-
-    @property
-    def step_kind(self) -> int:
-        """The strongest kind of step boundary seen so far (-1 before the first)."""
-        return self._step_kind
 
     # ----- listeners ----------------------------------------------------------------------
     def on_step(self, callback: Callable[[int], None]) -> None:

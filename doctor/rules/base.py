@@ -66,13 +66,3 @@ def run_rules(evidence: Evidence, rules: Iterable[Rule]) -> RuleOutcome:
     order = {"critical": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: (order[f.severity], -(f.estimated_speedup or 1.0)))
     return RuleOutcome(findings, skipped)
-
-
-def human_bytes(value: float) -> str:
-    """``1.5 GiB``, ``640 MiB``: bytes as a person reads them in a title."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.0f} {unit}" if unit in ("B", "KiB", "MiB") or abs(value) >= 100 \
-                else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"

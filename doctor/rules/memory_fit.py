@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.memory import RankMemory
-from doctor.rules.base import human_bytes, rule
+from doctor.rules.base import rule
+from doctor.units import human_bytes
 from doctor.verdict import Finding, Fix
 
 NEAR_LIMIT = 0.90  # of the capacity, at the peak

@@ -7,7 +7,8 @@ Python objects (copy-on-read: each object's reference count writes to the page i
 from __future__ import annotations
 
 from doctor.analyse.evidence import Evidence
-from doctor.rules.base import human_bytes, rule
+from doctor.rules.base import rule
+from doctor.units import human_bytes
 from doctor.verdict import Finding, Fix
 
 #: Growth that would fill the memory left within this many times the steps observed is critical.

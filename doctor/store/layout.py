@@ -86,13 +86,6 @@ def ring_path(proc_dir: Path, name: str) -> Path:
     return proc_dir / f"{name}.ring"
 
 
-def trace_of(proc_dir: Path) -> Path | None:
-    """The process's window trace, compressed or not; None when it has none."""
-    for name in (TRACE_GZ, TRACE):
-        if (proc_dir / name).is_file():
-            return proc_dir / name
-    return None
-
 
 def process_dirs(run_dir: Path) -> Iterator[tuple[Path, int, str, int]]:
     """(folder, rank, role, pid) of every process folder, in order of rank, then name."""

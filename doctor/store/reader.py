@@ -192,7 +192,7 @@ def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecor
     visible = as_dict(raw.get("env")).get("CUDA_VISIBLE_DEVICES")
     host = as_str(raw.get("host"))
     return RunRecord(
-        kind=as_str(raw.get("mode")) or RUN, source=printable(str(run_dir)),
+        kind=as_str(raw.get("mode")) or RUN, sources=(printable(str(run_dir)),),
         argv=tuple(printable(str(a)) for a in as_list(argv)),
         exit_code=as_int(raw.get("exit_code")), signal=as_int(raw.get("signal")),
         cores=as_int(raw.get("cores")) or None,

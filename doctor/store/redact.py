@@ -22,10 +22,9 @@ This module runs inside the job's processes too: it imports nothing beyond the s
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
-__all__ = ["REDACTED", "is_redacted", "is_secret_name", "redact_argv", "redact_env",
-           "redact_value"]
+__all__ = ["REDACTED", "is_redacted", "is_secret_name", "redact_argv", "redact_value"]
 
 REDACTED = "<redacted>"
 
@@ -93,12 +92,6 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
                 continue
         out.append(redact_value(word))
     return out
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Environment values: a secret-looking name's value hidden, URL passwords hidden in the
-    rest."""
-    return {k: REDACTED if is_secret_name(k) else redact_value(str(v)) for k, v in env.items()}
 
 
 def is_redacted(words: Iterable[str]) -> bool:

@@ -179,7 +179,7 @@ class RunRecord:
     """The job as a whole: what ran, where, how it ended, and the parent's probes."""
 
     kind: str  # RUN, WATCH or TRACE
-    source: str  # the run directories or trace files, for the report
+    sources: tuple[str, ...]  # the run directories or the trace files
     argv: tuple[str, ...] = ()
     exit_code: int | None = None
     signal: int | None = None
@@ -201,6 +201,11 @@ class RunRecord:
     visible_devices: str | None = None  # the job's CUDA_VISIBLE_DEVICES, when it set one
     links: Mapping[str, Any] | None = None  # the machine's links (doctor.probes.links)
     deaths: tuple[Mapping[str, Any], ...] = ()  # processes killed by a signal (probes.exits)
+
+    @property
+    def source(self) -> str:
+        """The run directories or trace files as the report names them (comma-separated)."""
+        return ", ".join(self.sources)
 
     @property
     def job_seen(self) -> bool:
@@ -302,7 +307,7 @@ def combine(runs: list[RunData]) -> RunData:
     failed = [r for r in records if r.job_seen and (r.exit_code is None or r.exit_code != 0)]
     record = replace(
         first,
-        source=", ".join(r.source for r in records),
+        sources=tuple(s for r in records for s in r.sources),
         exit_code=failed[0].exit_code if failed else first.exit_code,
         signal=failed[0].signal if failed else first.signal,
         nodes=tuple(r.host for r in records),

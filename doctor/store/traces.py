@@ -118,7 +118,7 @@ def load_traces(paths: Sequence[str | Path]) -> RunData:
     if collectives:
         frames["collectives"] = typed(pd.concat(collectives, ignore_index=True),
                                       FRAME_COLUMNS["collectives"])
-    return RunData(record=RunRecord(kind=TRACE, source=", ".join(str(p) for p in files)),
+    return RunData(record=RunRecord(kind=TRACE, sources=tuple(str(p) for p in files)),
                    **frames)
 
 

@@ -117,7 +117,6 @@ class TraceStream:
         self.chunk_chars = chunk_chars or min(CHUNK_CHARS, BLOCK_CHARS)
         self.top_level: dict[str, Any] = {}
         self.event_count = 0
-        self.chars_read = 0
         self._decoder = json.JSONDecoder()
         self._buf = ""
         self._pos = 0
@@ -141,7 +140,6 @@ class TraceStream:
         if not data:
             self._eof = True
             return False
-        self.chars_read += len(data)
         self._buf = self._buf[self._pos:] + data
         self._pos = 0
         return True
