@@ -152,7 +152,7 @@ def test_trace_paths_are_carried_whole_even_with_a_comma_in_a_name(
     joined with ", " and split again."""
     import shutil
 
-    from doctor.analyse import pipeline
+    from doctor import pipeline
     from doctor.store.traces import load_traces
     from tests.test_doors import TRACES
 
