@@ -30,6 +30,7 @@ GRACE_S = 2.0
 MAX_REASON = 160
 
 ACTIVE, DONE, FAILED = "active", "done", "failed"
+BY_FORK = "fork"  # closed_by of a window a fork closed (doctor.probes.torch_ops says the same)
 
 
 def start_line(name: str, run_dir: Path, probes: Mapping[str, ProbeStatus],
@@ -75,6 +76,7 @@ class ProcessWindow:
     steps: int | None = None
     opened_s: float | None = None  # when it opened (None: it failed before it opened)
     ended_s: float | None = None  # when it closed or failed
+    closed_by: str | None = None  # closed: its steps were done ("steps"), a "fork", the "exit"
 
     @property
     def ended(self) -> bool:
@@ -93,9 +95,13 @@ def process_windows(control: Control) -> list[ProcessWindow]:
     for (rank, pid), state in sorted(control.windows.items()):
         facts = control.window_facts.get((rank, pid), {})
         opened, ended = facts.get(ACTIVE, {}), facts.get(state, {}) if state != ACTIVE else {}
-        steps = opened.get("steps", ended.get("steps"))
+        # closed: the steps it profiled, which a fork or the job's end may have cut short
+        steps = ended.get("steps") if state == DONE and "steps" in ended else opened.get(
+            "steps", ended.get("steps"))
+        closed_by = ended.get("closed_by")
         out.append(ProcessWindow(rank, pid, state, _int(steps), _float(opened.get("t_s")),
-                                 _float(ended.get("t_s"))))
+                                 _float(ended.get("t_s")),
+                                 closed_by if isinstance(closed_by, str) else None))
     return out
 
 
@@ -176,7 +182,9 @@ class WindowProgress:
             steps = f"up to {steps}" if steps and at_exit else steps
             took = _seconds_text(closed)
             facts = " in ".join(p for p in (steps, took) if p)
+            forked = any(w.closed_by == BY_FORK for w in closed)
             parts.append(f"deep window closed on {_ranks_text(closed, total)}{when}"
+                         f"{' early, as the process forked' if forked else ''}"
                          f"{': ' + facts if facts else ''} (left out of the shares)")
         if failed:
             lead = "failed on" if closed else "deep window failed on"

@@ -177,8 +177,10 @@ class DeepWindow:
     def _note(self, record: dict[str, Any]) -> None:
         self._record = record
         self.session.update_meta(window=record)
+        # closed: the steps it profiled (fewer than planned when a fork or the exit closed it)
         post_window(self.session.run_dir, self.session.rank, self.session.pid, record["state"],
-                    steps=record.get("steps"), t_s=time.perf_counter())
+                    steps=record.get("steps_profiled", record.get("steps")),
+                    closed_by=record.get("closed_by"), t_s=time.perf_counter())
 
     def _fail(self, err: BaseException) -> None:
         self.state = FAILED

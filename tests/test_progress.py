@@ -96,6 +96,24 @@ def test_one_rank_says_open_then_closed_and_nothing_per_step(tmp_path: Path) -> 
     assert len(heard.lines) == 2
 
 
+def test_a_window_a_fork_closed_says_the_steps_it_profiled(tmp_path: Path) -> None:
+    """A fork inside the window closes it early (a child must not inherit a running profiler):
+    the close line says so, with the steps profiled, not the steps planned."""
+    job, heard = Job(tmp_path), Heard(tmp_path)
+    job.post(0, "active", t_s=100.0)
+    heard.tick()
+    post_window(tmp_path, 0, job.pid(0), "done", steps=2, closed_by="fork", t_s=100.5)
+    assert heard.tick() == ["doctor: deep window closed on rank 0 early, as the process forked: "
+                            "2 steps in 0.5 s (left out of the shares)"]
+
+
+def test_the_fork_name_is_the_probes() -> None:
+    from doctor.probes import torch_ops
+    from doctor.progress import BY_FORK
+
+    assert BY_FORK == torch_ops.BY_FORK
+
+
 def test_without_stack_sampling_the_open_line_says_torch_profiler_only(tmp_path: Path) -> None:
     job, heard = Job(tmp_path), Heard(tmp_path, stacks=False)
     job.post(0, "active", t_s=5.0, steps=3)
