@@ -57,3 +57,28 @@ def test_reads_refuse_links_fifos_devices_and_oversize(tmp_path: Path) -> None:
     with pytest.raises(UnsafeFileError):
         read_bounded(Path("/dev/zero"))
     assert inside(good, tmp_path) and not inside(Path("/etc/passwd"), tmp_path)
+
+
+def test_a_file_written_by_name_lands_whole_or_not_at_all(tmp_path: Path) -> None:
+    """named_new: for writers that open a file by name (the profiler's export), the name of a
+    fresh file, renamed into place on success and removed on an error; a planted link at the
+    target is replaced, never followed."""
+    from doctor.store.safe_files import named_new
+
+    target = tmp_path / "trace.json"
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    target.symlink_to(victim)
+    with named_new(target) as tmp:
+        assert tmp.parent == tmp_path and tmp.is_file() and not tmp.is_symlink()
+        tmp.write_text("{}")
+    assert target.read_text() == "{}" and not target.is_symlink()
+    assert victim.read_text() == "mine"
+    try:
+        with named_new(target) as tmp:
+            tmp.write_text("{cut")
+            raise OSError("disk full")
+    except OSError:
+        pass
+    assert target.read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json", "victim"]

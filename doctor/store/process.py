@@ -25,7 +25,7 @@ from typing import Any
 
 from . import layout
 from .ringbuffer import OnStop, RingWriter
-from .safe_files import new_temporary, write_text_atomic
+from .safe_files import named_new, write_text_atomic
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -99,9 +99,7 @@ class ProcessWriter:
         write the window's trace into a fresh file beside it, renamed into place only when it
         ends as JSON does: Kineto does not raise when it cannot write (a full disk), and a trace
         cut short is removed rather than left to misread."""
-        target = self.trace_path()
-        tmp = _new_file(target)
-        try:
+        with named_new(self.trace_path()) as tmp:
             export(str(tmp))
             with open(tmp, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -110,13 +108,6 @@ class ProcessWriter:
             if not tail.endswith((b"}", b"]")):
                 raise OSError(errno.ENOSPC, f"the profiler's trace export stopped at {size} bytes "
                                             "(is the disk full?)")
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
 
     def close(self) -> None:
         if self._memory_fd >= 0:
@@ -125,14 +116,6 @@ class ProcessWriter:
             except OSError:
                 pass
             self._memory_fd = -1
-
-
-def _new_file(path: Path) -> Path:
-    """An empty file of a fresh name beside ``path``, created exclusively, never through a
-    link, for a writer that opens files by name."""
-    fd, tmp = new_temporary(path)
-    os.close(fd)
-    return tmp
 
 
 def _create_appending(path: Path) -> int:

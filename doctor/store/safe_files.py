@@ -64,9 +64,25 @@ def open_new(path: Path) -> Iterator[IO[bytes]]:
     """A binary stream to a temporary file beside ``path``, renamed over it when the block ends
     without an error (and removed when it does not)."""
     fd, tmp = new_temporary(Path(path))
+    with _into_place(tmp, path), os.fdopen(fd, "wb") as f:
+        yield f
+
+
+@contextmanager
+def named_new(path: Path) -> Iterator[Path]:
+    """The name of an empty temporary file beside ``path`` (created exclusively, never through
+    a link), for a writer that opens files by name (torch.profiler's trace export): renamed
+    over ``path`` when the block ends without an error, removed when it does not."""
+    fd, tmp = new_temporary(Path(path))
+    os.close(fd)
+    with _into_place(tmp, path):
+        yield tmp
+
+
+@contextmanager
+def _into_place(tmp: Path, path: Path) -> Iterator[None]:
     try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
+        yield
         os.replace(tmp, path)
     except BaseException:
         try:
