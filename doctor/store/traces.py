@@ -11,7 +11,6 @@ reserved, and the device's memory from the trace's ``deviceProperties``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,53 +27,35 @@ from doctor.store.rundata import (
     empty_frames,
     typed,
 )
-from doctor.trace.beside import Beside
-from doctor.trace.events import release_freed_memory
-from doctor.trace.ops import NESTING_IN_C
-from doctor.trace.steps import step_frame_from_timeline
-from doctor.trace.tables import (
-    BESIDE_EVENTS,
-    assign_ranks,
-    memory_rows,
-    op_and_collective_tables,
-    read_timelines,
-)
+from doctor.trace.tables import read_traces
 
 
 def load_traces(paths: Sequence[str | Path]) -> RunData:
-    """The traces at ``paths`` (TraceError, one line, for one that cannot be read)."""
+    """The traces at ``paths`` (TraceError, one line, for one that cannot be read), read by
+    doctor.trace's one entry point (read_traces), as a run directory's windows are."""
     files = [Path(p) for p in paths]
-    timelines = read_timelines(files)
-    ranks = assign_ranks([t.meta for t in timelines])
     procs: list[dict[str, Any]] = []
     status: list[dict[str, Any]] = []
     windows = []
     memory: list[dict[str, Any]] = []
     ops: list[pd.DataFrame] = []
     collectives: list[pd.DataFrame] = []
-    for i, (path, timeline, rank) in enumerate(zip(files, timelines, ranks, strict=True)):
-        who = {"node": 0, "rank": rank, "pid": i + 1}
-        props = timeline.meta.device_properties
+    for i, (path, trace) in enumerate(zip(files, read_traces(files), strict=True)):
+        who = {"node": 0, "rank": trace.rank, "pid": i + 1}
+        props = trace.meta.device_properties
         procs.append({**who, "role": "main", "path": str(path),
-                      "world_size": timeline.meta.world_size,
+                      "world_size": trace.meta.world_size,
                       "device_name": str(props[0].get("name")) if props and props[0].get("name")
                       else None})
-        tables = Beside(partial(op_and_collective_tables, timeline), fork=not NESTING_IN_C
-                        and len(timeline.host_ops) + len(timeline.runtime) > BESIDE_EVENTS)
-        frame = step_frame_from_timeline(timeline, rank)
-        release_freed_memory()
-        memory += memory_rows(timeline, who)
-        op_rows, collective_rows = tables.result()
-        ops.append(op_rows.assign(**who))
-        collectives.append(collective_rows.assign(**who))
-        if frame.empty:
-            why = "the trace has no events" if timeline.last_us <= 0 else "no step could be found"
-            status.append({**who, "ok": False, "reason": why})
+        memory += [{**who, **row} for row in trace.memory]
+        ops.append(trace.ops.assign(**who))
+        collectives.append(trace.calls.assign(**who))
+        if trace.steps.empty:
+            status.append({**who, "ok": False, "reason": trace.no_step_reason})
         else:
-            windows.append(frame.assign(node=0, pid=i + 1))
+            windows.append(trace.steps.assign(node=0, pid=i + 1))
             # an ok trace's reason says what of it was left out (doctor.trace.budget)
-            status.append({**who, "ok": True,
-                           "reason": timeline.cut.note() if timeline.cut else ""})
+            status.append({**who, "ok": True, "reason": trace.cut})
     frames = empty_frames()
     if windows:
         frames["window"] = typed(pd.concat(windows, ignore_index=True), WINDOW_COLUMNS)
