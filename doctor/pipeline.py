@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from doctor.analyse import facts
+from doctor.analyse.bottleneck import Summary, no_steps_finding, summarise
 from doctor.analyse.comms import comms_table, critical
 from doctor.analyse.evidence import build_evidence
 from doctor.analyse.failures import failure_finding, failure_notes
@@ -37,7 +38,6 @@ from doctor.analyse.stalls import (
 )
 from doctor.analyse.steps import choice_notes
 from doctor.analyse.tables import memory_tables, report_tables
-from doctor.analyse.verdict import Summary, no_steps_finding, summarise
 from doctor.analyse.verified import attach_verified
 from doctor.analyse.window_drift import drift_notes
 from doctor.rules import RuleOutcome, default_rules, run_rules

@@ -22,6 +22,7 @@ from markupsafe import Markup
 
 from doctor.reports import charts, memory_charts, roofline_chart
 from doctor.reports.json import verdict_data
+from doctor.reports.tables import shown_table
 from doctor.reports.text import (
     CATEGORY_WORDS,
     format_speedup,
@@ -220,7 +221,7 @@ def _finding(finding: Finding) -> dict[str, Any]:
 
 
 def _table(name: str, frame: pd.DataFrame) -> TableView:
-    shown = frame.head(MAX_TABLE_ROWS)
+    shown = shown_table(name, frame).head(MAX_TABLE_ROWS)
     columns = [str(c) for c in shown.columns]
     numeric = [pd.api.types.is_numeric_dtype(shown[c]) and not pd.api.types.is_bool_dtype(shown[c])
                for c in shown.columns]

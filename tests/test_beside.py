@@ -54,27 +54,28 @@ def test_without_a_fork_it_is_computed_here() -> None:
 def test_a_trace_analysed_with_its_tables_beside_gives_the_same_run(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from doctor.store import traces
+    from doctor.trace import tables
     from tests.test_doors import TRACES
 
     path = TRACES / "ddp_v100_rank1_of_2.json.gz"
     if not path.is_file():
         pytest.skip("the shared traces are not beside this checkout")
-    monkeypatch.setattr(traces, "BESIDE_EVENTS", 10**12)
+    monkeypatch.setattr(tables, "BESIDE_EVENTS", 10**12)
     here = traces.load_traces([path])
     forked: list[bool] = []
-    real = traces.Beside
+    real = tables.Beside
 
     def spy(*args: object, **kwargs: object) -> Beside[object]:
         made = real(*args, **kwargs)  # type: ignore[arg-type]
         forked.append(made.forked)
         return made
 
-    monkeypatch.setattr(traces, "BESIDE_EVENTS", 0)
-    monkeypatch.setattr(traces, "Beside", spy)
-    monkeypatch.setattr(traces, "NESTING_IN_C", True)
+    monkeypatch.setattr(tables, "BESIDE_EVENTS", 0)
+    monkeypatch.setattr(tables, "Beside", spy)
+    monkeypatch.setattr(tables, "NESTING_IN_C", True)
     traces.load_traces([path])
     assert forked == [False]  # with the nesting in C, the tables take too little to fork for
-    monkeypatch.setattr(traces, "NESTING_IN_C", False)
+    monkeypatch.setattr(tables, "NESTING_IN_C", False)
     beside = traces.load_traces([path])
     assert forked == [False, True]
     for name in ("ops", "collectives", "window", "window_status", "memory"):

@@ -146,19 +146,18 @@ def test_a_single_large_trace_is_read_on_several_cores(tmp_path: Path,
                                                        scanner: bool) -> None:
     """Without the C scanner, a large trace's blocks are decoded by several processes; the
     scanner reads it on two cores by itself (gunzip beside the scan)."""
-    from doctor.store import traces
-    from doctor.trace import parallel, scan
+    from doctor.trace import parallel, scan, tables
 
     if scanner and not scan.AVAILABLE:
         pytest.skip("the C scanner is not built here")
-    monkeypatch.setattr(traces, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(traces, "SCANNER", scanner)
+    monkeypatch.setattr(tables, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(tables, "SCANNER", scanner)
     calls = []
     real = parallel.load_timeline_parallel
     monkeypatch.setattr(parallel, "load_timeline_parallel",
                         lambda p, w: calls.append(w) or real(p, w))
     path = write(tmp_path / "t.json", [ev for ev in TRICKY if isinstance(ev.get("args"), dict)])
-    [got] = traces.read_timelines([path], workers=2)
+    [got] = tables.read_timelines([path], workers=2)
     assert calls == ([] if scanner else [2])
     assert_same_timeline(got, reference_timeline(path))
 
@@ -194,9 +193,9 @@ def test_a_truncated_trace_read_on_several_cores_is_one_line(tmp_path: Path,
 
 
 def _host_ops_read_in(path: Path) -> int:
-    from doctor.store import traces
+    from doctor.trace import tables
 
-    return len(traces.read_timelines([path], workers=2)[0].host_ops)
+    return len(tables.read_timelines([path], workers=2)[0].host_ops)
 
 
 def test_a_daemonic_process_reads_a_trace_by_itself(tmp_path: Path,
@@ -204,9 +203,9 @@ def test_a_daemonic_process_reads_a_trace_by_itself(tmp_path: Path,
     """A pool's worker may not start processes: a trace read there is read by that worker."""
     import multiprocessing
 
-    from doctor.store import traces
+    from doctor.trace import tables
 
-    monkeypatch.setattr(traces, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(tables, "PARALLEL_BYTES", 0)
     path = write(tmp_path / "t.json", AWKWARD)
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_host_ops_read_in, (path,)) == len(reference_timeline(path).host_ops)

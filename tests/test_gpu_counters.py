@@ -194,8 +194,10 @@ def test_the_report_shows_each_gpu_and_the_run_in_tenths(tmp_path: Path) -> None
     over = analysis.tables["gpu_over_run"]
     assert len(over) == 10
     assert over["memory_used_bytes"].is_monotonic_increasing  # memory grows over the run
-    assert over["steps"].iloc[0].startswith(("1-", "2-", "3-", "4-", "5-", "6-"))
+    first, last = over["steps"].iloc[0]  # numbers: the report words them (reports.tables)
+    assert f"{first}-{last}".startswith(("1-", "2-", "3-", "4-", "5-", "6-"))
     page = render_html(analysis)
+    assert f"{first}-{last}" in page
     assert "Per GPU: NVML over the analysed steps" in page
     assert "NVIDIA H100 80GB HBM3" in page
 

@@ -26,7 +26,10 @@ FOLDERS = {"doctor": "doctor", "probes": "doctor.probes", "reports": "doctor.rep
 # The layers, lowest first: a node may import a node of its own layer (the cycle test keeps
 # those in order) or of a layer below it, never one above.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # the shared kernel: the types, settings and facts every stage speaks, in the job too
+    # the shared kernel, the modules at the top of doctor/ below every stage: the types,
+    # settings and facts every stage speaks (errors, categories, tuning: in the job too). The
+    # other modules at the top of doctor/ are doors (the last layer) or the pipeline: a new one
+    # is placed in one of the three (README's Development map names each).
     ("kernel", ("doctor.errors", "doctor.categories", "doctor.version", "doctor.tuning",
                 "doctor.verdict", "doctor.machine", "doctor.command", "doctor.units")),
     ("trace", ("doctor.trace",)),  # the torch.profiler / Kineto trace reader

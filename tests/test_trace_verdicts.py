@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor.analyse.verdict import choose_bottleneck
+from doctor.analyse.bottleneck import choose_bottleneck
 from doctor.pipeline import analyze_traces
 from doctor.trace.reader import TraceError
 from doctor.verdict import CATEGORIES, LEDGER_COLUMNS, Analysis, check_verdict

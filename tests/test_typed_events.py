@@ -134,16 +134,16 @@ def test_the_timeline_from_blocks_is_the_one_from_dicts(tmp_path: Path,
 def test_several_traces_read_in_parallel_come_back_in_order(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
-    from doctor.store import traces
+    from doctor.trace import tables
 
-    monkeypatch.setattr(traces, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(tables, "PARALLEL_BYTES", 0)
     files = []
     for rank in range(3):
         events = [dict(ev, ts=ev["ts"] + rank * 1000) if isinstance(ev.get("ts"), int) else ev
                   for ev in CLEAN * (rank + 1)]
         files.append(write(tmp_path / f"rank-{rank}.json", events))
-    serial = traces.read_timelines(files, workers=1)
-    parallel = traces.read_timelines(files, workers=3)
+    serial = tables.read_timelines(files, workers=1)
+    parallel = tables.read_timelines(files, workers=3)
     assert [len(t.host_ops) for t in parallel] == [len(t.host_ops) for t in serial] == [1, 2, 3]
     for a, b in zip(serial, parallel, strict=True):
         np.testing.assert_array_equal(a.host_ops.start, b.host_ops.start)

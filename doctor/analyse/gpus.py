@@ -180,8 +180,9 @@ def gpu_counters(run: RunData, ranks: Mapping[int, RankSteps], steps: pd.DataFra
 
 
 def gpu_tables(counters: GpuCounters | None) -> dict[str, pd.DataFrame]:
-    """The report's tables: one row per GPU, and each GPU over the run in tenths of it (the
-    steps of its rank they cover, utilisation and memory)."""
+    """The report's tables: one row per GPU (``ranks``: the ranks on it, a tuple), and each GPU
+    over the run in tenths of it (``steps``: the first and last step of its rank they cover, a
+    pair, () for none; utilisation and memory). Numbers only: reports.tables words them."""
     if counters is None:
         return {}
     nodes = len({g.node for g in counters.gpus}) > 1
@@ -189,7 +190,7 @@ def gpu_tables(counters: GpuCounters | None) -> dict[str, pd.DataFrame]:
     for g in counters.gpus:
         rows.append({
             **({"node": g.node} if nodes else {}), "gpu": g.index, "name": g.name,
-            "ranks": ", ".join(str(r) for r in g.ranks) or "-", "util_pct": 100 * g.util,
+            "ranks": tuple(g.ranks), "util_pct": 100 * g.util,
             "memory_used_max_bytes": g.mem_used_max_bytes,
             "memory_total_bytes": g.mem_total_bytes,
             "pcie_rx_mb_per_s": g.pcie_rx_bytes_s / 2**20,
@@ -217,7 +218,7 @@ def _over_run(samples: pd.DataFrame, nodes: bool) -> pd.DataFrame:
             parts.append({
                 **({"node": node} if nodes else {}), "gpu": index,
                 "from_s": float(chunk["t_s"].min()), "to_s": float(chunk["t_s"].max()),
-                "steps": f"{int(steps.min())}-{int(steps.max())}" if len(steps) else "-",
+                "steps": (int(steps.min()), int(steps.max())) if len(steps) else (),
                 "util_pct": _mean(chunk["util_pct"]),
                 "memory_used_bytes": _max(chunk["mem_used_bytes"]),
                 "memory_used_pct": 100 * _max(chunk["mem_used_bytes"])

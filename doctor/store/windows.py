@@ -1,53 +1,38 @@
 """A process's profiler window, read from its trace into the step frame (doctor.trace.steps), its
-ops and collectives, and its events on the process's own clock (for the timeline)."""
+ops and collectives (doctor.trace.tables: TraceTables), and its events on the process's own clock
+(for the timeline)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from doctor.errors import WindowUnavailable
 
+if TYPE_CHECKING:
+    from doctor.trace.tables import TraceTables
+
 #: How far (ns) the window's events may sit outside the window's own span on the process's clock
 #: before the clock pair is not believed (an old run without one, a clock stepped by NTP).
 CLOCK_SLACK_NS = 2_000_000_000
 
 
-@dataclass(frozen=True)
-class Window:
-    """What one trace gives the run: one row per profiled step (STEP_COLUMNS), per op
-    (OP_COLUMNS), per collective (comm_calls), and its events (window_events.EVENT_COLUMNS on the
-    trace's clock) with how many it had before the cap."""
-
-    steps: pd.DataFrame
-    ops: pd.DataFrame
-    calls: pd.DataFrame
-    events: pd.DataFrame
-    events_total: int
-
-
-def read_window(trace: Path, rank: int) -> Window:
-    """The window of one trace, from one read of it; WindowUnavailable when the trace cannot be
-    read or has no step (a damaged trace costs the split, not the verdict)."""
-    from doctor.trace.comm_calls import collective_calls
-    from doctor.trace.events import load_timeline
-    from doctor.trace.ops import op_table
-    from doctor.trace.steps import step_frame_from_timeline
-    from doctor.trace.window_events import window_events
+def read_window(trace: Path, rank: int) -> TraceTables:
+    """The window of one trace, from one read of it by doctor.trace's one entry point (as a
+    trace analysed on its own is read), with its events; WindowUnavailable when the trace cannot
+    be read or has no step (a damaged trace costs the split, not the verdict)."""
+    from doctor.trace.tables import read_traces
 
     try:
-        timeline = load_timeline(trace)
-        frame = step_frame_from_timeline(timeline, rank)
+        [tables] = read_traces([trace], [rank], events=True, workers=1)
     except Exception as err:
         raise WindowUnavailable(f"{type(err).__name__}: {err}") from err
-    if frame.empty:
+    if tables.steps.empty:
         raise WindowUnavailable("the trace has no profiled step")
-    events, total = window_events(timeline)
-    return Window(frame, op_table(timeline), collective_calls(timeline), events, total)
+    return tables
 
 
 def on_process_clock(events: pd.DataFrame, window: dict[str, Any],

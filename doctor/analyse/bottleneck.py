@@ -1,4 +1,4 @@
-"""The verdict: which category is the bottleneck (one policy, every door), and the summary.
+"""The bottleneck: which category it is (one policy, every door), and the summary of the shares.
 
 Compute is the work itself; input, transfer and communication are stalls that a well-built job
 hides. So the verdict is stall-first, with thresholds from the field's own tools (XProf calls a
