@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -27,6 +27,7 @@ from doctor.job_record import BOOTSTRAP_DIR, run_record
 from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
 from doctor.record.tracer import ENV_PARENT_PID
+from doctor.sampler import ParentProbes
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
 
@@ -245,55 +246,6 @@ def _terminate(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int:
         except OSError:
             break
     return proc.wait()
-
-
-class ParentProbes:
-    """The parent-side probes of one run: each is created and checked, started when it can run,
-    ticked, and stopped; a probe that raises is stopped and marked unavailable with the error,
-    and the job goes on."""
-
-    def __init__(self, context: Any, specs: Sequence[Any]) -> None:
-        self.status: dict[str, ProbeStatus] = {}
-        self.running: dict[str, Any] = {}
-        for spec in specs:
-            try:
-                probe = spec.create(context)
-                self.status[spec.name] = probe.check()
-                if self.status[spec.name].ok:
-                    probe.start()
-                    self.running[spec.name] = probe
-            except Exception as err:
-                self._failed(spec.name, "could not start", err)
-
-    def _failed(self, name: str, what: str, err: BaseException) -> None:
-        self.status[name] = ProbeStatus(
-            False, f"{what}: {type(err).__name__}: {err}",
-            "the job was not affected; the report goes on without this probe's samples")
-        probe = self.running.pop(name, None)
-        if probe is not None:
-            try:
-                probe.stop()  # keep what it sampled before it failed
-            except Exception:  # already failed; the reason above is the one to report
-                pass
-
-    def sample(self) -> None:
-        for name, probe in list(self.running.items()):
-            try:
-                probe.sample()
-            except Exception as err:  # a probe failure never stops the job
-                self._failed(name, "failed while sampling", err)
-
-    def stop(self) -> dict[str, ProbeStatus]:
-        """Stop every probe (each hands its samples to the store); the final status of each."""
-        for name, probe in list(self.running.items()):
-            try:
-                probe.stop()
-                self.status[name] = probe.check()
-            except Exception as err:
-                self.running.pop(name)
-                self._failed(name, "failed to save its samples", err)
-        self.running = {}
-        return self.status
 
 
 def _measure_handoff() -> float | None:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from doctor.launch import ParentProbes
 from doctor.probes import JOB, PARENT, REGISTRY, ParentContext, probes_of
 from doctor.probes.stacks import find_py_spy
 from doctor.record.session import Session
+from doctor.sampler import ParentProbes
 from doctor.verdict import ProbeStatus
 from tests.loops import FakeClock
 
