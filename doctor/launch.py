@@ -27,13 +27,12 @@ from doctor.job_record import BOOTSTRAP_DIR, run_record
 from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
 from doctor.record.tracer import ENV_PARENT_PID
-from doctor.sampler import ParentProbes
+from doctor.sampler import SAMPLE_INTERVAL_S, ParentSampler
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
 
 ENV_PROBES_DIR = "DOCTOR_PROBES_DIR"  # where the bootstrap finds doctor.probes (sitecustomize)
 QUIET_KINETO = "6"
-SAMPLE_INTERVAL_S = 0.5  # host and GPU sampling from the parent: 2 Hz
 
 
 @dataclass
@@ -104,30 +103,36 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
         raise UsageError(f"cannot start {command.argv[0]}: {err.strerror or err}") from err
 
     restore = _forward_signals(proc)
-    samplers = ParentProbes(ParentContext(run_dir, proc.pid, clock, t0), probes_of(PARENT))
+    samplers = ParentSampler(ParentContext(run_dir, proc.pid, clock, t0), probes_of(PARENT),
+                             interval_s=SAMPLE_INTERVAL_S, clock=clock)
     progress = _start_progress(launch.progress, command, run_dir, env, samplers)
     deadline = t0 + launch.timeout_s if launch.timeout_s else None
+    ended: list[int] = []  # the job's status, once it ended (or was stopped at the deadline)
     timed_out = False
+
+    def wait(seconds: float) -> bool:
+        nonlocal timed_out
+        try:
+            ended.append(proc.wait(timeout=seconds))
+            return True
+        except subprocess.TimeoutExpired:
+            pass
+        if deadline is not None and clock() > deadline:
+            timed_out = True
+            ended.append(_terminate(proc))
+            return True
+        return False
+
+    def after_tick() -> None:
+        nonlocal progress
+        if progress is not None:
+            progress = _progress_step(progress, lambda p: p.tick(clock()))
+
     try:
-        next_tick = clock()
-        while True:
-            try:
-                rc = proc.wait(timeout=max(0.0, next_tick - clock()))
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if deadline is not None and clock() > deadline:
-                timed_out = True
-                rc = _terminate(proc)
-                break
-            samplers.sample()
-            if progress is not None:
-                progress = _progress_step(progress, lambda p: p.tick(clock()))
-            next_tick += SAMPLE_INTERVAL_S
-            if next_tick < clock():  # fell behind (suspended laptop, loaded host): skip ahead
-                next_tick = clock() + SAMPLE_INTERVAL_S
+        samplers.run(wait, after_tick)
     finally:
         restore()
+    rc = ended[0]
     duration = clock() - t0
     if progress is not None:
         _progress_step(progress, WindowProgress.finish)
@@ -211,7 +216,7 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 
 def _start_progress(say: Say | None, command: JobCommand, run_dir: Path,
-                    env: Mapping[str, str], samplers: ParentProbes) -> WindowProgress | None:
+                    env: Mapping[str, str], samplers: ParentSampler) -> WindowProgress | None:
     """Say what the run records, now that the parent's probes have started; the reporter of
     the deep window's lines (None when nobody listens, or when saying failed)."""
     if say is None:
