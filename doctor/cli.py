@@ -62,11 +62,12 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
     from doctor.compat import numpy_mismatch
     from doctor.launch import Launch, no_room, run_bare, run_job
     from doctor.nodes import node_of
+    from doctor.record.window import valid_window
     from doctor.run_summary import summarise, summarise_node
     from doctor.store import layout
     from doctor.store.rundir import new_node_dir, new_run_dir, write_node_record
 
-    if window is not None and window.lower() != "off" and not _valid_window(window):
+    if window is not None and window.lower() != "off" and not valid_window(window):
         raise UsageError(f"--window takes START,STEPS (e.g. 8,5) or off, not {window!r}")
     job = resolve_command(command)
     node = node_of(job.argv, os.environ)
@@ -112,11 +113,6 @@ def _unwritten(result: JobResult, run_dir: Path) -> bool:
 def _say(line: str) -> None:
     """A progress line of doctor run (doctor.progress), on stderr beside the job's own."""
     click.echo(line, err=True)
-
-
-def _valid_window(text: str) -> bool:
-    parts = text.split(",")
-    return len(parts) == 2 and all(p.strip().isdigit() and int(p) > 0 for p in parts)
 
 
 @cli.command()

@@ -25,8 +25,9 @@ from doctor import probes
 from doctor.command import JobCommand
 from doctor.job_record import BOOTSTRAP_DIR, run_record
 from doctor.progress import Say, WindowProgress, start_line
-from doctor.record.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
+from doctor.record.bootstrap import ENV_RUN_DIR
 from doctor.record.tracer import ENV_PARENT_PID
+from doctor.record.window import ENV_WINDOW, parse_window
 from doctor.sampler import SAMPLE_INTERVAL_S, ParentSampler
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus

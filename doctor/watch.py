@@ -125,7 +125,8 @@ class _WatchRun:
         from doctor.launch import QUIET_KINETO
         from doctor.probes import PARENT, ParentContext, probes_of
         from doctor.probes.stacks import request_in_process_stacks
-        from doctor.record.bootstrap import parse_window, start_session
+        from doctor.record.bootstrap import start_session
+        from doctor.record.window import parse_window
         from doctor.store.rundir import new_run_dir, write_run_record
 
         run_dir = new_run_dir(out, name, force=force, option="force=True")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import session as session_mod
 from .session import Session
 from .tracer import allow_parent_tracer
+from .window import ENV_WINDOW, parse_window
 
 if TYPE_CHECKING:
     import importlib.machinery
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from . import overrides
 
 ENV_RUN_DIR = "DOCTOR_RUN_DIR"
-ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"
 ENV_TRY_APPLY = "DOCTOR_TRY_APPLY"  # overrides.ENV_APPLY: the settings a try changes
 ENV_TRY_STOP = "DOCTOR_STOP_AFTER"  # stop.ENV_STOP_AFTER: a try's stop after N steps
 
@@ -59,17 +59,6 @@ def _note_uncaught_exceptions(session: Session) -> None:
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook
-
-
-def parse_window(text: str) -> tuple[int, int]:
-    """"START,STEPS" -> (START, STEPS); "off" -> (0, 0); anything else -> the defaults."""
-    if text.strip().lower() == "off":
-        return 0, 0
-    try:
-        start, steps = (int(x) for x in text.split(","))
-        return max(1, start), max(1, steps)
-    except ValueError:
-        return 8, 5
 
 
 def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5,
