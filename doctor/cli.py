@@ -62,13 +62,13 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
     from doctor.compat import numpy_mismatch
     from doctor.launch import Launch, no_room, run_bare, run_job
     from doctor.nodes import node_of
-    from doctor.record.window import valid_window
+    from doctor.record.window import parse_window, window_of
     from doctor.run_summary import summarise, summarise_node
     from doctor.store import layout
     from doctor.store.rundir import new_node_dir, new_run_dir, write_node_record
 
-    if window is not None and window.lower() != "off" and not valid_window(window):
-        raise UsageError(f"--window takes START,STEPS (e.g. 8,5) or off, not {window!r}")
+    # the job's window, checked before anything runs (an inherited DOCTOR_WINDOW too)
+    job_window = parse_window(window) if window is not None else window_of(os.environ)
     job = resolve_command(command)
     node = node_of(job.argv, os.environ)
     launch = Launch(progress=None if quiet else _say)
@@ -83,7 +83,7 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
             where = Path(full.filename) if full.filename else out or Path("doctor-runs")
             sys.exit(run_bare(job, where.parent if where.name.startswith(".") else where,
                               full, launch).exit_code)
-        result = run_job(job, run_dir, window=window, launch=launch)
+        result = run_job(job, run_dir, window=job_window, launch=launch)
         if not result.bare and not _unwritten(result, run_dir):
             summarise(run_dir)
         sys.exit(result.exit_code)
@@ -93,7 +93,7 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
                          f"node records into {layout.node_dir(Path('DIR'), node.rank)}/)")
     run_dir = new_node_dir(out, node.rank, job.name, force=force)
     write_node_record(run_dir, node.rank, node.nnodes, done=False)
-    result = run_job(job, run_dir, window=window, launch=launch)
+    result = run_job(job, run_dir, window=job_window, launch=launch)
     summarise_node(run_dir.parent, run_dir, node)
     sys.exit(result.exit_code)
 

@@ -27,7 +27,7 @@ from doctor.job_record import BOOTSTRAP_DIR, run_record
 from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.bootstrap import ENV_RUN_DIR
 from doctor.record.tracer import ENV_PARENT_PID
-from doctor.record.window import ENV_WINDOW, parse_window
+from doctor.record.window import ENV_WINDOW, Window, window_of
 from doctor.sampler import SAMPLE_INTERVAL_S, ParentSampler
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
@@ -47,7 +47,7 @@ class JobResult:
     unwritten: OSError | None = None  # run.json could not be written at the end
 
 
-def job_environment(run_dir: Path, window: str | None,
+def job_environment(run_dir: Path, window: Window | None,
                     base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     path = env.get("PYTHONPATH", "")
@@ -58,7 +58,7 @@ def job_environment(run_dir: Path, window: str | None,
     # Kineto prints profiler start/stop lines on stderr; keep the job's stderr its own.
     env.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
     if window is not None:
-        env[ENV_WINDOW] = window
+        env[ENV_WINDOW] = str(window)
     return env
 
 
@@ -79,7 +79,7 @@ class Launch:
     progress: Say | None = None
 
 
-def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
+def run_job(command: JobCommand, run_dir: Path, *, window: Window | None = None,
             clock: Callable[[], float] = time.monotonic, launch: Launch = Launch()
             ) -> JobResult:
     from doctor.probes import PARENT, ParentContext, probes_of
@@ -87,6 +87,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     started = time.time()
     t0 = clock()
     env = job_environment(run_dir, window, launch.env)
+    job_window = window_of(env)  # the bootstrap's (one inherited unchecked: checked here)
     try:
         write_run_record(run_dir, run_record(command.argv, command.name, started, t0,
                                              exit_code=None, cwd=launch.cwd, env=env))
@@ -106,7 +107,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     restore = _forward_signals(proc)
     samplers = ParentSampler(ParentContext(run_dir, proc.pid, clock, t0), probes_of(PARENT),
                              interval_s=SAMPLE_INTERVAL_S, clock=clock)
-    progress = _start_progress(launch.progress, command, run_dir, env, samplers)
+    progress = _start_progress(launch.progress, command, run_dir, job_window, samplers)
     deadline = t0 + launch.timeout_s if launch.timeout_s else None
     ended: list[int] = []  # the job's status, once it ended (or was stopped at the deadline)
     timed_out = False
@@ -217,12 +218,11 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 
 def _start_progress(say: Say | None, command: JobCommand, run_dir: Path,
-                    env: Mapping[str, str], samplers: ParentSampler) -> WindowProgress | None:
+                    window: Window, samplers: ParentSampler) -> WindowProgress | None:
     """Say what the run records, now that the parent's probes have started; the reporter of
     the deep window's lines (None when nobody listens, or when saying failed)."""
     if say is None:
         return None
-    window = parse_window(env.get(ENV_WINDOW, ""))
     try:
         say(start_line(command.name, run_dir, samplers.status, window))
     except Exception:  # a line doctor could not print never stops the job

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from doctor.errors import UsageError
 from doctor.record import session as session_mod
+from doctor.record.window import DEFAULT_WINDOW, Window, parse_window
 from doctor.sampler import ParentSampler
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -44,7 +45,8 @@ STUCK = "its sampler did not stop in time; its samples were left out"
 
 class watch:  # lower case: used as a decorator, named like one
     def __init__(self, func: Callable[..., Any] | None = None, *,
-                 out: str | os.PathLike[str] | None = None, window: str = "8,5",
+                 out: str | os.PathLike[str] | None = None,
+                 window: Window | str = DEFAULT_WINDOW,
                  report: bool = True, force: bool = False) -> None:
         if func is not None and not callable(func):
             raise TypeError(
@@ -119,24 +121,25 @@ class _WatchRun:
                                         daemon=True)
 
     @classmethod
-    def start(cls, out: Path | None, name: str, window: str, force: bool = False
+    def start(cls, out: Path | None, name: str, window: Window | str, force: bool = False
               ) -> _WatchRun:
         from doctor.job_record import run_record
         from doctor.launch import QUIET_KINETO
         from doctor.probes import PARENT, ParentContext, probes_of
         from doctor.probes.stacks import request_in_process_stacks
         from doctor.record.bootstrap import start_session
-        from doctor.record.window import parse_window
         from doctor.store.rundir import new_run_dir, write_run_record
 
+        # a window it does not take is refused in one line, before the run directory is made
+        window = (parse_window(window, option="doctor.watch's window")
+                  if isinstance(window, str) else Window(*window))
         run_dir = new_run_dir(out, name, force=force, option="force=True")
         os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
         request_in_process_stacks(run_dir, "doctor.watch samples its own process")
         started, t0 = time.time(), time.monotonic()
         write_run_record(run_dir, run_record(list(sys.argv), name, started, t0,
                                              exit_code=None, mode="watch"))
-        start, steps = parse_window(window)
-        probes = start_session(run_dir, window_start=start, window_steps=steps)
+        probes = start_session(run_dir, window=window)
         sampler = ParentSampler(
             ParentContext(run_dir, os.getpid(), time.monotonic, t0),
             [spec for spec in probes_of(PARENT) if spec.name in SAMPLED],
