@@ -18,9 +18,8 @@ from doctor.version import __version__
 
 if TYPE_CHECKING:
     from doctor.launch import JobResult
+    from doctor.sources import Sources
     from doctor.verdict import Analysis
-
-TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -131,15 +130,17 @@ def report(sources: tuple[Path, ...], fmt: str, output: Path | None,
     torch.profiler traces (*.json, *.json.gz, one per rank)."""
     from doctor.reports.json import render_json
     from doctor.reports.text import render_text
+    from doctor.sources import report_sources
 
     steps = parse_step_range(step_range) if step_range is not None else None
-    analysis, default_html = _load(list(sources), steps)
+    found = report_sources(sources, steps=steps is not None)
+    analysis, default_html = _load(found, steps)
     target: Path | None
     if fmt == "html":
         from doctor.reports.html import render_html  # matplotlib and jinja2: only for the HTML
 
         target = output or default_html
-        text = render_html(analysis, timeline=_timeline_beside(target, sources))
+        text = render_html(analysis, timeline=_timeline_beside(target, found))
     elif fmt == "json":
         text, target = render_json(analysis), output
     else:
@@ -147,15 +148,16 @@ def report(sources: tuple[Path, ...], fmt: str, output: Path | None,
     _emit(text, target)
 
 
-def _timeline_beside(report: Path, sources: tuple[Path, ...]) -> str | None:
+def _timeline_beside(report: Path, found: Sources) -> str | None:
     """Where the run's timeline is for a report written to ``report``: its name when the report
     sits beside it, else its absolute path; None for traces, or a run without one."""
     from doctor.store import layout
-    from doctor.store.rundir import newest_run
 
-    run_dir = sources[0] if sources else newest_run()
+    if found.traces or len(found.runs) > 1:
+        return None
+    run_dir = found.runs[0]
     timeline = run_dir / layout.TIMELINE
-    if len(sources) > 1 or not timeline.is_file():
+    if not timeline.is_file():
         return None
     if report.resolve().parent == run_dir.resolve():
         return timeline.name
@@ -188,37 +190,18 @@ def parse_step_range(text: str) -> tuple[int | None, int | None]:
     return first, last
 
 
-def _load(sources: list[Path], steps: tuple[int | None, int | None] | None = None
+def _load(found: Sources, steps: tuple[int | None, int | None] | None = None
           ) -> tuple[Analysis, Path]:
-    from doctor.store.rundir import newest_run, report_path
+    from doctor.store.rundir import report_path
 
-    if not sources:
-        sources = [newest_run()]
-    missing = [s for s in sources if not s.exists()]
-    if missing:
-        raise UsageError(f"no such run directory or trace: {missing[0]}")
-    from doctor.store import layout
-
-    tries = [s for s in sources if (s / layout.TRY_RECORD).is_file()]
-    if tries:
-        raise UsageError(f"{tries[0]} is a doctor try, not a run: its report is "
-                         f"{tries[0] / layout.REPORT}, and each attempt in it is a run directory")
-    dirs = [s for s in sources if s.is_dir()]
-    traces = [s for s in sources if s.is_file()]
-    if dirs and traces:
-        raise UsageError("give either run directories or trace files, not both")
-    if traces:
-        bad = [t for t in traces if not t.name.endswith(TRACE_SUFFIXES)]
-        if bad:
-            raise UsageError(f"{bad[0]} is not a trace (*.json or *.json.gz)")
-        if steps is not None:
-            raise UsageError("--steps applies to run directories, not to traces")
+    if found.traces:
         from doctor.analyse.pipeline import analyze_traces
 
+        traces = list(found.traces)
         return analyze_traces(traces), Path(traces[0].name.split(".")[0] + ".report.html")
     from doctor.outputs import analyse_runs
 
-    return analyse_runs(dirs, steps), report_path(dirs[0])
+    return analyse_runs(list(found.runs), steps), report_path(found.runs[0])
 
 
 @cli.command("try")
@@ -243,15 +226,12 @@ def try_(run_dir: Path | None, fixes: tuple[str, ...], sets: tuple[str, ...], st
     steps, and measure the speedup against the estimate (default: the newest run)."""
     from doctor.outputs import finalize_run
     from doctor.reports.tries import render_try_html, render_try_text
+    from doctor.sources import try_run_argument
     from doctor.store import layout
-    from doctor.store.rundir import is_job_dir, newest_run
     from doctor.store.safe_files import write_text_atomic
     from doctor.tries.runner import execute, plan_lines, prepare
 
-    run_dir = run_dir or newest_run()
-    if is_job_dir(run_dir):
-        raise UsageError(f"{run_dir} holds the nodes of a multi-node job, and doctor try re-runs "
-                         "one launcher: try one node's folder in it, or a single-node run")
+    run_dir = try_run_argument(run_dir)
     prepared = prepare(run_dir, fixes, sets, steps, repeat)
     for line in plan_lines(prepared):
         click.echo(line, err=True)
@@ -313,12 +293,9 @@ def export(run_dir: Path | None, output: Path | None) -> None:
     DataLoader waits, workers' fetches, samples and profiler window, for ui.perfetto.dev or
     chrome://tracing (default: the newest run)."""
     from doctor.outputs import export_timeline
-    from doctor.store.rundir import newest_run
+    from doctor.sources import run_dir_argument
 
-    run_dir = run_dir or newest_run()
-    if not run_dir.is_dir():
-        raise UsageError(f"no such run directory: {run_dir}")
-    click.echo(str(export_timeline(run_dir, output)))
+    click.echo(str(export_timeline(run_dir_argument(run_dir), output)))
 
 
 def main() -> None:
