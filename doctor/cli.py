@@ -158,8 +158,8 @@ def _allowed_to_run(yes: bool) -> None:
 
 
 @cli.command()
-@click.argument("run_a", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.argument("run_b", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("run_a", type=click.Path(path_type=Path))
+@click.argument("run_b", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text",
               show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,

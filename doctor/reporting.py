@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from doctor.sources import Sources, report_sources
+from doctor.sources import Sources, report_sources, run_dir_argument
 from doctor.verdict import Analysis
 
 Steps = tuple[int | None, int | None]
@@ -41,6 +41,7 @@ def compare(run_a: Path, run_b: Path, fmt: str) -> str:
     from doctor.analyse.pipeline import analyze_run
     from doctor.reports.tries import render_compare_html, render_compare_text
 
+    run_a, run_b = run_dir_argument(run_a), run_dir_argument(run_b)
     comparison = compare_runs(analyze_run(run_a), analyze_run(run_b))
     if fmt == "text":
         return render_compare_text(comparison)

@@ -52,7 +52,7 @@ def report_sources(paths: Sequence[Path], *, steps: bool = False) -> Sources:
 
 def run_dir_argument(path: Path | None) -> Path:
     """The run directory ``path`` names for ``doctor export`` and ``doctor compare`` (none: the
-    newest run)."""
+    newest run); a UsageError (one line) when it is not a directory."""
     run_dir = path or newest_run()
     if not run_dir.is_dir():
         raise UsageError(f"no such run directory: {run_dir}")

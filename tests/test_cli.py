@@ -122,6 +122,9 @@ def test_signals_reach_the_job(tmp_path: Path, sig: int) -> None:
     (["run", "--window", "8,5,1", "x.py"], "--window takes START,STEPS"),
     (["report", "no-such-dir"], "no such run directory or trace"),
     (["report", "README.md"], "is not a trace"),
+    (["compare", "no-such-dir", "README.md"], "no such run directory: no-such-dir"),
+    (["compare", ".", "README.md"], "no such run directory: README.md"),
+    (["export", "README.md"], "no such run directory: README.md"),
     (["report", "--steps", "9:3", "."], "--steps takes FIRST:LAST"),
     (["report", "--steps", "all", "."], "--steps takes FIRST:LAST"),
 ])
