@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from doctor import probes
 from doctor.command import JobCommand
-from doctor.job_record import BOOTSTRAP_DIR, run_record
+from doctor.job_record import BOOTSTRAP_DIR, RunEnd, run_record
 from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.bootstrap import ENV_RUN_DIR
 from doctor.record.tracer import ENV_PARENT_PID
@@ -146,13 +146,10 @@ def run_job(command: JobCommand, run_dir: Path, *, window: Window | None = None,
     links = _links(run_dir, env) if launch.measure_handoff else None
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
-    record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,
-                        signal=sig, duration_s=duration,
-                        probes={k: v.to_dict() for k, v in probes.items()},
-                        fd_handoff_s=handoff, peaks=peaks, cwd=launch.cwd, env=env,
-                        **({"links": links} if links else {}),
-                        **({"deaths": deaths} if deaths else {}),
-                        **({"timed_out": True} if timed_out else {}))
+    end = RunEnd(exit_code, duration, probes, signal=sig, fd_handoff_s=handoff, peaks=peaks,
+                 links=links, deaths=deaths, timed_out=timed_out)
+    record = run_record(command.argv, command.name, started, t0, cwd=launch.cwd, env=env,
+                        **end.to_dict())
     try:
         write_run_record(run_dir, record)
     except OSError as err:  # a full disk at the end: the job's status stays its own

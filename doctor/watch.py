@@ -154,8 +154,9 @@ class _WatchRun:
         self.sampler_cpu_s = time.thread_time()  # this thread's CPU, for the run record
 
     def finish(self, *, failed: bool, report: bool, interrupted: bool) -> None:
-        from doctor.job_record import run_record
+        from doctor.job_record import RunEnd, run_record
         from doctor.store.rundir import report_path, write_run_record
+        from doctor.verdict import ProbeStatus
 
         self._stop.set()
         if self._thread.is_alive():
@@ -165,16 +166,12 @@ class _WatchRun:
         try:
             status = (self.sampler.abandon(STUCK) if stuck  # stopping would free what it uses
                       else self.sampler.stop())  # each hands its samples to the store
-            probes: dict[str, Any] = {name: s.to_dict() for name, s in status.items()}
-            probes["stacks"] = {"ok": True, "reason": "in-process sampler (doctor.watch)"}
-            exit_code = 130 if interrupted else 1 if failed else 0
-            record = run_record(
-                list(sys.argv), self.run_dir.name, self.started, self.t0,
-                exit_code=exit_code, duration_s=time.monotonic() - self.t0, probes=probes,
-                mode="watch")
-            if self.sampler_cpu_s is not None:
-                record["sampler_cpu_s"] = self.sampler_cpu_s
-            write_run_record(self.run_dir, record)
+            probes = {**status, "stacks": ProbeStatus(True, "in-process sampler (doctor.watch)")}
+            end = RunEnd(130 if interrupted else 1 if failed else 0,
+                         time.monotonic() - self.t0, probes, watch=True,
+                         sampler_cpu_s=self.sampler_cpu_s)
+            write_run_record(self.run_dir, run_record(list(sys.argv), self.run_dir.name,
+                                                      self.started, self.t0, **end.to_dict()))
             if report:
                 from doctor.outputs import finalize_run
                 from doctor.reports.text import headline
