@@ -20,7 +20,7 @@ Figures per job, each the median over pairs with (min..max):
 * median step, doctor / bare: the always-on cost. Budget at most 1.01x. With it, a bootstrap
   90 % interval of that median (the pairs resampled): on this 2-core machine one pair's ratio
   moves by +-10 %, so read the budget against the interval, and run 15 pairs or more.
-* doctor run's own CPU while the job ran (run.json's ``parent_cpu_s`` over ``duration_s``): the
+* doctor run's own CPU while the job ran (run.json's ``sampler_cpu_s`` over ``duration_s``): the
   parent's sampling, as a share of one core; it competes with the job only where the job keeps
   every core busy.
 * loop time, doctor / bare: always-on cost plus the deep window, once. No budget of its own; the
@@ -215,7 +215,7 @@ def run_pair(job_cmd: list[str], window: str | None, keep: Path | None, name: st
             shutil.copytree(run_dir, keep / name, dirs_exist_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Pair(bare, doc, figures, disk, load, float(record.get("parent_cpu_s") or "nan"),
+    return Pair(bare, doc, figures, disk, load, float(record.get("sampler_cpu_s") or "nan"),
                 float(record.get("duration_s") or "nan"))
 
 

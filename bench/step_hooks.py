@@ -124,13 +124,14 @@ def block_ns(run: Callable[[int], int], config: str, steps: int, after_window: b
         run(20)  # as the others do
         return run(steps) / steps
     from doctor.bootstrap import start_session
+    from doctor.record.window import Window
 
     os.environ.pop(ENV_PROBES_OFF, None)
     if config.startswith("all - "):
         os.environ[ENV_PROBES_OFF] = config.removeprefix("all - ")
     tmp = tempfile.mkdtemp(prefix="doctor-hooks-")
     start = 8 if after_window else 10**9
-    probes = start_session(Path(tmp), window_start=start, window_steps=5)
+    probes = start_session(Path(tmp), window=Window(start, 5))
     try:
         # untimed: the process folder and its rings are made on the first record (once a run;
         # the window opens at step 8 and closes at step 13 of these where it is asked for)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .record import session as session_mod
 from .record.session import Session
 from .record.tracer import allow_parent_tracer
+from .record.window import DEFAULT_WINDOW, Window, window_in_job
 
 if TYPE_CHECKING:
     import importlib.machinery
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from .record import overrides
 
 ENV_RUN_DIR = "DOCTOR_RUN_DIR"
-ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"
 ENV_TRY_APPLY = "DOCTOR_TRY_APPLY"  # overrides.ENV_APPLY: the settings a try changes
 ENV_TRY_STOP = "DOCTOR_STOP_AFTER"  # stop.ENV_STOP_AFTER: a try's stop after N steps
 
@@ -35,10 +35,9 @@ def start_from_env() -> Session | None:
     run_dir = os.environ.get(ENV_RUN_DIR)
     if not run_dir:
         return None
-    start, steps = parse_window(os.environ.get(ENV_WINDOW, ""))
+    window = window_in_job(os.environ)  # validated by the parent; never raises
     allow_parent_tracer()
-    probes = start_session(Path(run_dir), window_start=start, window_steps=steps,
-                           tried=True)
+    probes = start_session(Path(run_dir), window=window, tried=True)
     atexit.register(probes.close)
     _note_uncaught_exceptions(probes.session)
     return probes.session
@@ -61,24 +60,13 @@ def _note_uncaught_exceptions(session: Session) -> None:
     sys.excepthook = hook
 
 
-def parse_window(text: str) -> tuple[int, int]:
-    """"START,STEPS" -> (START, STEPS); "off" -> (0, 0); anything else -> the defaults."""
-    if text.strip().lower() == "off":
-        return 0, 0
-    try:
-        start, steps = (int(x) for x in text.split(","))
-        return max(1, start), max(1, steps)
-    except ValueError:
-        return 8, 5
-
-
-def start_session(run_dir: Path, *, window_start: int = 8, window_steps: int = 5,
+def start_session(run_dir: Path, *, window: Window = DEFAULT_WINDOW,
                   tried: bool = False) -> JobProbes:
     """Install a Session for this process; its probes start with (or after) torch. With
     ``tried`` (under ``doctor run`` and ``doctor try``), the settings of a try and its stop
     after N steps come from the environment (doctor.record.overrides, doctor.record.stop)."""
     session = session_mod.install(
-        Session(run_dir, window_start=window_start, window_steps=window_steps))
+        Session(run_dir, window_start=window.start, window_steps=window.steps))
     starter = JobProbes(session)
     if tried:
         _tried_settings(starter)

@@ -1,6 +1,7 @@
-"""The run record of a job (run.json's job part): its command, where and how it ran, and the
-environment that shapes it, as ``doctor run`` and ``doctor.watch`` write it and ``doctor try``
-re-runs it; secrets hidden (doctor.store.redact)."""
+"""The run record (run.json), built here for both doors: its job part (the command, where and
+how it ran, and the environment that shapes it, as ``doctor try`` re-runs it; secrets hidden,
+doctor.store.redact) and, once the job ended, how it ended (RunEnd). doctor.store.rundir writes
+it (stamped with the format) and reads it back (checking the format)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from doctor.machine import memory_bytes, usable_cores
 from doctor.store.redact import is_secret_name, redact_argv, redact_value
+from doctor.verdict import ProbeStatus
 from doctor.version import __version__
 
 #: The folder ``doctor run`` puts first on the job's PYTHONPATH (doctor.launch), left out of
@@ -59,3 +62,46 @@ def run_record(argv: list[str], name: str, started: float, t0: float,
         "memory_bytes": memory_bytes(), "doctor_version": __version__,
         "python": sys.version.split()[0], **extra,
     }
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How the run ended, the part of run.json written after the job: doctor run's (the job's
+    status as a shell reports it and its signal, and what the parent measured after it) or
+    doctor.watch's. ``sampler_cpu_s``: the CPU seconds doctor's own sampling used while the job
+    ran (doctor run's whole process; doctor.watch's sampler thread): its always-on cost."""
+
+    exit_code: int
+    duration_s: float
+    probes: Mapping[str, ProbeStatus]
+    signal: int | None = None
+    fd_handoff_s: float | None = None
+    peaks: dict[str, Any] | None = None
+    links: dict[str, Any] | None = None
+    deaths: Sequence[dict[str, Any]] = ()
+    timed_out: bool = False
+    watch: bool = False
+    sampler_cpu_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """run.json's keys, in its order; those a door does not measure left out."""
+        out: dict[str, Any] = {"exit_code": self.exit_code}
+        if not self.watch:
+            out["signal"] = self.signal
+        out["duration_s"] = self.duration_s
+        out["probes"] = {name: s.to_dict() for name, s in self.probes.items()}
+        if self.watch:
+            out["mode"] = "watch"
+            if self.sampler_cpu_s is not None:
+                out["sampler_cpu_s"] = self.sampler_cpu_s
+            return out
+        out["fd_handoff_s"], out["peaks"] = self.fd_handoff_s, self.peaks
+        if self.links:
+            out["links"] = self.links
+        if self.deaths:
+            out["deaths"] = list(self.deaths)
+        if self.timed_out:
+            out["timed_out"] = True
+        if self.sampler_cpu_s is not None:
+            out["sampler_cpu_s"] = self.sampler_cpu_s
+        return out

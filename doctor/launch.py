@@ -15,25 +15,26 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
 from doctor import probes
-from doctor.bootstrap import ENV_RUN_DIR, ENV_WINDOW, parse_window
+from doctor.bootstrap import ENV_RUN_DIR
 from doctor.command import JobCommand
 from doctor.exit_wait import ExitWait
-from doctor.job_record import BOOTSTRAP_DIR, run_record
+from doctor.job_record import BOOTSTRAP_DIR, RunEnd, run_record
 from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.tracer import ENV_PARENT_PID
+from doctor.record.window import ENV_WINDOW, Window, window_of
+from doctor.sampler import SAMPLE_INTERVAL_S, ParentSampler
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
 
 ENV_PROBES_DIR = "DOCTOR_PROBES_DIR"  # where the bootstrap finds doctor.probes (sitecustomize)
 QUIET_KINETO = "6"
-SAMPLE_INTERVAL_S = 0.5  # host and GPU sampling from the parent: 2 Hz
 
 
 @dataclass
@@ -47,7 +48,7 @@ class JobResult:
     unwritten: OSError | None = None  # run.json could not be written at the end
 
 
-def job_environment(run_dir: Path, window: str | None,
+def job_environment(run_dir: Path, window: Window | None,
                     base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     path = env.get("PYTHONPATH", "")
@@ -58,7 +59,7 @@ def job_environment(run_dir: Path, window: str | None,
     # Kineto prints profiler start/stop lines on stderr; keep the job's stderr its own.
     env.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
     if window is not None:
-        env[ENV_WINDOW] = window
+        env[ENV_WINDOW] = str(window)
     return env
 
 
@@ -84,7 +85,7 @@ class Launch:
     progress: Say | None = None
 
 
-def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
+def run_job(command: JobCommand, run_dir: Path, *, window: Window | None = None,
             clock: Callable[[], float] = time.monotonic, launch: Launch = Launch()
             ) -> JobResult:
     from doctor.probes import PARENT, ParentContext, probes_of
@@ -95,6 +96,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     started = time.time()
     t0 = clock()
     env = job_environment(run_dir, window, launch.env)
+    job_window = window_of(env)  # the bootstrap's (one inherited unchecked: checked here)
     try:
         write_run_record(run_dir, run_record(command.argv, command.name, started, t0,
                                              exit_code=None, cwd=launch.cwd, env=env))
@@ -112,32 +114,38 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
         raise UsageError(f"cannot start {command.argv[0]}: {err.strerror or err}") from err
 
     restore = _forward_signals(proc)
-    samplers = ParentProbes(ParentContext(run_dir, proc.pid, clock, t0), probes_of(PARENT))
-    progress = _start_progress(launch.progress, command, run_dir, env, samplers)
+    samplers = ParentSampler(ParentContext(run_dir, proc.pid, clock, t0), probes_of(PARENT),
+                             interval_s=SAMPLE_INTERVAL_S, clock=clock)
+    progress = _start_progress(launch.progress, command, run_dir, job_window, samplers)
     deadline = t0 + launch.timeout_s if launch.timeout_s else None
+    ended: list[int] = []  # the job's status, once it ended (or was stopped at the deadline)
     timed_out = False
     exit_wait = ExitWait(proc)
     cpu0 = time.process_time()  # the parent's own CPU while the job runs: its always-on cost
+
+    def wait(seconds: float) -> bool:
+        nonlocal timed_out
+        status = exit_wait.wait(seconds)
+        if status is not None:
+            ended.append(status)
+            return True
+        if deadline is not None and clock() > deadline:
+            timed_out = True
+            ended.append(_terminate(proc))
+            return True
+        return False
+
+    def after_tick() -> None:
+        nonlocal progress
+        if progress is not None:
+            progress = _progress_step(progress, lambda p: p.tick(clock()))
+
     try:
-        next_tick = clock()
-        while True:
-            ended = exit_wait.wait(max(0.0, next_tick - clock()))
-            if ended is not None:
-                rc = ended
-                break
-            if deadline is not None and clock() > deadline:
-                timed_out = True
-                rc = _terminate(proc)
-                break
-            samplers.sample()
-            if progress is not None:
-                progress = _progress_step(progress, lambda p: p.tick(clock()))
-            next_tick += SAMPLE_INTERVAL_S
-            if next_tick < clock():  # fell behind (suspended laptop, loaded host): skip ahead
-                next_tick = clock() + SAMPLE_INTERVAL_S
+        samplers.run(wait, after_tick)
     finally:
         exit_wait.close()
         restore()
+    rc = ended[0]
     duration = clock() - t0
     parent_cpu_s = time.process_time() - cpu0
     if progress is not None:
@@ -150,13 +158,11 @@ def run_job(command: JobCommand, run_dir: Path, *, window: str | None = None,
     links = _links(run_dir, env) if launch.measure_handoff else None
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
-    record = run_record(command.argv, command.name, started, t0, exit_code=exit_code,
-                        signal=sig, duration_s=duration, parent_cpu_s=round(parent_cpu_s, 3),
-                        probes={k: v.to_dict() for k, v in probes.items()},
-                        fd_handoff_s=handoff, peaks=peaks, cwd=launch.cwd, env=env,
-                        **({"links": links} if links else {}),
-                        **({"deaths": deaths} if deaths else {}),
-                        **({"timed_out": True} if timed_out else {}))
+    end = RunEnd(exit_code, duration, probes, signal=sig, fd_handoff_s=handoff, peaks=peaks,
+                 links=links, deaths=deaths, timed_out=timed_out,
+                 sampler_cpu_s=round(parent_cpu_s, 3))
+    record = run_record(command.argv, command.name, started, t0, cwd=launch.cwd, env=env,
+                        **end.to_dict())
     try:
         write_run_record(run_dir, record)
     except OSError as err:  # a full disk at the end: the job's status stays its own
@@ -222,12 +228,11 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 
 def _start_progress(say: Say | None, command: JobCommand, run_dir: Path,
-                    env: Mapping[str, str], samplers: ParentProbes) -> WindowProgress | None:
+                    window: Window, samplers: ParentSampler) -> WindowProgress | None:
     """Say what the run records, now that the parent's probes have started; the reporter of
     the deep window's lines (None when nobody listens, or when saying failed)."""
     if say is None:
         return None
-    window = parse_window(env.get(ENV_WINDOW, ""))
     try:
         say(start_line(command.name, run_dir, samplers.status, window))
     except Exception:  # a line doctor could not print never stops the job
@@ -257,55 +262,6 @@ def _terminate(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int:
         except OSError:
             break
     return proc.wait()
-
-
-class ParentProbes:
-    """The parent-side probes of one run: each is created and checked, started when it can run,
-    ticked, and stopped; a probe that raises is stopped and marked unavailable with the error,
-    and the job goes on."""
-
-    def __init__(self, context: Any, specs: Sequence[Any]) -> None:
-        self.status: dict[str, ProbeStatus] = {}
-        self.running: dict[str, Any] = {}
-        for spec in specs:
-            try:
-                probe = spec.create(context)
-                self.status[spec.name] = probe.check()
-                if self.status[spec.name].ok:
-                    probe.start()
-                    self.running[spec.name] = probe
-            except Exception as err:
-                self._failed(spec.name, "could not start", err)
-
-    def _failed(self, name: str, what: str, err: BaseException) -> None:
-        self.status[name] = ProbeStatus(
-            False, f"{what}: {type(err).__name__}: {err}",
-            "the job was not affected; the report goes on without this probe's samples")
-        probe = self.running.pop(name, None)
-        if probe is not None:
-            try:
-                probe.stop()  # keep what it sampled before it failed
-            except Exception:  # already failed; the reason above is the one to report
-                pass
-
-    def sample(self) -> None:
-        for name, probe in list(self.running.items()):
-            try:
-                probe.sample()
-            except Exception as err:  # a probe failure never stops the job
-                self._failed(name, "failed while sampling", err)
-
-    def stop(self) -> dict[str, ProbeStatus]:
-        """Stop every probe (each hands its samples to the store); the final status of each."""
-        for name, probe in list(self.running.items()):
-            try:
-                probe.stop()
-                self.status[name] = probe.check()
-            except Exception as err:
-                self.running.pop(name)
-                self._failed(name, "failed to save its samples", err)
-        self.running = {}
-        return self.status
 
 
 def _measure_handoff() -> float | None:

@@ -33,16 +33,20 @@ from typing import Any, TypeVar
 
 from doctor.errors import UsageError
 from doctor.record import session as session_mod
-from doctor.verdict import ProbeStatus
+from doctor.record.window import DEFAULT_WINDOW, Window, parse_window
+from doctor.sampler import ParentSampler
 
 F = TypeVar("F", bound=Callable[..., Any])
 TICK_S = 0.5  # the GPU at 2 Hz, as doctor run samples it
-HOST_EVERY = 2  # the host every other tick (1 Hz)
+EVERY = {"host": 2}  # the host every other tick (1 Hz): it is sampled in the job's own process
+SAMPLED = ("host", "gpu")  # the stacks: the in-process sampler (doctor.probes.stacks)
+STUCK = "its sampler did not stop in time; its samples were left out"
 
 
 class watch:  # lower case: used as a decorator, named like one
     def __init__(self, func: Callable[..., Any] | None = None, *,
-                 out: str | os.PathLike[str] | None = None, window: str = "8,5",
+                 out: str | os.PathLike[str] | None = None,
+                 window: Window | str = DEFAULT_WINDOW,
                  report: bool = True, force: bool = False) -> None:
         if func is not None and not callable(func):
             raise TypeError(
@@ -101,72 +105,58 @@ class watch:  # lower case: used as a decorator, named like one
 
 
 class _WatchRun:
-    """The pieces of one watched run: session, the host and GPU samplers (one thread beside
-    the job's, as doctor run's parent would sample them), run record."""
+    """The pieces of one watched run: session, the host and GPU samplers (doctor.sampler, in one
+    thread beside the job's, as doctor run's parent would sample them), run record."""
 
-    def __init__(self, run_dir: Path, probes: Any, samplers: dict[str, Any], started: float,
+    def __init__(self, run_dir: Path, probes: Any, sampler: ParentSampler, started: float,
                  t0: float) -> None:
         self.run_dir = run_dir
         self.probes = probes
-        self.samplers = samplers
+        self.sampler = sampler
         self.started = started
         self.t0 = t0
         self._stop = threading.Event()
-        self.failed: dict[str, ProbeStatus] = {}
         self.sampler_cpu_s: float | None = None
         self._thread = threading.Thread(target=self._sample, name="doctor-samplers",
                                         daemon=True)
 
     @classmethod
-    def start(cls, out: Path | None, name: str, window: str, force: bool = False
+    def start(cls, out: Path | None, name: str, window: Window | str, force: bool = False
               ) -> _WatchRun:
-        from doctor.bootstrap import parse_window, start_session
+        from doctor.bootstrap import start_session
         from doctor.job_record import run_record
         from doctor.launch import QUIET_KINETO
-        from doctor.probes.gpu import GpuSampler
-        from doctor.probes.host import HostSampler
+        from doctor.probes import PARENT, ParentContext, probes_of
         from doctor.probes.stacks import request_in_process_stacks
         from doctor.store.rundir import new_run_dir, write_run_record
 
+        # a window it does not take is refused in one line, before the run directory is made
+        window = (parse_window(window, option="doctor.watch's window")
+                  if isinstance(window, str) else Window(*window))
         run_dir = new_run_dir(out, name, force=force, option="force=True")
         os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
         request_in_process_stacks(run_dir, "doctor.watch samples its own process")
         started, t0 = time.time(), time.monotonic()
         write_run_record(run_dir, run_record(list(sys.argv), name, started, t0,
                                              exit_code=None, mode="watch"))
-        start, steps = parse_window(window)
-        probes = start_session(run_dir, window_start=start, window_steps=steps)
-        samplers: dict[str, Any] = {
-            "host": HostSampler(os.getpid(), run_dir=run_dir, t0=t0),
-            "gpu": GpuSampler(run_dir=run_dir, t0=t0)}
-        run = cls(run_dir, probes, samplers, started, t0)
-        for sampler in samplers.values():
-            if sampler.check().ok:
-                sampler.start()
-        if any(sampler.check().ok for sampler in samplers.values()):
+        probes = start_session(run_dir, window=window)
+        sampler = ParentSampler(
+            ParentContext(run_dir, os.getpid(), time.monotonic, t0),
+            [spec for spec in probes_of(PARENT) if spec.name in SAMPLED],
+            interval_s=TICK_S, every=EVERY)
+        run = cls(run_dir, probes, sampler, started, t0)
+        if sampler.running:
             run._thread.start()
         return run
 
     def _sample(self) -> None:
-        running = {name: s for name, s in self.samplers.items() if s.check().ok}
-        tick = 0
-        while running and not self._stop.wait(TICK_S):
-            tick += 1
-            for name, sampler in list(running.items()):
-                if name == "host" and tick % HOST_EVERY:
-                    continue
-                try:
-                    sampler.sample()
-                except Exception as err:  # a probe must never disturb the job
-                    self.failed[name] = ProbeStatus(
-                        False, f"failed while sampling: {type(err).__name__}: {err}",
-                        "the job was not affected")
-                    del running[name]
+        self.sampler.run(lambda seconds: self._stop.wait(seconds) or not self.sampler.running)
         self.sampler_cpu_s = time.thread_time()  # this thread's CPU, for the run record
 
     def finish(self, *, failed: bool, report: bool, interrupted: bool) -> None:
-        from doctor.job_record import run_record
+        from doctor.job_record import RunEnd, run_record
         from doctor.store.rundir import report_path, write_run_record
+        from doctor.verdict import ProbeStatus
 
         self._stop.set()
         if self._thread.is_alive():
@@ -174,28 +164,14 @@ class _WatchRun:
         stuck = self._thread.is_alive()  # inside a call that hangs (an NVML call on a bad GPU)
         self.probes.close()
         try:
-            probes: dict[str, Any] = {}
-            for name, sampler in self.samplers.items():
-                if stuck and sampler.check().ok:  # stopping would free what it is using
-                    self.failed.setdefault(name, ProbeStatus(
-                        False, "its sampler did not stop in time; its samples were left out",
-                        "the job was not affected"))
-                try:
-                    if sampler.check().ok and not stuck:
-                        sampler.stop()  # hands its samples to the store
-                except Exception as err:
-                    self.failed.setdefault(name, ProbeStatus(
-                        False, f"failed to save its samples: {type(err).__name__}: {err}"))
-                probes[name] = (self.failed.get(name) or sampler.check()).to_dict()
-            probes["stacks"] = {"ok": True, "reason": "in-process sampler (doctor.watch)"}
-            exit_code = 130 if interrupted else 1 if failed else 0
-            record = run_record(
-                list(sys.argv), self.run_dir.name, self.started, self.t0,
-                exit_code=exit_code, duration_s=time.monotonic() - self.t0, probes=probes,
-                mode="watch")
-            if self.sampler_cpu_s is not None:
-                record["sampler_cpu_s"] = self.sampler_cpu_s
-            write_run_record(self.run_dir, record)
+            status = (self.sampler.abandon(STUCK) if stuck  # stopping would free what it uses
+                      else self.sampler.stop())  # each hands its samples to the store
+            probes = {**status, "stacks": ProbeStatus(True, "in-process sampler (doctor.watch)")}
+            end = RunEnd(130 if interrupted else 1 if failed else 0,
+                         time.monotonic() - self.t0, probes, watch=True,
+                         sampler_cpu_s=self.sampler_cpu_s)
+            write_run_record(self.run_dir, run_record(list(sys.argv), self.run_dir.name,
+                                                      self.started, self.t0, **end.to_dict()))
             if report:
                 from doctor.outputs import finalize_run
                 from doctor.reports.text import headline

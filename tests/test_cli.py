@@ -118,8 +118,13 @@ def test_signals_reach_the_job(tmp_path: Path, sig: int) -> None:
     (["run", "no-such-command-xyz"], "command not found"),
     (["run"], "no command given"),
     (["run", "--window", "soon", "x.py"], "--window takes START,STEPS"),
+    (["run", "--window", "0,5", "x.py"], "--window takes START,STEPS"),
+    (["run", "--window", "8,5,1", "x.py"], "--window takes START,STEPS"),
     (["report", "no-such-dir"], "no such run directory or trace"),
     (["report", "README.md"], "is not a trace"),
+    (["compare", "no-such-dir", "README.md"], "no such run directory: no-such-dir"),
+    (["compare", ".", "README.md"], "no such run directory: README.md"),
+    (["export", "README.md"], "no such run directory: README.md"),
     (["report", "--steps", "9:3", "."], "--steps takes FIRST:LAST"),
     (["report", "--steps", "all", "."], "--steps takes FIRST:LAST"),
 ])
@@ -207,6 +212,17 @@ def test_the_bootstrap_never_imports_torch_itself(tmp_path: Path) -> None:
     job = script(tmp_path, "import sys\nprint('torch' in sys.modules)\n")
     run = doctor_cmd("run", "--out", str(tmp_path / "run"), str(job))
     assert run.stdout == "False\n"
+
+
+def test_an_inherited_window_doctor_does_not_take_is_refused_before_the_job_runs(
+        tmp_path: Path) -> None:
+    job = script(tmp_path, "print('ran')\n")
+    run = doctor_cmd("run", "--out", str(tmp_path / "run"), str(job), cwd=tmp_path,
+                     env={"DOCTOR_WINDOW": "soon"})
+    assert run.returncode == 2 and "ran" not in run.stdout
+    lines = run.stderr.strip().splitlines()
+    assert lines == ["doctor: DOCTOR_WINDOW takes START,STEPS (e.g. 8,5) or off, not 'soon'"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_broken_doctor_in_the_job_does_not_stop_it(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from doctor.launch import ParentProbes
 from doctor.probes import JOB, PARENT, REGISTRY, ParentContext, probes_of
 from doctor.probes.stacks import find_py_spy
 from doctor.record.session import Session
+from doctor.sampler import ParentSampler
 from doctor.verdict import ProbeStatus
 from tests.loops import FakeClock
 
@@ -76,7 +76,7 @@ class FakeSpec:
 def test_a_probe_that_raises_is_stopped_and_marked_unavailable_and_the_rest_go_on() -> None:
     good, flaky = FakeProbe("good"), FakeProbe("flaky", fail_in="sample")
     late = FakeProbe("late", fail_in="start")
-    probes = ParentProbes(None, [FakeSpec("good", good), FakeSpec("flaky", flaky),
+    probes = ParentSampler(None, [FakeSpec("good", good), FakeSpec("flaky", flaky),
                                  FakeSpec("late", late), FakeSpec("missing", None)])
     for _ in range(3):
         probes.sample()

@@ -47,3 +47,28 @@ def test_watch_says_why_it_has_no_gpu(tmp_path: Path, monkeypatch: pytest.Monkey
     record = json.loads((w.run_dir / "run.json").read_text())
     assert record["probes"]["gpu"]["reason"] == "NVML found no GPU"
     assert not (w.run_dir / "gpu.npz").exists()
+
+
+def test_a_window_watch_does_not_take_is_one_line_and_the_job_runs_unrecorded(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ran = []
+    with doctor.watch(out=tmp_path / "run", window="soon", report=False) as w:
+        ran.append(True)
+    assert ran and w.run_dir is None and not (tmp_path / "run").exists()
+    assert capsys.readouterr().err == (
+        "doctor: doctor.watch's window takes START,STEPS (e.g. 8,5) or off, not 'soon'; "
+        "the job runs without doctor.watch\n")
+
+
+def test_watch_leaves_off_the_probes_the_bench_knob_names(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # its samplers are created from the registry, as doctor run's parent creates them
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(pids=(os.getpid(),))]))
+    monkeypatch.setenv("DOCTOR_PROBES_OFF", "host")
+    with doctor.watch(out=tmp_path / "run", window="off", report=False) as w:
+        doctor.step()
+    assert w.run_dir is not None
+    record = json.loads((w.run_dir / "run.json").read_text())
+    assert record["probes"]["host"]["reason"] == "turned off by DOCTOR_PROBES_OFF"
+    assert record["probes"]["gpu"] == {"ok": True}
+    assert not (w.run_dir / "host.npz").exists()

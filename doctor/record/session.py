@@ -57,6 +57,7 @@ from ..verdict import ProbeStatus
 from .guard import degraded
 from .process_facts import cuda_device, env_int, torch_facts
 from .tracer import allow_parent_tracer
+from .window import DEFAULT_WINDOW
 
 # Events between probes (``on``/``emit``).
 WINDOW_START, WINDOW_END, CLOSE = "window_start", "window_end", "close"
@@ -123,8 +124,8 @@ class Session:
         rank: int | None = None,
         role: str = "main",
         clock: Clock = time.perf_counter_ns,
-        window_start: int = 8,
-        window_steps: int = 5,
+        window_start: int = DEFAULT_WINDOW.start,
+        window_steps: int = DEFAULT_WINDOW.steps,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank

@@ -28,6 +28,7 @@ from doctor.launch import Launch, run_job
 from doctor.pipeline import analyze_run
 from doctor.record.overrides import ENV_APPLY
 from doctor.record.stop import ENV_STOP_AFTER
+from doctor.record.window import OFF
 from doctor.reports.escape import escaped
 from doctor.reports.json import render_json
 from doctor.store import layout
@@ -140,7 +141,7 @@ def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, st
     cpu_before = _cpu_ticks()
     started = time.monotonic()
     with open_new(stdout_path) as so, open_new(stderr_path) as se:
-        result = run_job(JobCommand(job.argv, job.name), out, window="off",
+        result = run_job(JobCommand(job.argv, job.name), out, window=OFF,
                          launch=Launch(env=env, cwd=job.cwd, stdout=so, stderr=se,
                                        timeout_s=timeout_s, measure_handoff=False))
     duration = time.monotonic() - started

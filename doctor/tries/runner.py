@@ -86,7 +86,7 @@ def prepare(run_dir: Path, fixes: tuple[str, ...] = (), sets: tuple[str, ...] = 
 
 def plan_lines(p: Prepared) -> list[str]:
     """What will run, said before it runs: the command and its folder as a shell would need them
-    typed, every character that is not printable escaped (doctor.tries.escape), so that what a
+    typed, every character that is not printable escaped (doctor.reports.escape), so that what a
     received run.json holds cannot draw over the command on the terminal."""
     command = shell_command(redact_argv(p.job.argv))
     lines = [f"doctor try: re-running `{command}` in {shell_word(p.job.cwd)}",
@@ -135,6 +135,25 @@ def execute(p: Prepared, echo: Callable[[str], None]) -> dict[str, Any]:
     record = _record(p, try_dir, attempts, started)
     write_try(try_dir, record)
     return record
+
+
+def run_try(p: Prepared, echo: Callable[[str], None]) -> str:
+    """Run the plan (``execute``), write the try's report.html, and update the run's own
+    verdict and report with what was measured (a failure there is said through ``echo``, and
+    costs only that update); the summary to print."""
+    from doctor.outputs import finalize_run
+    from doctor.reports.tries import render_try_html, render_try_text
+    from doctor.store import layout
+    from doctor.store.safe_files import write_text_atomic
+
+    record = execute(p, echo)
+    try_dir = Path(record["dir"])
+    write_text_atomic(try_dir / layout.REPORT, render_try_html(record))
+    try:
+        finalize_run(p.run_dir)  # the run's own verdict and report now say what was measured
+    except Exception as err:
+        echo(f"doctor: could not update the run's report: {type(err).__name__}: {err}")
+    return render_try_text(record, report=str(try_dir / layout.REPORT))
 
 
 def _label(p: Prepared, arm: str) -> str:
