@@ -235,7 +235,7 @@ def test_a_broken_doctor_in_the_job_does_not_stop_it(tmp_path: Path) -> None:
     (broken / "record" / "_bootstrap").mkdir(parents=True)
     shutil.copy(BOOTSTRAP_DIR / "sitecustomize.py", broken / "record" / "_bootstrap")
     (broken / "record" / "__init__.py").write_text("")
-    (broken / "record" / "bootstrap.py").write_text("raise ImportError('broken')\n")
+    (broken / "bootstrap.py").write_text("raise ImportError('broken')\n")
     job = script(tmp_path, "print('ran')\n")
     child_env = job_environment(tmp_path / "run", None)
     child_env["PYTHONPATH"] = str(broken / "record" / "_bootstrap")
