@@ -17,8 +17,8 @@ from doctor.errors import DoctorError, UsageError
 from doctor.version import __version__
 
 if TYPE_CHECKING:
+    from doctor.analyse.analysis import Analysis
     from doctor.launch import JobResult
-    from doctor.verdict import Analysis
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from doctor.analyse import facts
+from doctor.analyse.analysis import Analysis
 from doctor.analyse.comms import comms_table, critical
 from doctor.analyse.evidence import build_evidence
 from doctor.analyse.failures import failure_finding, failure_notes
@@ -44,7 +45,7 @@ from doctor.rules import RuleOutcome, default_rules, run_rules
 from doctor.store.reader import load_run
 from doctor.store.rundata import TRACE, RunData
 from doctor.store.traces import load_traces
-from doctor.verdict import Analysis, Finding, Verdict
+from doctor.verdict import Finding, Verdict
 
 
 def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) -> Analysis:

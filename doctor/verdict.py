@@ -9,15 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .categories import BOTTLENECKS, CATEGORIES, UNSPLIT_INPUT
 from .errors import VerdictSchemaError
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-__all__ = ["BOTTLENECKS", "CATEGORIES", "SCHEMA", "SEVERITIES", "Analysis", "Finding", "Fix",
+__all__ = ["BOTTLENECKS", "CATEGORIES", "SCHEMA", "SEVERITIES", "Finding", "Fix",
            "ProbeStatus", "Verdict", "VerdictSchemaError", "check_verdict", "fix_id"]
 
 SCHEMA = "doctor.verdict/1"
@@ -204,17 +201,3 @@ def _plain(value: Any) -> Any:
 LEDGER_COLUMNS: tuple[str, ...] = (
     "rank", "step", "start_s", "wall_s", *CATEGORIES, "warmup", "analyzed",
 )
-
-
-@dataclass
-class Analysis:
-    """What the reports format: the verdict, the ledger behind it, and where it came from.
-
-    ``ledger`` has LEDGER_COLUMNS (seconds; ``start_s`` from the run's start; ``warmup`` and
-    ``analyzed`` are booleans) and may be empty. ``source`` is the run directory or the traces.
-    """
-
-    verdict: Verdict
-    ledger: pd.DataFrame
-    source: str
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)

@@ -20,6 +20,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
+from doctor.analyse.analysis import Analysis
 from doctor.reports import charts, memory_charts, roofline_chart
 from doctor.reports.json import verdict_data
 from doctor.reports.text import (
@@ -32,7 +33,7 @@ from doctor.reports.text import (
     steps_line,
 )
 from doctor.reports.verified import verified_line
-from doctor.verdict import SCHEMA, Analysis, Finding, fix_id
+from doctor.verdict import SCHEMA, Finding, fix_id
 
 #: Rows of a table shown in full; longer tables are cut and say how many rows were left out.
 MAX_TABLE_ROWS = 200

@@ -6,8 +6,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from doctor.analyse.analysis import Analysis
 from doctor.store.redact import redact_argv
-from doctor.verdict import Analysis, Verdict
+from doctor.verdict import Verdict
 
 
 def render_json(analysis: Analysis) -> str:

@@ -15,11 +15,12 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from doctor.analyse.analysis import Analysis
 from doctor.reports.escape import escaped, shell_command, shell_word
 from doctor.reports.verified import verified_line
 from doctor.store.redact import redact_argv, redact_value
 from doctor.units import human_bytes
-from doctor.verdict import Analysis, Finding, Verdict, fix_id
+from doctor.verdict import Finding, Verdict, fix_id
 
 #: The bottleneck in words, for headlines.
 BOTTLENECK_WORDS: dict[str, str] = {

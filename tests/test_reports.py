@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from markupsafe import escape
 
+from doctor.analyse.analysis import Analysis
 from doctor.reports import charts
 from doctor.reports.html import environment, render_html
 from doctor.reports.json import render_json
@@ -17,7 +18,6 @@ from doctor.reports.text import render_text
 from doctor.verdict import (
     CATEGORIES,
     LEDGER_COLUMNS,
-    Analysis,
     Finding,
     Fix,
     ProbeStatus,

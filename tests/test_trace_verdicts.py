@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from doctor.analyse.analysis import Analysis
 from doctor.analyse.verdict import choose_bottleneck
 from doctor.pipeline import analyze_traces
 from doctor.trace.reader import TraceError
-from doctor.verdict import CATEGORIES, LEDGER_COLUMNS, Analysis, check_verdict
+from doctor.verdict import CATEGORIES, LEDGER_COLUMNS, check_verdict
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from doctor.analyse.analysis import Analysis
 from doctor.categories import CATEGORIES
-from doctor.verdict import Analysis
 
 #: Job facts worth putting side by side when they differ.
 SETTINGS = ("device", "ranks", "cores", "torch_threads", "num_workers", "pin_memory",
