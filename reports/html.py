@@ -54,8 +54,6 @@ TABLE_TITLES: dict[str, str] = {
                     "communication and step (the measured step changed by that alone), and the "
                     "step at more ranks for the same global batch",
 }
-#: Keys of the verdict's extra that the report shows as tables or sections of their own.
-EXTRA_AS_TABLES = ("gpus", "memory", "ops", "communication", "comm_model")
 #: Tables drawn as charts only.
 TABLES_AS_CHARTS = ("memory_over_run",)
 
@@ -135,35 +133,34 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         ],
         "job": job_items(verdict.job),
         "notes": list(verdict.notes),
-        "extra": [(str(k), format_value(str(k), v)) for k, v in verdict.extra.items()
-                  if k not in EXTRA_AS_TABLES],
-        "tables": [_table(name, frame) for name, frame in analysis.tables.items()
-                   if frame is not None and name not in TABLES_AS_CHARTS],
+        "extra": [("bottleneck_share", format_value("bottleneck_share", verdict.bottleneck_share)),
+                  ("rules_skipped", format_value("rules_skipped", verdict.rules_skipped))],
+        "tables": [_table(name, frame) for name, frame in analysis.tables.present()
+                   if name not in TABLES_AS_CHARTS],
         "memory": _memory(analysis),
         "ops": _ops(analysis),
         "source": analysis.source,
-        "verdict_data": verdict_data(verdict),
+        "verdict_data": verdict_data(analysis),
     }
 
 
 def _memory(analysis: Analysis) -> dict[str, Any] | None:
     """The memory section: its two charts and a caption of where the numbers come from."""
-    table = analysis.tables.get("memory")
-    ranks = (analysis.verdict.extra.get("memory") or {}).get("ranks") or []
-    if table is None or not ranks:
+    table = analysis.tables.memory
+    memory = analysis.sections.memory
+    if table is None or memory is None or not memory.ranks:
         return None
     bar = memory_charts.breakdown_chart(table)
-    over = memory_charts.over_run_chart(analysis.tables.get("memory_over_run"))
-    first = ranks[0]
-    sources = [f"activations: {first['activations_source']}"] if first.get(
-        "activations_source") else []
-    if first.get("derived"):
-        sources.append(f"derived, not measured: {', '.join(first['derived'])}")
-    if first.get("peak_source"):
-        sources.append(f"peak: {first['peak_source']}")
-    if first.get("capacity_bytes"):
-        sources.append(f"capacity: {format_value('bytes', first['capacity_bytes'])}, "
-                       f"{first['capacity_source']}"
+    over = memory_charts.over_run_chart(analysis.tables.memory_over_run)
+    first = next(iter(memory.ranks.values()))
+    sources = [f"activations: {first.activations_source}"] if first.activations_source else []
+    if first.derived:
+        sources.append(f"derived, not measured: {', '.join(first.derived)}")
+    if first.peak_source:
+        sources.append(f"peak: {first.peak_source}")
+    if first.capacity_bytes:
+        sources.append(f"capacity: {format_value('bytes', first.capacity_bytes)}, "
+                       f"{first.capacity_source}"
                        + ("" if memory_charts.shows_capacity(table) else
                           " (not drawn: the peak is a small part of it)"))
     return {"bar_svg": Markup(bar) if bar else None, "over_svg": Markup(over) if over else None,
@@ -172,21 +169,20 @@ def _memory(analysis: Analysis) -> dict[str, Any] | None:
 
 def _ops(analysis: Analysis) -> dict[str, Any] | None:
     """The ops section: the roofline chart of the lowest rank, and what its roofs are."""
-    ranks = analysis.verdict.extra.get("ops") or []
-    if not ranks:
+    first = analysis.sections.first_ops()
+    if first is None:
         return None
-    first = ranks[0]
-    svg = roofline_chart.roofline_chart(analysis.tables.get("ops"), first.get("roofs"))
+    svg = roofline_chart.roofline_chart(analysis.tables.ops, first.roofs)
     words = []
-    if first.get("roofs"):
-        words.append(f"roofs: {first['roofs']['source']}")
-        if first["roofs"].get("cross_check"):
-            words.append(first["roofs"]["cross_check"])
-    if first.get("mfu") is not None:
-        words.append(f"model FLOP utilisation {format_value('share', first['mfu'])} "
-                     f"({first['mfu_dtype']})")
-    if first.get("note"):
-        words.append(first["note"])
+    if first.roofs is not None:
+        words.append(f"roofs: {first.roofs.source}")
+        if cross_check := first.roofs.cross_check():
+            words.append(cross_check)
+    if first.mfu is not None:
+        words.append(f"model FLOP utilisation {format_value('share', first.mfu)} "
+                     f"({first.mfu_dtype})")
+    if first.note:
+        words.append(first.note)
     return {"svg": Markup(svg) if svg else None, "words": words}
 
 

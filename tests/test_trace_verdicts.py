@@ -144,7 +144,8 @@ def test_edge_traces_do_not_crash(name: str) -> None:
 @needs_traces
 def test_rocm_gpu_work_is_recognised() -> None:
     a = analyse("edge/rocm_mi250_toy.json.gz")
-    frame = a.tables["gpu_steps"]
+    frame = a.tables.gpu_steps
+    assert frame is not None
     assert a.verdict.job["device"] == "cuda"
     assert frame["kernel_count"].sum() == 14
     assert frame["launch_count"].sum() == 14

@@ -34,7 +34,7 @@ def compare(a: Analysis, b: Analysis) -> dict[str, Any]:
 def _side(analysis: Analysis) -> dict[str, Any]:
     v = analysis.verdict
     job = dict(v.job)
-    loaders = analysis.tables.get("loaders")
+    loaders = analysis.tables.loaders
     if loaders is not None and not loaders.empty:
         first = loaders.iloc[0]
         for key in ("num_workers", "pin_memory", "batch_size"):
