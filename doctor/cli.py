@@ -295,15 +295,13 @@ def _allowed_to_run(yes: bool) -> None:
               help="Write here (default: stdout).")
 def compare(run_a: Path, run_b: Path, fmt: str, output: Path | None) -> None:
     """Two runs side by side: step time, speedup (B against A) and shares."""
-    import json
-
     from doctor.analyse.compare import compare as compare_runs
     from doctor.pipeline import analyze_run
-    from doctor.reports.tries import render_compare_html, render_compare_text
+    from doctor.reports.tries import render_compare_html, render_compare_json, render_compare_text
 
     comparison = compare_runs(analyze_run(run_a), analyze_run(run_b))
     text = (render_compare_text(comparison) if fmt == "text" else
-            json.dumps(comparison, indent=2, default=str) + "\n" if fmt == "json" else
+            render_compare_json(comparison) if fmt == "json" else
             render_compare_html(comparison))
     _emit(text, output)
 

@@ -4,9 +4,11 @@ format; the numbers were measured (doctor.tries) or compared (doctor.analyse.com
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from doctor.analyse.compare import Comparison
 from doctor.reports.text import CATEGORY_WORDS
 from doctor.reports.verified import OUTCOME_WORDS, UNMEASURED, millis, times
 
@@ -73,23 +75,28 @@ def render_try_html(record: Mapping[str, Any]) -> str:
         kind="try", record=record, rows=try_rows(record))
 
 
-def render_compare_text(comparison: Mapping[str, Any]) -> str:
-    a, b = comparison["a"], comparison["b"]
-    lines = [f"A: {a['source']}", f"B: {b['source']}",
-             f"  median step   A {millis(a['median_step_s'])}   B {millis(b['median_step_s'])}   "
-             f"B is {times(comparison['speedup'])} the speed of A",
-             f"  bottleneck    A {a['bottleneck']}   B {b['bottleneck']}",
+def render_compare_json(comparison: Comparison) -> str:
+    """What ``doctor compare --format json`` prints: the comparison's dict (Comparison.to_dict)."""
+    return json.dumps(comparison.to_dict(), indent=2, default=str) + "\n"
+
+
+def render_compare_text(comparison: Comparison) -> str:
+    a, b = comparison.a, comparison.b
+    lines = [f"A: {a.source}", f"B: {b.source}",
+             f"  median step   A {millis(a.median_step_s)}   B {millis(b.median_step_s)}   "
+             f"B is {times(comparison.speedup)} the speed of A",
+             f"  bottleneck    A {a.bottleneck}   B {b.bottleneck}",
              "  shares        A       B       B-A"]
-    for cat, row in comparison["shares"].items():
-        lines.append(f"    {cat:<13} {row['a']:>5.0%}   {row['b']:>5.0%}   {row['delta']:>+5.0%}")
-    for key, (va, vb) in comparison.get("settings", {}).items():
+    for cat, row in comparison.shares.items():
+        lines.append(f"    {cat:<13} {row.a:>5.0%}   {row.b:>5.0%}   {row.delta:>+5.0%}")
+    for key, (va, vb) in comparison.settings.items():
         lines.append(f"  {key}: A {va}, B {vb}")
     return "\n".join(lines) + "\n"
 
 
-def render_compare_html(comparison: Mapping[str, Any]) -> str:
+def render_compare_html(comparison: Comparison) -> str:
     from doctor.reports.html import environment  # jinja2: only for the HTML
 
     return environment().get_template("try.html.j2").render(
-        kind="compare", comparison=comparison, words=CATEGORY_WORDS,
-        fmt={"ms": millis, "x": times})
+        kind="compare", comparison=comparison, comparison_data=comparison.to_dict(),
+        words=CATEGORY_WORDS, fmt={"ms": millis, "x": times})
