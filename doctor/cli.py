@@ -263,7 +263,7 @@ def try_(run_dir: Path | None, fixes: tuple[str, ...], sets: tuple[str, ...], st
         return
     _allowed_to_run(yes)
     record = execute(prepared, lambda line: click.echo(line, err=True))
-    try_dir = Path(record["dir"])
+    try_dir = Path(record.dir)
     write_text_atomic(try_dir / layout.REPORT, render_try_html(record))
     try:
         finalize_run(run_dir)  # the run's own verdict and report now say what was measured
