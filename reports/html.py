@@ -122,8 +122,8 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         "shares": _shares(verdict.shares, verdict.bottleneck),
         "shares_svg": Markup(shares_svg) if shares_svg else None,
         "steps_svg": Markup(steps_svg) if steps_svg else None,
-        "multi_rank": _rank_count(analysis.ledger) > 1,
-        "has_warmup": _has_warmup(analysis.ledger),
+        "multi_rank": analysis.rank_count() > 1,
+        "has_warmup": analysis.has_warmup(),
         "marks": charts.step_marks(analysis.ledger),
         "decimated": charts.is_decimated(analysis.ledger),
         "findings": [_finding(f) for f in verdict.findings],
@@ -225,15 +225,3 @@ def _table(name: str, frame: pd.DataFrame) -> TableView:
             for row in shown.itertuples(index=False, name=None)]
     title = TABLE_TITLES.get(name, name.replace("_", " ").capitalize())
     return TableView(name, title, columns, numeric, rows, max(len(frame) - len(shown), 0))
-
-
-def _rank_count(ledger: pd.DataFrame) -> int:
-    if ledger is None or ledger.empty or "rank" not in ledger:
-        return 0
-    return int(ledger["rank"].nunique())
-
-
-def _has_warmup(ledger: pd.DataFrame) -> bool:
-    if ledger is None or ledger.empty or "warmup" not in ledger:
-        return False
-    return bool(ledger["warmup"].fillna(False).astype(bool).any())

@@ -70,3 +70,17 @@ class Analysis:
     source: str
     tables: Tables = field(default_factory=Tables)
     sections: Sections = field(default_factory=Sections)
+
+    def rank_count(self) -> int:
+        """The ranks in the ledger (0: no ledger)."""
+        ledger = self.ledger
+        if ledger is None or ledger.empty or "rank" not in ledger:
+            return 0
+        return int(ledger["rank"].nunique())
+
+    def has_warmup(self) -> bool:
+        """Whether any step of the ledger is warm-up."""
+        ledger = self.ledger
+        if ledger is None or ledger.empty or "warmup" not in ledger:
+            return False
+        return bool(ledger["warmup"].fillna(False).astype(bool).any())
