@@ -63,6 +63,7 @@ from typing import Any
 import pandas as pd
 
 from doctor.pipeline import analyze_run
+from doctor.reports.json import verdict_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_JOBS = ROOT / "sample_jobs"
@@ -233,7 +234,7 @@ def run_doctor(cmd: list[str], switch_step: int, timeout: float) -> SameRun:
     if before is None or after is None:  # no steps after the switch in the ledger
         before, after = _seconds(line, "median_step_s"), _seconds(line, "switched_median_step_s")
         source = "job"
-    return SameRun(analysis.verdict.to_dict(), before, after, source, train_before or None,
+    return SameRun(verdict_data(analysis), before, after, source, train_before or None,
                    train_after or None, _seconds(line, "median_step_s"))
 
 

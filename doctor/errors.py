@@ -47,6 +47,11 @@ class VerdictSchemaError(DoctorError, ValueError):
     """A verdict.json that does not follow doctor.verdict/1."""
 
 
+class RecordSchemaError(DoctorError, ValueError):
+    """A record doctor wrote (a process's meta.json, a try's try.json, a comparison) that does
+    not have the shape its reader needs."""
+
+
 class WindowUnavailable(DoctorError):
     """The profiler window's trace could not be read or has no usable step (it costs the split
     of the step's time, not the verdict)."""

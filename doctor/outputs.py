@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from doctor.analyse.analysis import Analysis
 from doctor.analyse.timeline import run_timeline
 from doctor.errors import UsageError
 from doctor.nodes import Node
@@ -28,7 +29,6 @@ from doctor.store.rundir import (
     write_nodes_record,
     write_outputs,
 )
-from doctor.verdict import Analysis
 
 DISK_WARN_BYTES = 100 * 2**20
 

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
 
 from doctor.analyse import facts
+from doctor.analyse.analysis import Analysis, Sections, Tables
 from doctor.analyse.bottleneck import Summary, no_steps_finding, summarise
 from doctor.analyse.comms import comms_table, critical
 from doctor.analyse.evidence import build_evidence
@@ -44,7 +42,7 @@ from doctor.rules import RuleOutcome, default_rules, run_rules
 from doctor.store.reader import load_run
 from doctor.store.rundata import TRACE, RunData
 from doctor.store.traces import load_traces
-from doctor.verdict import Analysis, Finding, Verdict
+from doctor.verdict import Finding, Verdict
 
 
 def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) -> Analysis:
@@ -62,10 +60,13 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
         findings=findings, probes=facts.probe_table(run, stages.ranks, stages.window_problems),
         job=facts.job_dict(run, stages.job), partial=partial,
         notes=notes + _notes(run, stages, outcome, summary, stalls, run_s),
-        extra=_extra(stages, outcome, summary),
+        bottleneck_share=summary.bottleneck_share, rules_skipped=outcome.skipped,
     )
+    s = stages
     return Analysis(verdict=verdict, ledger=stages.ledger, source=run.record.source,
-                    tables=_tables(run, stages))
+                    tables=_tables(run, stages),
+                    sections=Sections(counters=s.counters, memory=s.memory, ops=s.ops,
+                                      comms=s.comms, models=s.models))
 
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
@@ -102,27 +103,16 @@ def _notes(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
             *choice_notes(run), *drift_notes(s.drifts, s.job.device)]
 
 
-def _extra(stages: Stages, outcome: RuleOutcome, summary: Summary) -> dict[str, Any]:
-    """The verdict's figures beside its shares: the bottleneck's share, the rules skipped, and
-    each stage's record as verdict.json holds it."""
+def _tables(run: RunData, stages: Stages) -> Tables:
+    """The report's tables (each table-making function gives its own by name)."""
     s = stages
-    return {"bottleneck_share": summary.bottleneck_share, "rules_skipped": outcome.skipped,
-            **({"gpus": [g.to_dict() for g in s.counters.gpus]} if s.counters else {}),
-            **({"memory": s.memory.to_dict()} if s.memory else {}),
-            **({"ops": [o.to_dict() for o in s.ops.values()]} if s.ops else {}),
-            **({"communication": [c.to_dict() for c in s.comms.values()]} if s.comms else {}),
-            **({"comm_model": [m.to_dict() for m in s.models.values()]} if s.models else {})}
-
-
-def _tables(run: RunData, stages: Stages) -> dict[str, pd.DataFrame]:
-    """The report's tables, by name."""
-    s = stages
-    return {**report_tables(s.ledger, s.window, s.loaders, run.host, run.processes, s.splits,
-                            s.outside),
-            **gpu_tables(s.counters), **memory_tables(s.memory),
-            **({"ops": next(iter(s.ops.values())).top()} if s.ops else {}),
-            **comms_table(s.comms),
-            **({"comm_what_if": m.table()} if (m := critical(s.models)) is not None else {})}
+    return Tables(**report_tables(s.ledger, s.window, s.loaders, run.host, run.processes,
+                                  s.splits, s.outside),
+                  **gpu_tables(s.counters), **memory_tables(s.memory),
+                  **({"ops": next(iter(s.ops.values())).top()} if s.ops else {}),
+                  **comms_table(s.comms),
+                  **({"comm_what_if": m.table()} if (m := critical(s.models)) is not None
+                     else {}))
 
 
 def analyze_run(run_dirs: Path | Sequence[Path],

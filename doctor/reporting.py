@@ -5,12 +5,11 @@ the text where it goes.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from doctor.analyse.analysis import Analysis
 from doctor.sources import Sources, report_sources, run_dir_argument
-from doctor.verdict import Analysis
 
 Steps = tuple[int | None, int | None]
 
@@ -39,14 +38,14 @@ def compare(run_a: Path, run_b: Path, fmt: str) -> str:
     """Two runs side by side (B against A) as ``fmt`` (text, json or html)."""
     from doctor.analyse.compare import compare as compare_runs
     from doctor.pipeline import analyze_run
-    from doctor.reports.tries import render_compare_html, render_compare_text
+    from doctor.reports.tries import render_compare_html, render_compare_json, render_compare_text
 
     run_a, run_b = run_dir_argument(run_a), run_dir_argument(run_b)
     comparison = compare_runs(analyze_run(run_a), analyze_run(run_b))
     if fmt == "text":
         return render_compare_text(comparison)
     if fmt == "json":
-        return json.dumps(comparison, indent=2, default=str) + "\n"
+        return render_compare_json(comparison)
     return render_compare_html(comparison)
 
 

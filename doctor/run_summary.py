@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
+    from doctor.analyse.analysis import Analysis
     from doctor.nodes import Node
-    from doctor.verdict import Analysis
 
 
 def summarise(run_dir: Path) -> None:

@@ -9,16 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .categories import BOTTLENECKS, CATEGORIES, UNSPLIT_INPUT
 from .errors import VerdictSchemaError
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-__all__ = ["BOTTLENECKS", "CATEGORIES", "SCHEMA", "SEVERITIES", "Analysis", "Finding", "Fix",
-           "ProbeStatus", "Verdict", "VerdictSchemaError", "check_verdict", "fix_id"]
+__all__ = ["BOTTLENECKS", "CATEGORIES", "SCHEMA", "SEVERITIES", "Finding", "Fix",
+           "ProbeStatus", "Verdict", "VerdictSchemaError", "check_verdict", "fix_id", "plain"]
 
 SCHEMA = "doctor.verdict/1"
 
@@ -48,11 +45,11 @@ class Fix:
         if self.frees_bytes is not None:
             out["frees_bytes"] = int(self.frees_bytes)
         if self.apply is not None:
-            out["apply"] = _plain(self.apply)
+            out["apply"] = plain(self.apply)
         if self.estimated_speedup is not None:
             out["estimated_speedup"] = round(float(self.estimated_speedup), 2)
         if self.verified is not None:
-            out["verified"] = _plain(self.verified)
+            out["verified"] = plain(self.verified)
         return out
 
     @classmethod
@@ -85,7 +82,7 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["evidence"] = {k: _plain(v) for k, v in self.evidence.items()}
+        out["evidence"] = {k: plain(v) for k, v in self.evidence.items()}
         out["fixes"] = [f.to_dict() for f in self.fixes]
         if self.estimated_speedup is not None:
             out["estimated_speedup"] = round(float(self.estimated_speedup), 2)
@@ -111,6 +108,12 @@ class ProbeStatus:
 
 @dataclass
 class Verdict:
+    """The verdict.json contract's own keys (doctor.verdict/1). ``bottleneck_share``: the
+    bottleneck's share, an input stage's being the whole pipeline's; ``rules_skipped``: rule id
+    -> why it did not run. The analysis's sections beside it (gpus, memory, ops, communication)
+    are typed records of doctor.analyse, which doctor.reports.json alone turns into its dicts;
+    they are not read back (``from_dict``)."""
+
     bottleneck: str
     shares: dict[str, float]
     steps: dict[str, Any]
@@ -119,28 +122,28 @@ class Verdict:
     job: dict[str, Any]
     partial: bool = False
     notes: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    bottleneck_share: float | None = None
+    rules_skipped: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "schema": SCHEMA,
             "bottleneck": self.bottleneck,
             "shares": {k: round(float(v), 4) for k, v in self.shares.items()},
-            "steps": {k: _plain(v) for k, v in self.steps.items()},
+            "steps": {k: plain(v) for k, v in self.steps.items()},
             "findings": [f.to_dict() for f in self.findings],
             "probes": {k: p.to_dict() for k, p in self.probes.items()},
-            "job": {k: _plain(v) for k, v in self.job.items()},
+            "job": {k: plain(v) for k, v in self.job.items()},
             "partial": self.partial,
             "notes": list(self.notes),
+            "bottleneck_share": plain(self.bottleneck_share),
+            "rules_skipped": plain(self.rules_skipped),
         }
-        out.update({k: _plain(v) for k, v in self.extra.items()})
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
         check_verdict(data)
-        known = {"schema", "bottleneck", "shares", "steps", "findings", "probes", "job",
-                 "partial", "notes"}
         return cls(
             bottleneck=data["bottleneck"],
             shares=dict(data["shares"]),
@@ -158,7 +161,8 @@ class Verdict:
             job=dict(data["job"]),
             partial=bool(data.get("partial", False)),
             notes=list(data.get("notes", [])),
-            extra={k: v for k, v in data.items() if k not in known},
+            bottleneck_share=data.get("bottleneck_share"),
+            rules_skipped=dict(data.get("rules_skipped") or {}),
         )
 
 
@@ -185,12 +189,12 @@ def check_verdict(data: Mapping[str, Any]) -> None:
             raise VerdictSchemaError(f"finding {f.get('id')!r} has severity {f.get('severity')!r}")
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Turn numpy scalars and NaN into JSON-friendly values (NaN becomes null)."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if hasattr(value, "item") and callable(value.item):
         value = value.item()
     if isinstance(value, float):
@@ -204,17 +208,3 @@ def _plain(value: Any) -> Any:
 LEDGER_COLUMNS: tuple[str, ...] = (
     "rank", "step", "start_s", "wall_s", *CATEGORIES, "warmup", "analyzed",
 )
-
-
-@dataclass
-class Analysis:
-    """What the reports format: the verdict, the ledger behind it, and where it came from.
-
-    ``ledger`` has LEDGER_COLUMNS (seconds; ``start_s`` from the run's start; ``warmup`` and
-    ``analyzed`` are booleans) and may be empty. ``source`` is the run directory or the traces.
-    """
-
-    verdict: Verdict
-    ledger: pd.DataFrame
-    source: str
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)

@@ -20,6 +20,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
+from doctor.analyse.analysis import Analysis
 from doctor.reports import charts, memory_charts, roofline_chart
 from doctor.reports.json import verdict_data
 from doctor.reports.tables import shown_table
@@ -33,7 +34,7 @@ from doctor.reports.text import (
     steps_line,
 )
 from doctor.reports.verified import verified_line
-from doctor.verdict import SCHEMA, Analysis, Finding, fix_id
+from doctor.verdict import SCHEMA, Finding, fix_id
 
 #: Rows of a table shown in full; longer tables are cut and say how many rows were left out.
 MAX_TABLE_ROWS = 200
@@ -54,8 +55,6 @@ TABLE_TITLES: dict[str, str] = {
                     "communication and step (the measured step changed by that alone), and the "
                     "step at more ranks for the same global batch",
 }
-#: Keys of the verdict's extra that the report shows as tables or sections of their own.
-EXTRA_AS_TABLES = ("gpus", "memory", "ops", "communication", "comm_model")
 #: Tables drawn as charts only.
 TABLES_AS_CHARTS = ("memory_over_run",)
 
@@ -124,8 +123,8 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         "shares": _shares(verdict.shares, verdict.bottleneck),
         "shares_svg": Markup(shares_svg) if shares_svg else None,
         "steps_svg": Markup(steps_svg) if steps_svg else None,
-        "multi_rank": _rank_count(analysis.ledger) > 1,
-        "has_warmup": _has_warmup(analysis.ledger),
+        "multi_rank": analysis.rank_count() > 1,
+        "has_warmup": analysis.has_warmup(),
         "marks": charts.step_marks(analysis.ledger),
         "decimated": charts.is_decimated(analysis.ledger),
         "findings": [_finding(f) for f in verdict.findings],
@@ -135,35 +134,34 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         ],
         "job": job_items(verdict.job),
         "notes": list(verdict.notes),
-        "extra": [(str(k), format_value(str(k), v)) for k, v in verdict.extra.items()
-                  if k not in EXTRA_AS_TABLES],
-        "tables": [_table(name, frame) for name, frame in analysis.tables.items()
-                   if frame is not None and name not in TABLES_AS_CHARTS],
+        "extra": [("bottleneck_share", format_value("bottleneck_share", verdict.bottleneck_share)),
+                  ("rules_skipped", format_value("rules_skipped", verdict.rules_skipped))],
+        "tables": [_table(name, frame) for name, frame in analysis.tables.present()
+                   if name not in TABLES_AS_CHARTS],
         "memory": _memory(analysis),
         "ops": _ops(analysis),
         "source": analysis.source,
-        "verdict_data": verdict_data(verdict),
+        "verdict_data": verdict_data(analysis),
     }
 
 
 def _memory(analysis: Analysis) -> dict[str, Any] | None:
     """The memory section: its two charts and a caption of where the numbers come from."""
-    table = analysis.tables.get("memory")
-    ranks = (analysis.verdict.extra.get("memory") or {}).get("ranks") or []
-    if table is None or not ranks:
+    table = analysis.tables.memory
+    memory = analysis.sections.memory
+    if table is None or memory is None or not memory.ranks:
         return None
     bar = memory_charts.breakdown_chart(table)
-    over = memory_charts.over_run_chart(analysis.tables.get("memory_over_run"))
-    first = ranks[0]
-    sources = [f"activations: {first['activations_source']}"] if first.get(
-        "activations_source") else []
-    if first.get("derived"):
-        sources.append(f"derived, not measured: {', '.join(first['derived'])}")
-    if first.get("peak_source"):
-        sources.append(f"peak: {first['peak_source']}")
-    if first.get("capacity_bytes"):
-        sources.append(f"capacity: {format_value('bytes', first['capacity_bytes'])}, "
-                       f"{first['capacity_source']}"
+    over = memory_charts.over_run_chart(analysis.tables.memory_over_run)
+    first = next(iter(memory.ranks.values()))
+    sources = [f"activations: {first.activations_source}"] if first.activations_source else []
+    if first.derived:
+        sources.append(f"derived, not measured: {', '.join(first.derived)}")
+    if first.peak_source:
+        sources.append(f"peak: {first.peak_source}")
+    if first.capacity_bytes:
+        sources.append(f"capacity: {format_value('bytes', first.capacity_bytes)}, "
+                       f"{first.capacity_source}"
                        + ("" if memory_charts.shows_capacity(table) else
                           " (not drawn: the peak is a small part of it)"))
     return {"bar_svg": Markup(bar) if bar else None, "over_svg": Markup(over) if over else None,
@@ -172,21 +170,20 @@ def _memory(analysis: Analysis) -> dict[str, Any] | None:
 
 def _ops(analysis: Analysis) -> dict[str, Any] | None:
     """The ops section: the roofline chart of the lowest rank, and what its roofs are."""
-    ranks = analysis.verdict.extra.get("ops") or []
-    if not ranks:
+    first = analysis.sections.first_ops()
+    if first is None:
         return None
-    first = ranks[0]
-    svg = roofline_chart.roofline_chart(analysis.tables.get("ops"), first.get("roofs"))
+    svg = roofline_chart.roofline_chart(analysis.tables.ops, first.roofs)
     words = []
-    if first.get("roofs"):
-        words.append(f"roofs: {first['roofs']['source']}")
-        if first["roofs"].get("cross_check"):
-            words.append(first["roofs"]["cross_check"])
-    if first.get("mfu") is not None:
-        words.append(f"model FLOP utilisation {format_value('share', first['mfu'])} "
-                     f"({first['mfu_dtype']})")
-    if first.get("note"):
-        words.append(first["note"])
+    if first.roofs is not None:
+        words.append(f"roofs: {first.roofs.source}")
+        if cross_check := first.roofs.cross_check():
+            words.append(cross_check)
+    if first.mfu is not None:
+        words.append(f"model FLOP utilisation {format_value('share', first.mfu)} "
+                     f"({first.mfu_dtype})")
+    if first.note:
+        words.append(first.note)
     return {"svg": Markup(svg) if svg else None, "words": words}
 
 
@@ -229,15 +226,3 @@ def _table(name: str, frame: pd.DataFrame) -> TableView:
             for row in shown.itertuples(index=False, name=None)]
     title = TABLE_TITLES.get(name, name.replace("_", " ").capitalize())
     return TableView(name, title, columns, numeric, rows, max(len(frame) - len(shown), 0))
-
-
-def _rank_count(ledger: pd.DataFrame) -> int:
-    if ledger is None or ledger.empty or "rank" not in ledger:
-        return 0
-    return int(ledger["rank"].nunique())
-
-
-def _has_warmup(ledger: pd.DataFrame) -> bool:
-    if ledger is None or ledger.empty or "warmup" not in ledger:
-        return False
-    return bool(ledger["warmup"].fillna(False).astype(bool).any())

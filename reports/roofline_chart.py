@@ -6,27 +6,26 @@ a cost or no roofs are known."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from doctor.analyse.roofline import Roofs
 from doctor.reports.charts import _chart_context, _tidy, _to_svg
 
 BOUND_COLORS = {"compute": "#4e79a7", "memory": "#e15759", "launch": "#f28e2b"}
 ROOF_STYLES = {"fp32": "-", "tf32": "--", "bf16": "-.", "fp16": ":", "fp8": ":", "fp64": "-"}
 
 
-def roofline_chart(top: pd.DataFrame | None, roofs: Mapping[str, Any] | None) -> str | None:
-    if top is None or top.empty or not roofs or "intensity" not in top:
+def roofline_chart(top: pd.DataFrame | None, roofs: Roofs | None) -> str | None:
+    if top is None or top.empty or roofs is None or "intensity" not in top:
         return None
     points = top[(top["flops"] > 0) & (top["achieved_flops"] > 0) & top["intensity"].notna()]
     if points.empty:
         return None
-    bw = float(roofs["bytes_s"])
-    peaks = {k: float(v) for k, v in roofs["flops"].items() if v}
+    bw = float(roofs.bytes_s)
+    peaks = {k: float(v) for k, v in roofs.flops.items() if v}
     lo = max(float(points["intensity"].min()) / 4, 1e-3)
     hi = max(float(points["intensity"].max()) * 4, max(peaks.values()) / bw * 4)
     with _chart_context("roofline"):

@@ -15,11 +15,12 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from doctor.analyse.analysis import Analysis
 from doctor.reports.escape import escaped, shell_command, shell_word
 from doctor.reports.verified import verified_line
 from doctor.store.redact import redact_argv, redact_value
 from doctor.units import human_bytes
-from doctor.verdict import Analysis, Finding, Verdict, fix_id
+from doctor.verdict import Finding, Verdict, fix_id
 
 #: The bottleneck in words, for headlines.
 BOTTLENECK_WORDS: dict[str, str] = {
@@ -72,7 +73,7 @@ def headline(verdict: Verdict) -> str:
     share = verdict.shares.get(verdict.bottleneck)
     if share is None or not _is_number(share) or verdict.bottleneck == "unknown":
         return words
-    whole = verdict.extra.get("bottleneck_share")
+    whole = verdict.bottleneck_share
     if whole is not None and _is_number(whole) and float(whole) > float(share) + 0.005:
         return (f"{words} ({format_share(whole)} of step time in the input pipeline, "
                 f"{format_share(share)} in this stage)")
@@ -223,8 +224,9 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
         out += _wrap(partial_line(verdict), width)
     out.append(clean(f"doctor: {headline(verdict)}"))
     out.append(clean(f"  {steps_line(verdict)}"))
-    out += [clean(f"  {line}") for line in gpu_lines(verdict) + memory_lines(verdict)
-                                             + ops_lines(verdict) + comm_lines(verdict)]
+    sections = analysis.sections
+    out += [clean(f"  {line}") for line in gpu_lines(sections) + memory_lines(sections)
+                                             + ops_lines(sections) + comm_lines(sections)]
     out += _share_bars(verdict, width)
 
     findings = verdict.findings

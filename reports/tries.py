@@ -4,33 +4,35 @@ format; the numbers were measured (doctor.tries) or compared (doctor.analyse.com
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import json
 
+from doctor.analyse.compare import Comparison
 from doctor.reports.text import CATEGORY_WORDS
 from doctor.reports.verified import OUTCOME_WORDS, UNMEASURED, millis, times
+from doctor.store.try_record import TryRecord
 
 
-def try_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
+def try_rows(record: TryRecord) -> list[dict[str, str]]:
     rows = [{"id": "baseline", "setting": "the job as it is",
-             "median": millis(record["baseline"].get("median_step_s")), "measured": "",
+             "median": millis(record.baseline.get("median_step_s")), "measured": "",
              "spread": "", "estimated": "", "ratio": "", "outcome": ""}]
-    for c in record.get("candidates", []):
-        lo, hi = c.get("low"), c.get("high")
+    for c in record.candidates:
+        lo, hi = c.low, c.high
+        outcome = c.outcome if c.outcome is not None else ""
         rows.append({
-            "id": c["id"], "setting": c.get("label", ""), "median": millis(c.get("median_step_s")),
-            "measured": times(c.get("speedup")),
+            "id": c.id, "setting": c.label, "median": millis(c.median_step_s),
+            "measured": times(c.speedup),
             "spread": f"{lo:.2f}-{hi:.2f}" if lo and hi else "",
-            "estimated": times(c.get("estimate")) if c.get("estimate") else "not estimated",
-            "ratio": f"{c['ratio']:.2f}" if c.get("ratio") else "",
-            "outcome": OUTCOME_WORDS.get(c.get("outcome", ""), c.get("outcome", "")),
+            "estimated": times(c.estimate) if c.estimate else "not estimated",
+            "ratio": f"{c.ratio:.2f}" if c.ratio else "",
+            "outcome": OUTCOME_WORDS.get(outcome, outcome),
         })
     return rows
 
 
-def render_try_text(record: Mapping[str, Any], report: str | None = None) -> str:
-    lines = [f"doctor try: {record['repeat']} round(s), each job stopped after "
-             f"{record['steps_per_attempt']} steady steps (at step {record['stop_at_step']})"]
+def render_try_text(record: TryRecord, report: str | None = None) -> str:
+    lines = [f"doctor try: {record.repeat} round(s), each job stopped after "
+             f"{record.steps_per_attempt} steady steps (at step {record.stop_at_step})"]
     rows = try_rows(record)
     heads = {"id": "fix", "setting": "setting", "median": "median step", "measured": "measured",
              "spread": "repeats", "estimated": "estimated", "ratio": "ratio",
@@ -39,26 +41,26 @@ def render_try_text(record: Mapping[str, Any], report: str | None = None) -> str
     lines.append("  " + "  ".join(heads[k].ljust(widths[k]) for k in heads).rstrip())
     for r in rows:
         lines.append("  " + "  ".join(r[k].ljust(widths[k]) for k in heads).rstrip())
-    for c in record.get("candidates", []):
-        if c.get("outcome") in UNMEASURED:
-            lines.append(f"  {c['label']}: {c.get('why', '')}")
-        for err in c.get("errors") or []:
-            lines.append(f"  {c['label']}: {err}")
-        if c.get("stderr_tail"):
-            tail = c["stderr_tail"].rstrip().splitlines()[-6:]
+    for c in record.candidates:
+        if c.outcome in UNMEASURED:
+            lines.append(f"  {c.label}: {c.why if c.why is not None else ''}")
+        for err in c.errors or []:
+            lines.append(f"  {c.label}: {err}")
+        if c.stderr_tail:
+            tail = c.stderr_tail.rstrip().splitlines()[-6:]
             lines += ["    | " + t for t in tail]
-    if record.get("unsteady"):
-        lines.append(f"Unsure: {record['unsteady']}")
-    if record.get("best"):
-        best = next(c for c in record["candidates"] if c["id"] == record["best"])
-        lines.append(f"Best: {best['label']} ({times(best['speedup'])})")
-    manual = record.get("manual") or []
+    if record.unsteady:
+        lines.append(f"Unsure: {record.unsteady}")
+    best = record.candidate(record.best) if record.best else None
+    if best is not None:
+        lines.append(f"Best: {best.label} ({times(best.speedup)})")
+    manual = record.manual or []
     if manual:
         lines.append(f"Not tried (they need code): {', '.join(m['id'] for m in manual[:8])}"
                      + (" ..." if len(manual) > 8 else ""))
-    for note in record.get("env_notes") or []:
+    for note in record.env_notes or []:
         lines.append(f"Environment: {note}")
-    cost = record.get("cost") or {}
+    cost = record.cost or {}
     if cost.get("wall_s"):
         lines.append(f"It took {cost['wall_s']:.0f} s for {cost.get('attempts')} runs of the job.")
     if report:
@@ -66,30 +68,35 @@ def render_try_text(record: Mapping[str, Any], report: str | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-def render_try_html(record: Mapping[str, Any]) -> str:
+def render_try_html(record: TryRecord) -> str:
     from doctor.reports.html import environment  # jinja2: only for the HTML
 
     return environment().get_template("try.html.j2").render(
-        kind="try", record=record, rows=try_rows(record))
+        kind="try", record=record, record_data=record.to_dict(), rows=try_rows(record))
 
 
-def render_compare_text(comparison: Mapping[str, Any]) -> str:
-    a, b = comparison["a"], comparison["b"]
-    lines = [f"A: {a['source']}", f"B: {b['source']}",
-             f"  median step   A {millis(a['median_step_s'])}   B {millis(b['median_step_s'])}   "
-             f"B is {times(comparison['speedup'])} the speed of A",
-             f"  bottleneck    A {a['bottleneck']}   B {b['bottleneck']}",
+def render_compare_json(comparison: Comparison) -> str:
+    """What ``doctor compare --format json`` prints: the comparison's dict (Comparison.to_dict)."""
+    return json.dumps(comparison.to_dict(), indent=2, default=str) + "\n"
+
+
+def render_compare_text(comparison: Comparison) -> str:
+    a, b = comparison.a, comparison.b
+    lines = [f"A: {a.source}", f"B: {b.source}",
+             f"  median step   A {millis(a.median_step_s)}   B {millis(b.median_step_s)}   "
+             f"B is {times(comparison.speedup)} the speed of A",
+             f"  bottleneck    A {a.bottleneck}   B {b.bottleneck}",
              "  shares        A       B       B-A"]
-    for cat, row in comparison["shares"].items():
-        lines.append(f"    {cat:<13} {row['a']:>5.0%}   {row['b']:>5.0%}   {row['delta']:>+5.0%}")
-    for key, (va, vb) in comparison.get("settings", {}).items():
+    for cat, row in comparison.shares.items():
+        lines.append(f"    {cat:<13} {row.a:>5.0%}   {row.b:>5.0%}   {row.delta:>+5.0%}")
+    for key, (va, vb) in comparison.settings.items():
         lines.append(f"  {key}: A {va}, B {vb}")
     return "\n".join(lines) + "\n"
 
 
-def render_compare_html(comparison: Mapping[str, Any]) -> str:
+def render_compare_html(comparison: Comparison) -> str:
     from doctor.reports.html import environment  # jinja2: only for the HTML
 
     return environment().get_template("try.html.j2").render(
-        kind="compare", comparison=comparison, words=CATEGORY_WORDS,
-        fmt={"ms": millis, "x": times})
+        kind="compare", comparison=comparison, comparison_data=comparison.to_dict(),
+        words=CATEGORY_WORDS, fmt={"ms": millis, "x": times})

@@ -201,19 +201,19 @@ def test_sizes_whose_times_no_line_explains_give_the_best_bandwidth_and_the_smal
 
 
 def test_the_summary_line_names_the_critical_rank_its_link_and_the_share_at_scale() -> None:
-    from doctor.reports.resource_lines import comm_lines
-    from doctor.verdict import Verdict
+    from dataclasses import replace
 
-    link = {"name": "TCP loopback", "gb_per_s": 1.5, "source": "measured"}
-    ranks = [{**model(exposed=e).to_dict(), "link": link} for e in (0.02, 0.1)]
-    ranks[1]["rank"] = 1
-    verdict = Verdict(bottleneck="communication", shares={}, steps={}, findings=[], probes={},
-                      job={}, extra={"comm_model": ranks})
-    (line,) = comm_lines(verdict)
+    from doctor.analyse.analysis import Sections
+    from doctor.analyse.comms import Link
+    from doctor.reports.resource_lines import comm_lines
+
+    link = Link("TCP loopback", 1.5, "measured")
+    ranks = {rank: replace(m, model=replace(m.model, rank=rank), link=link)
+             for rank, m in enumerate(model(exposed=e) for e in (0.02, 0.1))}
+    (line,) = comm_lines(Sections(models=ranks))
     assert line.startswith("Communication, rank 1: 100.0 MiB all-reduced a step in 1 bucket(s)")
     assert "of TCP loopback's 1.5 GB/s" in line and "at 8 ranks" in line
-    assert comm_lines(Verdict(bottleneck="compute", shares={}, steps={}, findings=[], probes={},
-                              job={})) == []
+    assert comm_lines(Sections()) == []
 
 
 def test_all_reduces_of_unknown_size_take_ddps_mean_bucket() -> None:

@@ -55,15 +55,17 @@ def test_ranks_with_different_collectives_are_not_matched() -> None:
 
 def test_two_sampled_ranks_of_a_recsys_job() -> None:
     from doctor.pipeline import analyze_traces
+    from doctor.reports.json import verdict_data
 
     paths = [TRACES / "recsys_128_ranks_sampled" / f"rank-{r}.json.gz" for r in (0, 1)]
     if not all(p.is_file() for p in paths):
         pytest.skip("the recsys traces are not here (../shared/traces)")
     analysis = analyze_traces(paths)
-    table = analysis.tables["communication"]
+    table = analysis.tables.communication
+    assert table is not None
     assert set(table["rank"]) == {0, 1}
     assert set(table["kind"]) == {"alltoall", "allgather", "allreduce"}
-    ranks = {r["rank"]: r for r in analysis.verdict.extra["communication"]}
+    ranks = {r["rank"]: r for r in verdict_data(analysis)["communication"]}
     # the two ranks' all-to-alls are matched by order, and one waits on the other
     waiting = [sum(k["waiting_s"] for k in ranks[r]["by_kind"]) for r in (0, 1)]
     assert max(waiting) > 0

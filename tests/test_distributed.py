@@ -131,7 +131,7 @@ def test_rank_table_has_shares_and_the_hidden_part_of_the_all_reduce(tmp_path: P
     record_rank(tmp_path, 1, compute_s=0.02, comm_s=0.02, hidden_s=0.005)
     write_record(tmp_path)
     analysis = analyze_run(tmp_path)
-    table = analysis.tables["ranks"].set_index("rank")
+    table = analysis.tables.ranks.set_index("rank")
     assert list(table.index) == [0, 1]
     shares = table[[c for c in table if c.endswith("_share")]].sum(axis=1)
     assert np.allclose(shares, 1.0)
@@ -165,7 +165,7 @@ def test_two_run_directories_merge_into_one_job(tmp_path: Path) -> None:
     verdict = analysis.verdict
     assert verdict.job["ranks"] == 4
     assert sorted(analysis.ledger["rank"].unique()) == [0, 1, 2, 3]
-    assert len(analysis.tables["ranks"]) == 4
+    assert len(analysis.tables.ranks) == 4
     assert analysis.ledger["start_s"].min() >= 0  # each node's steps from its own origin
     s = finding(verdict, "distributed.straggler")
     assert s.evidence["slow_rank"] == 3
@@ -282,7 +282,7 @@ elapsed = time.perf_counter() - t0
 straggler = [f.evidence for f in analysis.verdict.findings if f.id == "distributed.straggler"]
 print(json.dumps({"elapsed_s": elapsed, "max_rss_kb": resource.getrusage(
     resource.RUSAGE_SELF).ru_maxrss, "ranks": analysis.verdict.job["ranks"],
-    "rows": len(analysis.ledger), "table_rows": len(analysis.tables["ranks"]),
+    "rows": len(analysis.ledger), "table_rows": len(analysis.tables.ranks),
     "slow_rank": straggler[0]["slow_rank"] if straggler else None, "html_chars": len(html)}))
 """
 

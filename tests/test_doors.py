@@ -115,7 +115,7 @@ def test_an_input_pipeline_of_two_stages_outweighs_compute_in_both_doors(tmp_pat
     assert run.shares["preprocess"] == pytest.approx(0.34, abs=0.01)
     assert run.shares["compute"] == pytest.approx(0.48, abs=0.01)
     assert run.bottleneck == "preprocess"
-    assert run.extra["bottleneck_share"] == pytest.approx(0.52, abs=0.01)
+    assert run.bottleneck_share == pytest.approx(0.52, abs=0.01)
     assert "52% of step time in the input pipeline, 34% in this stage" in headline(run)
     alone = analyze_traces([trace]).verdict
     assert alone.bottleneck == "input"

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
+from doctor.analyse.analysis import Analysis
 from doctor.analyse.gpu_split import crosscheck_notes
 from doctor.analyse.gpus import GpuCounters, GpuSummary
 from doctor.pipeline import analyze_run
 from doctor.reports.html import render_html
+from doctor.reports.json import verdict_data
 from doctor.reports.text import render_text
 from doctor.verdict import Verdict, check_verdict
 from tests.fake_nvml import GIB, FakeGpu, FakeNvml, const, mark_cuda, sample_run
@@ -22,17 +25,21 @@ PID = os.getpid()  # the recorded loops' training process
 UUIDS = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(4)]
 
 
-def gpu_run(tmp_path: Path, gpus: list[FakeGpu], *, steps: int = 60, wait_s: float = 0.001,
-            compute_s: float = 0.05, ranks: int = 1, uuids: dict[int, str] | None = None
-            ) -> Verdict:
+def gpu_run(tmp_path: Path, gpus: list[FakeGpu], **how: Any) -> Verdict:
+    return gpu_analysis(tmp_path, gpus, **how).verdict
+
+
+def gpu_analysis(tmp_path: Path, gpus: list[FakeGpu], *, steps: int = 60,
+                 wait_s: float = 0.001, compute_s: float = 0.05, ranks: int = 1,
+                 uuids: dict[int, str] | None = None) -> Analysis:
     for rank in range(ranks):
         record_loop(tmp_path, steps, wait_s=wait_s, compute_s=compute_s, rank=rank)
     mark_cuda(tmp_path, uuids)
     write_record(tmp_path, cores=16)
     sample_run(tmp_path, FakeNvml(gpus), seconds=steps * (wait_s + compute_s), hz=10)
-    verdict = analyze_run(tmp_path).verdict
-    check_verdict(verdict.to_dict())
-    return verdict
+    analysis = analyze_run(tmp_path)
+    check_verdict(verdict_data(analysis))
+    return analysis
 
 
 def ids(verdict: Verdict) -> list[str]:
@@ -64,10 +71,11 @@ def test_a_gpu_idle_with_no_input_wait_is_fed_too_slowly_by_its_host(tmp_path: P
 
 
 def test_a_busy_gpu_fires_no_counter_rule(tmp_path: Path) -> None:
-    verdict = gpu_run(tmp_path, [FakeGpu(util=const(97.0), pids=(PID,))])
+    analysis = gpu_analysis(tmp_path, [FakeGpu(util=const(97.0), pids=(PID,))])
+    verdict = analysis.verdict
     assert not [i for i in ids(verdict) if i.startswith("gpu.")]
     assert verdict.bottleneck == "compute"
-    gpus = verdict.to_dict()["gpus"]
+    gpus = verdict_data(analysis)["gpus"]
     assert gpus[0]["util"] == pytest.approx(0.97)
     assert gpus[0]["ranks"] == [0]
     assert gpus[0]["memory_used_max_bytes"] == 30 * GIB
@@ -94,9 +102,9 @@ def test_ranks_each_on_its_own_gpu_by_cuda_device_when_nvml_sees_no_job_pid(
         tmp_path: Path) -> None:
     # a container: NVML lists no process of the job; each rank said which GPU it used
     gpus = [FakeGpu(util=const(96.0), uuid=u) for u in UUIDS[:2]]
-    verdict = gpu_run(tmp_path, gpus, ranks=2, uuids={0: UUIDS[0], 1: UUIDS[1].lower()})
-    assert "gpu.shared" not in ids(verdict)
-    assert [g["ranks"] for g in verdict.to_dict()["gpus"]] == [[0], [1]]
+    analysis = gpu_analysis(tmp_path, gpus, ranks=2, uuids={0: UUIDS[0], 1: UUIDS[1].lower()})
+    assert "gpu.shared" not in ids(analysis.verdict)
+    assert [g["ranks"] for g in verdict_data(analysis)["gpus"]] == [[0], [1]]
 
 
 def test_one_rank_on_a_machine_of_four_gpus_says_three_idle(tmp_path: Path) -> None:
@@ -148,8 +156,10 @@ def test_a_hot_gpu_is_thermal_throttled(tmp_path: Path) -> None:
 
 
 def test_a_gpu_without_gpm_says_so_once(tmp_path: Path) -> None:
-    verdict = gpu_run(tmp_path, [FakeGpu(pids=(PID,), gpm=False, name="NVIDIA A100-SXM4-40GB")])
-    gpus = verdict.to_dict()["gpus"]
+    analysis = gpu_analysis(tmp_path, [FakeGpu(pids=(PID,), gpm=False,
+                                                name="NVIDIA A100-SXM4-40GB")])
+    verdict = analysis.verdict
+    gpus = verdict_data(analysis)["gpus"]
     assert "gpm_sm_active" not in gpus[0]
     assert "no GPM metrics" in gpus[0]["gpm_reason"]
     assert sum("GPM metrics" in n for n in verdict.notes) == 1
@@ -175,23 +185,24 @@ def test_a_cpu_job_on_a_gpu_machine_gets_no_gpu_rules(tmp_path: Path) -> None:
     verdict = analyze_run(tmp_path).verdict
     assert verdict.job["device"] == "cpu"
     assert not [i for i in ids(verdict) if i.startswith("gpu.")]
-    assert "gpu.starved" in verdict.extra["rules_skipped"]
+    assert "gpu.starved" in verdict.rules_skipped
 
 
 def test_a_cpu_run_without_gpu_samples_skips_every_counter_rule(tmp_path: Path) -> None:
     record_loop(tmp_path, 40, wait_s=0.09, compute_s=0.01)
     write_record(tmp_path)
-    verdict = analyze_run(tmp_path).verdict
-    skipped = verdict.extra["rules_skipped"]
+    analysis = analyze_run(tmp_path)
+    skipped = analysis.verdict.rules_skipped
     for rule_id in ("gpu.starved", "gpu.host_bound", "gpu.shared", "gpu.throttled"):
         assert "gpus" in skipped[rule_id]
-    assert "gpus" not in verdict.to_dict()
+    assert "gpus" not in verdict_data(analysis)
 
 
 def test_the_report_shows_each_gpu_and_the_run_in_tenths(tmp_path: Path) -> None:
     gpu_run(tmp_path, [FakeGpu(pids=(PID,), mem_used=lambda t: (10 + 5 * t) * GIB)])
     analysis = analyze_run(tmp_path)
-    over = analysis.tables["gpu_over_run"]
+    over = analysis.tables.gpu_over_run
+    assert over is not None
     assert len(over) == 10
     assert over["memory_used_bytes"].is_monotonic_increasing  # memory grows over the run
     first, last = over["steps"].iloc[0]  # numbers: the report words them (reports.tables)
@@ -261,7 +272,8 @@ def test_a_stray_context_on_gpu_0_does_not_move_a_rank_there(tmp_path: Path) -> 
     gpus = [FakeGpu(util=const(3.0), pids=(PID,), pid_memory={PID: 0.5 * GIB}),
             FakeGpu(util=const(0.0)),
             FakeGpu(util=const(97.0), pids=(PID,), pid_memory={PID: 60 * GIB})]
-    verdict = gpu_run(tmp_path, gpus)
-    assert [g["ranks"] for g in verdict.to_dict()["gpus"]] == [[], [], [0]]
+    analysis = gpu_analysis(tmp_path, gpus)
+    verdict = analysis.verdict
+    assert [g["ranks"] for g in verdict_data(analysis)["gpus"]] == [[], [], [0]]
     assert "gpu.host_bound" not in ids(verdict)
     assert finding(verdict, "gpu.idle_gpus")["evidence"]["idle_gpus"] == [1]  # 0: a context

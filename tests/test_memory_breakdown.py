@@ -16,6 +16,7 @@ from doctor.analyse.memory_growth import MIN_WORKER_GROWTH_BYTES, linear_growth,
 from doctor.pipeline import analyze_run, analyze_traces
 from doctor.probes.memory import MemoryProbe
 from doctor.record.session import Session
+from doctor.reports.json import verdict_data
 from doctor.rules import Evidence
 from doctor.rules.memory_fit import headroom, memory_fixes, near_limit
 from doctor.rules.memory_growth import creep
@@ -198,8 +199,9 @@ def record_gpu_run(run_dir: Path, steps: int, leak_per_step: float) -> None:
 
 def test_a_gpu_job_whose_allocated_memory_creeps(tmp_path: Path) -> None:
     record_gpu_run(tmp_path, 400, 64 * MIB)
-    verdict = analyze_run(tmp_path).verdict
-    [m] = verdict.extra["memory"]["ranks"]
+    analysis = analyze_run(tmp_path)
+    verdict = analysis.verdict
+    [m] = verdict_data(analysis)["memory"]["ranks"]
     assert m["device"] == "cuda"
     assert m["allocator"]["allocated_peak_bytes"] >= 18 * GIB
     assert m["capacity_bytes"] == 80 * GIB  # the device's own memory, from the allocator
@@ -214,9 +216,9 @@ def test_a_gpu_job_whose_allocated_memory_creeps(tmp_path: Path) -> None:
 
 def test_a_gpu_job_with_flat_memory_does_not_creep(tmp_path: Path) -> None:
     record_gpu_run(tmp_path, 400, 0.0)
-    verdict = analyze_run(tmp_path).verdict
-    assert "memory.creep" not in [f.id for f in verdict.findings]
-    [m] = verdict.extra["memory"]["ranks"]
+    analysis = analyze_run(tmp_path)
+    assert "memory.creep" not in [f.id for f in analysis.verdict.findings]
+    [m] = verdict_data(analysis)["memory"]["ranks"]
     assert m["growth"] is None and m["headroom_bytes"] == pytest.approx(60 * GIB)
 
 
@@ -224,8 +226,8 @@ def test_nvml_used_memory_is_the_peak_when_it_is_more_than_reserved(tmp_path: Pa
     record_gpu_run(tmp_path, 100, 0.0)
     sample_run(tmp_path, FakeNvml([FakeGpu(util=const(30.0), mem_used=const(21 * GIB))]),
                seconds=12)
-    verdict = analyze_run(tmp_path).verdict
-    [m] = verdict.extra["memory"]["ranks"]
+    analysis = analyze_run(tmp_path)
+    [m] = verdict_data(analysis)["memory"]["ranks"]
     assert m["peak_bytes"] == pytest.approx(21 * GIB)  # NVML saw more than reserved
     assert "NVML" in m["peak_source"]
 
@@ -237,7 +239,7 @@ def test_the_creep_rule_is_quiet_without_growth() -> None:
 @pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
 def test_a_trace_with_memory_events_gives_the_allocator_per_step() -> None:
     analysis = analyze_traces([TRACES / "ddp_v100_rank1_of_2.json.gz"])
-    [m] = analysis.verdict.extra["memory"]["ranks"]
+    [m] = verdict_data(analysis)["memory"]["ranks"]
     assert m["rank"] == 1 and m["device"] == "cuda"
     # what the trace's [memory] events say on its GPU (device 1), each of its 5 steps alike
     assert m["resident_bytes"] / GIB == pytest.approx(3.815, abs=0.01)
@@ -248,7 +250,8 @@ def test_a_trace_with_memory_events_gives_the_allocator_per_step() -> None:
     assert m["capacity_bytes"] == 34089730048  # its deviceProperties: a V100-SXM2-32GB
     assert m["headroom_bytes"] / GIB == pytest.approx(31.75 - 11.904, abs=0.02)
     # the report's bar: what stays between steps (the trace has no optimizer to split it by)
-    [kept] = analysis.tables["memory"]["between_steps_bytes"]
+    assert analysis.tables.memory is not None
+    [kept] = analysis.tables.memory["between_steps_bytes"]
     assert kept / GIB == pytest.approx(3.815, abs=0.01)
 
 

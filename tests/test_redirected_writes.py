@@ -32,6 +32,7 @@ from doctor.store.samples import (
     save_host,
 )
 from doctor.store.tries import write_try
+from doctor.store.try_record import TryRecord
 from tests.conftest import doctor_cmd
 
 OWN = "the user's own file\n"
@@ -75,7 +76,7 @@ def test_the_parents_writers_replace_a_link_never_write_through_it(
     write_outputs(run_dir, "{}", "<html></html>")
     write_node_record(run_dir, 0, 2, done=False)
     write_nodes_record(run_dir, {"nnodes": 2})
-    write_try(run_dir, {"command": ["python", "x.py", "--token", "T"]})
+    write_try(run_dir, TryRecord(command=["python", "x.py", "--token", "T"]))
     save_host(run_dir, columns(PROC_COLUMNS), columns(SYSTEM_COLUMNS))
     save_gpu(run_dir, columns(GPU_COLUMNS), columns(GPU_PROC_COLUMNS), info=[{"name": "g"}])
     assert victim.read_text() == OWN

@@ -128,6 +128,7 @@ def _try_report(tmp: Path) -> Path:
     """A ``doctor try`` record as the runner writes it, rendered by the try report (running the
     job again and again for it would cost a minute)."""
     from doctor.reports.tries import render_try_html
+    from doctor.store.try_record import TryRecord
 
     long_path = "/home/someone/projects/a-rather-long-project-name/experiments/2024-06/train.py"
     record: dict[str, Any] = {
@@ -155,7 +156,7 @@ def _try_report(tmp: Path) -> Path:
         "cost": {"wall_s": 41.0, "attempts": 6},
     }
     out = tmp / "try.html"
-    out.write_text(render_try_html(record), encoding="utf-8")
+    out.write_text(render_try_html(TryRecord.from_dict(record)), encoding="utf-8")
     return out
 
 

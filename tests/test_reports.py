@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from markupsafe import escape
 
+from doctor.analyse.analysis import Analysis, Tables
 from doctor.reports import charts
 from doctor.reports.html import environment, render_html
 from doctor.reports.json import render_json
@@ -17,7 +18,6 @@ from doctor.reports.text import render_text
 from doctor.verdict import (
     CATEGORIES,
     LEDGER_COLUMNS,
-    Analysis,
     Finding,
     Fix,
     ProbeStatus,
@@ -106,18 +106,19 @@ def input_bound() -> Analysis:
         job={"argv": HOSTILE_ARGV, "exit_code": 0, "ranks": 1, "device": "cpu",
              "host": "box", "cores": 2, "torch_version": "2.13.0", "duration_s": 12.5},
         notes=["first 5 steps are warm-up and left out"],
-        extra={"doctor_version": "0.1.0"},
+        rules_skipped={"gpu.starved": "needs gpu_counters"},
     )
-    tables = {
-        "loaders": pd.DataFrame({"num_workers": [0], "pin_memory": [False],
-                                 "prefetch_factor": [None], "persistent_workers": [False]}),
-        "top_functions": pd.DataFrame({"category": ["decode", "compute"],
-                                       "function": ["PIL.Image.open <module>", "conv2d"],
-                                       "share": [0.8, 0.08]}),
-        "processes": pd.DataFrame({"pid": [101, 102], "role": ["main", "worker"],
-                                   "cpu_pct": [99.5, 0.0]}),
-        "custom_thing": pd.DataFrame({"a": range(250), "b_s": np.linspace(0, 1, 250)}),
-    }
+    tables = Tables(
+        loaders=pd.DataFrame({"num_workers": [0], "pin_memory": [False],
+                              "prefetch_factor": [None], "persistent_workers": [False]}),
+        top_functions=pd.DataFrame({"category": ["decode", "compute"],
+                                    "function": ["PIL.Image.open <module>", "conv2d"],
+                                    "share": [0.8, 0.08]}),
+        processes=pd.DataFrame({"pid": [101, 102], "role": ["main", "worker"],
+                                "cpu_pct": [99.5, 0.0]}),
+        # a table without a title of its own (TABLE_TITLES): its name is its title
+        gpu_steps=pd.DataFrame({"a": range(250), "b_s": np.linspace(0, 1, 250)}),
+    )
     return Analysis(verdict, _ledger(80), "doctor-runs/2024-01-01-train", tables)
 
 
@@ -161,7 +162,7 @@ def trace_only() -> Analysis:
     ledger = _ledger(40, ranks=4, warmup=0, split=False)
     ranks = pd.DataFrame({"rank": range(4), "median_step_s": [0.2, 0.21, 0.2, 0.25],
                           "input_share": [0.6, 0.58, 0.61, 0.7]})
-    return Analysis(verdict, ledger, "rank0.json.gz rank1.json.gz", {"ranks": ranks})
+    return Analysis(verdict, ledger, "rank0.json.gz rank1.json.gz", Tables(ranks=ranks))
 
 
 ALL = {"input_bound": input_bound, "empty": empty, "partial": partial, "trace_only": trace_only}
@@ -227,12 +228,12 @@ def test_html_content_of_an_input_bound_run() -> None:
     assert "warm-up" in html
     assert "first 5 steps are warm-up and left out" in html
     for title in ("DataLoader settings", "Where the time goes, by function", "CPU per process",
-                  "Custom thing"):
+                  "Gpu steps"):
         assert title in html
     assert "50 more rows not shown" in html
     assert "NVML library not found" in html
     assert "12.50 s" in html  # duration_s, formatted
-    assert "doctor_version" in html
+    assert "rules_skipped" in html and "gpu.starved" in html  # the verdict's figures
 
 
 def test_html_embeds_the_verdict_as_json() -> None:

@@ -94,13 +94,15 @@ def test_a_real_traces_gemms_and_elementwise_ops() -> None:
 @pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
 def test_the_trace_door_gives_the_ops_and_mfu() -> None:
     from doctor.pipeline import analyze_traces
+    from doctor.reports.json import verdict_data
 
     analysis = analyze_traces([TRACES / "recsys_a100_rank3_of_8.json.gz"])
-    [ops] = analysis.verdict.extra["ops"]
+    [ops] = verdict_data(analysis)["ops"]
     assert ops["rank"] == 3 and "A100" in ops["roofs"]["source"]
     # most of its operations ran as TF32: MFU against TF32's peak, a few percent
     assert ops["mfu_dtype"] == "tf32" and 0.01 < ops["mfu"] < 0.1
-    top = analysis.tables["ops"]
+    top = analysis.tables.ops
+    assert top is not None
     assert len(top) == 15 and top["share"].is_monotonic_decreasing
     assert set(top.loc[top["op"].isin(["aten::mm", "aten::addmm"]), "kind"]) == {"matmul"}
 
@@ -109,12 +111,13 @@ def test_a_measured_gpu_is_checked_against_its_published_figures() -> None:
     from dataclasses import replace
 
     from doctor.analyse.roofline import measured_roofs, published_roofs
+    from doctor.reports.json import roofs_data
 
     peaks = {"cuda": {"gemm_flops": {"float32": 18e12, "tf32": 120e12, "bfloat16": 250e12},
                       "copy_bytes_s": 1.6e12}}
     measured = measured_roofs(peaks, "cuda")
     assert measured is not None and measured.flops["tf32"] == 120e12
     checked = replace(measured, published=published_roofs("NVIDIA A100-SXM4-80GB"))
-    words = checked.to_dict()["cross_check"]
+    words = roofs_data(checked)["cross_check"]
     assert "A100" in words and "bf16 80%" in words and "bandwidth 80%" in words
-    assert "cross_check" not in measured.to_dict()
+    assert "cross_check" not in roofs_data(measured)

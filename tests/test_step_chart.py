@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from doctor.analyse.analysis import Analysis
 from doctor.reports import charts
 from doctor.reports.html import render_html
-from doctor.verdict import CATEGORIES, Analysis, Verdict
+from doctor.verdict import CATEGORIES, Verdict
 
 WEIGHTS = {"io": 0.01, "decode": 0.83, "preprocess": 0.05, "transfer": 0.0,
            "compute": 0.08, "communication": 0.0, "other": 0.03}

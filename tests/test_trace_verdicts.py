@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from doctor.analyse.analysis import Analysis
 from doctor.analyse.bottleneck import choose_bottleneck
 from doctor.pipeline import analyze_traces
 from doctor.trace.reader import TraceError
-from doctor.verdict import CATEGORIES, LEDGER_COLUMNS, Analysis, check_verdict
+from doctor.verdict import CATEGORIES, LEDGER_COLUMNS, check_verdict
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
@@ -143,7 +144,8 @@ def test_edge_traces_do_not_crash(name: str) -> None:
 @needs_traces
 def test_rocm_gpu_work_is_recognised() -> None:
     a = analyse("edge/rocm_mi250_toy.json.gz")
-    frame = a.tables["gpu_steps"]
+    frame = a.tables.gpu_steps
+    assert frame is not None
     assert a.verdict.job["device"] == "cuda"
     assert frame["kernel_count"].sum() == 14
     assert frame["launch_count"].sum() == 14

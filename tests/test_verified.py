@@ -8,6 +8,7 @@ from pathlib import Path
 from doctor.analyse.verified import attach_verified
 from doctor.reports.verified import verified_line
 from doctor.store.tries import read_tries, write_try
+from doctor.store.try_record import TryRecord
 from doctor.verdict import Finding, Fix
 
 FIX = Fix("set num_workers=2", "why", apply={"dataloader": {"num_workers": 2}},
@@ -16,11 +17,11 @@ FINDING = Finding("input.loader", "preprocess", "critical", "waits",
                   fixes=(FIX, Fix("needs code", "why")))
 
 
-def record(speedup: float, apply: dict | None = None, outcome: str = "faster") -> dict:
-    return {"repeat": 2, "dir": "tries/x", "candidates": [{
+def record(speedup: float, apply: dict | None = None, outcome: str = "faster") -> TryRecord:
+    return TryRecord.from_dict({"repeat": 2, "dir": "tries/x", "candidates": [{
         "id": "input.loader:1", "apply": apply or {"dataloader": {"num_workers": "2"}},
         "outcome": outcome, "why": "the job exited with status 1" if outcome == "failed" else "",
-        "speedup": speedup, "low": 2.7, "high": 3.1, "steps": 30}]}
+        "speedup": speedup, "low": 2.7, "high": 3.1, "steps": 30}]})
 
 
 def test_the_newest_try_of_a_fixs_settings_is_attached() -> None:
@@ -52,5 +53,5 @@ def test_try_records_round_trip_and_foreign_files_are_left_out(tmp_path: Path) -
     other.mkdir()
     (other / "try.json").write_text(json.dumps({"schema": "something/9"}))
     [got] = read_tries(tmp_path)
-    assert got["dir"] == "tries/20260101-000000"
-    assert got["candidates"][0]["speedup"] == 2.0
+    assert got.dir == "tries/20260101-000000"
+    assert got.candidates[0].speedup == 2.0

@@ -29,8 +29,7 @@ Pure functions over one rank's figures; the rules (doctor.rules.communication) w
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -195,8 +194,6 @@ class WhatIf:
     note: str = ""
     value: float | None = None  # the number the setting sets (a bucket cap, in MB)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
 def _step(m: RankComm, exposed: float) -> float:
@@ -278,10 +275,10 @@ class ScalePoint:
         """Throughput per rank against ``base`` (1: perfect scaling)."""
         return (base.step_s * base.ranks) / (self.step_s * self.ranks) if self.step_s else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ranks": self.ranks, "step_s": round(self.step_s, 6),
-                "exposed_s": round(self.exposed_s, 6),
-                "exposed_share": round(self.exposed_share, 4), "across_nodes": self.across_nodes}
+    @property
+    def shown_exposed_share(self) -> float:
+        """Its exposed share as verdict.json and the report give it (four places)."""
+        return round(self.exposed_share, 4)
 
 
 def scaling(m: RankComm, ranks: tuple[int, ...] = SCALES, *,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -65,9 +65,10 @@ class Link:
     source: str  # "NVML", "measured", "stated (DOCTOR_LINK_GBPS)", "interface speed"
     across_nodes: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "gb_per_s": round(self.gb_per_s, 3), "source": self.source,
-                "across_nodes": self.across_nodes}
+    @property
+    def shown_gb_per_s(self) -> float:
+        """Its bandwidth as verdict.json and the report give it (to the MB/s)."""
+        return round(self.gb_per_s, 3)
 
 
 def node_link(record: RunRecord, on_gpu: bool) -> Link | None:
@@ -138,11 +139,6 @@ class RankComms:
         c = self.calls
         return {str(k): float(v) for k, v in c.groupby("bound")["exposed_s"].sum().items()}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "window_s": self.window_s,
-                "link": self.link.to_dict() if self.link else None,
-                "exposed_by_bound_s": self.exposed_by_bound(),
-                "by_kind": self.by_kind().to_dict(orient="records")}
 
 
 def _main_bound(calls: pd.DataFrame) -> str:
@@ -221,6 +217,28 @@ class CommModel:
     scaling: tuple[ScalePoint, ...]
     link: Link | None = None
 
+    @property
+    def bus_gb_per_s(self) -> float:
+        """The bus bandwidth its fit gives (GB/s)."""
+        return self.model.link.beta_bytes_s / 1e9
+
+    @property
+    def exposed_share(self) -> float | None:
+        """Its exposed communication's share of the step (None: no step time)."""
+        m = self.model
+        return m.exposed_s / m.step_s if m.step_s else None
+
+    @property
+    def of_link(self) -> float | None:
+        """Its bus bandwidth's share of its link's (None: the link is not known)."""
+        if self.link is None or not self.link.shown_gb_per_s:
+            return None
+        return self.bus_gb_per_s / self.link.shown_gb_per_s
+
+    def far_point(self, times: int = 4) -> ScalePoint | None:
+        """The first point of its scaling at ``times`` its world or more (None: none)."""
+        return next((p for p in self.scaling if p.ranks >= times * self.model.world), None)
+
     def best(self, fix: str) -> WhatIf | None:
         same = [w for w in self.what_ifs if w.fix == fix]
         return max(same, key=lambda w: w.speedup) if same else None
@@ -239,19 +257,6 @@ class CommModel:
                  for p in self.scaling[1:] if base is not None]
         return pd.DataFrame(rows)
 
-    def to_dict(self) -> dict[str, Any]:
-        m = self.model
-        return {
-            "rank": m.rank, "world": m.world, "step_s": m.step_s, "comm_s": m.comm_s,
-            "exposed_s": m.exposed_s, "bytes_per_step": m.bytes_per_step,
-            "buckets_per_step": m.calls_per_step, "bucket_cap_bytes": m.cap_bytes,
-            "overlap_capacity_s": m.capacity_s, "backward_s": m.backward_s,
-            "overlap_cores": m.overlap_cores,
-            "alpha_s": m.link.alpha_s, "bus_gb_per_s": m.link.beta_bytes_s / 1e9,
-            "fit": m.link.how, "link": self.link.to_dict() if self.link else None,
-            "what_if": [w.to_dict() for w in self.what_ifs],
-            "scaling": [p.to_dict() for p in self.scaling],
-        }
 
 
 def comm_models(run: RunData, comms: Mapping[int, RankComms], window: pd.DataFrame,

@@ -92,30 +92,6 @@ class GpuSummary:
         return max(_zero(self.pcie_rx_bytes_s), _zero(self.pcie_tx_bytes_s)) \
             / self.pcie_link_bytes_s
 
-    def to_dict(self) -> dict[str, Any]:
-        """The verdict's ``gpus`` entry (bytes, fractions, MHz, W; unknown left out)."""
-        out: dict[str, Any] = {
-            "node": self.node, "index": self.index, "name": self.name, "uuid": self.uuid,
-            "ranks": list(self.ranks), "samples": self.samples, "util": self.util,
-            "memory_used_mean_bytes": self.mem_used_mean_bytes,
-            "memory_used_max_bytes": self.mem_used_max_bytes,
-            "memory_total_bytes": self.mem_total_bytes,
-            "pcie_rx_bytes_per_s": self.pcie_rx_bytes_s,
-            "pcie_tx_bytes_per_s": self.pcie_tx_bytes_s,
-            "pcie_link_bytes_per_s": self.pcie_link_bytes_s,
-            "sm_clock_mhz": self.sm_clock_mhz, "sm_clock_max_mhz": self.sm_clock_max_mhz,
-            "clock_ratio": self.clock_ratio, "power_w": self.power_w,
-            "power_limit_w": self.power_limit_w, "power_limit_max_w": self.power_limit_max_w,
-            "temperature_max_c": self.temp_max_c,
-            "power_throttled_share": self.power_throttled,
-            "thermal_throttled_share": self.thermal_throttled,
-            "hw_slowdown_share": self.hw_slowdown, "other_processes": self.other_pids,
-            **{f"gpm_{k}": v for k, v in self.gpm.items()},
-        }
-        if self.gpm_reason:
-            out["gpm_reason"] = self.gpm_reason
-        return {k: v for k, v in out.items()
-                if not (isinstance(v, float) and math.isnan(v)) and v != ""}
 
 
 @dataclass(frozen=True)

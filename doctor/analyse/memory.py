@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -83,20 +82,6 @@ class RankMemory:
     def largest_part(self) -> str | None:
         return max(self.parts, key=lambda k: self.parts[k]) if self.parts else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank, "device": self.device,
-            **{f"{k}_bytes": self.parts.get(k) for k in KINDS},
-            "derived": list(self.derived), "by_dtype": {k: dict(v) for k, v in
-                                                        self.by_dtype.items()},
-            "optimizers": list(self.optimizers), "activations_source": self.activations_source,
-            "resident_bytes": self.resident_bytes, "allocator": dict(self.allocator),
-            "peak_bytes": self.peak_bytes, "peak_source": self.peak_source,
-            "capacity_bytes": self.capacity_bytes, "capacity_source": self.capacity_source,
-            "machine_peak_bytes": self.machine_peak_bytes,
-            "headroom_bytes": self.headroom_bytes, "batch_size": self.batch_size,
-            "growth": self.growth.to_dict() if self.growth else None,
-        }
 
 
 @dataclass(frozen=True)
@@ -105,9 +90,6 @@ class MemoryEvidence:
     workers: tuple[WorkerGrowth, ...] = ()
     world_size: int = 1
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ranks": [m.to_dict() for m in self.ranks.values()],
-                "workers": [w.to_dict() for w in self.workers]}
 
 
 def _sum(rows: pd.DataFrame, kind: str) -> float:

@@ -43,11 +43,6 @@ class Growth:
             return None
         return int(headroom_bytes / self.bytes_per_step)
 
-    def to_dict(self) -> dict[str, object]:
-        return {"source": self.source, "bytes_per_step": self.bytes_per_step,
-                "bytes_per_s": self.bytes_per_s, "first_step": self.first_step,
-                "last_step": self.last_step, "start_bytes": self.start_bytes,
-                "end_bytes": self.end_bytes, "r2": self.r2, "samples": self.samples}
 
 
 def _slope(x: np.ndarray, y: np.ndarray) -> float:
@@ -99,12 +94,6 @@ class WorkerGrowth:
     median_rate_bytes_s: float
     median_life_s: float
 
-    def to_dict(self) -> dict[str, object]:
-        return {"rank": self.rank, "workers": self.workers, "growing": self.growing,
-                "median_growth_bytes": self.median_growth_bytes,
-                "total_growth_bytes": self.total_growth_bytes,
-                "median_rate_bytes_s": self.median_rate_bytes_s,
-                "median_life_s": self.median_life_s}
 
 
 #: Own memory counts as copied when RSS grew by at most this share of it meanwhile.

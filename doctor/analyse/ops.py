@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import pandas as pd
 
@@ -38,10 +37,15 @@ class RankOps:
     def top(self, n: int = TOP) -> pd.DataFrame:
         return self.table[[c for c in SHOWN if c in self.table]].head(n)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "roofs": self.roofs.to_dict() if self.roofs else None,
-                "mfu": self.mfu, "mfu_dtype": self.mfu_dtype, "window_s": self.window_s,
-                "note": self.note, "top": self.top().to_dict(orient="records")}
+    def top_by_bound(self) -> dict[str, float]:
+        """The top ops' share of the op time by class (compute, memory, launch), the largest
+        first; ops with no class left out."""
+        by_bound: dict[str, float] = {}
+        for row in self.top().to_dict(orient="records"):
+            if row.get("bound"):
+                by_bound[row["bound"]] = by_bound.get(row["bound"], 0.0) + float(row["share"] or 0)
+        return dict(sorted(by_bound.items(), key=lambda kv: -kv[1]))
+
 
 
 def _roofs(run: RunData, device: str, gpu_name: str | None) -> Roofs | None:

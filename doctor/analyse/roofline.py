@@ -56,14 +56,6 @@ class Roofs:
     def peak(self, dtype: str) -> float | None:
         return self.flops.get(dtype) or self.flops.get("fp32")
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"flops": dict(self.flops), "bytes_s": self.bytes_s,
-                               "source": self.source, "device": self.device}
-        if self.published is not None:
-            out["published"] = self.published.to_dict()
-            out["cross_check"] = self.cross_check()
-        return out
-
     def cross_check(self) -> str | None:
         """The measured roofs against the published ones, in words (None: nothing to check)."""
         if self.published is None:

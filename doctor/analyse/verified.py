@@ -7,24 +7,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from doctor.store.try_record import TryRecord
 from doctor.tuning import key_of
 from doctor.verdict import Finding, Fix
 
 
-def attach_verified(findings: Sequence[Finding], tries: Sequence[Mapping[str, Any]]
-                    ) -> list[Finding]:
+def attach_verified(findings: Sequence[Finding], tries: Sequence[TryRecord]) -> list[Finding]:
     measured: dict[str, dict[str, Any]] = {}
     for record in tries:  # oldest first: a newer try of the same setting wins
-        for c in record.get("candidates") or []:
+        for c in record.candidates:
             try:
-                key = key_of(c.get("apply") or {})
+                key = key_of(c.apply or {})
             except (ValueError, TypeError):
                 continue
             measured[key] = {
-                "outcome": c.get("outcome"), "why": c.get("why"), "speedup": c.get("speedup"),
-                "low": c.get("low"), "high": c.get("high"), "steps": c.get("steps"),
-                "repeat": record.get("repeat"), "try": record.get("dir"),
-                "unsure": record.get("unsteady"),
+                "outcome": c.outcome, "why": c.why, "speedup": c.speedup,
+                "low": c.low, "high": c.high, "steps": c.steps,
+                "repeat": record.repeat, "try": record.dir or None,
+                "unsure": record.unsteady,
             }
     if not measured:
         return list(findings)

@@ -25,6 +25,7 @@ from doctor.store.samples import (
     PROC_COLUMNS,
     SYSTEM_COLUMNS,
 )
+from doctor.store.try_record import TryRecord
 from doctor.trace.steps import STEP_COLUMNS
 from doctor.verdict import ProbeStatus
 
@@ -196,7 +197,7 @@ class RunRecord:
     t0_ns: Mapping[int, int] = field(default_factory=dict)  # node -> its run's start
     bootstrap_errors: tuple[str, ...] = ()  # one line per process that could not start doctor
     problems: tuple[str, ...] = ()  # records that could not be read and were left out
-    tries: tuple[Mapping[str, Any], ...] = ()  # doctor try records of the run, oldest first
+    tries: tuple[TryRecord, ...] = ()  # doctor try records of the run, oldest first
     gpus: tuple[Mapping[str, Any], ...] = ()  # what each GPU is (gpus.json), with its node
     visible_devices: str | None = None  # the job's CUDA_VISIBLE_DEVICES, when it set one
     links: Mapping[str, Any] | None = None  # the machine's links (doctor.probes.links)

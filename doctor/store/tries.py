@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from doctor.store import layout
 
-from ..errors import UsageError
+from ..errors import RecordSchemaError, UsageError
 from .redact import redact_argv
 from .safe_files import write_atomic, write_text_atomic
+from .try_record import TRY_FORMAT, TryRecord
 
-TRY_FORMAT = "doctor.try/1"
 OUTPUT_TAIL_BYTES = 64 * 1024  # of each attempt's stdout and stderr
 
 
@@ -100,29 +101,35 @@ def merge_tried(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, A
     return tried
 
 
-def write_try(try_dir: Path, record: dict[str, Any]) -> Path:
+def write_try(try_dir: Path, record: TryRecord) -> Path:
     """The try's record, its ``command`` with secrets hidden (doctor.store.redact)."""
     path = try_dir / layout.TRY_RECORD
-    if isinstance(record.get("command"), list):
-        record = {**record, "command": redact_argv(record["command"])}
-    write_text_atomic(path, json.dumps({"schema": TRY_FORMAT, **record}, indent=2,
-                                       default=str))
+    data = record.to_dict()
+    if isinstance(data.get("command"), list):
+        data = {**data, "command": redact_argv(data["command"])}
+    write_text_atomic(path, json.dumps({"schema": TRY_FORMAT, **data}, indent=2, default=str))
     return path
 
 
-def read_try(path: Path) -> dict[str, Any] | None:
+def read_try(path: Path) -> TryRecord | None:
     """A try record, or None when it is unreadable (not a regular file of its own, too large,
-    not JSON: doctor.store.readback) or of another format."""
+    not JSON: doctor.store.readback), of another format, or not of a try record's shape
+    (doctor.store.try_record.check_try)."""
     from .readback import Unreadable, read_json
 
     try:
         record = read_json(path)
     except Unreadable:
         return None
-    return record if isinstance(record, dict) and record.get("schema") == TRY_FORMAT else None
+    if not isinstance(record, dict) or record.get("schema") != TRY_FORMAT:
+        return None
+    try:
+        return TryRecord.from_dict(record)
+    except RecordSchemaError:
+        return None
 
 
-def read_tries(run_dir: Path) -> list[dict[str, Any]]:
+def read_tries(run_dir: Path) -> list[TryRecord]:
     """Every readable try of the run, oldest first, each with ``dir`` (relative to the run)."""
     out = []
     from .readback import real_dir_inside
@@ -132,5 +139,5 @@ def read_tries(run_dir: Path) -> list[dict[str, Any]]:
             continue
         record = read_try(path)
         if record is not None:
-            out.append({**record, "dir": str(path.parent.relative_to(run_dir))})
+            out.append(replace(record, dir=str(path.parent.relative_to(run_dir))))
     return out

@@ -25,6 +25,7 @@ from doctor.reports.escape import escaped, shell_command, shell_word
 from doctor.store.claim import share_run_dir
 from doctor.store.redact import redact_argv
 from doctor.store.tries import attempt_dir, merge_tried, new_try_dir, write_try
+from doctor.store.try_record import TryCandidate, TryRecord
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
 from doctor.tries.measure import AttemptResult, measure, outcome, ratio, steadiness
 from doctor.tries.plan import Plan, plan_try
@@ -102,7 +103,7 @@ def plan_lines(p: Prepared) -> list[str]:
     return lines
 
 
-def execute(p: Prepared, echo: Callable[[str], None]) -> dict[str, Any]:
+def execute(p: Prepared, echo: Callable[[str], None]) -> TryRecord:
     """Run the rounds, measure, write ``try.json``; the record."""
     share_run_dir(p.run_dir)  # no doctor run replaces the run while it is being re-run
     try_dir = new_try_dir(p.run_dir)
@@ -147,7 +148,7 @@ def run_try(p: Prepared, echo: Callable[[str], None]) -> str:
     from doctor.store.safe_files import write_text_atomic
 
     record = execute(p, echo)
-    try_dir = Path(record["dir"])
+    try_dir = Path(record.dir)
     write_text_atomic(try_dir / layout.REPORT, render_try_html(record))
     try:
         finalize_run(p.run_dir)  # the run's own verdict and report now say what was measured
@@ -169,7 +170,7 @@ def _progress(done: int, total: int, round_: int, label: str, a: AttemptResult) 
 
 
 def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: float
-            ) -> dict[str, Any]:
+            ) -> TryRecord:
     base = [a for a in attempts if a.arm == BASELINE]
     rows = []
     for c in p.plan.candidates:
@@ -179,48 +180,48 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
         m = measure(base, mine)
         result, why = outcome(c.apply, mine, m)
         failed = next((a for a in mine if a.failed), None)
-        rows.append({
-            **c.to_dict(), "outcome": result, "why": why, "speedup": m.speedup, "low": m.low,
-            "high": m.high, "per_round": m.per_round, "pooled": m.pooled,
-            "ratio": ratio(m.speedup, c.estimate),
-            "median_step_s": m.candidate_s, "steps": m.steps,
-            "applied": _merged_tried(mine), "errors": sorted({e for a in mine for e in a.errors}),
-            "stderr_tail": failed.stderr_tail if failed else "",
-            "attempts": [str(Path(a.run_dir).relative_to(try_dir)) for a in mine],
-            "steal_share": [a.steal_share for a in mine],
-        })
+        rows.append(TryCandidate(
+            **c.to_dict(), outcome=result, why=why, speedup=m.speedup, low=m.low,
+            high=m.high, per_round=m.per_round, pooled=m.pooled,
+            ratio=ratio(m.speedup, c.estimate),
+            median_step_s=m.candidate_s, steps=m.steps,
+            applied=_merged_tried(mine), errors=sorted({e for a in mine for e in a.errors}),
+            stderr_tail=failed.stderr_tail if failed else "",
+            attempts=[str(Path(a.run_dir).relative_to(try_dir)) for a in mine],
+            steal_share=[a.steal_share for a in mine],
+        ))
     unsteady = steadiness(base, attempts)
-    measured = [r for r in rows if r["outcome"] == "faster" and r["speedup"]]
-    best = max(measured, key=lambda r: r["speedup"])["id"] if measured else None
+    measured = [r for r in rows if r.outcome == "faster" and r.speedup]
+    best = max(measured, key=lambda r: r.speedup or 0.0).id if measured else None
     base_steps = [s for a in base if not a.failed for s in a.step_s]
     base_median = statistics.median(base_steps) if base_steps else None
     wall = time.monotonic() - started
     own = p.steps * p.original_step_s  # the job's own tried steps
     stepping = sum(a.steps_time_s for a in attempts)
     startups = sum(a.startup_s for a in attempts)
-    return {
-        "run": str(p.run_dir), "dir": str(try_dir), "command": p.job.argv, "cwd": p.job.cwd,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "env_notes": p.notes,
-        "steps": p.steps, "steps_per_attempt": p.per_attempt, "stop_at_step": p.stop_at,
-        "repeat": p.repeat, "sweep": p.plan.sweep, "best": best, "unsteady": unsteady,
-        "baseline": {
+    return TryRecord(
+        run=str(p.run_dir), dir=str(try_dir), command=p.job.argv, cwd=p.job.cwd,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), env_notes=p.notes,
+        steps=p.steps, steps_per_attempt=p.per_attempt, stop_at_step=p.stop_at,
+        repeat=p.repeat, sweep=p.plan.sweep, best=best, unsteady=unsteady,
+        baseline={
             "median_step_s": base_median, "steps": len(base_steps),
             "original_median_step_s": p.original_step_s,
             "rounds": [{"round": a.round, "median_step_s": a.median_s, "steps": len(a.step_s),
                         "steal_share": a.steal_share,
                         "dir": str(Path(a.run_dir).relative_to(try_dir))} for a in base],
         },
-        "candidates": rows,
-        "manual": [{"id": m.id, "title": m.title} for m in p.plan.manual],
+        candidates=rows,
+        manual=[{"id": m.id, "title": m.title} for m in p.plan.manual],
         # the budget: the time of every step the attempts ran (warm-up included) over the
         # job's own ``steps`` steps; start-ups, exits and the analysis of each attempt apart
-        "cost": {"wall_s": wall, "attempts": len(attempts),
-                 "steps_run": sum(a.steps_run for a in attempts), "steps_s": stepping,
-                 "startup_s": startups,
-                 "exit_s": sum(max(0.0, a.duration_s - a.startup_s - a.steps_time_s)
-                               for a in attempts),
-                 "job_steps_s": own, "ratio_to_job_steps": stepping / own if own else None},
-    }
+        cost={"wall_s": wall, "attempts": len(attempts),
+              "steps_run": sum(a.steps_run for a in attempts), "steps_s": stepping,
+              "startup_s": startups,
+              "exit_s": sum(max(0.0, a.duration_s - a.startup_s - a.steps_time_s)
+                            for a in attempts),
+              "job_steps_s": own, "ratio_to_job_steps": stepping / own if own else None},
+    )
 
 
 def _merged_tried(attempts: list[AttemptResult]) -> dict[str, Any]:
