@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import doctor_cmd
+from tests.support import doctor_cmd, record_loop, write_record
 
 
 def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
@@ -169,7 +169,6 @@ def test_report_formats_on_the_newest_run(tmp_path: Path) -> None:
 
 
 def test_report_on_a_step_range(tmp_path: Path) -> None:
-    from tests.loops import record_loop, write_record
 
     run_dir = tmp_path / "run"
     record_loop(run_dir, 60, wait_s=0.09, compute_s=0.01, then=(60, 0.001, 0.05))
@@ -249,7 +248,6 @@ def test_a_broken_doctor_of_the_jobs_own_is_not_doctors(tmp_path: Path) -> None:
 
 
 def test_a_run_directory_an_older_doctor_recorded_is_refused_in_one_line(tmp_path: Path) -> None:
-    from tests.loops import record_loop, write_record
 
     old = tmp_path / "old"
     session = record_loop(old, 10)

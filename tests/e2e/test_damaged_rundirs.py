@@ -31,7 +31,7 @@ import pytest
 
 from doctor import cli
 from doctor.store import layout
-from tests.conftest import SAMPLE_JOBS, doctor_cmd
+from tests.support import MARKER_JOB, SAMPLE_JOBS, doctor_cmd
 
 pytestmark = pytest.mark.e2e
 
@@ -324,9 +324,7 @@ def test_every_single_file_mutation_reports_or_is_refused_in_one_line(
 def test_bytes_that_are_not_utf8_in_the_argv_or_out_still_give_a_report(tmp_path: Path) -> None:
     """``doctor run --out $'runs/\\xff' python job.py $'\\xfe'``: the report is written, the
     bytes shown as U+FFFD."""
-    from tests.test_try_safety import JOB
-
-    (tmp_path / "job.py").write_text(JOB)
+    (tmp_path / "job.py").write_text(MARKER_JOB)
     out = os.fsencode(tmp_path / "runs") + b"/\xff"
     ran = subprocess.run([os.fsencode(sys.executable), b"-m", b"doctor.cli", b"run", b"--quiet",
                           b"--window", b"off", b"--out", out, b"--", os.fsencode(sys.executable),

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from doctor.probes import links
 from doctor.store import layout
 from doctor.store.reader import load_run
-from tests.loops import write_record
+from tests.support import write_record
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch without distributed")
 
@@ -71,10 +70,3 @@ def test_the_probe_records_each_ddp_modules_buckets(tmp_path: Path) -> None:
     assert frame["last_bucket_bytes"].iloc[0] == row["bucket_bytes"][-1]
 
 
-def test_links_stated_and_loopback_measured() -> None:
-    assert links.stated_gb_per_s({"DOCTOR_LINK_GBPS": "12.5"}) == 12.5
-    assert links.stated_gb_per_s({"DOCTOR_LINK_GBPS": "fast"}) is None
-    assert links.stated_gb_per_s({}) is None
-    got = links.links({"DOCTOR_LINK_GBPS": "3"})
-    assert got["stated_gb_per_s"] == 3.0 and got["loopback_gb_per_s"] > 0
-    assert links.loopback_gb_per_s(8 * 2**20) > 0

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests import chrome_trace
-from tests.conftest import SAMPLE_JOBS, doctor_cmd
+from tests.support import SAMPLE_JOBS, doctor_cmd
 
 pytestmark = [
     pytest.mark.e2e,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SAMPLE_JOBS, doctor_cmd
+from tests.support import SAMPLE_JOBS, doctor_cmd
 
 pytestmark = pytest.mark.e2e
 

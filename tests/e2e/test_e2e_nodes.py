@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLE_JOBS
+from tests.support import SAMPLE_JOBS
 
 pytestmark = [
     pytest.mark.e2e,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLE_JOBS, doctor_cmd
+from tests.support import SAMPLE_JOBS, doctor_cmd
 
 pytestmark = pytest.mark.e2e
 

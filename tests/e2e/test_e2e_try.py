@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import SAMPLE_JOBS, doctor_cmd, skip_if_the_cores_were_taken
+from tests.support import SAMPLE_JOBS, doctor_cmd, skip_if_the_cores_were_taken
 
 pytestmark = pytest.mark.e2e
 

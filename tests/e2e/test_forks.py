@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 
-from doctor.record import kineto
-
 HANG_S = 150  # a job that has not ended by then hangs (it takes seconds; the machine is shared)
 
 #: A small training loop that forks at the steps named on its command line; each child ends by
@@ -159,23 +157,6 @@ def test_the_profilers_thread_is_stopped_and_a_later_fork_ends(tmp_path: Path) -
     result = run_to_the_end([sys.executable, str(job)], tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "1 stopped 0\n3\n"  # Kineto's one thread, then none; the child's 3
-
-
-def test_the_thread_is_left_to_the_dynolog_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(kineto.ENV_DAEMON, "1")
-    assert kineto.stop_config_thread().startswith("left running: KINETO_USE_DAEMON is set")
-
-
-def test_the_library_is_found_where_the_process_mapped_it(tmp_path: Path) -> None:
-    maps = tmp_path / "maps"
-    maps.write_text(
-        "7f00-7f01 r--p 00000000 08:01 1 /opt/env/lib/libc10.so\n"
-        "7f01-7f02 r-xp 00001000 08:01 2 /opt/env/lib/python3/torch/lib/libtorch_cpu.so\n"
-        "7f02-7f03 rw-p 00000000 00:00 0 [heap]\n")
-    assert kineto.loaded_library(kineto.LIBRARY, str(maps)) == \
-        "/opt/env/lib/python3/torch/lib/libtorch_cpu.so"
-    assert kineto.loaded_library("libnope.so", str(maps)) is None
-    assert kineto.loaded_library(kineto.LIBRARY, str(tmp_path / "absent")) is None
 
 
 #: A Session and its window in a process of its own: a fork while the window is open.

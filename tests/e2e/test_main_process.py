@@ -18,8 +18,7 @@ import pytest
 from doctor.analyse.steps import choice_notes, training_processes
 from doctor.record.session import Session
 from doctor.store.reader import load_run
-from tests.conftest import doctor_cmd
-from tests.loops import FakeClock, write_record
+from tests.support import FakeClock, doctor_cmd, write_record
 
 TRAIN = """
     model = torch.nn.Linear(32, 8)

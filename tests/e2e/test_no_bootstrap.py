@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from doctor.command import bootstrap_blockers
-from tests.conftest import doctor_cmd
+from tests.support import doctor_cmd
 
 JOB = """\
 import sys
@@ -21,19 +20,6 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for _ in range(int(sys.argv[1])):
     model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
 """
-
-
-@pytest.mark.parametrize(("argv", "said"), [
-    (["python", "-I", "train.py"], ["-I"]),
-    (["/venv/bin/python3.11", "-uS", "train.py", "-E"], ["-S"]),  # -E is the script's
-    (["python", "-W", "ignore", "-E", "-m", "pkg"], ["-E"]),
-    (["python", "-Wignore::E", "train.py"], []),  # a warning filter, not -E
-    (["python", "-Im", "pkg"], ["-I"]),
-    (["python", "-c", "import x", "-S"], []),
-    (["torchrun", "-I", "train.py"], []),
-])
-def test_the_options_that_keep_the_bootstrap_out(argv: list[str], said: list[str]) -> None:
-    assert [s.split()[0] for s in bootstrap_blockers(argv)] == said
 
 
 def run(tmp_path: Path, *argv: str) -> dict[str, Any]:

@@ -12,27 +12,11 @@ from pathlib import Path
 import pytest
 
 from doctor.probes.py_spy import (
-    MISSING_HINT,
     PTRACE_HINT,
     RECORD_HINT,
-    py_spy_error,
-    record_failure,
 )
 from doctor.probes.stacks import PySpyRecorder
-from doctor.store.control import read_control
-from tests.conftest import doctor_cmd
-
-RUST_ERROR = """\
-Error: Failed to suspend process
-
-Caused by:
-    Operation not permitted (os error 1)
-
-Stack backtrace:
-   0: py_spy::python_spy::PythonSpy::get_stack_traces
-             at src/python_spy.rs:212:9
-   1: std::rt::lang_start_internal
-"""
+from tests.support import PY_SPY_SUSPEND_ERROR, doctor_cmd
 
 #: A py-spy that reads processes (``dump``) but may not pause them (``record``): the job's
 #: processes (``RECORD_FAILS=job``: all but doctor's throwaway, which prints 'ready') or all.
@@ -80,24 +64,6 @@ for step, x in enumerate(DataLoader(Data(), batch_size=4)):
 """
 
 
-def test_py_spy_s_words_are_kept_without_its_backtrace() -> None:
-    said = py_spy_error(RUST_ERROR)
-    assert said == "Failed to suspend process; Operation not permitted (os error 1)"
-    reason, hint = record_failure(RUST_ERROR, 1)
-    assert reason.startswith("py-spy record was refused") and hint == RECORD_HINT
-    reason, hint = record_failure("Error: no python found in process 12\n", 1)
-    assert "refused" not in reason and hint != RECORD_HINT
-
-
-def test_a_missing_py_spy_says_to_install_it(tmp_path: Path) -> None:
-    recorder = PySpyRecorder(tmp_path, py_spy="")
-    recorder.start()
-    status = recorder.check()
-    assert status.ok and "py-spy is not installed" in status.reason
-    assert status.hint == MISSING_HINT and "pip install py-spy" in status.hint
-    assert read_control(tmp_path).stacks_mode == "in-process"
-
-
 def test_a_py_spy_refused_at_the_check_gives_the_ptrace_hint(tmp_path: Path) -> None:
     spy = _fake_py_spy(tmp_path, dump_ok=False)
     recorder = PySpyRecorder(tmp_path / "run", py_spy=str(spy))
@@ -110,7 +76,7 @@ def test_a_py_spy_refused_at_the_check_gives_the_ptrace_hint(tmp_path: Path) -> 
 
 def _fake_py_spy(folder: Path, dump_ok: bool = True) -> Path:
     spy = folder / "py-spy"
-    text = FAKE_PY_SPY.format(python=sys.executable, error=RUST_ERROR)
+    text = FAKE_PY_SPY.format(python=sys.executable, error=PY_SPY_SUSPEND_ERROR)
     if not dump_ok:
         text = text.replace('if args and args[0] == "dump":', 'if False:')
     spy.write_text(text)

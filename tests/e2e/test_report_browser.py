@@ -24,11 +24,10 @@ from typing import Any
 import pytest
 
 from tests.browser import CANDIDATES, Browser, BrowserUnavailable, Page, find_chromium
-from tests.conftest import SAMPLE_JOBS, doctor_cmd
+from tests.support import SAMPLE_JOBS, SHARED_TRACES, doctor_cmd
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 #: A DDP trace of real GPUs: it brings the ops and communication sections and the widest tables.
-GPU_TRACE = TRACES / "ddp_a100_rank0_of_2_hostbound.json.gz"
+GPU_TRACE = SHARED_TRACES / "ddp_a100_rank0_of_2_hostbound.json.gz"
 
 WINDOW_PX = 1280
 #: The width that Chrome lays a page out at when it prints on A4 with its default 1 cm margins
@@ -117,7 +116,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _trace_report(tmp: Path) -> Path:
     if not GPU_TRACE.is_file():
-        pytest.skip(f"the recorded traces are not here ({TRACES})")
+        pytest.skip(f"the recorded traces are not here ({SHARED_TRACES})")
     out = tmp / "trace.html"
     result = doctor_cmd("report", str(GPU_TRACE), "--format", "html", "-o", str(out))
     assert result.returncode == 0, result.stderr

@@ -20,7 +20,7 @@ from doctor.errors import UsageError
 from doctor.store import layout
 from doctor.store.claim import claim_run_dir, earlier_run, release_run_dir
 from doctor.store.rundir import new_run_dir
-from tests.conftest import doctor_cmd
+from tests.support import doctor_cmd
 
 
 def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
@@ -183,14 +183,6 @@ def test_the_claim_in_process(tmp_path: Path) -> None:
     assert new_run_dir(run_dir, "job", force=True) == run_dir
     release_run_dir(run_dir)
     assert not (run_dir / layout.RUN_RECORD).exists()
-
-
-def test_default_directories_are_new_each_time(tmp_path: Path) -> None:
-    root = tmp_path / "doctor-runs"
-    made = [new_run_dir(None, "job", root) for _ in range(3)]
-    for run_dir in made:
-        release_run_dir(run_dir)
-    assert len(set(made)) == 3 and all(p.parent == root.resolve() for p in made)
 
 
 NODE = {"DOCTOR_NNODES": "2"}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.loops import record_loop, write_record
+from tests.support import record_loop, write_record
 
 HTML_ONLY = ("matplotlib", "jinja2", "markupsafe")
 NEVER_ON_REPORT_PATH = ("torch",)

@@ -10,7 +10,7 @@ import pytest
 from doctor.analyse.pipeline import analyze_run
 from doctor.outputs import finalize_run
 from doctor.verdict import CATEGORIES, check_verdict
-from tests.loops import record_loop, write_record
+from tests.support import record_loop, write_record
 
 
 def test_input_bound_run(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from doctor.trace.beside import Beside
+from tests.support import SHARED_TRACES
 
 PARENT = os.getpid()
 
@@ -54,9 +55,8 @@ def test_without_a_fork_it_is_computed_here() -> None:
 def test_a_trace_analysed_with_its_tables_beside_gives_the_same_run(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from doctor.store import traces
-    from tests.test_doors import TRACES
 
-    path = TRACES / "ddp_v100_rank1_of_2.json.gz"
+    path = SHARED_TRACES / "ddp_v100_rank1_of_2.json.gz"
     if not path.is_file():
         pytest.skip("the shared traces are not beside this checkout")
     monkeypatch.setattr(traces, "BESIDE_EVENTS", 10**12)

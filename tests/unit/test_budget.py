@@ -14,8 +14,7 @@ import pytest
 from doctor.trace import budget, reader
 from doctor.trace.events import Timeline, load_timeline
 from doctor.trace.parallel import load_timeline_parallel
-from tests.test_collect import KINDS, assert_same_timeline
-from tests.test_typed_events import write
+from tests.trace_files import KINDS, assert_same_timeline, write_events
 
 STEP_US = 1000
 
@@ -51,7 +50,7 @@ def test_past_the_budget_the_first_steps_are_kept_whole(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         parallel: bool) -> None:
     monkeypatch.setattr(reader, "BLOCK_CHARS", 4096)  # many blocks: the cut is made as they come
-    path = write(tmp_path / "t.json", kineto_order(steps=20, ops_per_step=30))
+    path = write_events(tmp_path / "t.json", kineto_order(steps=20, ops_per_step=30))
     whole = load_timeline(path, max_events=10**9)
     assert whole.cut is None and len(whole.steps) == 20
     cut = load_timeline_parallel(path, 2, max_events=1000) if parallel else \
@@ -71,14 +70,14 @@ def test_past_the_budget_the_first_steps_are_kept_whole(tmp_path: Path,
 def test_one_step_larger_than_the_budget_is_kept_whole(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reader, "BLOCK_CHARS", 4096)
-    path = write(tmp_path / "t.json", kineto_order(steps=5, ops_per_step=100))
+    path = write_events(tmp_path / "t.json", kineto_order(steps=5, ops_per_step=100))
     cut = load_timeline(path, max_events=150)
     assert cut.cut is not None and cut.cut.kept_steps == 1
     assert len(cut.kernels) == 100 and [n for n, _, _ in cut.steps] == [1]
 
 
 def test_under_the_budget_nothing_is_left_out(tmp_path: Path) -> None:
-    path = write(tmp_path / "t.json", kineto_order(steps=5, ops_per_step=10))
+    path = write_events(tmp_path / "t.json", kineto_order(steps=5, ops_per_step=10))
     small = load_timeline(path, max_events=5 * 31)
     assert small.cut is None
     assert_same_timeline(small, load_timeline(path, max_events=10**9))
@@ -90,7 +89,7 @@ def test_the_verdict_says_what_it_left_out(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(budget, "MAX_EVENTS", 1000)
     monkeypatch.setattr(reader, "BLOCK_CHARS", 4096)
-    path = write(tmp_path / "t.json", kineto_order(steps=20, ops_per_step=30))
+    path = write_events(tmp_path / "t.json", kineto_order(steps=20, ops_per_step=30))
     verdict = analyze_traces([path]).verdict
     [note] = [n for n in verdict.notes if "events:" in n]
     assert "of 20 steps are analysed" in note and "memory stays bounded" in note

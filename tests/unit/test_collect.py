@@ -14,36 +14,12 @@ import pytest
 
 from doctor.trace import events as events_module
 from doctor.trace import reader
-from doctor.trace.collect import COLUMN_TYPES
-from doctor.trace.events import Timeline, build_timeline, load_timeline
+from doctor.trace.events import build_timeline, load_timeline
 from doctor.trace.parallel import load_timeline_parallel
 from tests.reference_collector import reference_from_dicts, reference_timeline
-from tests.test_doors import TRACES
-from tests.test_typed_events import TRICKY, write
+from tests.trace_files import AWKWARD, TRICKY, assert_same_timeline, shared_traces, write_events
 
-KINDS = ("optimizer_steps", "host_ops", "python", "dataloader", "comm_ops", "comm_kernels",
-         "kernels", "memcpy", "memset", "runtime", "memory")
-SHARED = sorted(TRACES.glob("**/*.json.gz")) if TRACES.is_dir() else []
-
-
-def assert_same_timeline(got: Timeline, want: Timeline) -> None:
-    assert got.steps == want.steps
-    assert (got.origin_us, got.first_us, got.last_us) == (want.origin_us, want.first_us,
-                                                         want.last_us)
-    assert got.tids == want.tids
-    assert got.meta == want.meta
-    for kind in KINDS:
-        a, b = getattr(got, kind), getattr(want, kind)
-        np.testing.assert_array_equal(a.start, b.start, err_msg=kind)
-        np.testing.assert_array_equal(a.end, b.end, err_msg=kind)
-        assert list(a.attrs) == list(b.attrs), kind
-        for key, values in a.attrs.items():
-            assert values.dtype == COLUMN_TYPES[key], f"{kind}.{key}"  # the reference's: int64
-            if key == "name":
-                assert [got.names[c] for c in values] == [want.names[c] for c in
-                                                          b.attrs[key]], f"{kind}.{key}"
-            else:
-                np.testing.assert_array_equal(values, b.attrs[key], err_msg=f"{kind}.{key}")
+SHARED = shared_traces()
 
 
 @pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
@@ -55,43 +31,6 @@ def test_every_shared_trace_gives_the_per_event_timeline(path: Path,
     assert_same_timeline(load_timeline(path), reference_timeline(path))
 
 
-AWKWARD: list[dict[str, Any]] = [
-    *TRICKY,
-    {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#x", "ts": 1, "dur": 2, "tid": 4},
-    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 8, "dur": 30,
-     "tid": 1},  # the same step again, earlier: it wins
-    {"ph": "X", "cat": "cpu_op", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter"
-     ".__next__", "ts": 20, "dur": 3, "tid": 9},
-    {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "ts": 21, "dur": 2,
-     "tid": 5},
-    {"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "ts": 22, "dur": 2, "tid": 5,
-     "args": {"Collective name": "allreduce", "In msg nelems": 10, "dtype": "Float",
-              "Group size": 2}},
-    {"ph": "X", "cat": "user_annotation", "name": "c10d::allreduce_", "ts": 22, "dur": 1,
-     "tid": 6},
-    {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": 23,
-     "dur": 5, "tid": "stream 20", "args": {"correlation": 40}},
-    {"ph": "X", "cat": "gpu_user_annotation", "name": "Optimizer.step#SGD.step", "ts": 24,
-     "dur": 1, "tid": "stream 7"},
-    {"ph": "X", "cat": "python_function", "name": "train.py(10): <module>", "ts": 2, "dur": 50,
-     "tid": 1},
-    {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler", "ts": 0, "dur": 1000},
-    {"ph": "X", "cat": "cpu_op", "name": "aten::convolution", "ts": 30, "dur": 4, "tid": 1,
-     "args": {"Input Dims": [[8, 3, 32, 32], [16, 3, 3, 3], [], [], [], [], [], [], []],
-              "Input type": ["c10::Half", "c10::Half"],
-              "Input Strides": [[3072, 1, 96, 3], [27, 1, 9, 3]]}},
-    {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": 31, "dur": -1, "tid": 1},
-    {"ph": "X", "cat": None, "name": None, "ts": 32, "dur": 1, "tid": None},
-    {"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "ts": 33, "dur": 1,
-     "tid": 7, "args": {"correlation": "12"}},
-    {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 34, "dur": 9,
-     "tid": 1},
-    {"ph": "f", "cat": "ac2g", "name": "ac2g", "ts": 35, "id": 3, "bp": "e"},
-    {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 36, "dur": 1,
-     "tid": "stream 7"},
-]
-
-
 @pytest.mark.parametrize("block", [64, 300, 1 << 20])
 def test_awkward_events_give_the_per_event_timeline(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch,
@@ -100,7 +39,7 @@ def test_awkward_events_give_the_per_event_timeline(tmp_path: Path,
     monkeypatch.setattr(events_module, "SCANNER", False)  # msgspec's blocks, cut small
     events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
               for k in range(5) for ev in AWKWARD]
-    path = write(tmp_path / "t.json", events)
+    path = write_events(tmp_path / "t.json", events)
     got = load_timeline(path)
     assert_same_timeline(got, reference_timeline(path))
     assert_same_timeline(build_timeline(events), reference_from_dicts(events))
@@ -136,7 +75,7 @@ def test_awkward_events_read_on_several_cores(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(reader, "BLOCK_CHARS", block)
     events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
               for k in range(20) for ev in AWKWARD]
-    path = write(tmp_path / "t.json", events)
+    path = write_events(tmp_path / "t.json", events)
     assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
 
 
@@ -157,7 +96,8 @@ def test_a_single_large_trace_is_read_on_several_cores(tmp_path: Path,
     real = parallel.load_timeline_parallel
     monkeypatch.setattr(parallel, "load_timeline_parallel",
                         lambda p, w: calls.append(w) or real(p, w))
-    path = write(tmp_path / "t.json", [ev for ev in TRICKY if isinstance(ev.get("args"), dict)])
+    path = write_events(tmp_path / "t.json",
+                        [ev for ev in TRICKY if isinstance(ev.get("args"), dict)])
     [got] = traces.read_timelines([path], workers=2)
     assert calls == ([] if scanner else [2])
     assert_same_timeline(got, reference_timeline(path))
@@ -171,7 +111,7 @@ def test_a_cut_inside_a_string_is_read_again_one_block_after_the_other(
     # the last "}, {" before each block's end is inside a name, not between events
     events = [{"ph": "X", "cat": "cpu_op", "name": f"op{k} }}, {{" + "y" * 1500, "ts": k,
                "dur": 1, "tid": 1} for k in range(40)]
-    path = write(tmp_path / "t.json", events)
+    path = write_events(tmp_path / "t.json", events)
     again = []
     monkeypatch.setattr(parallel, "load_timeline",
                         lambda p, limit: again.append(p) or load_timeline(p, limit))
@@ -207,28 +147,9 @@ def test_a_daemonic_process_reads_a_trace_by_itself(tmp_path: Path,
     from doctor.store import traces
 
     monkeypatch.setattr(traces, "PARALLEL_BYTES", 0)
-    path = write(tmp_path / "t.json", AWKWARD)
+    path = write_events(tmp_path / "t.json", AWKWARD)
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_host_ops_read_in, (path,)) == len(reference_timeline(path).host_ops)
-
-
-def _stuck(text: str) -> None:
-    import time
-
-    time.sleep(5)
-
-
-def test_a_block_that_never_comes_back_is_read_again_here(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
-    """A worker killed (out of memory) loses its block without a word from the pool: after a
-    while the trace is read again one block after the other, not waited for forever."""
-    from doctor.trace import parallel
-
-    monkeypatch.setattr(parallel, "_collect", _stuck)
-    monkeypatch.setattr(parallel, "BLOCK_TIMEOUT_S", 0.2)
-    path = write(tmp_path / "t.json", AWKWARD * 3)
-    assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
 
 
 def test_blocks_go_to_the_workers_through_shared_memory_or_the_pipe(
@@ -252,7 +173,7 @@ def test_blocks_go_to_the_workers_through_shared_memory_or_the_pipe(
                "ts": 10 * k, "dur": 5, "tid": 1 + k % 3} for k in range(400)]
     events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}",
                 "ts": 1000 * s, "dur": 1000, "tid": 1} for s in range(4)]
-    path = write(tmp_path / "t.json", events)
+    path = write_events(tmp_path / "t.json", events)
     assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
     assert "ring" in handed and "pipe" in handed
 

@@ -21,7 +21,7 @@ from doctor.trace.collectives import (
 )
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import build_timeline, load_timeline
-from tests.test_doors import TRACES
+from tests.support import SHARED_TRACES
 
 
 def kind(name: str) -> str:
@@ -89,7 +89,7 @@ def test_nested_communication_ops_are_one_collective() -> None:
 
 
 def _events(name: str) -> list[dict]:
-    path = TRACES / name
+    path = SHARED_TRACES / name
     if not path.is_file():
         pytest.skip(f"{path} is not here (../shared/traces)")
     with gzip.open(path, "rt") as f:
@@ -100,7 +100,7 @@ def test_nccl_kernels_carry_their_message_in_a_newer_trace() -> None:
     name = "ddp_a100_rank0_of_2_hostbound.json.gz"
     raw = [e for e in _events(name) if e.get("cat") == "kernel" and
            e.get("args", {}).get("Collective name") == "allreduce"]
-    calls = collective_calls(load_timeline(TRACES / name))
+    calls = collective_calls(load_timeline(SHARED_TRACES / name))
     ours = calls[calls["kind"] == "allreduce"]
     assert sorted(ours["bytes"]) == sorted(e["args"]["In msg nelems"] * 4 for e in raw)
     first = min(raw, key=lambda e: e["ts"])
@@ -121,7 +121,7 @@ def test_kernels_without_arguments_take_the_message_of_the_op_that_launched_them
             for x in shape:
                 n *= x
             dims[n * 4] += 1
-    calls = collective_calls(load_timeline(TRACES / name))
+    calls = collective_calls(load_timeline(SHARED_TRACES / name))
     assert Counter(calls.loc[calls["kind"] == "allreduce", "bytes"]) == dims
     # all-to-all runs as SendRecv kernels: the launching op names the collective
     assert (calls["kind"] == "alltoall").sum() == 42 and (calls["kind"] == "sendrecv").sum() == 0

@@ -4,9 +4,6 @@ cases; and the rules that word it."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import pandas as pd
 import pytest
 
 from doctor.analyse.comm_model import (
@@ -19,70 +16,50 @@ from doctor.analyse.comm_model import (
     rank_comm,
     scaling,
 )
-from doctor.analyse.comms import CommModel, critical
+from doctor.analyse.comms import critical
 from doctor.rules import communication, run_rules
-from tests.evidence import evidence
-from tests.test_rules_gpu import steps
+from tests.support import comm_calls, comm_model, comm_window, ddp_buckets, evidence, steps
 
 MB = 2**20
-
-
-def calls(sizes: list[float], seconds: list[float], bound: str = "bandwidth",
-          steps_n: int = 1) -> pd.DataFrame:
-    rows = [{"kind": "allreduce", "bytes": b, "seconds": s, "bound": bound, "waiting_s": 0.0,
-             "pid": 1, "on_gpu": True} for _ in range(steps_n)
-            for b, s in zip(sizes, seconds, strict=True)]
-    return pd.DataFrame(rows)
-
-
-def ddp(**values: Any) -> pd.DataFrame:
-    row = {"pid": 1, "bucket_cap_bytes": 25 * MB, "last_bucket_bytes": None, "dtypes": "float",
-           "backward_compute_s": None}
-    row.update(values)
-    return pd.DataFrame([row])
-
-
-def window(step: float, comm: float, exposed: float, n: int = 1) -> pd.DataFrame:
-    return pd.DataFrame({"rank": [0] * n, "dur_s": [step] * n, "comm_s": [comm] * n,
-                         "comm_exposed_s": [exposed] * n})
 
 
 def test_the_fit_recovers_latency_and_bandwidth_from_calls_of_several_sizes() -> None:
     alpha, beta = 50e-6, 10e9
     sizes = [64 * 1024, 1 * MB, 8 * MB, 32 * MB]
     secs = [alpha + s / beta for s in sizes]  # 2 ranks: the bus carries the message once
-    fit = fit_link(calls(sizes, secs), world=2)
+    fit = fit_link(comm_calls(sizes, secs), world=2)
     assert fit is not None and fit.how == "fit"
     assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
     assert fit.beta_bytes_s == pytest.approx(beta, rel=1e-6)
     # one size only: bandwidth from the calls, no latency to separate
-    same = fit_link(calls([25 * MB] * 3, [0.05] * 3), world=2)
+    same = fit_link(comm_calls([25 * MB] * 3, [0.05] * 3), world=2)
     assert same is not None and same.how == "bandwidth, latency unknown" and same.alpha_s == 0
     assert same.beta_bytes_s == pytest.approx(25 * MB / 0.05)
     # calls that waited for another rank say nothing of the link
-    assert fit_link(calls([25 * MB], [0.05], bound="waiting"), world=2) is None
-    assert fit_link(calls([25 * MB], [0.05]), world=1) is None
+    assert fit_link(comm_calls([25 * MB], [0.05], bound="waiting"), world=2) is None
+    assert fit_link(comm_calls([25 * MB], [0.05]), world=1) is None
 
 
 def test_one_big_bucket_exposed_more_buckets_overlap_backward_when_a_core_is_free() -> None:
     # 100 MB in one bucket, 80 ms of all-reduce all exposed, 100 ms of backward beside it
-    m = rank_comm(0, 2, window(0.3, 0.08, 0.08), calls([100 * MB], [0.08]),
-                  ddp(bucket_cap_bytes=128 * MB, backward_compute_s=0.1))
+    m = rank_comm(0, 2, comm_window(0.3, 0.08, 0.08), comm_calls([100 * MB], [0.08]),
+                  ddp_buckets(bucket_cap_bytes=128 * MB, backward_compute_s=0.1))
     assert m is not None and m.buckets == 1 and m.capacity_s == 0.0
     best = max(bucket_what_ifs(m), key=lambda w: w.speedup)
     assert best.speedup > 1.2  # 4 buckets of 32 MB: three of them hide behind backward
     assert best.setting == "bucket_cap_mb=32"
     # the same job with no core to spare for the communication threads: no gain predicted
-    busy = rank_comm(0, 2, window(0.3, 0.08, 0.08), calls([100 * MB], [0.08]),
-                     ddp(bucket_cap_bytes=128 * MB, backward_compute_s=0.1), overlap_cores=0.0)
+    busy = rank_comm(0, 2, comm_window(0.3, 0.08, 0.08), comm_calls([100 * MB], [0.08]),
+                     ddp_buckets(bucket_cap_bytes=128 * MB, backward_compute_s=0.1),
+                     overlap_cores=0.0)
     assert busy is not None
     assert max(w.speedup for w in bucket_what_ifs(busy)) == pytest.approx(1.0)
 
 
 def test_overlap_capacity_measured_and_scaled_with_buckets() -> None:
     # 4 buckets; 40 of 100 ms exposed, more than the last bucket: capacity is the overlap seen
-    m = rank_comm(0, 2, window(0.3, 0.1, 0.04), calls([25 * MB] * 4, [0.025] * 4),
-                  ddp(last_bucket_bytes=25 * MB))
+    m = rank_comm(0, 2, comm_window(0.3, 0.1, 0.04), comm_calls([25 * MB] * 4, [0.025] * 4),
+                  ddp_buckets(last_bucket_bytes=25 * MB))
     assert m is not None and m.capacity_s == pytest.approx(0.06)
     assert overlap_capacity(m, 2) == pytest.approx(0.06 * 0.5 / 0.75)
     assert overlap_capacity(m, 1) == 0.0
@@ -91,20 +68,20 @@ def test_overlap_capacity_measured_and_scaled_with_buckets() -> None:
 
 
 def test_no_sync_and_compression_cut_the_exposed_time_in_proportion() -> None:
-    m = rank_comm(0, 2, window(0.2, 0.1, 0.1), calls([100 * MB], [0.1]), ddp())
+    m = rank_comm(0, 2, comm_window(0.2, 0.1, 0.1), comm_calls([100 * MB], [0.1]), ddp_buckets())
     assert m is not None
     w = no_sync_what_if(m, every=4)
     assert w.step_s == pytest.approx(0.1 + 0.1 / 4)
     c = compress_what_if(m)
     assert c is not None and c.exposed_s == pytest.approx(0.05)  # half the bytes, no latency
-    half = rank_comm(0, 2, window(0.2, 0.1, 0.1), calls([100 * MB], [0.1]),
-                     ddp(dtypes="c10::BFloat16".lower()))
+    half = rank_comm(0, 2, comm_window(0.2, 0.1, 0.1), comm_calls([100 * MB], [0.1]),
+                     ddp_buckets(dtypes="c10::BFloat16".lower()))
     assert half is not None and compress_what_if(half) is None  # already half precision
 
 
 def test_scaling_exposed_share_grows_with_ranks_and_with_a_slower_link() -> None:
-    m = rank_comm(0, 2, window(0.2, 0.05, 0.02), calls([50 * MB] * 2, [0.025] * 2),
-                  ddp(last_bucket_bytes=50 * MB))
+    m = rank_comm(0, 2, comm_window(0.2, 0.05, 0.02), comm_calls([50 * MB] * 2, [0.025] * 2),
+                  ddp_buckets(last_bucket_bytes=50 * MB))
     assert m is not None
     points = scaling(m)
     assert points[0].ranks == 2 and points[0].step_s == pytest.approx(0.2)
@@ -118,16 +95,9 @@ def test_scaling_exposed_share_grows_with_ranks_and_with_a_slower_link() -> None
         p for p in points if p.ranks == 16).exposed_share
 
 
-def model(step: float = 0.2, comm: float = 0.1, exposed: float = 0.1) -> CommModel:
-    m = rank_comm(0, 2, window(step, comm, exposed), calls([100 * MB], [comm]),
-                  ddp(bucket_cap_bytes=128 * MB, backward_compute_s=0.08))
-    assert m is not None
-    return CommModel(m, (*bucket_what_ifs(m), no_sync_what_if(m)), tuple(scaling(m)))
-
-
 def test_the_exposed_finding_takes_its_fixes_and_estimates_from_the_model() -> None:
     frame = steps(comm_s=0.1, comm_exposed_s=0.1, dur_s=0.2)
-    ev = evidence(window=frame, comm_models={0: model()}, world_size=2)
+    ev = evidence(window=frame, comm_models={0: comm_model()}, world_size=2)
     (f,) = [f for f in run_rules(ev, [communication.exposed_communication]).findings]
     estimates = [x.estimated_speedup for x in f.fixes]
     assert all(e is not None and e >= 1.02 for e in estimates)
@@ -136,7 +106,7 @@ def test_the_exposed_finding_takes_its_fixes_and_estimates_from_the_model() -> N
     cap = bucket.apply["ddp"]["bucket_cap_mb"]
     assert f"bucket_cap_mb={cap:g}" in bucket.code and cap < 128
     # a model that can size nothing (no exposed time left once waits are out): fixes as they are
-    (h,) = run_rules(evidence(window=frame, comm_models={0: model(exposed=0.0)}, world_size=2),
+    (h,) = run_rules(evidence(window=frame, comm_models={0: comm_model(exposed=0.0)}, world_size=2),
                      [communication.exposed_communication]).findings
     assert len(h.fixes) == 3 and all(x.estimated_speedup is None for x in h.fixes)
     # without a model, the fixes come without estimates
@@ -146,18 +116,18 @@ def test_the_exposed_finding_takes_its_fixes_and_estimates_from_the_model() -> N
 
 
 def test_the_scaling_finding_says_the_share_at_four_times_the_ranks() -> None:
-    ev = evidence(comm_models={0: model()})
+    ev = evidence(comm_models={0: comm_model()})
     (f,) = run_rules(ev, [communication.scaling_outlook]).findings
     assert f.severity == "info" and f.evidence["ranks"] == 8
     assert f.evidence["exposed_share"] > f.evidence["exposed_share_now"]
     assert f"{f.evidence['exposed_share']:.0%}" in f.title
     # little communication: nothing to say
-    quiet = evidence(comm_models={0: model(step=1.0, comm=0.01, exposed=0.001)})
+    quiet = evidence(comm_models={0: comm_model(step=1.0, comm=0.01, exposed=0.001)})
     assert run_rules(quiet, [communication.scaling_outlook]).findings == []
 
 
 def test_the_critical_rank_is_the_one_with_most_exposed_communication() -> None:
-    a, b, c = (model(exposed=e) for e in (0.02, 0.09, 0.05))
+    a, b, c = (comm_model(exposed=e) for e in (0.02, 0.09, 0.05))
     picked = critical({0: a, 1: b, 2: c})
     assert picked is not None and picked.model.exposed_s == pytest.approx(0.09)
     assert critical({}) is None
@@ -194,7 +164,7 @@ def test_sizes_whose_times_no_line_explains_give_the_best_bandwidth_and_the_smal
     # a big bucket at 100 GB/s; a mid one slowed by traffic beside it; small ones at ~60 us
     sizes = [180 * MB, 18 * MB, 1 * MB, 180 * MB, 18 * MB, 1 * MB]
     secs = [1.8e-3, 4.5e-3, 60e-6 + MB / 1e11, 1.9e-3, 2.0e-3, 70e-6 + MB / 1e11]
-    fit = fit_link(calls(sizes, secs), world=2)
+    fit = fit_link(comm_calls(sizes, secs), world=2)
     assert fit is not None and fit.how == "bandwidth"
     assert fit.beta_bytes_s == pytest.approx(180 * MB / 1.8e-3)
     assert 40e-6 < fit.alpha_s < 80e-6
@@ -205,7 +175,7 @@ def test_the_summary_line_names_the_critical_rank_its_link_and_the_share_at_scal
     from doctor.verdict import Verdict
 
     link = {"name": "TCP loopback", "gb_per_s": 1.5, "source": "measured"}
-    ranks = [{**model(exposed=e).to_dict(), "link": link} for e in (0.02, 0.1)]
+    ranks = [{**comm_model(exposed=e).to_dict(), "link": link} for e in (0.02, 0.1)]
     ranks[1]["rank"] = 1
     verdict = Verdict(bottleneck="communication", shares={}, steps={}, findings=[], probes={},
                       job={}, extra={"comm_model": ranks})
@@ -219,9 +189,10 @@ def test_the_summary_line_names_the_critical_rank_its_link_and_the_share_at_scal
 def test_all_reduces_of_unknown_size_take_ddps_mean_bucket() -> None:
     from doctor.analyse.comms import sized_by_ddp
 
-    frame = calls([float("nan")] * 4, [0.01] * 4)
-    sized = sized_by_ddp(frame, ddp(buckets=4, bucket_bytes=100 * MB))
+    frame = comm_calls([float("nan")] * 4, [0.01] * 4)
+    sized = sized_by_ddp(frame, ddp_buckets(buckets=4, bucket_bytes=100 * MB))
     assert sized["bytes"].tolist() == [25 * MB] * 4
-    assert sized_by_ddp(frame, ddp().iloc[0:0])["bytes"].isna().all()  # no DDP seen
-    known = calls([8 * MB], [0.01])
-    assert sized_by_ddp(known, ddp(buckets=1, bucket_bytes=1.0))["bytes"].tolist() == [8 * MB]
+    assert sized_by_ddp(frame, ddp_buckets().iloc[0:0])["bytes"].isna().all()  # no DDP seen
+    known = comm_calls([8 * MB], [0.01])
+    by_ddp = sized_by_ddp(known, ddp_buckets(buckets=1, bucket_bytes=1.0))
+    assert by_ddp["bytes"].tolist() == [8 * MB]

@@ -15,7 +15,7 @@ from doctor.analyse.comms import (
     classify,
     waiting_times,
 )
-from tests.test_doors import TRACES
+from tests.support import SHARED_TRACES
 
 
 def calls(rows: list[tuple[int, str, float, float, float | None]]) -> pd.DataFrame:
@@ -56,7 +56,7 @@ def test_ranks_with_different_collectives_are_not_matched() -> None:
 def test_two_sampled_ranks_of_a_recsys_job() -> None:
     from doctor.analyse.pipeline import analyze_traces
 
-    paths = [TRACES / "recsys_128_ranks_sampled" / f"rank-{r}.json.gz" for r in (0, 1)]
+    paths = [SHARED_TRACES / "recsys_128_ranks_sampled" / f"rank-{r}.json.gz" for r in (0, 1)]
     if not all(p.is_file() for p in paths):
         pytest.skip("the recsys traces are not here (../shared/traces)")
     analysis = analyze_traces(paths)

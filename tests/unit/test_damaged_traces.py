@@ -19,7 +19,7 @@ from doctor.reports.text import render_text
 from doctor.trace import events as events_module
 from doctor.trace import scan
 from doctor.trace.events import Timeline, load_timeline
-from tests.test_collect import AWKWARD, assert_same_timeline
+from tests.trace_files import AWKWARD, assert_same_timeline
 
 COLL = ('{"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "ts": 1, "dur": 2, "tid": 5, '
         '"args": %s}')

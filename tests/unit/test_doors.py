@@ -18,9 +18,8 @@ from doctor.reports.text import headline
 from doctor.store.layout import process_dir
 from doctor.store.reader import load_run
 from doctor.store.traces import load_traces
-from tests.loops import record_loop, write_record
+from tests.support import SHARED_TRACES, record_loop, write_record
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 STEP_US = 10_000.0
 DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 IO_FRAME = "read_shard (/data/job.py:20)"
@@ -128,18 +127,19 @@ def test_an_input_pipeline_of_two_stages_outweighs_compute_in_both_doors(tmp_pat
 
 
 def shared_traces() -> list[str]:
-    if not TRACES.is_dir():
+    if not SHARED_TRACES.is_dir():
         return []
-    return sorted(str(p.relative_to(TRACES)) for p in TRACES.rglob("*.json.gz"))
+    return sorted(str(p.relative_to(SHARED_TRACES)) for p in SHARED_TRACES.rglob("*.json.gz"))
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(),
+                    reason=f"the recorded traces are not here ({SHARED_TRACES})")
 @pytest.mark.parametrize("name", shared_traces())
 def test_a_shared_trace_gives_one_verdict_as_a_trace_and_as_a_run_directory(
         tmp_path: Path, name: str) -> None:
     """The trace as its own RunData, and the same trace as the only record of a run directory's
     training process: one pipeline, one answer."""
-    trace = TRACES / name
+    trace = SHARED_TRACES / name
     alone = analyze_traces([trace]).verdict
     proc = process_dir(tmp_path, 0, "main", 4242)
     proc.mkdir(parents=True)

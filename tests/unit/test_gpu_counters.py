@@ -16,7 +16,7 @@ from doctor.reports.html import render_html
 from doctor.reports.text import render_text
 from doctor.verdict import Verdict, check_verdict
 from tests.fake_nvml import GIB, FakeGpu, FakeNvml, const, mark_cuda, sample_run
-from tests.loops import record_loop, write_record
+from tests.support import record_loop, write_record
 
 PID = os.getpid()  # the recorded loops' training process
 UUIDS = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(4)]

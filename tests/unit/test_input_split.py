@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,25 +12,19 @@ from doctor.analyse.frames import MAIN_SCOPE, WORKER_SCOPE, classify, load_rules
 from doctor.analyse.split import StageSplit, rank_split
 from doctor.analyse.steps import training_processes
 from doctor.errors import FrameRulesError
-from doctor.probes.stacks import InProcessSampler, PySpyRecorder
-from doctor.store.control import in_process_stacks, read_control
+from doctor.probes.stacks import PySpyRecorder
+from doctor.store.control import in_process_stacks
 from doctor.store.reader import load_run
 from doctor.store.stacks import StackSamples, parse_raw, read_stacks
-from tests.conftest import doctor_cmd
-from tests.loops import record_loop, write_record
+from tests.support import LOADER_MAIN_STACK, ROOT, record_loop, write_record
 
-MAIN = ("<module> (train.py:80)", "main (train.py:67)",
-        "__next__ (probes/dataloader.py:72)",
-        "_BaseDataLoaderIter.__next__ (torch/utils/data/dataloader.py:725)",
-        "_SingleProcessDataLoaderIter._next_data (torch/utils/data/dataloader.py:785)",
-        "fetch (probes/dataloader.py:115)",
-        "_MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:52)")
 WORKER = ("_worker_loop (torch/utils/data/_utils/worker.py:349)",
           "_MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:52)")
 
 
 def test_decoders_are_decode() -> None:
-    stack = (*MAIN, "Dataset.__getitem__ (train.py:30)", "Image.convert (PIL/Image.py:995)",
+    stack = (*LOADER_MAIN_STACK, "Dataset.__getitem__ (train.py:30)",
+             "Image.convert (PIL/Image.py:995)",
              "ImageFile.load (PIL/ImageFile.py:300)")
     assert classify(stack, MAIN_SCOPE) == ("decode", "ImageFile.load (PIL/ImageFile.py:300)")
 
@@ -72,7 +63,7 @@ def test_calls_into_c_are_classified_by_their_source_line(tmp_path: Path) -> Non
 
 def test_samples_outside_loading_and_doctors_own_are_set_apart() -> None:
     assert classify(("<module> (train.py:1)", "forward (model.py:3)"), MAIN_SCOPE) is None
-    own = (*MAIN, "Session.record_interval (doctor/record/session.py:166)")
+    own = (*LOADER_MAIN_STACK, "Session.record_interval (doctor/record/session.py:166)")
     assert classify(own, MAIN_SCOPE)[0] == "doctor"  # type: ignore[index]
 
 
@@ -80,7 +71,7 @@ def test_extra_rules_extend_the_table_without_code(tmp_path: Path) -> None:
     extra = tmp_path / "rules.json"
     extra.write_text(json.dumps({"rules": [
         {"category": "decode", "function": "^parse_record$"}]}))
-    rules = load_rules([extra, Path(__file__).parents[1] / "doctor/analyse/data/input_frames.json"])
+    rules = load_rules([extra, ROOT / "doctor/analyse/data/input_frames.json"])
     stack = (*WORKER, "parse_record (/srv/mydata.py:10)")
     assert classify(stack, WORKER_SCOPE, rules)[0] == "decode"  # type: ignore[index]
     bad = tmp_path / "bad.json"
@@ -90,24 +81,6 @@ def test_extra_rules_extend_the_table_without_code(tmp_path: Path) -> None:
     bad.write_text('{"rules": [{"category": "decode", "function": "(unclosed"}]}')
     with pytest.raises(FrameRulesError, match="not a regular expression"):
         load_rules([bad])
-
-
-def test_a_malformed_rules_file_is_one_line_and_exit_status_2(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    main = record_loop(run, 30, wait_s=0.08, compute_s=0.02).directory
-    write_record(run)
-    decode = (*MAIN, "ImageFile.load (PIL/ImageFile.py:300)")
-    (main / "stacks.txt").write_text(f"{';'.join(decode)} 80\n")
-    (main / "stacks.json").write_text(json.dumps(
-        {"recorder": "py-spy", "rate_hz": 50, "start_ns": 0, "end_ns": int(2e9), "taken": 80}))
-    mine = tmp_path / "mine.json"
-    mine.write_text('{"rules": [')
-    result = doctor_cmd("report", str(run), "--format", "json",
-                        env={"DOCTOR_FRAME_RULES": str(mine)})
-    assert result.returncode == 2
-    assert result.stdout == ""
-    [line] = result.stderr.strip().splitlines()
-    assert line.startswith(f"doctor: DOCTOR_FRAME_RULES={mine}: not JSON")
 
 
 def samples(stacks: dict, rate_hz: float = 50.0) -> StackSamples:  # type: ignore[type-arg]
@@ -149,7 +122,7 @@ def test_a_read_inside_a_decoder_is_io_by_its_source_line(tmp_path: Path) -> Non
 
 def test_rank_split_reads_the_main_process_samples(tmp_path: Path) -> None:
     main = record_loop(tmp_path, 30, wait_s=0.08, compute_s=0.02).directory
-    decode = (*MAIN, "ImageFile.load (PIL/ImageFile.py:300)")
+    decode = (*LOADER_MAIN_STACK, "ImageFile.load (PIL/ImageFile.py:300)")
     compute = ("<module> (train.py:80)", "forward (model.py:3)")
     (main / "stacks.txt").write_text(f"{';'.join(decode)} 80\n{';'.join(compute)} 20\n")
     (main / "stacks.json").write_text(json.dumps(
@@ -178,58 +151,6 @@ def test_only_the_main_thread_of_a_process_is_kept(tmp_path: Path) -> None:
 def test_parse_raw_keeps_counts_of_repeated_stacks() -> None:
     text = "a (x.py:1);b (y.py:2) 3\na (x.py:1);b (y.py:2) 2\nbroken line\n"
     assert parse_raw(text) == {("a (x.py:1)", "b (y.py:2)"): 5}
-
-
-def busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    x = 0
-    while time.perf_counter() < end:
-        x += 1
-
-
-def busy_then_sleep(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        busy(0.01)
-        time.sleep(0.03)
-
-
-def test_in_process_sampler_counts_blocked_time_too(tmp_path: Path) -> None:
-    sampler = InProcessSampler(tmp_path, threading.get_ident(),
-                               rate_hz=100, span_s=0.5)
-    sampler.start()
-    busy_then_sleep(0.8)
-    sampler._thread.join(timeout=5)
-    got = read_stacks(tmp_path)
-    assert got is not None and got.recorder == "in-process"
-    assert got.taken == got.count > 0
-    asleep = sum(n for s, n in got.stacks.items() if s[-1].startswith("busy_then_sleep "))
-    assert asleep >= 0.5 * got.count  # 3/4 of the time is spent asleep
-
-
-def fake_py_spy(tmp_path: Path, body: str) -> str:
-    path = tmp_path / "py-spy"
-    path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
-    path.chmod(0o755)
-    return str(path)
-
-
-def test_refused_ptrace_falls_back_to_the_in_process_sampler(tmp_path: Path) -> None:
-    spy = fake_py_spy(tmp_path, """
-        import sys
-        print("Error: Permission denied (os error 1)", file=sys.stderr)
-        sys.exit(1)
-    """)
-    recorder = PySpyRecorder(tmp_path, py_spy=spy)
-    recorder.start()
-    deadline = time.monotonic() + 30
-    while not in_process_stacks(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the ptrace check runs in a thread: wait for its answer
-    assert in_process_stacks(tmp_path)
-    assert "Permission denied" in read_control(tmp_path).stacks_reason
-    status = recorder.check()
-    assert status.ok and "in-process sampler" in status.reason
-    assert "SYS_PTRACE" in status.hint
 
 
 def test_missing_py_spy_falls_back_at_once(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from doctor.analyse.window import WindowSplit
 from doctor.categories import CATEGORIES
 from doctor.record.session import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END
 from doctor.store.reader import load_run
-from tests.loops import FakeClock, record_loop, write_record
+from tests.support import FakeClock, record_loop, write_record
 
 
 def ledger_of(run_dir: Path, fractions: dict[int, dict[str, float]] | None = None,

@@ -20,9 +20,7 @@ from doctor.rules import Evidence
 from doctor.rules.memory_fit import headroom, memory_fixes, near_limit
 from doctor.rules.memory_growth import creep
 from tests.fake_nvml import FakeGpu, FakeNvml, const, mark_cuda, sample_run
-from tests.loops import FakeClock, write_record
-from tests.test_doors import TRACES
-from tests.test_memory_probe import fake_torch
+from tests.support import SHARED_TRACES, FakeClock, fake_torch, write_record
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
@@ -234,9 +232,10 @@ def test_the_creep_rule_is_quiet_without_growth() -> None:
     assert creep(Evidence(memory_use=MemoryEvidence({0: gpu_rank()}))) == []
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(),
+                    reason=f"the recorded traces are not here ({SHARED_TRACES})")
 def test_a_trace_with_memory_events_gives_the_allocator_per_step() -> None:
-    analysis = analyze_traces([TRACES / "ddp_v100_rank1_of_2.json.gz"])
+    analysis = analyze_traces([SHARED_TRACES / "ddp_v100_rank1_of_2.json.gz"])
     [m] = analysis.verdict.extra["memory"]["ranks"]
     assert m["rank"] == 1 and m["device"] == "cuda"
     # what the trace's [memory] events say on its GPU (device 1), each of its 5 steps alike

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from doctor.probes.memory import MemoryProbe
@@ -11,41 +10,9 @@ from doctor.record.session import Session
 from doctor.rules import Evidence
 from doctor.rules.memory import fragmentation
 from doctor.store.samples import read_memory
-from tests.loops import FakeClock
+from tests.support import FakeClock, FakeCuda, fake_torch
 
 MIB = 1 << 20
-
-
-class FakeCuda:
-    def __init__(self) -> None:
-        self.stats = {"allocated_bytes.all.current": 2000 * MIB,
-                      "reserved_bytes.all.current": 6000 * MIB,
-                      "inactive_split_bytes.all.current": 1500 * MIB,
-                      "num_alloc_retries": 3, "num_ooms": 0,
-                      "reserved_bytes.all.peak": 6500 * MIB}
-
-    def is_available(self) -> bool:
-        return True
-
-    def is_initialized(self) -> bool:
-        return True
-
-    def current_device(self) -> int:
-        return 0
-
-    def memory_stats(self, device: int) -> dict[str, int]:
-        return dict(self.stats)
-
-    def get_device_properties(self, device: int) -> Any:
-        return SimpleNamespace(total_memory=80 * 1024 * MIB)
-
-
-def fake_torch(cuda: Any = None) -> Any:
-    observers: list[Any] = []
-    return SimpleNamespace(
-        cuda=cuda or FakeCuda(), version=SimpleNamespace(cuda="12.4"),
-        _C=SimpleNamespace(_cuda_attach_out_of_memory_observer=observers.append),
-        observers=observers)
 
 
 def test_snapshots_feed_the_fragmentation_rule(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from doctor.probes.steps import StepsProbe
 from doctor.record.session import WINDOW_END, WINDOW_START, Session
 from doctor.store import layout
 from doctor.store.reader import load_run
-from tests.loops import write_record
+from tests.support import write_record
 
 
 def by_kind(state: dict) -> dict[str, int]:

@@ -12,7 +12,9 @@ import pytest
 
 from doctor.trace import ops
 from doctor.trace.events import EventArrays, Timeline, build_timeline, load_timeline
-from tests.test_collect import SHARED
+from tests.trace_files import shared_traces
+
+SHARED = shared_traces()
 
 pytestmark = pytest.mark.skipif(ops._nest is None, reason="the C nesting is not built here "
                                 "(pip install -e . builds it where a C compiler is)")

@@ -7,7 +7,7 @@ import pytest
 
 from doctor.trace.op_costs import KIND_CONV, KIND_ELEMENTWISE, KIND_MATMUL, op_cost
 from doctor.trace.reader import iter_events
-from tests.test_doors import TRACES
+from tests.support import SHARED_TRACES
 
 
 def test_a_matrix_product_by_hand() -> None:
@@ -58,12 +58,13 @@ def test_unknown_ops_and_odd_shapes_have_no_cost() -> None:
     assert op_cost("aten::mm", "not dims", None) is None
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(),
+                    reason=f"the recorded traces are not here ({SHARED_TRACES})")
 def test_the_gemms_of_a_real_trace() -> None:
     """Every mm and addmm the A100 trace recorded with shapes costs 2*M*K*N, by hand from its
     dims (addmm's bias first)."""
     seen = {"aten::mm": 0, "aten::addmm": 0}
-    for ev in iter_events(TRACES / "a100_rank0_of_16_pageable.json.gz"):
+    for ev in iter_events(SHARED_TRACES / "a100_rank0_of_16_pageable.json.gz"):
         name = ev.get("name")
         if name not in seen or "Input Dims" not in ev.get("args", {}):
             continue

@@ -7,7 +7,7 @@ import pytest
 
 from doctor.trace.events import build_timeline
 from doctor.trace.ops import op_table
-from tests.test_doors import TRACES
+from tests.support import SHARED_TRACES
 
 
 def op(name: str, ts: float, dur: float, tid: int = 1, **args: object) -> dict[str, object]:
@@ -39,11 +39,12 @@ def test_nested_ops_and_the_kernels_they_launch() -> None:
     assert table.index[0] == "aten::addmm"  # a GPU trace: the most device time first
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(),
+                    reason=f"the recorded traces are not here ({SHARED_TRACES})")
 def test_a_real_trace_ties_its_kernels_to_ops() -> None:
     from doctor.trace.events import load_timeline
 
-    t = load_timeline(TRACES / "resnet_v100_compute.pt.trace.json.gz")
+    t = load_timeline(SHARED_TRACES / "resnet_v100_compute.pt.trace.json.gz")
     table = op_table(t)
     kernels = float((t.kernels.end - t.kernels.start).sum()) * 1e-6
     copies = float((t.memcpy.end - t.memcpy.start).sum()) * 1e-6

@@ -22,7 +22,7 @@ from doctor.record.session import (
     Session,
 )
 from doctor.store.reader import load_run
-from tests.loops import FakeClock, write_record
+from tests.support import FakeClock, write_record
 
 START, STEPS = 8, 5
 

@@ -15,7 +15,7 @@ from doctor.probes import JOB, PARENT, REGISTRY, ParentContext, probes_of
 from doctor.probes.stacks import find_py_spy
 from doctor.record.session import Session
 from doctor.verdict import ProbeStatus
-from tests.loops import FakeClock
+from tests.support import FakeClock
 
 
 def test_the_registry_names_every_probe_once_with_its_side() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from array import array
 from pathlib import Path
 
@@ -32,29 +31,7 @@ from doctor.store.samples import (
     save_host,
 )
 from doctor.store.tries import write_try
-from tests.conftest import doctor_cmd
-
-OWN = "the user's own file\n"
-
-
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    path = tmp_path / "elsewhere" / "precious.txt"
-    path.parent.mkdir()
-    path.write_text(OWN)
-    return path
-
-
-def plant(folder: Path, names: list[str], victim: Path) -> None:
-    for name in names:
-        path = folder / name
-        if path.is_symlink() or path.is_file():
-            path.unlink()
-        path.symlink_to(victim)
-
-
-def regular(path: Path) -> bool:
-    return stat.S_ISREG(os.lstat(path).st_mode)
+from tests.support import VICTIM_TEXT, plant, regular
 
 
 def columns(names: tuple[str, ...], rows: int = 2) -> dict[str, array]:
@@ -78,7 +55,7 @@ def test_the_parents_writers_replace_a_link_never_write_through_it(
     write_try(run_dir, {"command": ["python", "x.py", "--token", "T"]})
     save_host(run_dir, columns(PROC_COLUMNS), columns(SYSTEM_COLUMNS))
     save_gpu(run_dir, columns(GPU_COLUMNS), columns(GPU_PROC_COLUMNS), info=[{"name": "g"}])
-    assert victim.read_text() == OWN
+    assert victim.read_text() == VICTIM_TEXT
     for name in (layout.RUN_RECORD, layout.VERDICT, layout.REPORT, layout.NODE_RECORD,
                  layout.NODES_RECORD, layout.TRY_RECORD, layout.HOST, layout.GPU,
                  layout.GPU_INFO):
@@ -93,7 +70,7 @@ def test_the_control_file_is_never_written_through_a_link(tmp_path: Path, victim
     plant(run_dir, [layout.CONTROL], victim)
     with pytest.raises(OSError):
         post_window(run_dir, 0, 1, "active")
-    assert victim.read_text() == OWN
+    assert victim.read_text() == VICTIM_TEXT
     (run_dir / layout.CONTROL).unlink()
     post_window(run_dir, 0, 1, "active")  # created here, exclusively, then appended to
     post_window(run_dir, 0, 1, "done")
@@ -111,7 +88,7 @@ def test_trace_compression_neither_reads_nor_writes_through_links(
     (plain / layout.TRACE).write_text('{"traceEvents": []}')
     (plain / layout.TRACE_GZ).symlink_to(victim)  # would overwrite the user's file
     gzip_traces(tmp_path / "run")
-    assert victim.read_text() == OWN
+    assert victim.read_text() == VICTIM_TEXT
     assert (linked / layout.TRACE).is_symlink() and not (linked / layout.TRACE_GZ).exists()
     assert regular(plain / layout.TRACE_GZ) and not (plain / layout.TRACE).exists()
 
@@ -127,31 +104,6 @@ def test_the_roofline_cache_is_replaced_not_written_through(tmp_path: Path, vict
     cache.symlink_to(victim)
     cache.with_suffix(".tmp").symlink_to(victim)  # the temporary name of doctors before
     assert machine_peaks(str(python), cache) == {"gemm_flops": {"float32": 1.0}}
-    assert victim.read_text() == OWN and regular(cache)
+    assert victim.read_text() == VICTIM_TEXT and regular(cache)
 
 
-def test_doctor_report_export_and_run_force_in_a_planted_directory(
-        tmp_path: Path, victim: Path) -> None:
-    job = tmp_path / "job.py"
-    job.write_text("print('ok')\n")
-    out = tmp_path / "run"
-    assert doctor_cmd("run", "-q", "--out", str(out), str(job)).returncode == 0
-    plant(out, [layout.REPORT, layout.VERDICT, layout.TIMELINE, f"{layout.TIMELINE}.tmp"],
-          victim)
-    report = doctor_cmd("report", str(out))
-    assert report.returncode == 0, report.stderr
-    as_json = doctor_cmd("report", str(out), "--format", "json", "-o", str(out / layout.VERDICT))
-    assert as_json.returncode == 0, as_json.stderr
-    export = doctor_cmd("export", str(out))
-    assert export.returncode == 0, export.stderr
-    assert victim.read_text() == OWN
-    assert all(regular(out / n) for n in (layout.REPORT, layout.VERDICT, layout.TIMELINE))
-    names = [layout.REPORT, layout.VERDICT, layout.RUN_RECORD, f"{layout.RUN_RECORD}.tmp",
-             layout.TIMELINE, f"{layout.TIMELINE}.tmp", layout.CONTROL, layout.HOST]
-    plant(out, names, victim)
-    forced = doctor_cmd("run", "-q", "--force", "--out", str(out), str(job))
-    assert forced.returncode == 0, forced.stderr
-    assert victim.read_text() == OWN
-    assert all(regular(out / n) for n in (layout.REPORT, layout.VERDICT, layout.RUN_RECORD,
-                                          layout.TIMELINE, layout.HOST))
-    assert not any(p.is_symlink() for p in out.iterdir())

@@ -17,7 +17,7 @@ from doctor.analyse.roofline import (
     mfu,
     published_roofs,
 )
-from tests.test_doors import TRACES
+from tests.support import SHARED_TRACES
 
 CPU = Roofs({"fp32": 100e9, "bf16": 300e9}, 10e9, "measured on this machine")
 
@@ -67,13 +67,14 @@ def test_mfu_and_the_measured_roofs() -> None:
     assert measured_roofs(None, "cuda") is None
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(),
+                    reason=f"the recorded traces are not here ({SHARED_TRACES})")
 def test_a_real_traces_gemms_and_elementwise_ops() -> None:
     from doctor.trace.events import load_timeline
     from doctor.trace.ops import op_table
 
     def table_of(name: str) -> pd.DataFrame:
-        t = load_timeline(TRACES / name)
+        t = load_timeline(SHARED_TRACES / name)
         roofs = published_roofs(t.meta.device_properties[0]["name"])
         assert roofs is not None
         return classify(op_table(t), roofs, gpu=True).set_index("op")
@@ -91,11 +92,12 @@ def test_a_real_traces_gemms_and_elementwise_ops() -> None:
     assert 0.2 < recsys.loc["aten::add", "of_roof"] < 1.0
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason=f"the recorded traces are not here ({TRACES})")
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(),
+                    reason=f"the recorded traces are not here ({SHARED_TRACES})")
 def test_the_trace_door_gives_the_ops_and_mfu() -> None:
     from doctor.analyse.pipeline import analyze_traces
 
-    analysis = analyze_traces([TRACES / "recsys_a100_rank3_of_8.json.gz"])
+    analysis = analyze_traces([SHARED_TRACES / "recsys_a100_rank3_of_8.json.gz"])
     [ops] = analysis.verdict.extra["ops"]
     assert ops["rank"] == 3 and "A100" in ops["roofs"]["source"]
     # most of its operations ran as TF32: MFU against TF32's peak, a few percent

@@ -10,7 +10,7 @@ from doctor.rules.input import input_handoff, input_loader, input_stage, input_u
 from doctor.rules.input_model import estimate_with_workers, suggested_workers
 from doctor.rules.other import other_time
 from doctor.verdict import CATEGORIES
-from tests.evidence import evidence
+from tests.support import evidence
 
 
 def ledger(n: int = 30, wait: float = 0.0, compute: float = 0.01, other: float = 0.0,

@@ -9,9 +9,9 @@ import pytest
 
 from doctor.rules import Evidence, Rule, communication, gpu, run_rules
 from doctor.rules import memory as memory_rules
-from doctor.trace.steps import STEP_COLUMNS, empty_step_frame
+from doctor.trace.steps import empty_step_frame
 from doctor.verdict import Finding
-from tests.evidence import evidence
+from tests.support import comm_model, evidence, steps
 
 #: The rules over the profiler window and the allocator, the ones under test here.
 GPU_RULES = [r for module in (gpu, communication, memory_rules) for r in vars(module).values()
@@ -19,20 +19,6 @@ GPU_RULES = [r for module in (gpu, communication, memory_rules) for r in vars(mo
 GPU_RULE_IDS = {r.id for r in GPU_RULES}
 
 GIB = 1 << 30
-
-
-def steps(n: int = 4, **values: Any) -> pd.DataFrame:
-    """A step frame of ``n`` identical 100 ms GPU steps with a busy, healthy GPU by default."""
-    row: dict[str, Any] = {c: 0 for c in STEP_COLUMNS}
-    row.update({
-        "boundary": "profiler_step", "device": "cuda", "dur_s": 0.1, "gpu_busy_s": 0.095,
-        "kernel_s": 0.095, "kernel_count": 400, "kernel_median_us": 120.0, "launch_count": 400,
-        "gpu_cc": 8.0, "gpu_name": "NVIDIA A100", "sync_source": "", "gpu_idle_s": 0.005,
-        "excl_compute_s": 0.095, "excl_other_s": 0.005,
-    })
-    row.update(values)
-    frame = pd.DataFrame([dict(row, step=i) for i in range(n)]).astype(STEP_COLUMNS)
-    return frame
 
 
 def run(frame: pd.DataFrame | None = None, memory: pd.DataFrame | None = None,
@@ -215,9 +201,8 @@ def everything() -> list[Finding]:
     found = run(frame, memory(alloc_retries=[0, 0, 1]), world_size=4)
     found += run(steps(htod_pinned_count=5, transfer_s=0.02, transfer_exposed_s=0.01))
     found += run(steps(gemm_s=0.06, gpu_cc=7.0))
-    from tests.test_comm_model import model  # the communication model, for comm.scaling
 
-    found += run(comm_models={0: model()})
+    found += run(comm_models={0: comm_model()})
     return found
 
 

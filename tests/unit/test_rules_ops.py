@@ -9,7 +9,7 @@ from doctor.analyse.ops import RankOps
 from doctor.analyse.roofline import Roofs, classify
 from doctor.rules import Evidence
 from doctor.rules.ops import channels_last, fp32_gemm, launch_bound, memory_bound
-from tests.test_doors import TRACES
+from tests.support import SHARED_TRACES
 
 CPU = Roofs({"fp32": 100e9, "bf16": 300e9}, 10e9, "measured on this machine")
 GPU = Roofs({"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12}, 2e12, "published figures",
@@ -97,7 +97,7 @@ def test_nchw_convolutions_by_their_strides_are_a_suggestion_without_an_estimate
 def test_the_a100_resnet_trace_transposes_around_its_convolutions() -> None:
     from doctor.analyse.pipeline import analyze_traces
 
-    path = TRACES / "ddp_a100_rank0_of_2_hostbound.json.gz"
+    path = SHARED_TRACES / "ddp_a100_rank0_of_2_hostbound.json.gz"
     if not path.is_file():
         pytest.skip(f"{path} is not here (../shared/traces)")
     found = {f.id: f for f in analyze_traces([path]).verdict.findings}

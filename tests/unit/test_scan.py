@@ -20,8 +20,9 @@ from doctor.trace.budget import EventBudget
 from doctor.trace.collect import BlockCollector
 from doctor.trace.events import load_timeline
 from tests.reference_collector import reference_timeline
-from tests.test_collect import AWKWARD, SHARED, assert_same_timeline
-from tests.test_typed_events import CLEAN, write
+from tests.trace_files import AWKWARD, CLEAN, assert_same_timeline, shared_traces, write_events
+
+SHARED = shared_traces()
 
 pytestmark = pytest.mark.skipif(not scan.AVAILABLE, reason="the C scanner is not built here "
                                 "(pip install -e . builds it where a C compiler is)")
@@ -63,7 +64,7 @@ def test_awkward_events_cut_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(scan, "SEAM_BYTES", seam)
     events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
               for k in range(3) for ev in AWKWARD]
-    path = write(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",
+    path = write_events(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",
                  indent=2 if layout == "indented" else None)
     scanned(path)  # no NotScanned: the scanner read it (its odd events the slow way)
     assert_same_timeline(load_timeline(path), reference_timeline(path))
@@ -74,7 +75,7 @@ def test_events_of_usual_types_are_all_scanned(tmp_path: Path,
     slow: list[int] = []
     real = scan._Walk.slow_events
     monkeypatch.setattr(scan._Walk, "slow_events", lambda self: slow.append(1) or real(self))
-    path = write(tmp_path / "t.json", CLEAN * 5)
+    path = write_events(tmp_path / "t.json", CLEAN * 5)
     assert_same_timeline(load_timeline(path), reference_timeline(path))
     assert not slow
 
@@ -100,7 +101,7 @@ def test_an_event_of_unusual_types_is_decoded_the_slow_way(
     real = scan._Walk.slow_events
     monkeypatch.setattr(scan._Walk, "slow_events", lambda self: slow.append(1) or real(self))
     events = [*CLEAN, ODD[odd], *CLEAN]
-    path = write(tmp_path / "t.json", events)
+    path = write_events(tmp_path / "t.json", events)
     scanned(path)
     assert slow
     assert_same_timeline(load_timeline(path), reference_timeline(path))
@@ -218,7 +219,7 @@ def test_args_read_in_bulk_are_the_args_the_slow_way_reads(tmp_path: Path) -> No
          "ts": 15, "dur": 5, "tid": 7, "args": {"correlation": 40, "In msg nelems": "10",
                                                "dtype": "Float", "Group size": 2}},
     ]
-    path = write(tmp_path / "t.json", events * 3)
+    path = write_events(tmp_path / "t.json", events * 3)
     got = load_timeline(path)
     assert_same_timeline(got, reference_timeline(path))
     assert len(got.memory) == 6  # the ones with all four totals as numbers (strings too)

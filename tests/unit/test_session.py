@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from doctor.record.session import STEP_BACKWARD, STEP_DATALOADER, STEP_OPTIMIZER, Session
-from tests.loops import FakeClock
+from tests.support import FakeClock
 
 
 class RecordingWindow:

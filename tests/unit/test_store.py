@@ -12,7 +12,7 @@ from doctor.errors import RunFormatError
 from doctor.store.control import post_stacks_mode, post_window, read_control
 from doctor.store.reader import load_run
 from doctor.store.rundata import FRAME_COLUMNS, combine
-from tests.loops import record_loop, write_record
+from tests.support import record_loop, write_record
 
 
 def test_a_run_directory_reads_into_typed_frames(tmp_path: Path) -> None:

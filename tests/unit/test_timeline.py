@@ -17,15 +17,9 @@ from doctor.store.windows import CLOCK_SLACK_NS, on_process_clock
 from doctor.trace.events import build_timeline
 from doctor.trace.window_events import window_events
 from tests import chrome_trace
-from tests.conftest import doctor_cmd
-from tests.loops import FakeClock, record_loop, write_record
+from tests.support import SHARED_TRACES, FakeClock, record_loop, write_record
 
 MB = 2**20
-
-
-def slices_by_thread(events: list[dict[str, Any]]) -> Counter[str]:
-    threads = chrome_trace.names(events, "thread_name")
-    return Counter(threads[(e["pid"], e["tid"])] for e in events if e["ph"] == "X")
 
 
 def test_a_long_run_keeps_every_step_and_caps_the_detail(tmp_path: Path) -> None:
@@ -37,7 +31,7 @@ def test_a_long_run_keeps_every_step_and_caps_the_detail(tmp_path: Path) -> None
     events = chrome_trace.check(data)
     steps = [e["name"] for e in events if e["ph"] == "X" and e["cat"] == "step"]
     assert len(steps) == len(set(steps)) == len(analysis.ledger) > 19_000
-    by_thread = slices_by_thread(events)
+    by_thread = chrome_trace.slices_by_thread(events)
     assert by_thread["training thread"] == INTERVAL_CAP  # 3 intervals a step, the newest kept
     assert any("newest 10,000 of its 60,000" in n for n in data["otherData"]["capped"])
     assert path.stat().st_size < 4 * MB
@@ -71,25 +65,6 @@ def test_the_report_links_to_the_timeline(tmp_path: Path) -> None:
     finalize_run(tmp_path)
     html = (tmp_path / "report.html").read_text()
     assert 'href="timeline.json.gz"' in html and "ui.perfetto.dev" in html
-
-
-def test_export_writes_a_run_recorded_before(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    record_loop(run, 30)
-    write_record(run)
-    assert not (run / "timeline.json.gz").exists()
-    result = doctor_cmd("export", str(run), "-o", str(tmp_path / "t.json"))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == str(tmp_path / "t.json")
-    events = chrome_trace.check(json.loads((tmp_path / "t.json").read_text()))
-    assert slices_by_thread(events)["steps"] == 29
-    assert export_timeline(run) == run / "timeline.json.gz"
-
-
-def test_export_of_a_missing_run_is_one_line(tmp_path: Path) -> None:
-    result = doctor_cmd("export", str(tmp_path / "nope"))
-    assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0 and "no such run directory" in result.stderr
 
 
 def _trace_events(ops: int) -> list[dict[str, Any]]:
@@ -155,8 +130,7 @@ def test_a_recorded_window_lands_inside_its_steps(tmp_path: Path) -> None:
     assert mm["ts"] == pytest.approx((10**12 + 500_000_000 - t0_s * 1e9) / 1e3, abs=1)
 
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-GPU_TRACES = [TRACES / n for n in ("ddp_a100_rank0_of_2_hostbound.json.gz",
+GPU_TRACES = [SHARED_TRACES / n for n in ("ddp_a100_rank0_of_2_hostbound.json.gz",
                                    "edge/rocm_mi250_toy.json.gz")]
 
 
@@ -226,39 +200,6 @@ def test_the_nodes_of_a_job_are_named_and_said_to_be_aligned_at_their_starts(tmp
     assert [m.split(" (")[0] for m in mains] == ["node 0 rank 0 main", "node 1 rank 1 main"]
     assert len({p.pid for p in timeline.processes}) == len(timeline.processes)
     assert any("aligned at their starts" in n for n in timeline.notes)
-
-
-LONG_JOB = """
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-data = TensorDataset(torch.randn(20_000, 4), torch.randn(20_000, 1))
-for x, y in DataLoader(data, batch_size=1):
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-print("done")
-"""
-
-
-@pytest.mark.e2e
-def test_a_job_of_20000_steps_has_a_timeline_of_a_few_mb(tmp_path: Path) -> None:
-    job = tmp_path / "long.py"
-    job.write_text(LONG_JOB)
-    out = tmp_path / "run"
-    result = doctor_cmd("run", "--quiet", "--out", str(out), "python", str(job), timeout=300)
-    assert result.returncode == 0 and result.stdout == "done\n", result.stderr[-2000:]
-    path = out / "timeline.json.gz"
-    data = chrome_trace.load(path)
-    events = chrome_trace.check(data)
-    steps = [e["name"] for e in events if e["ph"] == "X" and e["cat"] == "step"]
-    assert len(steps) == len(set(steps)) >= 19_990  # every step, once
-    assert slices_by_thread(events)["training thread"] == INTERVAL_CAP
-    assert data["otherData"]["capped"] and path.stat().st_size < 5 * MB
-    assert not [line for line in result.stderr.splitlines()
-                if line.startswith("doctor: recording")]  # --quiet
 
 
 def test_a_run_of_many_processes_shares_the_run_s_budget(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from doctor.errors import DoctorError
 from doctor.trace.reader import TraceError, TraceMeta, TraceStream, iter_events
+from tests.trace_files import write_trace
 
 EVENTS: list[dict[str, Any]] = [
     {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5},
@@ -21,22 +22,12 @@ EVENTS: list[dict[str, Any]] = [
 ]
 
 
-
 def read_metadata(path: Path) -> TraceMeta:
     """The trace's top-level facts, known once it is read through."""
     stream = TraceStream(path)
     for _ in stream:
         pass
     return stream.meta
-
-def write(path: Path, payload: Any, gz: bool = False, raw: str | None = None) -> Path:
-    text = raw if raw is not None else json.dumps(payload)
-    if gz:
-        with gzip.open(path, "wt", encoding="utf-8") as fh:
-            fh.write(text)
-    else:
-        path.write_text(text, encoding="utf-8")
-    return path
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -51,7 +42,7 @@ def test_object_layout_with_metadata_around_the_events(
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": 1711964646000000000,  # after the events, as recent Kineto writes
     }
-    path = write(tmp_path / ("t.json.gz" if gz else "t.json"), payload, gz)
+    path = write_trace(tmp_path / ("t.json.gz" if gz else "t.json"), payload, gz)
     stream = TraceStream(path, chunk_chars=chunk)
     assert list(stream) == EVENTS
     meta = stream.meta
@@ -62,14 +53,14 @@ def test_object_layout_with_metadata_around_the_events(
 
 @pytest.mark.parametrize("chunk", [2, 5, 1 << 20])
 def test_bare_list_layout(tmp_path: Path, chunk: int) -> None:
-    path = write(tmp_path / "old.pt.trace.json", EVENTS)
+    path = write_trace(tmp_path / "old.pt.trace.json", EVENTS)
     assert list(iter_events(path, chunk_chars=chunk)) == EVENTS
     assert read_metadata(path).rank is None
 
 
 def test_whitespace_trailing_commas_and_non_dict_elements(tmp_path: Path) -> None:
     raw = '\n { "traceEvents" : [\n {"ph": "X", "ts": 1, "dur": 2} ,\n 7, {"ph": "i"},\n ] ,\n }\n'
-    assert list(iter_events(write(tmp_path / "t.json", None, raw=raw))) == [
+    assert list(iter_events(write_trace(tmp_path / "t.json", None, raw=raw))) == [
         {"ph": "X", "ts": 1, "dur": 2}, {"ph": "i"},
     ]
 
@@ -78,14 +69,15 @@ def test_huge_integers_decode(tmp_path: Path) -> None:
     big = 10159970886766084423123456789
     payload = {"traceEvents": [{"ph": "X", "ts": 1, "dur": 2, "args": {"Comms Id": big}}]}
     for chunk in (4, 1 << 20):
-        (ev,) = iter_events(write(tmp_path / "t.json.gz", payload, gz=True), chunk_chars=chunk)
+        path = write_trace(tmp_path / "t.json.gz", payload, gz=True)
+        (ev,) = iter_events(path, chunk_chars=chunk)
         assert ev["args"]["Comms Id"] == big
 
 
 def test_number_cut_by_a_chunk_boundary_is_read_whole(tmp_path: Path) -> None:
     raw = '{"baseTimeNanoseconds": 123456789012345678, "traceEvents": []}'
     for chunk in range(1, 12):
-        stream = TraceStream(write(tmp_path / "t.json", None, raw=raw), chunk_chars=chunk)
+        stream = TraceStream(write_trace(tmp_path / "t.json", None, raw=raw), chunk_chars=chunk)
         assert list(stream) == []
         assert stream.meta.base_time_ns == 123456789012345678
 
@@ -93,7 +85,7 @@ def test_number_cut_by_a_chunk_boundary_is_read_whole(tmp_path: Path) -> None:
 @pytest.mark.parametrize("gz", [False, True])
 def test_truncated_file_raises_one_line_trace_error(tmp_path: Path, gz: bool) -> None:
     text = json.dumps({"schemaVersion": 1, "traceEvents": EVENTS * 50})
-    path = write(tmp_path / "cut.json", None, gz=gz, raw=text[: len(text) // 2])
+    path = write_trace(tmp_path / "cut.json", None, gz=gz, raw=text[: len(text) // 2])
     with pytest.raises(TraceError) as err:
         list(iter_events(path, chunk_chars=64))
     message = str(err.value)
@@ -104,7 +96,7 @@ def test_truncated_file_raises_one_line_trace_error(tmp_path: Path, gz: bool) ->
 
 
 def test_truncated_gzip_stream_raises_trace_error(tmp_path: Path) -> None:
-    path = write(tmp_path / "t.json.gz", {"traceEvents": EVENTS * 500}, gz=True)
+    path = write_trace(tmp_path / "t.json.gz", {"traceEvents": EVENTS * 500}, gz=True)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(TraceError):
@@ -115,7 +107,7 @@ def test_truncated_gzip_stream_raises_trace_error(tmp_path: Path) -> None:
                                  '{"traceEvents": 5}', '{"a" 1}'])
 def test_not_a_trace_raises_trace_error(tmp_path: Path, raw: str) -> None:
     with pytest.raises(TraceError):
-        list(iter_events(write(tmp_path / "bad.json", None, raw=raw)))
+        list(iter_events(write_trace(tmp_path / "bad.json", None, raw=raw)))
 
 
 def test_missing_file_raises_trace_error(tmp_path: Path) -> None:
@@ -124,10 +116,10 @@ def test_missing_file_raises_trace_error(tmp_path: Path) -> None:
 
 
 def test_metadata_defaults_when_absent_or_odd(tmp_path: Path) -> None:
-    path = write(tmp_path / "t.json", {"distributedInfo": {"rank": "2"}, "traceEvents": []})
+    path = write_trace(tmp_path / "t.json", {"distributedInfo": {"rank": "2"}, "traceEvents": []})
     meta = read_metadata(path)
     assert (meta.rank, meta.world_size, meta.backend, meta.device_properties) == (2, None, None, ())
-    path = write(tmp_path / "u.json", {"distributedInfo": [], "deviceProperties": "x",
+    path = write_trace(tmp_path / "u.json", {"distributedInfo": [], "deviceProperties": "x",
                                        "traceEvents": []})
     meta = read_metadata(path)
     assert (meta.rank, meta.device_properties) == (None, ())

@@ -13,18 +13,18 @@ from doctor.analyse.pipeline import analyze_traces
 from doctor.analyse.verdict import choose_bottleneck
 from doctor.trace.reader import TraceError
 from doctor.verdict import CATEGORIES, LEDGER_COLUMNS, Analysis, check_verdict
-
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from tests.support import SHARED_TRACES
 
 needs_traces = pytest.mark.skipif(
-    not TRACES.is_dir(),
-    reason=f"the recorded GPU traces are not here ({TRACES}); they live outside the repository",
+    not SHARED_TRACES.is_dir(),
+    reason=f"the recorded GPU traces are not here ({SHARED_TRACES}); they live outside the "
+    "repository",
 )
 
 
 @functools.cache
 def analyse(*names: str) -> Analysis:
-    paths = [TRACES / n for n in names]
+    paths = [SHARED_TRACES / n for n in names]
     for p in paths:
         if not p.exists():
             pytest.skip(f"{p} is absent")

@@ -14,43 +14,13 @@ from doctor.trace import reader
 from doctor.trace.events import build_timeline, load_timeline
 from doctor.trace.reader import TraceError, TraceStream
 from doctor.trace.typed_events import ARG_KEYS, READER, Event, from_dict
-from tests.test_trace_reader import write as write_trace
-
-TRICKY: list[dict[str, Any]] = [
-    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
-     "args": {"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}},
-    {"ph": "X", "cat": "kernel", "name": 'sgemm "}, {" },\n{', "pid": 0, "tid": "stream 7",
-     "ts": 12.5, "dur": 3.25, "args": {"correlation": 9, "note": "}, {\"ph\": \"X\"}"}},
-    # args first, not last: "}, " inside the event, before more keys
-    {"args": {"correlation": 11, "nested": [{"a": 1}, {"b": [{"c": 2}]}]}, "ph": "X",
-     "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 11, "dur": 1, "tid": 1},
-    {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 13, "pid": 1, "tid": 1,
-     "args": {"Device Type": 1, "Device Id": 0, "Total Allocated": 2**40, "Total Reserved": 2**41}},
-    # unusual types: the block is read again by the standard library
-    {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": "14.5", "dur": "2", "tid": 1.0},
-    {"ph": "X", "cat": "cpu_op", "name": 17, "ts": 15, "dur": 1, "tid": True, "args": [1, 2]},
-    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 16,
-     "dur": 4, "tid": "stream 7", "args": {"bytes": 4096, "correlation": 12}},
-    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 9, "dur": 20, "tid": 1},
-]
-
-
-#: The events msgspec decodes typed (the others make their block fall back).
-CLEAN = [ev for ev in TRICKY if (not isinstance(ev.get("ts"), str) and "args" not in ev)
-         or (isinstance(ev.get("args"), dict) and not isinstance(ev.get("ts"), str))]
+from tests.trace_files import CLEAN, TRICKY, write_events
 
 
 def fields(ev: Event) -> tuple[Any, ...]:
     args = ev.args
     return (ev.ph, ev.cat, ev.name, ev.ts, ev.dur, ev.tid,
             None if args is None else tuple(args.get(k) for k in ARG_KEYS))
-
-
-def write(path: Path, events: list[dict[str, Any]], *, bare: bool = False, gz: bool = False,
-          indent: int | None = None) -> Path:
-    payload: Any = events if bare else {"schemaVersion": 1, "traceEvents": events,
-                                        "baseTimeNanoseconds": 1_700_000_000_000_000_000}
-    return write_trace(path, None, gz, raw=json.dumps(payload, indent=indent))
 
 
 def test_the_typed_decoder_and_the_gunzip_are_the_c_ones() -> None:
@@ -91,7 +61,7 @@ def test_blocks_give_the_standard_library_s_events(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(reader, "decode_block", counting)
     events = (CLEAN if kinds == "clean" else TRICKY) * 7
-    path = write(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",
+    path = write_events(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",
                  indent=2 if layout == "indented" else None)
     stream = TraceStream(path, chunk_chars=max(8, block // 2))
     typed = [ev for chunk in stream.blocks() for ev in chunk]
@@ -119,7 +89,7 @@ def test_the_timeline_from_blocks_is_the_one_from_dicts(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reader, "BLOCK_CHARS", 300)
     events = TRICKY * 30
-    blocks = load_timeline(write(tmp_path / "t.json", events))
+    blocks = load_timeline(write_events(tmp_path / "t.json", events))
     dicts = build_timeline(events)
     for kind in ("host_ops", "kernels", "runtime", "memcpy", "memory"):
         a, b = getattr(blocks, kind), getattr(dicts, kind)
@@ -141,7 +111,7 @@ def test_several_traces_read_in_parallel_come_back_in_order(tmp_path: Path,
     for rank in range(3):
         events = [dict(ev, ts=ev["ts"] + rank * 1000) if isinstance(ev.get("ts"), int) else ev
                   for ev in CLEAN * (rank + 1)]
-        files.append(write(tmp_path / f"rank-{rank}.json", events))
+        files.append(write_events(tmp_path / f"rank-{rank}.json", events))
     serial = traces.read_timelines(files, workers=1)
     parallel = traces.read_timelines(files, workers=3)
     assert [len(t.host_ops) for t in parallel] == [len(t.host_ops) for t in serial] == [1, 2, 3]

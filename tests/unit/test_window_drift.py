@@ -20,7 +20,7 @@ from doctor.record.session import (
 )
 from doctor.rules.allocator import ENV, page_faults
 from doctor.rules.evidence import Evidence, JobFacts
-from tests.loops import FakeClock, write_record
+from tests.support import FakeClock, write_record
 
 
 def record_window_loop(run_dir: Path, before_s: float, after_s: float, steps: int = 40,
