@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
-from doctor.trace.collect import COLUMN_TYPES
-from doctor.trace.events import Timeline
+from doctor.errors import TraceError
+from doctor.trace import events as events_module
+from doctor.trace import ops, scan
+from doctor.trace.budget import EventBudget
+from doctor.trace.collect import COLUMN_TYPES, BlockCollector
+from doctor.trace.events import Timeline, load_timeline
 from tests.support import DATA_TRACES, SHARED_TRACES
 
 
@@ -128,3 +133,40 @@ AWKWARD: list[dict[str, Any]] = [
     {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 36, "dur": 1,
      "tid": "stream 7"},
 ]
+
+
+#: An integer past 64 bits.
+HUGE = 2**70
+
+
+def scanned(path: Path) -> BlockCollector:
+    """The collector the scanner filled (NotScanned if it could not)."""
+    col = BlockCollector()
+    scan.load_scanned(path, col, EventBudget())
+    return col
+
+
+def nest_both_ways(monkeypatch: pytest.MonkeyPatch, t: Timeline) -> tuple[list[np.ndarray], ...]:
+    """Each op's own time and the op that launched each runtime call, by the C nesting and by
+    the Python loops."""
+    fast = [ops._self_us(t.host_ops.start, t.host_ops.end, t.host_ops.attrs["tid"]),
+            ops._launching_ops(t)]
+    with monkeypatch.context() as m:
+        m.setattr(ops, "_nest", None)
+        slow = [ops._self_us(t.host_ops.start, t.host_ops.end, t.host_ops.attrs["tid"]),
+                ops._launching_ops(t)]
+    return fast, slow
+
+
+def read_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Timeline | str]:
+    """What the scanner (where built) and the slow way make of ``path``: a timeline, or the
+    one-line message of the TraceError."""
+    got: list[Timeline | str] = []
+    for scanner in ((True, False) if scan.AVAILABLE else (False,)):
+        monkeypatch.setattr(events_module, "SCANNER", scanner)
+        try:
+            got.append(load_timeline(path))
+        except TraceError as err:
+            assert "\n" not in str(err) and path.name in str(err)
+            got.append(str(err))
+    return got

@@ -1,7 +1,11 @@
 """Traces that are damaged, or written by a tool with other ideas of the fields' types: the
 trace door reads them or says in one line what is wrong (never a traceback), and the C scanner
 and the slow way agree on what they read. Seeded mutations of a small trace, so the cases are the
-same on every run."""
+same on every run.
+
+The sweeps here (tests/sweeps: every recorded trace, every place a trace can be cut, hundreds
+of seeded damages) take tens of seconds; the quick tests are in tests/unit/test_damaged_traces.py.
+"""
 
 from __future__ import annotations
 
@@ -16,70 +20,12 @@ from doctor.analyse.pipeline import analyze_traces
 from doctor.errors import TraceError
 from doctor.reports.json import render_json
 from doctor.reports.text import render_text
-from doctor.trace import events as events_module
-from doctor.trace import scan
-from doctor.trace.events import Timeline, load_timeline
-from tests.trace_files import AWKWARD, assert_same_timeline
+from doctor.trace.events import Timeline
+from tests.trace_files import AWKWARD, HUGE, assert_same_timeline, read_both_ways
 
-COLL = ('{"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "ts": 1, "dur": 2, "tid": 5, '
-        '"args": %s}')
-MM = '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 3, "dur": 2, "tid": 5, "args": %s}'
-HUGE = 2**70
 #: Damaged copies read (one in a hundred or so broke the reader before it checked the values
 #: it skips over).
 CASES = 600
-
-
-def read_both(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Timeline | str]:
-    """What the scanner (where built) and the slow way make of ``path``: a timeline, or the
-    one-line message of the TraceError."""
-    got: list[Timeline | str] = []
-    for scanner in ((True, False) if scan.AVAILABLE else (False,)):
-        monkeypatch.setattr(events_module, "SCANNER", scanner)
-        try:
-            got.append(load_timeline(path))
-        except TraceError as err:
-            assert "\n" not in str(err) and path.name in str(err)
-            got.append(str(err))
-    return got
-
-
-@pytest.mark.parametrize("raw", [
-    "[" + COLL % '{"Collective name": "allreduce", "In msg nelems": 1-2, "dtype": "Float"}' + "]",
-    "[" + MM % '{"Input Dims": [[2, 2], [2, 2]], "Input type": [tru, "float"]}' + "]",
-    '[{"ph": "X", "cat": "kernel", "name": "k\\q", "ts": 1, "dur": 1, "tid": 7}]',
-], ids=["a number", "a literal", "an escape"])
-def test_args_and_names_that_are_not_json_are_one_line(tmp_path: Path, raw: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scanner checks an event's structure and skips over its args; where a value it
-    skipped is not JSON, the trace is read again the slow way, which says where."""
-    path = tmp_path / "bad.json"
-    path.write_bytes(raw.encode() + b"\xff" * ("escape" in raw))
-    for got in read_both(path, monkeypatch):
-        assert isinstance(got, str) and "invalid JSON" in got and "truncated" not in got
-
-
-def test_args_of_odd_types_and_sizes_are_read(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """A collective's name that is a number, counts past int64: read, with no size."""
-    raw = "[" + ", ".join([
-        COLL % '{"Collective name": 1.5, "In msg nelems": 10, "dtype": "Float"}',
-        COLL % json.dumps({"Collective name": "allreduce", "In msg nelems": 10**400,
-                           "dtype": "Float", "Group size": HUGE}),
-        MM % json.dumps({"Input Dims": [[HUGE, 4], [4, 4]], "Input type": ["float", "float"]}),
-        '{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 5, '
-        '"dur": 2, "tid": 7, "args": {"bytes": "inf", "correlation": 5}}',
-    ]) + "]"
-    path = tmp_path / "odd.json"
-    path.write_text(raw)
-    timelines = read_both(path, monkeypatch)
-    for got in timelines:
-        assert isinstance(got, Timeline)
-        assert got.comm_ops.attrs["bytes"].tolist() == [40, -1]
-        assert got.comm_ops.attrs["group"].tolist() == [-1, -1]
-        assert got.memcpy.attrs["bytes"].tolist() == [-1]
-    if len(timelines) == 2:  # the scanner's and the slow way's
-        assert_same_timeline(*timelines)  # type: ignore[arg-type]
 
 
 def mutated(rng: random.Random, text: bytes) -> bytes:
@@ -107,7 +53,7 @@ def test_damaged_bytes_are_read_alike_or_are_one_line(tmp_path: Path,
     for n in range(CASES):
         path = tmp_path / f"damaged-{n}.json"
         path.write_bytes(mutated(rng, text))
-        got = read_both(path, monkeypatch)
+        got = read_both_ways(path, monkeypatch)
         if len(got) == 2 and all(isinstance(g, Timeline) for g in got):
             assert_same_timeline(*got)  # type: ignore[arg-type]
         read += isinstance(got[0], Timeline)
@@ -117,7 +63,11 @@ def test_damaged_bytes_are_read_alike_or_are_one_line(tmp_path: Path,
 ODD: list[Any] = [None, True, -1, 0, 1e308, HUGE, -HUGE, 1.5, "1.5", "x", "", [], [1, [2]], {},
                   {"a": [None]}, "\u00e9\U0001f600", "<script>", "ProfilerStep#",
                   "ProfilerStep#-3", "nccl:all_reduce", "Memcpy HtoD (Pageable -> Device)"]
+
+
 FIELDS = ["ph", "name", "cat", "ts", "dur", "tid", "pid", "args", "id"]
+
+
 ARGS = ["External id", "correlation", "Collective name", "In msg nelems", "Out msg nelems",
         "dtype", "Group size", "bytes", "Total Allocated", "Total Reserved", "Input Dims",
         "Input type", "Input Strides", "stream", "device"]

@@ -17,18 +17,7 @@ from doctor.trace import reader
 from doctor.trace.events import build_timeline, load_timeline
 from doctor.trace.parallel import load_timeline_parallel
 from tests.reference_collector import reference_from_dicts, reference_timeline
-from tests.trace_files import AWKWARD, TRICKY, assert_same_timeline, shared_traces, write_events
-
-SHARED = shared_traces()
-
-
-@pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
-@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_every_shared_trace_gives_the_per_event_timeline(path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Read by msgspec's typed blocks (the C scanner's own test: tests/test_scan.py)."""
-    monkeypatch.setattr(events_module, "SCANNER", False)
-    assert_same_timeline(load_timeline(path), reference_timeline(path))
+from tests.trace_files import AWKWARD, TRICKY, assert_same_timeline, write_events
 
 
 @pytest.mark.parametrize("block", [64, 300, 1 << 20])
@@ -53,17 +42,6 @@ def test_a_timeline_of_no_events() -> None:
     empty = build_timeline([])
     assert_same_timeline(empty, reference_from_dicts([]))
     assert json.dumps(empty.tids) == "[]"
-
-
-@pytest.mark.parametrize("path", [p for p in SHARED if p.stat().st_size > 1 << 20][:2] or
-                         [None], ids=lambda p: p.name if p else "none")
-def test_a_trace_read_on_several_cores_gives_the_same_timeline(path: Path | None,
-                                                              monkeypatch: pytest.MonkeyPatch
-                                                              ) -> None:
-    if path is None:
-        pytest.skip("the shared traces are not beside this checkout")
-    monkeypatch.setattr(reader, "BLOCK_CHARS", 256 << 10)  # many blocks, on both workers
-    assert_same_timeline(load_timeline_parallel(path, 2), reference_timeline(path))
 
 
 @pytest.mark.parametrize("block", [64, 300, 4096])

@@ -15,10 +15,9 @@ import pytest
 from doctor.analyse.pipeline import analyse, analyze_run, analyze_traces
 from doctor.categories import INPUT_PIPELINE
 from doctor.reports.text import headline
-from doctor.store.layout import process_dir
 from doctor.store.reader import load_run
 from doctor.store.traces import load_traces
-from tests.support import SHARED_TRACES, record_loop, write_record
+from tests.support import record_loop, write_record
 
 STEP_US = 10_000.0
 DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -124,34 +123,6 @@ def test_an_input_pipeline_of_two_stages_outweighs_compute_in_both_doors(tmp_pat
         for finding in verdict.findings:
             if finding.severity == "critical" and finding.category in INPUT_PIPELINE:
                 assert family(finding.category) == family(verdict.bottleneck), finding.id
-
-
-def shared_traces() -> list[str]:
-    if not SHARED_TRACES.is_dir():
-        return []
-    return sorted(str(p.relative_to(SHARED_TRACES)) for p in SHARED_TRACES.rglob("*.json.gz"))
-
-
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(),
-                    reason=f"the recorded traces are not here ({SHARED_TRACES})")
-@pytest.mark.parametrize("name", shared_traces())
-def test_a_shared_trace_gives_one_verdict_as_a_trace_and_as_a_run_directory(
-        tmp_path: Path, name: str) -> None:
-    """The trace as its own RunData, and the same trace as the only record of a run directory's
-    training process: one pipeline, one answer."""
-    trace = SHARED_TRACES / name
-    alone = analyze_traces([trace]).verdict
-    proc = process_dir(tmp_path, 0, "main", 4242)
-    proc.mkdir(parents=True)
-    (proc / "trace.json.gz").write_bytes(trace.read_bytes())
-    (proc / "meta.json").write_text(json.dumps({"pid": 4242, "rank": 0, "role": "main",
-                                                "window": {"state": "done"}}))
-    write_record(tmp_path, cores=8)
-    as_run = analyze_run(tmp_path).verdict
-    assert as_run.bottleneck == alone.bottleneck
-    assert as_run.shares == pytest.approx(alone.shares, abs=1e-9)
-    assert {f.id for f in alone.findings} - {"trace.cpu_only", "input.unsplit"} <= \
-        {f.id for f in as_run.findings}
 
 
 def test_a_trace_loads_into_the_same_record_as_a_run(tmp_path: Path) -> None:

@@ -5,38 +5,16 @@ trace and on random nests of ops on several threads, with ties."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from doctor.trace import ops
-from doctor.trace.events import EventArrays, Timeline, build_timeline, load_timeline
-from tests.trace_files import shared_traces
-
-SHARED = shared_traces()
+from doctor.trace.events import EventArrays, build_timeline
+from tests.trace_files import nest_both_ways
 
 pytestmark = pytest.mark.skipif(ops._nest is None, reason="the C nesting is not built here "
                                 "(pip install -e . builds it where a C compiler is)")
-
-
-def both(monkeypatch: pytest.MonkeyPatch, t: Timeline) -> tuple[list[np.ndarray], ...]:
-    fast = [ops._self_us(t.host_ops.start, t.host_ops.end, t.host_ops.attrs["tid"]),
-            ops._launching_ops(t)]
-    with monkeypatch.context() as m:
-        m.setattr(ops, "_nest", None)
-        slow = [ops._self_us(t.host_ops.start, t.host_ops.end, t.host_ops.attrs["tid"]),
-                ops._launching_ops(t)]
-    return fast, slow
-
-
-@pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
-@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_every_shared_trace_nests_as_the_loops_say(path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    fast, slow = both(monkeypatch, load_timeline(path))
-    for a, b in zip(fast, slow, strict=True):
-        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -63,7 +41,7 @@ def test_random_nests_on_several_threads(seed: int, monkeypatch: pytest.MonkeyPa
                    "tid": 99})  # a thread without ops
     t = build_timeline(events)
     assert len(t.host_ops) > 20 and len(t.runtime) > 5
-    fast, slow = both(monkeypatch, t)
+    fast, slow = nest_both_ways(monkeypatch, t)
     for a, b in zip(fast, slow, strict=True):
         np.testing.assert_array_equal(a, b)
 

@@ -16,58 +16,23 @@ import pytest
 from doctor.errors import TraceError
 from doctor.trace import events as events_module
 from doctor.trace import scan
-from doctor.trace.budget import EventBudget
-from doctor.trace.collect import BlockCollector
 from doctor.trace.events import load_timeline
 from tests.reference_collector import reference_timeline
-from tests.trace_files import AWKWARD, CLEAN, assert_same_timeline, shared_traces, write_events
-
-SHARED = shared_traces()
+from tests.trace_files import (
+    AWKWARD,
+    CLEAN,
+    assert_same_timeline,
+    scanned,
+    write_events,
+)
 
 pytestmark = pytest.mark.skipif(not scan.AVAILABLE, reason="the C scanner is not built here "
                                 "(pip install -e . builds it where a C compiler is)")
 
 
-def scanned(path: Path) -> BlockCollector:
-    """The collector the scanner filled (NotScanned if it could not)."""
-    col = BlockCollector()
-    scan.load_scanned(path, col, EventBudget())
-    return col
-
-
 def test_the_scanner_is_built_and_says_so() -> None:
     assert scan.READER.startswith("scan (C)")
     assert events_module.SCANNER
-
-
-@pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
-@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_every_shared_trace_is_scanned_into_the_per_event_timeline(
-        path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    slow: list[int] = []
-    real = scan._Walk.slow_events
-    monkeypatch.setattr(scan._Walk, "slow_events", lambda self: slow.append(1) or real(self))
-    assert_same_timeline(load_timeline(path), reference_timeline(path))
-    assert not slow  # real traces are scanned whole, none of their events the slow way
-
-
-@pytest.mark.parametrize("chunk", [1, 7, 64, 1000, 4 << 20])
-@pytest.mark.parametrize("block", [1, 3, 16384])
-@pytest.mark.parametrize("seam", [1, 50, 64 << 10])
-@pytest.mark.parametrize("layout", ["object", "bare", "indented", "gz"])
-def test_awkward_events_cut_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     chunk: int, block: int, seam: int, layout: str) -> None:
-    """Chunks of a byte cut every event, string, number and escape somewhere; blocks of one
-    event make every event its own block; a seam shorter than an event joins the chunks."""
-    monkeypatch.setattr(scan, "CHUNK_BYTES", chunk)
-    monkeypatch.setattr(scan, "BLOCK_EVENTS", block)
-    monkeypatch.setattr(scan, "SEAM_BYTES", seam)
-    events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
-              for k in range(3) for ev in AWKWARD]
-    path = write_events(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",
-                 indent=2 if layout == "indented" else None)
-    scanned(path)  # no NotScanned: the scanner read it (its odd events the slow way)
-    assert_same_timeline(load_timeline(path), reference_timeline(path))
 
 
 def test_events_of_usual_types_are_all_scanned(tmp_path: Path,
