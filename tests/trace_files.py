@@ -24,13 +24,26 @@ from tests.support import DATA_TRACES, SHARED_TRACES
 
 
 def data_traces() -> list[Path]:
-    """The recorded traces committed with the tests (always there)."""
-    return sorted(DATA_TRACES.glob("**/*.json.gz"))
+    """The recorded traces committed with the tests (always there; not the damaged ones)."""
+    return sorted(DATA_TRACES.glob("*.json.gz"))
 
 
 def shared_traces() -> list[Path]:
     """The real GPU traces of ../shared/traces; none when they are not beside this checkout."""
     return sorted(SHARED_TRACES.glob("**/*.json.gz")) if SHARED_TRACES.is_dir() else []
+
+
+def recorded_traces() -> list[Path]:
+    """The committed traces, then the shared ones where they are."""
+    return data_traces() + shared_traces()
+
+
+def trace_id(path: Path, *, folders: bool = False) -> str:
+    """How a test names a recorded trace: ``data/NAME`` for a committed one; a shared one by its
+    file name, or with ``folders`` by its path under ../shared/traces."""
+    if path.parent == DATA_TRACES:
+        return f"data/{path.name}"
+    return str(path.relative_to(SHARED_TRACES)) if folders else path.name
 
 
 def write_trace(path: Path, payload: Any, gz: bool = False, raw: str | None = None) -> Path:

@@ -1,5 +1,5 @@
 """The block collector (doctor.trace.collect) gives the timeline the per-event one gave
-(tests/reference_collector.py), on every shared trace and on events made to be awkward: every
+(tests/reference_collector.py), on every recorded trace and on events made to be awkward: every
 kind's times and columns, the steps, the threads; names compared as text (their codes may be
 given in another order).
 

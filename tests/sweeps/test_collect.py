@@ -1,5 +1,5 @@
 """The block collector (doctor.trace.collect) gives the timeline the per-event one gave
-(tests/reference_collector.py), on every shared trace and on events made to be awkward: every
+(tests/reference_collector.py), on every recorded trace and on events made to be awkward: every
 kind's times and columns, the steps, the threads; names compared as text (their codes may be
 given in another order).
 
@@ -18,16 +18,15 @@ from doctor.trace import reader
 from doctor.trace.events import load_timeline
 from doctor.trace.parallel import load_timeline_parallel
 from tests.reference_collector import reference_timeline
-from tests.trace_files import assert_same_timeline, shared_traces
+from tests.trace_files import assert_same_timeline, recorded_traces, shared_traces, trace_id
 
 SHARED = shared_traces()
 
 
-@pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
-@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_every_shared_trace_gives_the_per_event_timeline(path: Path,
+@pytest.mark.parametrize("path", recorded_traces(), ids=trace_id)
+def test_every_recorded_trace_gives_the_per_event_timeline(path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Read by msgspec's typed blocks (the C scanner's own test: tests/test_scan.py)."""
+    """Read by msgspec's typed blocks (the C scanner's own test: tests/sweeps/test_scan.py)."""
     monkeypatch.setattr(events_module, "SCANNER", False)
     assert_same_timeline(load_timeline(path), reference_timeline(path))
 

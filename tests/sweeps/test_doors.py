@@ -16,23 +16,15 @@ import pytest
 
 from doctor.analyse.pipeline import analyze_run, analyze_traces
 from doctor.store.layout import process_dir
-from tests.support import SHARED_TRACES, write_record
+from tests.support import write_record
+from tests.trace_files import recorded_traces, trace_id
 
 
-def shared_traces() -> list[str]:
-    if not SHARED_TRACES.is_dir():
-        return []
-    return sorted(str(p.relative_to(SHARED_TRACES)) for p in SHARED_TRACES.rglob("*.json.gz"))
-
-
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(),
-                    reason=f"the recorded traces are not here ({SHARED_TRACES})")
-@pytest.mark.parametrize("name", shared_traces())
-def test_a_shared_trace_gives_one_verdict_as_a_trace_and_as_a_run_directory(
-        tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize("trace", recorded_traces(), ids=lambda p: trace_id(p, folders=True))
+def test_a_recorded_trace_gives_one_verdict_as_a_trace_and_as_a_run_directory(
+        tmp_path: Path, trace: Path) -> None:
     """The trace as its own RunData, and the same trace as the only record of a run directory's
     training process: one pipeline, one answer."""
-    trace = SHARED_TRACES / name
     alone = analyze_traces([trace]).verdict
     proc = process_dir(tmp_path, 0, "main", 4242)
     proc.mkdir(parents=True)

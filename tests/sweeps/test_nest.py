@@ -1,5 +1,5 @@
 """The nesting of host ops in C (doctor/trace/_nest.c) gives what doctor.trace.ops' Python
-loops give: each op's own time and the op that launched each runtime call, on every shared
+loops give: each op's own time and the op that launched each runtime call, on every recorded
 trace and on random nests of ops on several threads, with ties.
 
 The sweeps here (tests/sweeps: every recorded trace, every place a trace can be cut, hundreds
@@ -15,7 +15,7 @@ import pytest
 
 from doctor.trace import ops
 from doctor.trace.events import load_timeline
-from tests.trace_files import nest_both_ways, shared_traces
+from tests.trace_files import nest_both_ways, recorded_traces, shared_traces, trace_id
 
 pytestmark = pytest.mark.skipif(ops._nest is None, reason="the C nesting is not built here "
                                 "(pip install -e . builds it where a C compiler is)")
@@ -24,9 +24,8 @@ pytestmark = pytest.mark.skipif(ops._nest is None, reason="the C nesting is not 
 SHARED = shared_traces()
 
 
-@pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
-@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_every_shared_trace_nests_as_the_loops_say(path: Path,
+@pytest.mark.parametrize("path", recorded_traces(), ids=trace_id)
+def test_every_recorded_trace_nests_as_the_loops_say(path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     fast, slow = nest_both_ways(monkeypatch, load_timeline(path))
     for a, b in zip(fast, slow, strict=True):

@@ -1,5 +1,5 @@
 """The C scanner (doctor.trace.scan) gives the timeline the per-event collector gives
-(tests/reference_collector.py): on every shared trace, on awkward events cut at every place by
+(tests/reference_collector.py): on every recorded trace, on awkward events cut at every place by
 small chunks and blocks, on events of unusual types (decoded the slow way), and it says what is
 wrong with a broken file as the slow way does.
 
@@ -19,8 +19,10 @@ from tests.reference_collector import reference_timeline
 from tests.trace_files import (
     AWKWARD,
     assert_same_timeline,
+    recorded_traces,
     scanned,
     shared_traces,
+    trace_id,
     write_events,
 )
 
@@ -31,9 +33,8 @@ pytestmark = pytest.mark.skipif(not scan.AVAILABLE, reason="the C scanner is not
 SHARED = shared_traces()
 
 
-@pytest.mark.skipif(not SHARED, reason="the shared traces are not beside this checkout")
-@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_every_shared_trace_is_scanned_into_the_per_event_timeline(
+@pytest.mark.parametrize("path", recorded_traces(), ids=trace_id)
+def test_every_recorded_trace_is_scanned_into_the_per_event_timeline(
         path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     slow: list[int] = []
     real = scan._Walk.slow_events

@@ -4,12 +4,14 @@ and a child that fails, dies or cannot be forked costs only time."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from doctor.trace.beside import Beside
-from tests.support import SHARED_TRACES
+from tests.support import DATA_TRACES, SHARED_TRACES
+from tests.trace_files import trace_id
 
 PARENT = os.getpid()
 
@@ -52,11 +54,12 @@ def test_without_a_fork_it_is_computed_here() -> None:
     assert beside.result() == PARENT
 
 
+@pytest.mark.parametrize("path", [DATA_TRACES / "ddp_gloo_rank0.json.gz",
+                                  SHARED_TRACES / "ddp_v100_rank1_of_2.json.gz"], ids=trace_id)
 def test_a_trace_analysed_with_its_tables_beside_gives_the_same_run(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     from doctor.store import traces
 
-    path = SHARED_TRACES / "ddp_v100_rank1_of_2.json.gz"
     if not path.is_file():
         pytest.skip("the shared traces are not beside this checkout")
     monkeypatch.setattr(traces, "BESIDE_EVENTS", 10**12)

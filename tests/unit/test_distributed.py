@@ -1,9 +1,9 @@
 """Distributed runs on recorded per-rank data (fake clock, no job): the merge of several run
 directories, the per-rank table, and the straggler rule. Proportions and categories only.
 
-Each rank's loop is recorded through a real Session (tests.loops); its profiler window is a small
-recorded Kineto trace in the same shape as a gloo DDP step: the DataLoader wait, the rank's own
-ops on the main thread, and ``gloo:all_reduce`` on gloo's own thread, exposed where the main
+Each rank's loop is recorded through a real Session (tests/support.py); its profiler window is a
+small recorded Kineto trace in the same shape as a gloo DDP step: the DataLoader wait, the rank's
+own ops on the main thread, and ``gloo:all_reduce`` on gloo's own thread, exposed where the main
 thread has nothing else to do (waiting at the end of backward).
 """
 

@@ -1,5 +1,5 @@
 """The nesting of host ops in C (doctor/trace/_nest.c) gives what doctor.trace.ops' Python
-loops give: each op's own time and the op that launched each runtime call, on every shared
+loops give: each op's own time and the op that launched each runtime call, on every recorded
 trace and on random nests of ops on several threads, with ties."""
 
 from __future__ import annotations

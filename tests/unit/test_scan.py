@@ -1,5 +1,5 @@
 """The C scanner (doctor.trace.scan) gives the timeline the per-event collector gives
-(tests/reference_collector.py): on every shared trace, on awkward events cut at every place by
+(tests/reference_collector.py): on every recorded trace, on awkward events cut at every place by
 small chunks and blocks, on events of unusual types (decoded the slow way), and it says what is
 wrong with a broken file as the slow way does."""
 
