@@ -166,10 +166,12 @@ def fake_node(job_dir: Path, node: int, nnodes: int = 2, *, ended: bool = True,
     return run_dir
 
 
+#: What the file of the user's that links are planted to (conftest's ``victim``) holds.
 VICTIM_TEXT = "the user's own file\n"
 
 
 def plant(folder: Path, names: list[str], victim: Path) -> None:
+    """Each of ``names`` in ``folder`` made a symbolic link to ``victim``."""
     for name in names:
         path = folder / name
         if path.is_symlink() or path.is_file():
@@ -178,14 +180,13 @@ def plant(folder: Path, names: list[str], victim: Path) -> None:
 
 
 def regular(path: Path) -> bool:
+    """A regular file, not a link."""
     return stat.S_ISREG(os.lstat(path).st_mode)
 
 
 # -- builders of analysis inputs --------------------------------------------------------------
 
 JOB_FIELDS = {f.name for f in fields(JobFacts)}
-
-
 EVIDENCE_FIELDS = {f.name for f in fields(Evidence)}
 
 
@@ -222,6 +223,9 @@ MIB = 1 << 20
 
 
 class FakeCuda:
+    """torch.cuda as the memory probe reads it: one 80 GiB GPU whose allocator ``stats`` a test
+    changes."""
+
     def __init__(self) -> None:
         self.stats = {"allocated_bytes.all.current": 2000 * MIB,
                       "reserved_bytes.all.current": 6000 * MIB,
@@ -246,6 +250,8 @@ class FakeCuda:
 
 
 def fake_torch(cuda: Any = None) -> Any:
+    """A torch of only what the memory probe calls; ``observers`` holds the OOM observers it
+    attached."""
     observers: list[Any] = []
     return SimpleNamespace(
         cuda=cuda or FakeCuda(), version=SimpleNamespace(cuda="12.4"),
@@ -256,7 +262,8 @@ def fake_torch(cuda: Any = None) -> Any:
 # -- the communication model: its collectives, DDP's buckets, the steps ----------------------
 
 def comm_calls(sizes: list[float], seconds: list[float], bound: str = "bandwidth",
-          steps_n: int = 1) -> pd.DataFrame:
+               steps_n: int = 1) -> pd.DataFrame:
+    """All-reduces of the given sizes and times (each ``steps_n`` times)."""
     rows = [{"kind": "allreduce", "bytes": b, "seconds": s, "bound": bound, "waiting_s": 0.0,
              "pid": 1, "on_gpu": True} for _ in range(steps_n)
             for b, s in zip(sizes, seconds, strict=True)]
@@ -264,6 +271,7 @@ def comm_calls(sizes: list[float], seconds: list[float], bound: str = "bandwidth
 
 
 def ddp_buckets(**values: Any) -> pd.DataFrame:
+    """DDP's buckets as the probe records them: 25 MiB by default."""
     row = {"pid": 1, "bucket_cap_bytes": 25 * MIB, "last_bucket_bytes": None, "dtypes": "float",
            "backward_compute_s": None}
     row.update(values)
@@ -271,16 +279,17 @@ def ddp_buckets(**values: Any) -> pd.DataFrame:
 
 
 def comm_window(step: float, comm: float, exposed: float, n: int = 1) -> pd.DataFrame:
+    """``n`` steps of ``step`` s with ``comm`` s of communication, ``exposed`` s of it exposed."""
     return pd.DataFrame({"rank": [0] * n, "dur_s": [step] * n, "comm_s": [comm] * n,
                          "comm_exposed_s": [exposed] * n})
 
 
 def comm_model(step: float = 0.2, comm: float = 0.1, exposed: float = 0.1) -> CommModel:
+    """Rank 0's communication model of 2 ranks, 128 MiB buckets, with its what-ifs."""
     m = rank_comm(0, 2, comm_window(step, comm, exposed), comm_calls([100 * MIB], [comm]),
                   ddp_buckets(bucket_cap_bytes=128 * MIB, backward_compute_s=0.08))
     assert m is not None
     return CommModel(m, (*bucket_what_ifs(m), no_sync_what_if(m)), tuple(scaling(m)))
-
 
 
 #: A tiny training job: it appends a line to the file its first argument names, then trains.
@@ -334,6 +343,7 @@ LOADER_MAIN_STACK = ("<module> (train.py:80)", "main (train.py:67)",
 
 
 def write_module(folder: Path, name: str = "m", text: str = "X = 1\n") -> Path:
+    """A module ``name``.py of ``text`` in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     source = folder / f"{name}.py"
     source.write_text(text)

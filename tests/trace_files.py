@@ -81,7 +81,7 @@ CLEAN = [ev for ev in TRICKY if (not isinstance(ev.get("ts"), str) and "args" no
 
 
 def write_events(path: Path, events: list[dict[str, Any]], *, bare: bool = False, gz: bool = False,
-          indent: int | None = None) -> Path:
+                 indent: int | None = None) -> Path:
     payload: Any = events if bare else {"schemaVersion": 1, "traceEvents": events,
                                         "baseTimeNanoseconds": 1_700_000_000_000_000_000}
     return write_trace(path, None, gz, raw=json.dumps(payload, indent=indent))

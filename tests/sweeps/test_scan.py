@@ -57,6 +57,6 @@ def test_awkward_events_cut_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyP
     events = [dict(ev, ts=ev["ts"] + 100 * k) if isinstance(ev.get("ts"), int) else ev
               for k in range(3) for ev in AWKWARD]
     path = write_events(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",
-                 indent=2 if layout == "indented" else None)
+                        indent=2 if layout == "indented" else None)
     scanned(path)  # no NotScanned: the scanner read it (its odd events the slow way)
     assert_same_timeline(load_timeline(path), reference_timeline(path))

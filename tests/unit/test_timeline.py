@@ -131,7 +131,7 @@ def test_a_recorded_window_lands_inside_its_steps(tmp_path: Path) -> None:
 
 
 GPU_TRACES = [SHARED_TRACES / n for n in ("ddp_a100_rank0_of_2_hostbound.json.gz",
-                                   "edge/rocm_mi250_toy.json.gz")]
+                                          "edge/rocm_mi250_toy.json.gz")]
 
 
 @pytest.mark.parametrize("trace", [t for t in GPU_TRACES if t.is_file()],

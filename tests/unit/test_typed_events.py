@@ -62,7 +62,7 @@ def test_blocks_give_the_standard_library_s_events(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(reader, "decode_block", counting)
     events = (CLEAN if kinds == "clean" else TRICKY) * 7
     path = write_events(tmp_path / "t.json", events, bare=layout == "bare", gz=layout == "gz",
-                 indent=2 if layout == "indented" else None)
+                        indent=2 if layout == "indented" else None)
     stream = TraceStream(path, chunk_chars=max(8, block // 2))
     typed = [ev for chunk in stream.blocks() for ev in chunk]
     assert [fields(ev) for ev in typed] == [fields(from_dict(ev)) for ev in events]
