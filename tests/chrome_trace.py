@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +132,9 @@ def check_run_timeline(run_dir: Path) -> list[dict[str, Any]]:
         outside = [e for e in window if e["ts"] < lo or e["ts"] + e["dur"] > hi]
         assert not outside, f"{len(outside)} of {len(window)} window events outside its steps"
     return events
+
+
+def slices_by_thread(events: list[dict[str, Any]]) -> Counter[str]:
+    """How many slices each named thread has."""
+    threads = names(events, "thread_name")
+    return Counter(threads[(e["pid"], e["tid"])] for e in events if e["ph"] == "X")

@@ -1,0 +1,102 @@
+"""Real DDP sample jobs (gloo, 2 ranks on CPU) under ``doctor run torchrun --nproc-per-node 2``:
+the verdict, the world size, the straggler finding, and a rank that crashes. Proportions and
+names only, never times. Each run costs a few seconds of training and the start of three Python
+processes that import torch (the launcher and two ranks)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import chrome_trace
+from tests.support import SAMPLE_JOBS, doctor_cmd
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH"),
+]
+
+
+def torchrun(tmp_path: Path, job: str, *args: str, expect_rc: int = 0
+             ) -> tuple[dict[str, Any], Path]:
+    out = tmp_path / "run"
+    result = doctor_cmd("run", "--out", str(out), "--", "torchrun", "--nproc-per-node", "2",
+                        str(SAMPLE_JOBS / job), *args, timeout=240,
+                        env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == expect_rc, result.stderr[-3000:]
+    assert (out / "report.html").is_file()
+    assert sorted(p.name for p in out.glob("rank-*")) == ["rank-0", "rank-1"]
+    return dict(json.loads((out / "verdict.json").read_text())), out
+
+
+def findings(verdict: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f["id"]: f for f in verdict["findings"]}
+
+
+def test_allreduce_bound_ddp_job(tmp_path: Path) -> None:
+    verdict, out = torchrun(tmp_path, "ddp_allreduce_bound.py", "--steps", "25")
+    assert verdict["job"]["ranks"] == 2
+    assert verdict["bottleneck"] == "communication"
+    assert verdict["shares"]["communication"] > 0.35
+    comm = findings(verdict)["comm.exposed"]
+    assert comm["evidence"]["comm_overlapped_fraction"] < 0.5  # the all-reduce waits for backward
+    for rank in (0, 1):
+        meta = json.loads(next(out.glob(f"rank-{rank}/main-*/meta.json")).read_text())
+        assert (meta["rank"], meta["world_size"], meta["local_rank"]) == (rank, 2, rank)
+    html = (out / "report.html").read_text()
+    assert "Per rank" in html and "window_comm_hidden_fraction" in html
+    # one 25 MB bucket, bandwidth-bound: the model of each rank and its what-if table
+    models = verdict["comm_model"]
+    assert {m["rank"] for m in models} == {0, 1}
+    assert all(m["buckets_per_step"] == 1 and m["bytes_per_step"] > 20e6 for m in models)
+    assert {c["by_kind"][0]["bound"] for c in verdict["communication"]} <= {"bandwidth",
+                                                                            "waiting"}
+    assert "What the communication model predicts" in html
+    events = chrome_trace.check_run_timeline(out)  # each rank's steps once, on its own track
+    assert len({e["pid"] for e in events if e["ph"] == "X" and e["cat"] == "step"}) == 2
+
+
+def test_many_tiny_buckets_are_latency_bound_and_the_model_picks_a_larger_cap(tmp_path: Path
+                                                                              ) -> None:
+    verdict, _ = torchrun(tmp_path, "ddp_latency_bound.py", "--steps", "30")
+    assert verdict["bottleneck"] == "communication"
+    assert all(m["fit"] == "latency" and m["buckets_per_step"] > 100
+               for m in verdict["comm_model"])
+    comm = findings(verdict)["comm.exposed"]
+    bucket = next(f for f in comm["fixes"] if f.get("apply"))
+    assert bucket["apply"]["ddp"]["bucket_cap_mb"] >= 1  # from 0.001 MB: far fewer calls
+    assert bucket["estimated_speedup"] > 1.5
+    assert comm["fixes"][0] is bucket  # the best fix first
+
+
+def test_an_all_reduce_hidden_behind_compute_is_not_the_bottleneck(tmp_path: Path) -> None:
+    verdict, _ = torchrun(tmp_path, "ddp_overlapped.py", "--steps", "20")
+    assert verdict["bottleneck"] == "compute"
+    assert verdict["shares"]["communication"] < 0.3
+
+
+def test_slow_rank_is_named_with_its_input_cause(tmp_path: Path) -> None:
+    verdict, _ = torchrun(tmp_path, "ddp_slow_rank.py", "--steps", "30")
+    assert verdict["job"]["ranks"] == 2
+    s = findings(verdict)["distributed.straggler"]
+    assert s["evidence"]["slow_rank"] == 1
+    assert s["evidence"]["likely_cause"] == "input"
+    assert s["evidence"]["waiting_ranks"] == [0]
+    assert s["evidence"]["extra_share_of_step"] > 0.3
+    assert "Rank 1" in s["title"]
+    assert verdict["findings"][0]["id"] == "distributed.straggler"
+
+
+def test_a_rank_that_crashes_leaves_a_partial_report_naming_it(tmp_path: Path) -> None:
+    verdict, out = torchrun(tmp_path, "ddp_slow_rank.py", "--steps", "30", "--crash-at", "20",
+                            expect_rc=1)
+    assert verdict["job"]["exit_code"] == 1
+    assert verdict["steps"]["count"] > 10  # the steps before the crash are analysed
+    assert verdict["partial"] is True
+    why = "Rank 1 failed: RuntimeError: rank 1 failed on purpose at step 20"
+    assert why in verdict["notes"]
+    assert why in (out / "report.html").read_text()

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from doctor.record.session import STEP_BACKWARD, STEP_DATALOADER, STEP_OPTIMIZER, Session
+from tests.support import FakeClock
+
+
+class RecordingWindow:
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+        self.closed = False
+
+    def on_step(self, count: int) -> None:
+        self.counts.append(count)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_nothing_is_written_until_something_is_recorded(tmp_path: Path) -> None:
+    s = Session(tmp_path, rank=0)
+    s.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_process_folder_and_meta(tmp_path: Path) -> None:
+    s = Session(tmp_path, rank=3, clock=FakeClock())
+    s.record_interval("loader_wait", 1, 2)
+    folder = tmp_path / "rank-3" / f"main-{os.getpid()}"
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["rank"] == 3 and meta["pid"] == os.getpid()
+    s.close()
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["rings"] == {"loader_wait": 1}
+
+
+def test_the_window_counts_only_the_strongest_kind_of_step(tmp_path: Path) -> None:
+    s = Session(tmp_path, clock=FakeClock())
+    window = RecordingWindow()
+    s.on_step(window.on_step)
+    s.on("close", window.close)
+    for _ in range(3):
+        s.count_step(STEP_DATALOADER)
+        s.count_step(STEP_BACKWARD)
+        s.record_optimizer_start()
+        s.record_optimizer_end(0)
+        s.record_optimizer_start()
+        s.record_optimizer_end(1)  # a second optimizer does not count twice
+    # dataloader 1, backward restarts at 1, optimizer restarts at 1, then 2 and 3
+    assert window.counts == [1, 1, 1, 2, 3]
+    assert s._step_kind == STEP_OPTIMIZER  # the strongest kind seen counts
+    s.close()
+    assert window.closed
+
+
+def test_loader_settings_are_recorded_once(tmp_path: Path) -> None:
+    s = Session(tmp_path, clock=FakeClock())
+    a = s.record_loader({"num_workers": 0, "batch_size": 8})
+    b = s.record_loader({"num_workers": 0, "batch_size": 8})
+    c = s.record_loader({"num_workers": 2, "batch_size": 8})
+    assert a == b == 0 and c == 1
+    meta = json.loads((s.directory / "meta.json").read_text())
+    assert [lo["num_workers"] for lo in meta["loaders"]] == [0, 2]
+    s.close()
+
+
+def test_a_loaders_batch_tensors_are_recorded_once(tmp_path: Path) -> None:
+    s = Session(tmp_path, clock=FakeClock())
+    s.record_batch_tensors(0, 3)
+    s.record_batch_tensors(0, 5)  # a later iterator of the same loader
+    s.record_batch_tensors(1, 2)
+    meta = json.loads((s.directory / "meta.json").read_text())
+    assert meta["batch_tensors"] == {"0": 3, "1": 2}
+    s.close()
+
+
+def test_a_forked_child_writes_its_own_folder(tmp_path: Path) -> None:
+    s = Session(tmp_path, clock=FakeClock())
+    s.record_interval("loader_wait", 1, 2)
+    parent_dir = s.directory
+    s.forked()  # what the at-fork hook runs in the child
+    s.role = "worker0"
+    s.record_interval("fetch", 3, 4)
+    assert s.directory != parent_dir
+    assert s.directory.name.startswith("worker0-")
+    s.close()
+
+
+def test_closed_sessions_record_nothing(tmp_path: Path) -> None:
+    s = Session(tmp_path, clock=FakeClock())
+    s.close()
+    s.record_interval("loader_wait", 1, 2)
+    s.record_optimizer_end(0)
+    assert list(tmp_path.iterdir()) == []
