@@ -28,6 +28,7 @@ from doctor.store import layout
 from doctor.store.records import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, INTERVAL_RINGS
 from doctor.store.ringbuffer import VERSION as RING_VERSION
 from doctor.store.ringbuffer import read_ring
+from doctor.store.run_json import read_run_record
 from doctor.store.rundata import (
     FRAME_COLUMNS,
     RUN,
@@ -37,7 +38,6 @@ from doctor.store.rundata import (
     empty_frames,
     typed,
 )
-from doctor.store.rundir import read_run_record
 from doctor.store.samples import read_gpu, read_gpu_info, read_gpu_procs, read_host, read_memory
 from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
 from doctor.store.tries import read_tries

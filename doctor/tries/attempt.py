@@ -33,7 +33,7 @@ from doctor.reports.escape import escaped
 from doctor.reports.json import render_json
 from doctor.store import layout
 from doctor.store.redact import REDACTED, is_redacted
-from doctor.store.rundir import read_run_record
+from doctor.store.run_json import read_run_record
 from doctor.store.safe_files import open_new, write_text_atomic
 from doctor.store.tries import keep_tail, output_paths, process_notes
 from doctor.tries.measure import AttemptResult
