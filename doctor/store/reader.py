@@ -28,7 +28,7 @@ from doctor.store import layout
 from doctor.store.records import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, INTERVAL_RINGS
 from doctor.store.ringbuffer import VERSION as RING_VERSION
 from doctor.store.ringbuffer import read_ring
-from doctor.store.run_json import read_run_record
+from doctor.store.run_json import RunJson, read_run_json
 from doctor.store.rundata import (
     FRAME_COLUMNS,
     RUN,
@@ -42,7 +42,6 @@ from doctor.store.samples import read_gpu, read_gpu_info, read_gpu_procs, read_h
 from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
 from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
-from doctor.verdict import ProbeStatus
 
 from .meta_rows import ddp_rows, loader_rows, model_state_rows
 from .readback import (
@@ -51,7 +50,6 @@ from .readback import (
     as_dict,
     as_float,
     as_int,
-    as_list,
     as_str,
     printable,
     read_json_dict,
@@ -74,7 +72,7 @@ def load_run(dirs: Path | Sequence[Path]) -> RunData:
 
 
 def _load_node(run_dir: Path) -> RunData:
-    raw = read_run_record(run_dir)
+    run = read_run_json(run_dir)
     procs: list[dict[str, Any]] = []
     statuses: list[dict[str, Any]] = []
     loaders: list[dict[str, Any]] = []
@@ -165,7 +163,7 @@ def _load_node(run_dir: Path) -> RunData:
     for name, rows in parts.items():
         if len(rows):
             frames[name] = typed(rows, FRAME_COLUMNS[name])
-    return RunData(record=_record(run_dir, raw, problems), **frames)
+    return RunData(record=_record(run_dir, run, problems), **frames)
 
 
 def _window_span(events: pd.DataFrame) -> tuple[int, int] | None:
@@ -177,38 +175,26 @@ def _window_span(events: pd.DataFrame) -> tuple[int, int] | None:
     return (int(start[0]), int(stop[0])) if len(start) and len(stop) else None
 
 
-def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecord:
-    """The run record, each field taken only when it has its type (a field of another type is
-    as good as absent: a damaged or hand-edited run.json)."""
+def _record(run_dir: Path, run: RunJson, problems: list[str]) -> RunRecord:
+    """The run record: run.json's fields (doctor.store.run_json: one of another type is as good
+    as absent), the bootstrap errors, the tries and the GPUs of the run directory."""
     errors = tuple(_first_line(p) for p in layout.bootstrap_errors(run_dir)
                    if real_dir_inside(p.parent, run_dir))
-    probes = {str(k): ProbeStatus(v.get("ok") is True, str(v.get("reason") or ""),
-                                  str(v.get("hint") or ""))
-              for k, v in as_dict(raw.get("probes")).items() if isinstance(v, dict)}
-    argv = raw.get("argv")
-    if not isinstance(argv, list) and argv is not None:
+    if run.argv_fault in ("empty", "not a list"):
         problems.append(f"{run_dir / layout.RUN_RECORD}: its argv is not a list: left out")
-    t0 = as_float(raw.get("t0_monotonic_s")) or 0.0
-    visible = as_dict(raw.get("env")).get("CUDA_VISIBLE_DEVICES")
-    host = as_str(raw.get("host"))
+    t0 = run.t0_monotonic_s or 0.0
+    visible = (run.env or {}).get("CUDA_VISIBLE_DEVICES")
     return RunRecord(
-        kind=as_str(raw.get("mode")) or RUN, sources=(printable(str(run_dir)),),
-        argv=tuple(printable(str(a)) for a in as_list(argv)),
-        exit_code=as_int(raw.get("exit_code")), signal=as_int(raw.get("signal")),
-        cores=as_int(raw.get("cores")) or None,
-        memory_bytes=as_int(raw.get("memory_bytes")) or None,
-        peaks=raw["peaks"] if isinstance(raw.get("peaks"), dict) else None,
-        host=host, python=as_str(raw.get("python")), started=as_str(raw.get("started")),
-        duration_s=as_float(raw.get("duration_s")),
-        fd_handoff_s=as_float(raw.get("fd_handoff_s")), probes=probes,
-        nodes=(host,),
+        kind=run.mode or RUN, sources=(printable(str(run_dir)),),
+        argv=tuple(printable(a) for a in run.argv), exit_code=run.exit_code,
+        signal=run.signal, cores=run.cores, memory_bytes=run.memory_bytes, peaks=run.peaks,
+        host=run.host, python=run.python, started=run.started, duration_s=run.duration_s,
+        fd_handoff_s=run.fd_handoff_s, probes=run.probes, nodes=(run.host,),
         t0_ns={0: int(t0 * 1e9) if abs(t0) < 1e9 else 0},
         bootstrap_errors=errors, problems=tuple(problems), tries=tuple(read_tries(run_dir)),
         gpus=tuple({**g, "node": 0} for g in read_gpu_info(run_dir)),
         visible_devices=visible if isinstance(visible, str) else None,
-        links=raw.get("links") if isinstance(raw.get("links"), dict) else None,
-        deaths=tuple(d for d in raw.get("deaths") or () if isinstance(d, dict))
-        if isinstance(raw.get("deaths"), list) else (),
+        links=run.links, deaths=run.deaths,
     )
 
 

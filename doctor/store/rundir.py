@@ -30,7 +30,7 @@ from doctor.errors import RunDirError, UsageError
 from doctor.store import layout
 
 from .claim import claim_run_dir, clear_merged_outputs
-from .run_json import read_run_record
+from .run_json import RunJson, read_run_json
 from .safe_files import open_new, write_text_atomic
 
 DEFAULT_ROOT = Path("doctor-runs")
@@ -225,15 +225,14 @@ def job_nodes(job_dir: Path, nnodes: int | None = None) -> JobNodes:
         recorded[node] = run_dir
         counts.append(node + 1)
         try:
-            record = read_run_record(run_dir)
+            run = read_run_json(run_dir)
         except RunDirError:
             continue
-        keys[node] = [node, record.get("host"), record.get("started"),
-                      record.get("t0_monotonic_s")]
-        span = _span(record)
+        keys[node] = [node, run.host, run.started, run.t0_monotonic_s]
+        span = _span(run)
         if span is not None:
             spans[node] = span
-        if record.get("exit_code") is not None:
+        if run.ended:
             ended.add(node)
             if mine.get("done") is True:
                 done.add(node)
@@ -248,17 +247,16 @@ def job_nodes(job_dir: Path, nnodes: int | None = None) -> JobNodes:
                     frozenset(done - earlier), key, frozenset(earlier))
 
 
-def _span(record: Mapping[str, Any]) -> tuple[float, float | None] | None:
+def _span(run: RunJson) -> tuple[float, float | None] | None:
     """When a node's run began and ended (None: not ended), in seconds since the epoch; None
     when its record does not say."""
     try:
-        start = datetime.strptime(str(record.get("started")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        start = datetime.strptime(str(run.started), "%Y-%m-%dT%H:%M:%S%z").timestamp()
     except ValueError:
         return None
-    duration = record.get("duration_s")
-    if not isinstance(duration, (int, float)) or record.get("exit_code") is None:
+    if run.duration_s is None or not run.ended:
         return start, None
-    return start, start + float(duration)
+    return start, start + run.duration_s
 
 
 def claim_merge(nodes: JobNodes) -> bool:
