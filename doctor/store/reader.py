@@ -44,6 +44,7 @@ from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 
 from .meta_rows import ddp_rows, loader_rows, model_state_rows
+from .process_meta import read_meta
 from .readback import (
     Unreadable,
     as_bool,
@@ -52,7 +53,6 @@ from .readback import (
     as_int,
     as_str,
     printable,
-    read_json_dict,
     read_text,
     real_dir_inside,
     regular_file,
@@ -94,7 +94,7 @@ def _load_node(run_dir: Path) -> RunData:
         if not real_dir_inside(proc_dir, run_dir):
             problems.append(f"{proc_dir} is a link or leads out of the run directory: left out")
             continue
-        meta = _meta(proc_dir, problems)
+        meta = read_meta(proc_dir, problems)
         who = {"node": 0, "rank": rank, "pid": pid}
         procs.append(_process_row(who, role, proc_dir, meta))
         statuses += [{**who, "probe": str(name), "ok": s.get("ok") is True,
@@ -212,23 +212,9 @@ def job_world_size(run_dir: Path) -> int:
     its folders if more: 1 for a job without ranks."""
     world = 1
     for proc_dir, rank, _role, _pid in layout.process_dirs(run_dir):
-        size = as_int(_meta(proc_dir).get("world_size"))
+        size = as_int(read_meta(proc_dir).get("world_size"))
         world = max(world, rank + 1, size if size is not None and size < 1 << 20 else 1)
     return world
-
-
-def _meta(proc_dir: Path, problems: list[str] | None = None) -> dict[str, Any]:
-    """A process folder's meta.json; {} when it has none (a process killed at birth) or it
-    cannot be read (said in ``problems``: what the process was is then unknown)."""
-    path = proc_dir / layout.META
-    if not os.path.lexists(path):
-        return {}
-    try:
-        return read_json_dict(path)
-    except Unreadable as err:
-        if problems is not None:
-            problems.append(f"{err}: left out")
-        return {}
 
 
 def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str, Any]
