@@ -44,11 +44,10 @@ from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 
 from .meta_rows import ddp_rows, loader_rows, model_state_rows
-from .process_meta import read_meta
+from .process_meta import ProcessMeta, read_meta
 from .readback import (
     Unreadable,
     as_bool,
-    as_dict,
     as_float,
     as_int,
     as_str,
@@ -97,9 +96,8 @@ def _load_node(run_dir: Path) -> RunData:
         meta = read_meta(proc_dir, problems)
         who = {"node": 0, "rank": rank, "pid": pid}
         procs.append(_process_row(who, role, proc_dir, meta))
-        statuses += [{**who, "probe": str(name), "ok": s.get("ok") is True,
-                      "reason": str(s.get("reason") or ""), "hint": str(s.get("hint") or "")}
-                     for name, s in as_dict(meta.get("probes")).items() if isinstance(s, dict)]
+        statuses += [{**who, "probe": name, "ok": s.ok, "reason": s.reason, "hint": s.hint}
+                     for name, s in meta.probes.items()]
         model_states += model_state_rows(who, meta)
         ddp += ddp_rows(who, meta)
         loaders += loader_rows(who, meta)
@@ -136,7 +134,7 @@ def _load_node(run_dir: Path) -> RunData:
                 ops.append(window.ops.assign(**who))
                 collectives.append(window.calls.assign(**who))
                 window_events.append(on_process_clock(
-                    window.events, as_dict(meta.get("window")),
+                    window.events, dict(meta.window),
                     _window_span(process_events)).assign(**who))
                 window_status.append({**who, "ok": True, "reason": "",
                                       "events": window.events_total})
@@ -212,29 +210,22 @@ def job_world_size(run_dir: Path) -> int:
     its folders if more: 1 for a job without ranks."""
     world = 1
     for proc_dir, rank, _role, _pid in layout.process_dirs(run_dir):
-        size = as_int(read_meta(proc_dir).get("world_size"))
+        size = as_int(read_meta(proc_dir).world_size)
         world = max(world, rank + 1, size if size is not None and size < 1 << 20 else 1)
     return world
 
 
-def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str, Any]
+def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: ProcessMeta
                  ) -> dict[str, Any]:
-    window = meta.get("window")
-    window = window if isinstance(window, dict) else {}
-    start, end = (m if isinstance(m := meta.get(key), dict) else {}
-                  for key in ("memory_at_start", "memory_at_end"))
-    return {**who, "role": role, "path": str(proc_dir), "ppid": meta.get("ppid"),
-            "started_ns": meta.get("started_ns"), "ended_ns": meta.get("ended_ns"),
-            "cores": meta.get("cores"), "world_size": meta.get("world_size"),
-            "torch_version": as_str(meta.get("torch_version")),
-            "torch_threads": meta.get("torch_threads"),
-            "cuda": as_bool(meta.get("cuda")), "crashed": as_str(meta.get("crashed")),
-            "crashed_ns": meta.get("crashed_ns"), "window_state": as_str(window.get("state")),
+    window, start, end = meta.window, meta.memory_at_start, meta.memory_at_end
+    return {**who, "role": role, "path": str(proc_dir), "ppid": meta.ppid,
+            "started_ns": meta.started_ns, "ended_ns": meta.ended_ns, "cores": meta.cores,
+            "world_size": meta.world_size, "torch_version": meta.torch_version,
+            "torch_threads": meta.torch_threads, "cuda": meta.cuda, "crashed": meta.crashed,
+            "crashed_ns": meta.crashed_ns, "window_state": as_str(window.get("state")),
             "window_reason": as_str(window.get("reason")),
-            "window_shapes": as_bool(window.get("shapes")),
-            "cuda_uuid": as_str(meta.get("cuda_uuid")),
-            "cuda_initialized": as_bool(meta.get("cuda_initialized")),
-            "cuda_device": meta.get("cuda_device"),
+            "window_shapes": as_bool(window.get("shapes")), "cuda_uuid": meta.cuda_uuid,
+            "cuda_initialized": meta.cuda_initialized, "cuda_device": meta.cuda_device,
             "start_private_bytes": start.get("private_bytes"),
             "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns"),
             "end_private_bytes": end.get("private_bytes"), "end_rss_bytes": end.get("rss_bytes"),

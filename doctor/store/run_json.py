@@ -89,9 +89,7 @@ class RunJson:
             python=as_str(record.get("python")), exit_code=as_int(record.get("exit_code")),
             ended=record.get("exit_code") is not None, signal=as_int(record.get("signal")),
             duration_s=as_float(record.get("duration_s")),
-            probes={str(k): ProbeStatus(v.get("ok") is True, str(v.get("reason") or ""),
-                                        str(v.get("hint") or ""))
-                    for k, v in as_dict(record.get("probes")).items() if isinstance(v, dict)},
+            probes=probe_statuses(record.get("probes")),
             fd_handoff_s=as_float(record.get("fd_handoff_s")),
             peaks=peaks if isinstance(peaks, dict) else None,
             links=links if isinstance(links, dict) else None,
@@ -99,6 +97,14 @@ class RunJson:
             if isinstance(deaths, list) else (),
             timed_out=record.get("timed_out") is True, mode=as_str(record.get("mode")),
             sampler_cpu_s=as_float(record.get("sampler_cpu_s")))
+
+
+def probe_statuses(value: Any) -> dict[str, ProbeStatus]:
+    """A record's ``probes`` (name -> ``{"ok", "reason", "hint"}``, doctor.verdict.ProbeStatus),
+    each taken when it is an object (``ok`` only when true)."""
+    return {str(k): ProbeStatus(v.get("ok") is True, str(v.get("reason") or ""),
+                                str(v.get("hint") or ""))
+            for k, v in as_dict(value).items() if isinstance(v, dict)}
 
 
 def _argv_fault(argv: Any) -> ArgvFault:
