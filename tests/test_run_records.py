@@ -105,3 +105,34 @@ def test_meta_json_fields_of_another_type_are_absent_and_an_unreadable_one_is_sa
     problems: list[str] = []
     assert read_meta(tmp_path, problems) == ProcessMeta()
     assert len(problems) == 1 and problems[0].endswith("not an object: left out")
+
+
+def test_doctor_trys_notes_take_a_meta_json_of_odd_types_as_absent(tmp_path: Path) -> None:
+    """A process's ``tried`` that is not an object, or ``tried_errors`` that is not a list, is
+    as good as absent (it raised AttributeError or TypeError before meta.json had one reader)."""
+    from doctor.store.tries import process_notes
+
+    for odd in ({"tried": [1], "tried_errors": 5}, {"tried": "x", "tried_errors": "ab"}):
+        proc = tmp_path / "rank-0" / "main-12"
+        proc.mkdir(parents=True, exist_ok=True)
+        (proc / layout.META).write_text(json.dumps({**odd, "stopped_at_step": 3}))
+        notes = process_notes(tmp_path)
+        assert (notes["tried"], notes["errors"], notes["stopped"], notes["pids"]) == (
+            {}, [], True, [12])
+
+
+def test_the_progress_line_never_reads_a_meta_json_through_a_link(tmp_path: Path) -> None:
+    """A failed window's reason comes from the process's own meta.json, read as every file of a
+    run directory is (doctor.store.readback): a link planted at its name is not followed."""
+    from doctor.progress import ProcessWindow, WindowProgress
+
+    proc = tmp_path / "rank-0" / "main-12"
+    proc.mkdir(parents=True)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.json"
+    outside.write_text(json.dumps({"window": {"reason": "read through a link"}}))
+    (proc / layout.META).symlink_to(outside)
+    progress = WindowProgress(tmp_path, lambda line: None)
+    assert progress._reason_of(ProcessWindow(0, 12, "failed")) == ""
+    (proc / layout.META).unlink()
+    (proc / layout.META).write_text(json.dumps({"window": {"reason": "no CUPTI"}}))
+    assert progress._reason_of(ProcessWindow(0, 12, "failed")) == "no CUPTI"
