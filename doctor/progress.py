@@ -12,7 +12,6 @@ their windows on the same step, so a rank that has not posted within GRACE_S is 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from doctor.store import layout
 from doctor.store.control import Control, read_control
+from doctor.store.process_meta import read_meta
 from doctor.verdict import ProbeStatus
 
 Say = Callable[[str], None]
@@ -205,12 +205,7 @@ class WindowProgress:
         for proc_dir, rank, _role, pid in layout.process_dirs(self.run_dir):
             if (rank, pid) != (window.rank, window.pid):
                 continue
-            try:
-                meta = json.loads((proc_dir / layout.META).read_text())
-            except (OSError, ValueError):
-                return ""
-            record = meta.get("window") if isinstance(meta, dict) else None
-            reason = record.get("reason") if isinstance(record, dict) else None
+            reason = read_meta(proc_dir).window.get("reason")
             return _printable(str(reason), MAX_REASON) if reason else ""
         return ""
 

@@ -2,25 +2,26 @@
 activations, its DistributedDataParallel modules.
 
 meta.json is written by the job's probes, but a run directory may be damaged or edited by hand:
-each field is taken only when it has its type (doctor.store.readback's ``as_*``), and a row whose
-identifying numbers are missing or of another type is left out, so that a frame's int64 columns
-never meet a string, a list or a float past int64.
+its top-level fields are checked as it is read (doctor.store.process_meta), and here each field
+of its nested records is taken only when it has its type (doctor.store.readback's ``as_*``); a
+row whose identifying numbers are missing or of another type is left out, so that a frame's
+int64 columns never meet a string, a list or a float past int64.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .process_meta import ProcessMeta
 from .readback import as_bool, as_dict, as_float, as_int, as_list, as_str
 
 
-def loader_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+def loader_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     """Each DataLoader the process built (doctor.probes.dataloader), with the tensors of its
     batch."""
-    counts = as_dict(meta.get("batch_tensors"))
+    counts = meta.batch_tensors
     rows = []
-    for lo in as_list(meta.get("loaders")):
-        lo = as_dict(lo)
+    for lo in meta.loaders:
         loader_id, workers = as_int(lo.get("id")), as_int(lo.get("num_workers"))
         if loader_id is None or workers is None or workers < 0:
             continue
@@ -37,11 +38,11 @@ def loader_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any
     return rows
 
 
-def model_state_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+def model_state_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     """The model-state probe's rows of one process (doctor.probes.model_state), with its tag;
     each optimizer's class a row of kind "optimizer" (its name as the dtype, no bytes)."""
     rows = []
-    for tag, state in as_dict(meta.get("model_state")).items():
+    for tag, state in meta.model_state.items():
         state = as_dict(state)
         for row in as_list(state.get("rows")):
             row = as_dict(row)
@@ -53,7 +54,7 @@ def model_state_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str
                          "bytes": nbytes, "tensors": as_int(row.get("tensors")) or 0})
         rows += [{**who, "tag": str(tag), "kind": "optimizer", "device": "", "dtype": str(name),
                   "bytes": 0, "tensors": 0} for name in as_list(state.get("optimizers"))]
-    return rows + activation_rows(who, meta.get("saved_tensors"))
+    return rows + activation_rows(who, meta.saved_tensors)
 
 
 def activation_rows(who: dict[str, Any], saved: Any) -> list[dict[str, Any]]:
@@ -74,14 +75,12 @@ def activation_rows(who: dict[str, Any], saved: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def ddp_rows(who: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+def ddp_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     """Each DistributedDataParallel the process built (doctor.probes.ddp): bucket bytes summed,
     the last bucket's (reduced when backward ends: never overlapped), seconds from DDP's
     nanoseconds."""
     rows = []
-    for d in as_list(meta.get("ddp")):
-        if not isinstance(d, dict):
-            continue
+    for d in meta.ddp:
         sizes = [b for b in map(as_float, as_list(d.get("bucket_bytes"))) if b is not None]
         rows.append({
             **who, "bucket_cap_bytes": as_float(d.get("bucket_cap_bytes")),

@@ -28,6 +28,7 @@ from doctor.store import layout
 from doctor.store.records import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, INTERVAL_RINGS
 from doctor.store.ringbuffer import VERSION as RING_VERSION
 from doctor.store.ringbuffer import read_ring
+from doctor.store.run_json import RunJson, read_run_json
 from doctor.store.rundata import (
     FRAME_COLUMNS,
     RUN,
@@ -37,24 +38,20 @@ from doctor.store.rundata import (
     empty_frames,
     typed,
 )
-from doctor.store.rundir import read_run_record
 from doctor.store.samples import read_gpu, read_gpu_info, read_gpu_procs, read_host, read_memory
 from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
 from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
-from doctor.verdict import ProbeStatus
 
 from .meta_rows import ddp_rows, loader_rows, model_state_rows
+from .process_meta import ProcessMeta, read_meta
 from .readback import (
     Unreadable,
     as_bool,
-    as_dict,
     as_float,
     as_int,
-    as_list,
     as_str,
     printable,
-    read_json_dict,
     read_text,
     real_dir_inside,
     regular_file,
@@ -74,7 +71,7 @@ def load_run(dirs: Path | Sequence[Path]) -> RunData:
 
 
 def _load_node(run_dir: Path) -> RunData:
-    raw = read_run_record(run_dir)
+    run = read_run_json(run_dir)
     procs: list[dict[str, Any]] = []
     statuses: list[dict[str, Any]] = []
     loaders: list[dict[str, Any]] = []
@@ -96,12 +93,11 @@ def _load_node(run_dir: Path) -> RunData:
         if not real_dir_inside(proc_dir, run_dir):
             problems.append(f"{proc_dir} is a link or leads out of the run directory: left out")
             continue
-        meta = _meta(proc_dir, problems)
+        meta = read_meta(proc_dir, problems)
         who = {"node": 0, "rank": rank, "pid": pid}
         procs.append(_process_row(who, role, proc_dir, meta))
-        statuses += [{**who, "probe": str(name), "ok": s.get("ok") is True,
-                      "reason": str(s.get("reason") or ""), "hint": str(s.get("hint") or "")}
-                     for name, s in as_dict(meta.get("probes")).items() if isinstance(s, dict)]
+        statuses += [{**who, "probe": name, "ok": s.ok, "reason": s.reason, "hint": s.hint}
+                     for name, s in meta.probes.items()]
         model_states += model_state_rows(who, meta)
         ddp += ddp_rows(who, meta)
         loaders += loader_rows(who, meta)
@@ -138,7 +134,7 @@ def _load_node(run_dir: Path) -> RunData:
                 ops.append(window.ops.assign(**who))
                 collectives.append(window.calls.assign(**who))
                 window_events.append(on_process_clock(
-                    window.events, as_dict(meta.get("window")),
+                    window.events, dict(meta.window),
                     _window_span(process_events)).assign(**who))
                 window_status.append({**who, "ok": True, "reason": "",
                                       "events": window.events_total})
@@ -165,7 +161,7 @@ def _load_node(run_dir: Path) -> RunData:
     for name, rows in parts.items():
         if len(rows):
             frames[name] = typed(rows, FRAME_COLUMNS[name])
-    return RunData(record=_record(run_dir, raw, problems), **frames)
+    return RunData(record=_record(run_dir, run, problems), **frames)
 
 
 def _window_span(events: pd.DataFrame) -> tuple[int, int] | None:
@@ -177,38 +173,26 @@ def _window_span(events: pd.DataFrame) -> tuple[int, int] | None:
     return (int(start[0]), int(stop[0])) if len(start) and len(stop) else None
 
 
-def _record(run_dir: Path, raw: dict[str, Any], problems: list[str]) -> RunRecord:
-    """The run record, each field taken only when it has its type (a field of another type is
-    as good as absent: a damaged or hand-edited run.json)."""
+def _record(run_dir: Path, run: RunJson, problems: list[str]) -> RunRecord:
+    """The run record: run.json's fields (doctor.store.run_json: one of another type is as good
+    as absent), the bootstrap errors, the tries and the GPUs of the run directory."""
     errors = tuple(_first_line(p) for p in layout.bootstrap_errors(run_dir)
                    if real_dir_inside(p.parent, run_dir))
-    probes = {str(k): ProbeStatus(v.get("ok") is True, str(v.get("reason") or ""),
-                                  str(v.get("hint") or ""))
-              for k, v in as_dict(raw.get("probes")).items() if isinstance(v, dict)}
-    argv = raw.get("argv")
-    if not isinstance(argv, list) and argv is not None:
+    if run.argv_fault in ("empty", "not a list"):
         problems.append(f"{run_dir / layout.RUN_RECORD}: its argv is not a list: left out")
-    t0 = as_float(raw.get("t0_monotonic_s")) or 0.0
-    visible = as_dict(raw.get("env")).get("CUDA_VISIBLE_DEVICES")
-    host = as_str(raw.get("host"))
+    t0 = run.t0_monotonic_s or 0.0
+    visible = (run.env or {}).get("CUDA_VISIBLE_DEVICES")
     return RunRecord(
-        kind=as_str(raw.get("mode")) or RUN, sources=(printable(str(run_dir)),),
-        argv=tuple(printable(str(a)) for a in as_list(argv)),
-        exit_code=as_int(raw.get("exit_code")), signal=as_int(raw.get("signal")),
-        cores=as_int(raw.get("cores")) or None,
-        memory_bytes=as_int(raw.get("memory_bytes")) or None,
-        peaks=raw["peaks"] if isinstance(raw.get("peaks"), dict) else None,
-        host=host, python=as_str(raw.get("python")), started=as_str(raw.get("started")),
-        duration_s=as_float(raw.get("duration_s")),
-        fd_handoff_s=as_float(raw.get("fd_handoff_s")), probes=probes,
-        nodes=(host,),
+        kind=run.mode or RUN, sources=(printable(str(run_dir)),),
+        argv=tuple(printable(a) for a in run.argv), exit_code=run.exit_code,
+        signal=run.signal, cores=run.cores, memory_bytes=run.memory_bytes, peaks=run.peaks,
+        host=run.host, python=run.python, started=run.started, duration_s=run.duration_s,
+        fd_handoff_s=run.fd_handoff_s, probes=run.probes, nodes=(run.host,),
         t0_ns={0: int(t0 * 1e9) if abs(t0) < 1e9 else 0},
         bootstrap_errors=errors, problems=tuple(problems), tries=tuple(read_tries(run_dir)),
         gpus=tuple({**g, "node": 0} for g in read_gpu_info(run_dir)),
         visible_devices=visible if isinstance(visible, str) else None,
-        links=raw.get("links") if isinstance(raw.get("links"), dict) else None,
-        deaths=tuple(d for d in raw.get("deaths") or () if isinstance(d, dict))
-        if isinstance(raw.get("deaths"), list) else (),
+        links=run.links, deaths=run.deaths,
     )
 
 
@@ -226,43 +210,22 @@ def job_world_size(run_dir: Path) -> int:
     its folders if more: 1 for a job without ranks."""
     world = 1
     for proc_dir, rank, _role, _pid in layout.process_dirs(run_dir):
-        size = as_int(_meta(proc_dir).get("world_size"))
+        size = as_int(read_meta(proc_dir).world_size)
         world = max(world, rank + 1, size if size is not None and size < 1 << 20 else 1)
     return world
 
 
-def _meta(proc_dir: Path, problems: list[str] | None = None) -> dict[str, Any]:
-    """A process folder's meta.json; {} when it has none (a process killed at birth) or it
-    cannot be read (said in ``problems``: what the process was is then unknown)."""
-    path = proc_dir / layout.META
-    if not os.path.lexists(path):
-        return {}
-    try:
-        return read_json_dict(path)
-    except Unreadable as err:
-        if problems is not None:
-            problems.append(f"{err}: left out")
-        return {}
-
-
-def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: dict[str, Any]
+def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: ProcessMeta
                  ) -> dict[str, Any]:
-    window = meta.get("window")
-    window = window if isinstance(window, dict) else {}
-    start, end = (m if isinstance(m := meta.get(key), dict) else {}
-                  for key in ("memory_at_start", "memory_at_end"))
-    return {**who, "role": role, "path": str(proc_dir), "ppid": meta.get("ppid"),
-            "started_ns": meta.get("started_ns"), "ended_ns": meta.get("ended_ns"),
-            "cores": meta.get("cores"), "world_size": meta.get("world_size"),
-            "torch_version": as_str(meta.get("torch_version")),
-            "torch_threads": meta.get("torch_threads"),
-            "cuda": as_bool(meta.get("cuda")), "crashed": as_str(meta.get("crashed")),
-            "crashed_ns": meta.get("crashed_ns"), "window_state": as_str(window.get("state")),
+    window, start, end = meta.window, meta.memory_at_start, meta.memory_at_end
+    return {**who, "role": role, "path": str(proc_dir), "ppid": meta.ppid,
+            "started_ns": meta.started_ns, "ended_ns": meta.ended_ns, "cores": meta.cores,
+            "world_size": meta.world_size, "torch_version": meta.torch_version,
+            "torch_threads": meta.torch_threads, "cuda": meta.cuda, "crashed": meta.crashed,
+            "crashed_ns": meta.crashed_ns, "window_state": as_str(window.get("state")),
             "window_reason": as_str(window.get("reason")),
-            "window_shapes": as_bool(window.get("shapes")),
-            "cuda_uuid": as_str(meta.get("cuda_uuid")),
-            "cuda_initialized": as_bool(meta.get("cuda_initialized")),
-            "cuda_device": meta.get("cuda_device"),
+            "window_shapes": as_bool(window.get("shapes")), "cuda_uuid": meta.cuda_uuid,
+            "cuda_initialized": meta.cuda_initialized, "cuda_device": meta.cuda_device,
             "start_private_bytes": start.get("private_bytes"),
             "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns"),
             "end_private_bytes": end.get("private_bytes"), "end_rss_bytes": end.get("rss_bytes"),

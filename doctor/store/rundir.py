@@ -1,13 +1,12 @@
 """Run directories as a whole: make one (claimed for one run: doctor.store.claim), find the
-newest, the run record (``run.json``), and what is done to one after the job (compress its
-traces, measure it, write the outputs); and the directory of a multi-node job: its nodes'
-folders, how far each has got (a folder holding an earlier job's run is never merged with this
-job's), and the claim of the one node that merges them. Every file is written through
-doctor.store.safe_files: a link planted at its name is replaced, never written through.
+newest, write the run record (``run.json``; doctor.store.run_json reads it back), and what is
+done to one after the job (compress its traces, measure it, write the outputs); and the
+directory of a multi-node job: its nodes' folders, how far each has got (a folder holding an
+earlier job's run is never merged with this job's), and the claim of the one node that merges
+them. Every file is written through doctor.store.safe_files: a link planted at its name is
+replaced, never written through.
 
-The layout is doctor.store.layout's. The run record carries the format (``schema``): a run
-directory of a format this doctor does not read is refused in one line that says what to do,
-not read as empty.
+The layout is doctor.store.layout's. The run record carries the format (``schema``).
 """
 
 from __future__ import annotations
@@ -27,10 +26,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from doctor.errors import RunDirError, RunFormatError, UsageError
+from doctor.errors import RunDirError, UsageError
 from doctor.store import layout
 
 from .claim import claim_run_dir, clear_merged_outputs
+from .run_json import RunJson, read_run_json
 from .safe_files import open_new, write_text_atomic
 
 DEFAULT_ROOT = Path("doctor-runs")
@@ -101,29 +101,6 @@ def newest_run(root: Path = DEFAULT_ROOT) -> Path:
 
 def write_run_record(run_dir: Path, record: dict[str, Any]) -> None:
     _write_json(run_dir / layout.RUN_RECORD, {"schema": layout.FORMAT, **record})
-
-
-def read_run_record(run_dir: Path) -> dict[str, Any]:
-    """The run record of ``run_dir``, read defensively (doctor.store.readback): RunDirError, one
-    line, when it is missing, not a regular file, not a JSON object or of another format."""
-    from .readback import Unreadable, read_json
-
-    path = run_dir / layout.RUN_RECORD
-    if not os.path.lexists(path):
-        raise RunDirError(f"{run_dir} is not a doctor run directory (no {layout.RUN_RECORD})")
-    try:
-        record = read_json(path)
-    except Unreadable as err:
-        raise RunDirError(f"{err}: not a run record that can be read") from err
-    schema = record.get("schema") if isinstance(record, dict) else None
-    if schema not in layout.READS:
-        if isinstance(schema, str) and schema.startswith("doctor.run/"):
-            raise RunFormatError(
-                f"{run_dir} was recorded in format {schema}; this doctor reads "
-                f"{' and '.join(layout.READS)}: record the job again with this doctor run, or "
-                "report it with the doctor that recorded it")
-        raise RunDirError(f"{path} is not a doctor run record (schema {schema!r})")
-    return dict(record)
 
 
 def gzip_traces(run_dir: Path) -> None:
@@ -248,15 +225,14 @@ def job_nodes(job_dir: Path, nnodes: int | None = None) -> JobNodes:
         recorded[node] = run_dir
         counts.append(node + 1)
         try:
-            record = read_run_record(run_dir)
+            run = read_run_json(run_dir)
         except RunDirError:
             continue
-        keys[node] = [node, record.get("host"), record.get("started"),
-                      record.get("t0_monotonic_s")]
-        span = _span(record)
+        keys[node] = [node, run.host, run.started, run.t0_monotonic_s]
+        span = _span(run)
         if span is not None:
             spans[node] = span
-        if record.get("exit_code") is not None:
+        if run.ended:
             ended.add(node)
             if mine.get("done") is True:
                 done.add(node)
@@ -271,17 +247,16 @@ def job_nodes(job_dir: Path, nnodes: int | None = None) -> JobNodes:
                     frozenset(done - earlier), key, frozenset(earlier))
 
 
-def _span(record: Mapping[str, Any]) -> tuple[float, float | None] | None:
+def _span(run: RunJson) -> tuple[float, float | None] | None:
     """When a node's run began and ended (None: not ended), in seconds since the epoch; None
     when its record does not say."""
     try:
-        start = datetime.strptime(str(record.get("started")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        start = datetime.strptime(str(run.started), "%Y-%m-%dT%H:%M:%S%z").timestamp()
     except ValueError:
         return None
-    duration = record.get("duration_s")
-    if not isinstance(duration, (int, float)) or record.get("exit_code") is None:
+    if run.duration_s is None or not run.ended:
         return start, None
-    return start, start + float(duration)
+    return start, start + run.duration_s
 
 
 def claim_merge(nodes: JobNodes) -> bool:

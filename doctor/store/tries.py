@@ -17,6 +17,7 @@ from typing import Any
 from doctor.store import layout
 
 from ..errors import RecordSchemaError, UsageError
+from .process_meta import read_meta
 from .redact import redact_argv
 from .safe_files import write_atomic, write_text_atomic
 from .try_record import TRY_FORMAT, TryRecord
@@ -76,13 +77,10 @@ def process_notes(run_dir: Path) -> dict[str, Any]:
     pids: list[int] = []
     for proc_dir, _rank, _role, pid in layout.process_dirs(run_dir):
         pids.append(pid)
-        try:
-            meta = json.loads((proc_dir / layout.META).read_text())
-        except (OSError, ValueError):
-            continue
-        stopped = stopped or meta.get("stopped_at_step") is not None
-        errors += [e for e in meta.get("tried_errors") or [] if e not in errors]
-        seen.append(meta.get("tried") or {})
+        meta = read_meta(proc_dir)
+        stopped = stopped or meta.stopped_at_step is not None
+        errors += [e for e in meta.tried_errors if e not in errors]
+        seen.append(dict(meta.tried))
     return {"tried": merge_tried(seen), "errors": errors, "stopped": stopped, "pids": pids}
 
 

@@ -33,7 +33,7 @@ from doctor.reports.escape import escaped
 from doctor.reports.json import render_json
 from doctor.store import layout
 from doctor.store.redact import REDACTED, is_redacted
-from doctor.store.rundir import read_run_record
+from doctor.store.run_json import read_run_json
 from doctor.store.safe_files import open_new, write_text_atomic
 from doctor.store.tries import keep_tail, output_paths, process_notes
 from doctor.tries.measure import AttemptResult
@@ -94,32 +94,29 @@ def _restore_env(env: dict[str, str], recorded: dict[Any, Any], notes: list[str]
 def recorded_job(run_dir: Path, now: Mapping[str, str] | None = None) -> RecordedJob:
     """The job as run.json recorded it: argv, cwd, and this shell's environment with the
     job-shaping names put back (``now``: the environment to start from, default this one)."""
-    raw = read_run_record(run_dir)
+    run = read_run_json(run_dir)
     env = dict(os.environ if now is None else now)
     notes: list[str] = []
-    recorded = raw.get("env")
-    if isinstance(recorded, dict):
-        _restore_env(env, recorded, notes)
+    if run.env is not None:
+        _restore_env(env, dict(run.env), notes)
     else:
         notes.append("the run did not record its environment: the job gets this shell's")
-    argv, cwd = raw.get("argv") or [], raw.get("cwd")
-    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or (
-            cwd is not None and not isinstance(cwd, str)):
+    if run.argv_fault in ("not a list", "not text") or run.cwd_fault:
         raise UsageError(f"{run_dir}: run.json's argv is not a list of strings, or its cwd not "
                          "a string: doctor try re-runs only a command recorded as doctor run "
                          "records one")
-    cwd = cwd or os.getcwd()
+    argv, cwd = list(run.argv), run.cwd or os.getcwd()
     if is_redacted(argv):
         raise UsageError(f"{run_dir} recorded its command with secrets hidden ({REDACTED}), so "
                          "doctor try cannot run it again: pass the secret by environment "
                          "variable (e.g. HF_TOKEN) and record the run again")
-    if raw.get("mode") == "watch":  # doctor.watch recorded the script's own sys.argv
+    if run.mode == "watch":  # doctor.watch recorded the script's own sys.argv
         if not argv or not argv[0].endswith(".py"):
             raise UsageError(f"{run_dir} was recorded by doctor.watch in a process that was not "
                              "started from a script: doctor try re-runs scripts; record it with "
                              "doctor run")
         argv = [sys.executable, *argv]
-    return RecordedJob(argv, str(raw.get("name") or "job"), cwd, env, notes)
+    return RecordedJob(argv, run.name, cwd, env, notes)
 
 
 def run_attempt(job: RecordedJob, arm: str, round_: int, apply: Apply | None, stop_at: int,
