@@ -93,8 +93,11 @@ def test_death_by_signal_is_128_plus_n_and_still_reported(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signals_reach_the_job(tmp_path: Path, sig: int) -> None:
+    # A shell without job control starts background work with SIGINT ignored, and the job
+    # would inherit that, with doctor as without it: the job takes Python's own handler back.
     job = script(tmp_path, """
-        import sys, time
+        import signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         print("ready", flush=True)
         time.sleep(60)
     """)
