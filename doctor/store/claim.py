@@ -76,13 +76,7 @@ def share_run_dir(run_dir: Path) -> None:
     key = Path(os.path.realpath(run_dir))
     if key in _held:
         return
-    path = run_dir / layout.RUN_LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
-    except OSError as err:
-        what = "a symbolic link" if err.errno == errno.ELOOP else err.strerror or err
-        raise UsageError(f"cannot write the run directory {run_dir}: {path.name}: "
-                         f"{what}") from err
+    fd = _open_lock(run_dir, force=False)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -108,18 +102,24 @@ def release_run_dir(run_dir: Path) -> None:
         os.close(fd)
 
 
-def _lock(run_dir: Path, force: bool) -> int:
-    """The run directory's lock file, open and locked by this process."""
+def _open_lock(run_dir: Path, force: bool) -> int:
+    """The run directory's lock file, open (not locked), never through a link: a link planted
+    there is refused, or with ``force`` replaced."""
     path = run_dir / layout.RUN_LOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
     except OSError as err:
         if err.errno != errno.ELOOP or not force:
             what = "a symbolic link" if err.errno == errno.ELOOP else err.strerror or err
             raise UsageError(f"cannot write the run directory {run_dir}: {path.name}: "
                              f"{what}") from err
         os.unlink(path)  # a link planted where the lock goes: replaced, never followed
-        return _lock(run_dir, force=False)
+        return _open_lock(run_dir, force=False)
+
+
+def _lock(run_dir: Path, force: bool) -> int:
+    """The run directory's lock file, open and locked by this process."""
+    fd = _open_lock(run_dir, force)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
