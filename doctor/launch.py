@@ -22,6 +22,8 @@ from types import FrameType
 from typing import IO, Any
 
 from doctor import probes
+from doctor.after_job import PROBE as AFTER_JOB_PROBE
+from doctor.after_job import measure_after_job
 from doctor.bootstrap import ENV_RUN_DIR
 from doctor.command import JobCommand
 from doctor.exit_wait import ExitWait
@@ -80,8 +82,7 @@ class Launch:
     stdout: IO[Any] | None = None
     stderr: IO[Any] | None = None
     timeout_s: float | None = None
-    measure_handoff: bool = True  # time the worker-to-training handoff (and read the
-    # machine's roofline, measured once per machine) after the job
+    measure_handoff: bool = True  # measure the machine after the job (doctor.after_job)
     progress: Say | None = None
 
 
@@ -153,14 +154,15 @@ def run_job(command: JobCommand, run_dir: Path, *, window: Window | None = None,
     host = samplers.running.get("host")
     probes = samplers.stop()
     deaths = [e.to_dict() for e in getattr(host, "exits", [])]
-    handoff = _measure_handoff() if launch.measure_handoff else None
-    peaks = _machine_peaks() if launch.measure_handoff else None
-    links = _links(run_dir, env) if launch.measure_handoff else None
+    after = measure_after_job(run_dir, env) if launch.measure_handoff else None
+    if after is not None:
+        probes[AFTER_JOB_PROBE] = after.status
     sig = -rc if rc < 0 else None
     exit_code = 128 + sig if sig is not None else rc
-    end = RunEnd(exit_code, duration, probes, signal=sig, fd_handoff_s=handoff, peaks=peaks,
-                 links=links, deaths=deaths, timed_out=timed_out,
-                 sampler_cpu_s=round(parent_cpu_s, 3))
+    end = RunEnd(exit_code, duration, probes, signal=sig,
+                 fd_handoff_s=after.fd_handoff_s if after else None,
+                 peaks=after.peaks if after else None, links=after.links if after else None,
+                 deaths=deaths, timed_out=timed_out, sampler_cpu_s=round(parent_cpu_s, 3))
     record = run_record(command.argv, command.name, started, t0, cwd=launch.cwd, env=env,
                         **end.to_dict())
     try:
@@ -262,40 +264,6 @@ def _terminate(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int:
         except OSError:
             break
     return proc.wait()
-
-
-def _measure_handoff() -> float | None:
-    """This machine's cost of handing one tensor from a DataLoader worker (doctor.probes.handoff),
-    measured once the job has exited so that it costs the job nothing."""
-    from doctor.probes.handoff import fd_handoff_seconds
-
-    try:
-        return fd_handoff_seconds()
-    except Exception:  # evidence for one estimate, never a reason to fail the run
-        return None
-
-
-def _machine_peaks() -> dict[str, Any] | None:
-    """The machine's roofline (doctor.probes.peaks), measured once per machine after a job
-    (a second or two), then read from its cache."""
-    from doctor.probes.peaks import machine_peaks
-
-    try:
-        return machine_peaks()
-    except Exception:  # evidence for the ops' classes, never a reason to fail the run
-        return None
-
-
-def _links(run_dir: Path, env: Mapping[str, str]) -> dict[str, Any] | None:
-    """The links between ranks (doctor.probes.links), after a job with several ranks (on this
-    node or, for one node of several, on others)."""
-    from doctor.probes.links import links
-    from doctor.store.reader import job_world_size
-
-    try:
-        return links(env) if job_world_size(run_dir) > 1 else None
-    except Exception:  # evidence for the bandwidth model, never a reason to fail the run
-        return None
 
 
 def _forward_signals(proc: subprocess.Popen[bytes]) -> Callable[[], None]:

@@ -45,7 +45,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("doors", ("doctor", "doctor.bootstrap", "doctor.cli", "doctor.launch", "doctor.watch",
                "doctor.outputs", "doctor.run_summary", "doctor.progress", "doctor.nodes",
                "doctor.job_record", "doctor.compat", "doctor.exit_wait", "doctor.sampler",
-               "doctor.sources", "doctor.reporting", "doctor.run_door", "doctor.tries")),
+               "doctor.sources", "doctor.reporting", "doctor.run_door", "doctor.tries",
+               "doctor.after_job")),
 )
 
 Edges = Mapping[tuple[str, str], list[str]]  # (node, node) -> "file:line imports module"
