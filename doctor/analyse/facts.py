@@ -3,6 +3,7 @@ the job's details, and the notes on how the job ran and what the figures rest on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -191,21 +192,26 @@ def _exit_notes(run: RunData) -> tuple[bool, list[str]]:
 
 
 def contention_notes(contention: dict[int, float], cores: int | None) -> list[str]:
-    if not contention:
-        return []
-    rank, frac = max(contention.items(), key=lambda kv: kv[1])
-    return [f"With DataLoader workers on {cores} cores, the training process of rank {rank} "
-            f"waited for a core the workers held for {frac:.0%} of its step time outside the "
-            "input wait; that time counts as input, split by stage like the wait."]
+    return _contention_note(
+        contention, lambda rank, frac: f"With DataLoader workers on {cores} cores, the training "
+        f"process of rank {rank} waited for a core the workers held for {frac:.0%} of its step "
+        "time outside the input wait; that time counts as input, split by stage like the wait.")
 
 
 def comm_contention_notes(contention: dict[int, float], cores: int | None) -> list[str]:
+    return _contention_note(
+        contention, lambda rank, frac: f"On {cores} cores, the training thread of rank {rank} "
+        f"waited for a core the communication threads (gloo, NCCL) held for {frac:.0%} of its "
+        "step time outside the input wait; that time counts as communication.")
+
+
+def _contention_note(contention: dict[int, float], words: Callable[[int, float], str]
+                     ) -> list[str]:
+    """The note of the rank that waited most for a core (rank -> its share), none without."""
     if not contention:
         return []
     rank, frac = max(contention.items(), key=lambda kv: kv[1])
-    return [f"On {cores} cores, the training thread of rank {rank} waited for a core the "
-            f"communication threads (gloo, NCCL) held for {frac:.0%} of its step time outside "
-            "the input wait; that time counts as communication."]
+    return [words(rank, frac)]
 
 
 def trace_notes(run: RunData) -> list[str]:

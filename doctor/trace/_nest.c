@@ -30,6 +30,21 @@ static int32_t top_tid(const int32_t *tid, Py_ssize_t n) {
     return top;
 }
 
+/* Each thread's stack, empty: head (top + 1 entries, all -1, the op on top of each thread's
+ * stack) and below (n + 1, the op under each op). -1 with MemoryError set when out of memory. */
+static int empty_stacks(int32_t top, Py_ssize_t n, Py_ssize_t **head, Py_ssize_t **below) {
+    *head = malloc(((size_t)top + 1) * sizeof(Py_ssize_t));
+    *below = malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    if (!*head || !*below) {
+        free(*head);
+        free(*below);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int32_t k = 0; k <= top; k++) (*head)[k] = -1;
+    return 0;
+}
+
 PyDoc_STRVAR(self_times_doc,
 "self_times(start, end, tid, own) -> bool\n\n"
 "For ops sorted by start (float64 start and end, int32 thread codes), subtract from own\n"
@@ -62,15 +77,8 @@ static PyObject *self_times(PyObject *module, PyObject *args) {
     if (top < 0) {
         ok = 0;
     } else {
-        Py_ssize_t *head = malloc(((size_t)top + 1) * sizeof(Py_ssize_t));
-        Py_ssize_t *below = malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
-        if (!head || !below) {
-            free(head);
-            free(below);
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (int32_t k = 0; k <= top; k++) head[k] = -1;
+        Py_ssize_t *head, *below;
+        if (empty_stacks(top, n, &head, &below) < 0) goto done;
         for (Py_ssize_t i = 0; i < n; i++) {
             Py_ssize_t h = head[t[i]];
             while (h >= 0 && e[h] <= s[i]) h = below[h];
@@ -122,15 +130,8 @@ static PyObject *launching_ops(PyObject *module, PyObject *args) {
         goto done;
     }
     int32_t top = top_h > top_r ? top_h : top_r;
-    Py_ssize_t *head = malloc(((size_t)top + 1) * sizeof(Py_ssize_t));
-    Py_ssize_t *below = malloc(((size_t)nh + 1) * sizeof(Py_ssize_t));
-    if (!head || !below) {
-        free(head);
-        free(below);
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (int32_t k = 0; k <= top; k++) head[k] = -1;
+    Py_ssize_t *head, *below;
+    if (empty_stacks(top, nh, &head, &below) < 0) goto done;
     /* one merge of both in order of start, a host op before a call that starts with it: the
      * same pushes and pops, thread by thread, as a walk over each thread's calls */
     Py_ssize_t k = 0;

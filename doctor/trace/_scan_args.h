@@ -42,11 +42,24 @@ typedef struct {
     PyObject *keys;
 } ArgsQuery;
 
-static int query_open(PyObject *args, ArgsQuery *q, PyObject **extra, PyObject **extra2) {
-    PyObject *buf, *lo, *hi;
-    if (!PyArg_ParseTuple(args, "OOOO!|OO", &buf, &lo, &hi, &PyTuple_Type, &q->keys, extra,
-                          extra2))
+static void query_close(ArgsQuery *q);
+static int writable_out(PyObject *obj, Py_buffer *out, Py_ssize_t need);
+
+/* Parse (buf, lo, hi, keys, [interner,] out): the query, and out as a writable buffer of
+ * itemsize bytes a row (a key, with per_key). interner NULL: the call takes none. 0, or -1 with
+ * an exception set and nothing held. */
+static int query_open(PyObject *args, ArgsQuery *q, PyObject **interner, Py_buffer *out,
+                      Py_ssize_t itemsize, int per_key) {
+    PyObject *buf, *lo, *hi, *fifth = NULL, *sixth = NULL;
+    if (!PyArg_ParseTuple(args, "OOOO!O|O", &buf, &lo, &hi, &PyTuple_Type, &q->keys, &fifth,
+                          &sixth))
         return -1;
+    PyObject *out_obj = interner ? sixth : fifth;
+    if (interner) *interner = fifth;
+    if (!interner && sixth) {
+        PyErr_SetString(PyExc_TypeError, "too many arguments");
+        return -1;
+    }
     q->nkeys = PyTuple_GET_SIZE(q->keys);
     if (q->nkeys > MAX_KEYS) {
         PyErr_SetString(PyExc_ValueError, "too many keys");
@@ -70,6 +83,10 @@ static int query_open(PyObject *args, ArgsQuery *q, PyObject **extra, PyObject *
     }
     q->rows = q->lo.len / 8;
     if (q->hi.len / 8 < q->rows) q->rows = q->hi.len / 8;
+    if (writable_out(out_obj, out, q->rows * itemsize * (per_key ? q->nkeys : 1)) < 0) {
+        query_close(q);
+        return -1;
+    }
     return 0;
 }
 
@@ -103,22 +120,20 @@ static int writable_out(PyObject *obj, Py_buffer *out, Py_ssize_t need) {
     return 0;
 }
 
+/* What each row's query reads, for the docstrings. */
+#define OF_ROW_ARGS \
+    "of the args\nmembers named by keys (a tuple of bytes) of the args object at buf[lo[i]:hi[i]]\n(lo -1: none)"
+
 PyDoc_STRVAR(args_numbers_doc,
 "args_numbers(buf, lo, hi, keys, out) -> bool\n\n"
-"For each row i, the values of the args members named by keys (a tuple of bytes) of the\n"
-"args object at buf[lo[i]:hi[i]] (lo -1: none) into out[i, k] (float64, rows x keys): a number\n"
+"For each row i, the values " OF_ROW_ARGS " into out[i, k] (float64, rows x keys): a number\n"
 "as Python's float() reads it, nan for anything else. False (out unfinished) when a value is\n"
 "a string: its number is for the slow way to read.");
 
 static PyObject *args_numbers(PyObject *module, PyObject *args) {
     ArgsQuery q;
-    PyObject *out_obj = NULL, *unused = NULL;
-    if (query_open(args, &q, &out_obj, &unused) < 0) return NULL;
     Py_buffer out;
-    if (writable_out(out_obj, &out, q.rows * q.nkeys * 8) < 0) {
-        query_close(&q);
-        return NULL;
-    }
+    if (query_open(args, &q, NULL, &out, 8, 1) < 0) return NULL;
     double *o = out.buf;
     int ok = 1;
     check_locale();
@@ -153,18 +168,17 @@ static PyObject *args_numbers(PyObject *module, PyObject *args) {
 
 PyDoc_STRVAR(args_ids_doc,
 "args_ids(buf, lo, hi, keys, interner, out)\n\n"
-"For each row i, the id in interner (an Interner) of the text of the values of the args\n"
-"members named by keys (a tuple of bytes) of the args object at buf[lo[i]:hi[i]] (lo -1:\n"
-"none), into out (int32): equal texts are equal values, so the id is a key to cache what is\n"
-"made of them.");
+"For each row i, the id in interner (an Interner) of the text of the values " OF_ROW_ARGS ",\n"
+"into out (int32): equal texts are equal values, so the id is a key to cache what is made of\n"
+"them.");
 
 static PyObject *args_ids(PyObject *module, PyObject *args) {
     ArgsQuery q;
-    PyObject *table = NULL, *out_obj = NULL;
-    if (query_open(args, &q, &table, &out_obj) < 0) return NULL;
+    PyObject *table = NULL;
     Py_buffer out;
-    if (!table || check_interner(table) < 0 || writable_out(out_obj, &out, q.rows * 4) < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "args_ids needs an interner");
+    if (query_open(args, &q, &table, &out, 4, 0) < 0) return NULL;
+    if (check_interner(table) < 0) {
+        PyBuffer_Release(&out);
         query_close(&q);
         return NULL;
     }
