@@ -15,7 +15,6 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import matplotlib
@@ -25,6 +24,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
+
+from doctor.analyse.ledger import StepMarks, step_marks
 
 #: Order of the categories in charts and tables: input-side first, then the device side.
 #: ``input`` (input wait that a trace alone cannot split) sits with the input categories.
@@ -117,32 +118,6 @@ def shares_chart(shares: Mapping[str, float], bottleneck: str = "") -> str | Non
         ax.set_xlabel("share of analysed step time")
         _tidy(ax, "x")
         return _to_svg(fig, "shares")
-
-
-@dataclass(frozen=True)
-class StepMarks:
-    """The steps the step chart marks, each as (first, last) step number, None where the
-    ledger has none. With several ranks, each span covers every rank's (each rank has its own
-    warm-up, deep window and stack sampling, normally at the same steps)."""
-
-    warmup: tuple[int, int] | None = None
-    window: tuple[int, int] | None = None  # the torch.profiler deep window (``in_window``)
-    sampling: tuple[int, int] | None = None  # stack sampling (``sampled``)
-
-
-def step_marks(ledger: pd.DataFrame) -> StepMarks:
-    """Which steps of ``ledger`` are warm-up, deep window and stack sampling, by step number."""
-    if ledger is None or ledger.empty or "step" not in ledger:
-        return StepMarks()
-    frame = ledger.dropna(subset=["step"])
-    return StepMarks(*(_span(frame, flag) for flag in ("warmup", "in_window", "sampled")))
-
-
-def _span(frame: pd.DataFrame, flag: str) -> tuple[int, int] | None:
-    steps = frame.loc[_bool_column(frame, flag), "step"]
-    if steps.empty:
-        return None
-    return int(steps.min()), int(steps.max())
 
 
 def step_time_chart(ledger: pd.DataFrame) -> str | None:
@@ -336,11 +311,9 @@ __all__ = [
     "SAMPLING_LABEL",
     "WARMUP_LABEL",
     "WINDOW_LABEL",
-    "StepMarks",
     "color_of",
     "is_decimated",
     "ordered_categories",
     "shares_chart",
-    "step_marks",
     "step_time_chart",
 ]

@@ -125,7 +125,7 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         "steps_svg": Markup(steps_svg) if steps_svg else None,
         "multi_rank": analysis.rank_count() > 1,
         "has_warmup": analysis.has_warmup(),
-        "marks": charts.step_marks(analysis.ledger),
+        "marks": analysis.step_marks(),
         "decimated": charts.is_decimated(analysis.ledger),
         "findings": [_finding(f) for f in verdict.findings],
         "probes": [

@@ -12,6 +12,7 @@ import pandas as pd
 
 from doctor.analyse.comms import CommModel, RankComms
 from doctor.analyse.gpus import GpuCounters
+from doctor.analyse.ledger import StepMarks, step_marks
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
 from doctor.verdict import Verdict
@@ -84,3 +85,7 @@ class Analysis:
         if ledger is None or ledger.empty or "warmup" not in ledger:
             return False
         return bool(ledger["warmup"].fillna(False).astype(bool).any())
+
+    def step_marks(self) -> StepMarks:
+        """Which steps are warm-up, deep window and stack sampling (the step chart's marks)."""
+        return step_marks(self.ledger)

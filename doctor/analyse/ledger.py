@@ -23,6 +23,7 @@ itself on a CPU job), for the verdict's communication threshold.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -113,3 +114,29 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
     out["device_compute_s"] = np.where(has_own, own[:, -1], on_device)
     return pd.DataFrame({c: out[c] for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS)})
 
+
+@dataclass(frozen=True)
+class StepMarks:
+    """The steps the step chart marks, each as (first, last) step number, None where the
+    ledger has none. With several ranks, each span covers every rank's (each rank has its own
+    warm-up, deep window and stack sampling, normally at the same steps)."""
+
+    warmup: tuple[int, int] | None = None
+    window: tuple[int, int] | None = None  # the torch.profiler deep window (``in_window``)
+    sampling: tuple[int, int] | None = None  # stack sampling (``sampled``)
+
+
+def step_marks(ledger: pd.DataFrame) -> StepMarks:
+    """Which steps of ``ledger`` are warm-up, deep window and stack sampling, by step number."""
+    if ledger is None or ledger.empty or "step" not in ledger:
+        return StepMarks()
+    frame = ledger.dropna(subset=["step"])
+    return StepMarks(*(_span(frame, flag) for flag in ("warmup", "in_window", "sampled")))
+
+
+def _span(frame: pd.DataFrame, flag: str) -> tuple[int, int] | None:
+    steps = frame.loc[frame[flag].fillna(False).astype(bool) if flag in frame
+                     else pd.Series(False, index=frame.index), "step"]
+    if steps.empty:
+        return None
+    return int(steps.min()), int(steps.max())

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from doctor.analyse.analysis import Analysis
+from doctor.analyse.ledger import StepMarks, step_marks
 from doctor.reports import charts
 from doctor.reports.html import render_html
 from doctor.verdict import CATEGORIES, Verdict
@@ -72,13 +73,13 @@ def test_a_ledger_without_window_or_sampling_has_no_marks_for_them() -> None:
         assert "deep window" not in svg and "stack sampling" not in svg
         assert 'id="steps-deep-window"' not in svg and 'id="steps-stack-sampling"' not in svg
         assert svg.count("<pattern") == 1
-        assert charts.step_marks(frame) == charts.StepMarks(warmup=(1, 5))
+        assert step_marks(frame) == StepMarks(warmup=(1, 5))
 
 
 def test_marks_stay_on_their_steps_when_steps_are_averaged_in_buckets() -> None:
     frame = ledger(20_000, window=(5_000, 5_399), sampled=(5_000, 5_999))
     assert charts.is_decimated(frame)
-    assert charts.step_marks(frame) == charts.StepMarks((1, 5), (5_000, 5_399), (5_000, 5_999))
+    assert step_marks(frame) == StepMarks((1, 5), (5_000, 5_399), (5_000, 5_999))
     svg = charts.step_time_chart(frame)
     assert svg is not None
     window, bar = mark_xs(svg, "steps-deep-window"), mark_xs(svg, "steps-stack-sampling")
@@ -90,7 +91,7 @@ def test_marks_stay_on_their_steps_when_steps_are_averaged_in_buckets() -> None:
 
 def test_several_ranks_mark_the_span_that_covers_every_rank() -> None:
     frame = ledger(60, ranks=4, shift=1)  # rank r's window: steps 8+r .. 12+r
-    assert charts.step_marks(frame) == charts.StepMarks((1, 5), (8, 15), (8, 33))
+    assert step_marks(frame) == StepMarks((1, 5), (8, 15), (8, 33))
     svg = charts.step_time_chart(frame)
     assert svg is not None
     assert ">rank 3<" in svg and ">deep window (profiled)<" in svg and ">stack sampling<" in svg
@@ -110,7 +111,7 @@ def test_the_caption_says_what_the_marks_mean() -> None:
     assert caption is not None
     words = " ".join(caption.group(1).split())
     assert "hatched steps at the start are warm-up" in words
-    marks = charts.step_marks(ledger(80, ranks=2))
+    marks = step_marks(ledger(80, ranks=2))
     assert marks.window is not None and marks.sampling is not None
     assert (f"cross-hatched steps {marks.window[0]}-{marks.window[1]} are the deep window"
             in words)
