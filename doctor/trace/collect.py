@@ -55,6 +55,9 @@ C_HOST, C_HOST_OP, C_TRACE, C_KERNEL, C_MEMCPY, C_MEMSET, C_RUNTIME, C_GPU, C_PY
 _COSTED = MATMUL | CONV | CONV_BACKWARD | ELEMENTWISE | NORMALISE | COPY
 _NO_ARGS = Args()
 _STEP = "ProfilerStep#"
+#: Times (µs) at or past this are damage, not a clock: 2**52 µs is the year 2112 on the epoch
+#: clock Kineto uses, and float64 keeps every µs below it (the analysis turns µs into int64 ns).
+MAX_TIME_US = float(2**52)
 #: The args of a ``[memory]`` instant the timeline keeps.
 MEMORY_KEYS = ("Device Type", "Device Id", "Total Allocated", "Total Reserved")
 #: The args a host op's cost (doctor.trace.op_costs) is computed from.
@@ -253,7 +256,8 @@ class BlockCollector:
             self._memory(np.flatnonzero(~timed & (codes == self._name_codes["[memory]"])),
                          ts, args)
         with np.errstate(invalid="ignore"):
-            keep = timed & ~np.isnan(ts) & ~np.isnan(dur) & (dur >= 0) & (cls != C_TRACE)
+            keep = (timed & (np.abs(ts) < MAX_TIME_US) & (dur >= 0) & (dur < MAX_TIME_US)
+                    & (cls != C_TRACE))  # nan fails each comparison
         idx = np.flatnonzero(keep)
         if not len(idx):
             return

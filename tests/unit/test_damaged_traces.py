@@ -60,3 +60,24 @@ def test_args_of_odd_types_and_sizes_are_read(tmp_path: Path,
         assert_same_timeline(*timelines)  # type: ignore[arg-type]
 
 
+
+
+@pytest.mark.parametrize("field", ["ts", "dur"])
+@pytest.mark.parametrize("value", ["18446744073709551617", "9223372036854775808", "1e300"])
+def test_times_past_any_clock_are_left_out(tmp_path: Path, field: str, value: str) -> None:
+    """A step whose start or duration no clock reaches (a damaged or hostile trace) is left
+    out, never a share above 1 or a median step of centuries."""
+    from doctor.pipeline import analyze_traces
+
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1,
+            "ts": 1, "dur": 100}
+    step[field] = "@"
+    raw = json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5},
+        step]}).replace('"@"', value)
+    path = tmp_path / "far.json"
+    path.write_text(raw)
+    verdict = analyze_traces([path]).verdict
+    assert all(0.0 <= s <= 1.0 for s in verdict.shares.values())
+    assert sum(verdict.shares.values()) == pytest.approx(1.0)
+    assert verdict.steps["median_s"] < 1.0
