@@ -19,6 +19,7 @@ from doctor.analyse.contention import cores_used, within
 from doctor.analyse.distributed import StragglerSearch, search_stragglers
 from doctor.analyse.facts import stacks_reason
 from doctor.analyse.gpus import GpuCounters
+from doctor.analyse.idle_gpus import IdleGpus, idle_gpus
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
 from doctor.analyse.split import (
@@ -57,7 +58,9 @@ class Evidence:
     - ``comm_models``: each rank's communication model and its what-ifs (doctor.analyse.comms),
       where its window recorded all-reduces of known size;
     - ``window_drift``: each rank's median step before the profiler window and after it
-      (doctor.analyse.window_drift), where both sides have enough analysed steps.
+      (doctor.analyse.window_drift), where both sides have enough analysed steps;
+    - ``idle_gpus``: the GPUs NVML saw beside a job that computed on the CPU
+      (doctor.analyse.idle_gpus).
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -80,6 +83,7 @@ class Evidence:
     ops: Mapping[int, RankOps] | None = None
     comm_models: Mapping[int, CommModel] | None = None
     window_drift: tuple[WindowDrift, ...] | None = None
+    idle_gpus: IdleGpus | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -115,4 +119,5 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         traces=run.record.sources if run.record.kind == TRACE else None,
         gpus=stages.counters, memory_use=stages.memory, ops=stages.ops or None,
         comm_models=stages.models or None, window_drift=stages.drifts or None,
+        idle_gpus=idle_gpus(run, stages.job, ranks),
     )

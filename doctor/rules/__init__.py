@@ -17,6 +17,7 @@ from doctor.rules import (
     gpu,
     gpu_counters,
     host,
+    idle_gpus,
     input,
     memory,
     memory_fit,
@@ -27,8 +28,8 @@ from doctor.rules import (
 )
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 
-MODULES = (compute, ops, distributed, gpu, gpu_counters, communication, memory, memory_fit,
-           memory_growth, allocator, host, input, other, trace)
+MODULES = (compute, ops, distributed, gpu, gpu_counters, idle_gpus, communication, memory,
+           memory_fit, memory_growth, allocator, host, input, other, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

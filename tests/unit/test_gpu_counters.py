@@ -178,13 +178,14 @@ def test_without_the_window_the_counters_split_transfer_from_compute(tmp_path: P
     assert not any("No torch.profiler window" in n for n in verdict.notes)
 
 
-def test_a_cpu_job_on_a_gpu_machine_gets_no_gpu_rules(tmp_path: Path) -> None:
+def test_a_cpu_job_on_a_gpu_machine_gets_no_counter_rules_only_the_unused_gpu(
+        tmp_path: Path) -> None:
     record_loop(tmp_path, 40, wait_s=0.001, compute_s=0.05)  # torch imported, CUDA unused
     write_record(tmp_path)
     sample_run(tmp_path, FakeNvml([FakeGpu(util=const(0.0))]), seconds=2.0)
     verdict = analyze_run(tmp_path).verdict
     assert verdict.job["device"] == "cpu"
-    assert not [i for i in ids(verdict) if i.startswith("gpu.")]
+    assert [i for i in ids(verdict) if i.startswith("gpu.")] == ["gpu.unused"]
     assert "gpu.starved" in verdict.rules_skipped
 
 
