@@ -30,7 +30,7 @@ THROTTLED_SHARE = 0.2  # samples with power or thermal clock reasons set
 SLOW_CLOCK = 0.85  # the SM clock while busy below this fraction of its maximum
 
 
-def _ledger_shares(ev: Evidence, rank: int) -> tuple[float, float, dict[str, float]]:
+def rank_ledger_shares(ev: Evidence, rank: int) -> tuple[float, float, dict[str, float]]:
     """(mean step seconds, input share, seconds per step of each input stage) of one rank."""
     ledger = ev.ledger if ev.ledger is not None else pd.DataFrame()
     mine = ledger[ledger["rank"] == rank] if not ledger.empty else ledger
@@ -68,7 +68,7 @@ def _idle_ranks(ev: Evidence, skip: set[int] | None = None) -> list[_Idle]:
         g = ev.gpus.of_rank(rank)
         if g is None or math.isnan(g.util) or rank in (skip or set()):
             continue
-        step, input_share, stages = _ledger_shares(ev, rank)
+        step, input_share, stages = rank_ledger_shares(ev, rank)
         if step > 0:
             out.append(_Idle(rank, g, step, input_share, stages))
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.memory import RankMemory
 from doctor.rules.base import rule
+from doctor.rules.gpu_counters import STARVED_INPUT, rank_ledger_shares
 from doctor.units import human_bytes
 from doctor.verdict import Finding, Fix
 
@@ -166,7 +167,7 @@ def near_limit(ev: Evidence) -> list[Finding]:
     )]
 
 
-@rule("memory.headroom", needs=("memory_use", "gpus"))
+@rule("memory.headroom", needs=("memory_use", "gpus", "ledger"))
 def headroom(ev: Evidence) -> list[Finding]:
     mem, gpus = ev.memory_use, ev.gpus
     assert mem is not None and gpus is not None  # guaranteed by needs
@@ -176,6 +177,8 @@ def headroom(ev: Evidence) -> list[Finding]:
         if m.device != "cuda" or gpu is None or not m.batch_size or act <= 0 or not used or \
                 not cap or used > ROOMY * cap or not gpu.util < UNDER_USED:
             continue
+        if rank_ledger_shares(ev, m.rank)[1] >= STARVED_INPUT:
+            continue  # the GPU waits for input (gpu.starved): a larger batch waits longer
         room = (1 - KEEP_FREE) * cap - (used - act)
         fits = int(m.batch_size * room / act)
         if fits < 2 * m.batch_size:

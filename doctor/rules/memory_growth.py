@@ -44,19 +44,7 @@ def creep(ev: Evidence) -> list[Finding]:
                   "last_step": g.last_step, "start_bytes": g.start_bytes,
                   "end_bytes": g.end_bytes, "r2": g.r2, "headroom_bytes": left,
                   "limit_step": limit_step, "ranks_growing": len(grown)},
-        fixes=(
-            Fix(title="Keep numbers, not tensors, across steps",
-                why=f"a loss summed as a tensor keeps each step's autograd graph alive, and with "
-                    f"it the activations it saved: {human_bytes(g.bytes_per_step)} more every "
-                    "step here. In the training loop, add `.item()` (or `.detach()`) where a "
-                    "tensor outlives its step",
-                code="total_loss += loss.item()  # not: total_loss += loss",
-                frees_bytes=g.end_bytes - g.start_bytes),
-            Fix(title="Store what you log detached",
-                why="a list that keeps tensors from every step (losses, outputs, metrics) grows "
-                    "without bound; keep Python floats or detached CPU copies",
-                code="history.append(loss.detach().cpu())  # or loss.item()"),
-        ),
+        fixes=_creep_fixes(g.bytes_per_step, g.end_bytes - g.start_bytes, m.device == "cuda"),
     )]
 
 
@@ -98,3 +86,26 @@ def worker_growth(ev: Evidence) -> list[Finding]:
                 frees_bytes=w.total_growth_bytes),
         ),
     )]
+
+
+def _creep_fixes(per_step: float, grown: float, gpu: bool) -> tuple[Fix, ...]:
+    """Keep numbers or detached tensors across steps; on a GPU without ``.item()`` or ``.cpu()``
+    each step (a host sync each: doctor's own gpu.host_sync advice), read them when logging."""
+    keep = ("total_loss += loss.detach()  # not: total_loss += loss; on the GPU, no sync per "
+            "step\nif step % log_every == 0:\n    print(total_loss.item() / log_every)"
+            if gpu else "total_loss += loss.item()  # not: total_loss += loss")
+    how = "`.detach()`" if gpu else "`.item()` (or `.detach()`)"
+    return (
+        Fix(title="Keep numbers, not tensors, across steps",
+            why=f"a loss summed as a tensor keeps each step's autograd graph alive, and with "
+                f"it the activations it saved: {human_bytes(per_step)} more every step here. "
+                f"In the training loop, add {how} where a tensor outlives its step"
+                + ("; `.item()` every step would wait for the GPU each time" if gpu else ""),
+            code=keep, frees_bytes=grown),
+        Fix(title="Store what you log detached",
+            why="a list that keeps tensors from every step (losses, outputs, metrics) grows "
+                "without bound; keep Python floats or detached copies"
+                + (", and copy them to the CPU when you log, not every step" if gpu else ""),
+            code="history.append(loss.detach())  # .cpu() / .item() when you log"
+            if gpu else "history.append(loss.detach().cpu())  # or loss.item()"),
+    )

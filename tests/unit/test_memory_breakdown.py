@@ -170,6 +170,27 @@ def test_room_for_a_larger_batch_on_an_under_used_gpu() -> None:
     assert f.evidence["fitting_batch_size"] == int(32 * (72 - 6) / 6)
 
 
+def test_no_larger_batch_for_a_gpu_that_waits_for_input() -> None:
+    """The GPU idles because input is late (gpu.starved): a larger batch makes each wait
+    longer, not the GPU busier, so headroom says nothing."""
+    import pandas as pd
+
+    m = gpu_rank(parts={"parameters": 1 * GIB, "gradients": 1 * GIB, "optimizer_state": 2 * GIB,
+                        "activations": 6 * GIB}, peak_bytes=12 * GIB, batch_size=32)
+    idle = SimpleNamespace(of_rank=lambda rank: SimpleNamespace(util=0.40))
+    mem = MemoryEvidence({0: m})
+
+    def ledger(input_s: float) -> pd.DataFrame:
+        return pd.DataFrame({"rank": [0] * 4, "wall_s": [0.1] * 4, "io": [input_s] * 4,
+                             "decode": [0.0] * 4, "preprocess": [0.0] * 4,
+                             "compute": [0.1 - input_s] * 4})
+
+    starved = Evidence(memory_use=mem, gpus=idle, ledger=ledger(0.06))  # type: ignore[arg-type]
+    fed = Evidence(memory_use=mem, gpus=idle, ledger=ledger(0.0))  # type: ignore[arg-type]
+    assert headroom(starved) == []
+    assert [f.id for f in headroom(fed)] == ["memory.headroom"]
+
+
 def record_gpu_run(run_dir: Path, steps: int, leak_per_step: float) -> None:
     """A GPU job's allocator as the memory probe sees it (fake torch.cuda, the real statistics'
     names): 10 ms steps, allocated bytes between steps growing by ``leak_per_step``."""
@@ -210,6 +231,12 @@ def test_a_gpu_job_whose_allocated_memory_creeps(tmp_path: Path) -> None:
     left = 80 * GIB - (20 * GIB + 399 * 64 * MIB)
     assert f.evidence["limit_step"] == pytest.approx(f.evidence["last_step"] + left / (64 * MIB),
                                                      abs=3)
+    # the fixes sync with the GPU only when logging, never every step (gpu.host_sync)
+    for fix in f.fixes:
+        per_step = [line for line in fix.code.splitlines()
+                    if not line.startswith((" ", "if ")) and not line.startswith("#")]
+        assert not any(".item()" in line.split("#")[0] or ".cpu()" in line.split("#")[0]
+                       for line in per_step), fix.code
 
 
 def test_a_gpu_job_with_flat_memory_does_not_creep(tmp_path: Path) -> None:
