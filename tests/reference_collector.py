@@ -110,8 +110,8 @@ class _Collector:
                 self._memory(ev)
             return
         ts, dur = ev.ts, ev.dur
-        if ts is None or dur is None or dur < 0:
-            return
+        if ts is None or dur is None or dur < 0 or abs(ts) >= 2.0**52 or dur >= 2.0**52:
+            return  # no time, or one past any clock (doctor.trace.collect.MAX_TIME_US)
         end = ts + dur
         name = ev.name or ""
         cat = ev.cat.lower() if ev.cat else ""
