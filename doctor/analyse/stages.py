@@ -30,6 +30,7 @@ from doctor.analyse.gpus import GpuCounters, gpu_counters, said_cuda
 from doctor.analyse.ledger import build_ledger
 from doctor.analyse.memory import MemoryEvidence, memory_evidence
 from doctor.analyse.ops import RankOps, ops_evidence
+from doctor.analyse.precision import Precision, job_precision
 from doctor.analyse.split import OutsideShares, StageSplit, outside_loader, rank_split
 from doctor.analyse.steps import (
     WINDOW,
@@ -59,6 +60,8 @@ class JobFacts:
     ranks_here: int = 1  # training processes on one machine (the most on any node)
     worker_processes: int = 0  # DataLoader workers seen
     rank_pids: Mapping[int, int] = field(default_factory=dict)  # rank -> training process
+    # the 16-bit type the device runs fast (doctor.analyse.precision)
+    precision: Precision = field(default_factory=lambda: Precision(None, "not known"))
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,7 @@ def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -
         world_size=world, ranks=len(ranks),
         ranks_here=max(Counter(r.node for r in ranks.values()).values(), default=1),
         worker_processes=len(workers), rank_pids={rank: r.pid for rank, r in ranks.items()},
+        precision=job_precision(run, "cuda" if cuda else "cpu", window),
     )
 
 

@@ -33,12 +33,13 @@ def compute_bound(ev: Evidence) -> list[Finding]:
         code="model = torch.compile(model)",
     )]
     if device == "cpu":
-        fixes.append(Fix(
-            title="Run the forward pass in bfloat16 on CPUs that support it",
-            why="Halves memory traffic; fast on CPUs with AVX-512 BF16 or AMX.",
-            code="with torch.autocast('cpu', dtype=torch.bfloat16):\n"
-                 "    loss = loss_fn(model(x), y)",
-        ))
+        precision = ev.job.precision
+        if precision.device == "cpu" and precision.dtype is not None:  # measured faster here
+            fixes.append(Fix(
+                title=f"Run the forward pass in {precision.dtype}",
+                why=f"Halves memory traffic; {precision.why}.",
+                code=precision.autocast_code(),
+            ))
         if threads is not None and cores is not None and threads < cores:
             fixes.append(set_threads(
                 f"torch uses {threads} of {cores} cores",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.memory import RankMemory
+from doctor.analyse.precision import Precision, gpu_precision
 from doctor.rules.base import rule
 from doctor.rules.gpu_counters import STARVED_INPUT, rank_ledger_shares
 from doctor.units import human_bytes
@@ -43,20 +44,24 @@ def _fp32_activations(m: RankMemory) -> float:
     return act if fp32_model else 0.0  # activations' dtypes not measured: those of the model
 
 
-def memory_fixes(m: RankMemory, world: int) -> list[Fix]:
-    """Each fix that fits this rank, with the bytes it frees, the most first."""
+def memory_fixes(m: RankMemory, world: int, precision: Precision | None = None) -> list[Fix]:
+    """Each fix that fits this rank, with the bytes it frees, the most first. ``precision``:
+    the 16-bit type its device runs fast (doctor.analyse.precision; None, or one of another
+    device: a GPU's of unknown generation, none on a CPU)."""
     fixes: list[Fix] = []
     act = m.parts.get("activations", 0.0)
     state = m.parts.get("optimizer_state", 0.0)
     fp32 = _fp32_activations(m)
     device = "cuda" if m.device == "cuda" else "cpu"
-    if fp32 > 0:
+    if precision is None or precision.device != device:
+        precision = gpu_precision(None) if device == "cuda" else Precision(None, "not measured")
+    if fp32 > 0 and precision.dtype is not None:
         fixes.append(Fix(
-            title="Autocast the forward pass to bfloat16",
+            title=f"Autocast the forward pass to {precision.dtype}",
             why=f"{human_bytes(fp32)} of the activations saved for backward are fp32; in 16 bits "
-                f"they take half: about {human_bytes(fp32 / 2)} freed per step",
-            code=f"with torch.autocast(\"{device}\", dtype=torch.bfloat16):\n"
-                 "    loss = loss_fn(model(x), y)\nloss.backward()",
+                f"they take half: about {human_bytes(fp32 / 2)} freed per step "
+                f"({precision.why})",
+            code=precision.autocast_code(),
             frees_bytes=fp32 / 2))
     if act > 0:
         k = CHECKPOINT_SEGMENTS
@@ -163,7 +168,7 @@ def near_limit(ev: Evidence) -> list[Finding]:
                   "used_share": share, "num_ooms": int(ooms), "largest_part": largest,
                   **{f"{k}_bytes": v for k, v in m.parts.items()},
                   "ranks_near_limit": len(tight)},
-        fixes=tuple(memory_fixes(m, mem.world_size)),
+        fixes=tuple(memory_fixes(m, mem.world_size, ev.job.precision)),
     )]
 
 

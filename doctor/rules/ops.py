@@ -22,6 +22,7 @@ import pandas as pd
 
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.ops import RankOps
+from doctor.analyse.precision import cpu_precision, gpu_precision
 from doctor.analyse.roofline import BOUND_LAUNCH, BOUND_MEMORY
 from doctor.rules.base import rule
 from doctor.trace.op_costs import CONV, CONV_BACKWARD, KIND_CONV
@@ -116,20 +117,29 @@ def fp32_gemm(ev: Evidence) -> list[Finding]:
     t = r.table
     flops = float(t["flops"].sum())
     gemm = t[t["kind"].isin(("matmul", "convolution")) & (t["roof_dtype"] == "fp32")]
+    gpu = r.roofs.device == "cuda"
+    if not gpu:  # the CPU's measured roofs say whether bf16 is faster here
+        precision = cpu_precision(r.roofs)
+    else:
+        precision = ev.job.precision if ev.job.precision.device == "cuda" else gpu_precision(None)
+    # the 16-bit type the device runs fast, and on a GPU TF32 (fp32 maths on Tensor Cores)
+    fast = [d for d in ((precision.short, "tf32") if gpu else (precision.short,)) if d]
     fp32, half = r.roofs.flops.get("fp32"), max(
-        (r.roofs.flops.get(d, 0.0) for d in ("bf16", "tf32")), default=0.0)
+        (r.roofs.flops.get(d, 0.0) for d in fast), default=0.0)
     if gemm.empty or not fp32 or half <= 1.2 * fp32 or flops <= 0:
         return []
     flops_share, share = float(gemm["flops"].sum()) / flops, float(gemm["share"].sum())
     if flops_share < MIN_GEMM_FLOPS_SHARE or share < MIN_SHARE:
         return []
-    gpu = r.roofs.device == "cuda"
     saved = share * (1.0 - fp32 / half)
-    fixes = [Fix(title="Autocast to bfloat16",
-                 why=f"the GEMMs do {flops_share:.0%} of the operations, in fp32; this "
-                     f"machine's bf16 roof is {half / fp32:.1f}x its fp32 one",
-                 code=f"with torch.autocast(\"{'cuda' if gpu else 'cpu'}\", "
-                      "dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)")]
+    fixes = []
+    low = r.roofs.flops.get(precision.short, 0.0)
+    if precision.dtype is not None and low > 1.2 * fp32:
+        fixes.append(Fix(title=f"Autocast to {precision.dtype}",
+                         why=f"the GEMMs do {flops_share:.0%} of the operations, in fp32; this "
+                             f"machine's {precision.short} roof is {low / fp32:.1f}x its fp32 "
+                             f"one ({precision.why})",
+                         code=precision.autocast_code()))
     if gpu and "tf32" in r.roofs.flops:
         fixes.insert(0, Fix(title="TF32 for fp32 matmuls",
                             why="Tensor Cores do fp32 matrix maths in TF32 with no code change "
