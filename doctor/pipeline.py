@@ -39,6 +39,7 @@ from doctor.analyse.tables import memory_tables, report_tables
 from doctor.analyse.verified import attach_verified
 from doctor.analyse.window_drift import drift_notes
 from doctor.rules import RuleOutcome, default_rules, run_rules
+from doctor.rules.sound import job_settings, sound_findings
 from doctor.store.reader import load_run
 from doctor.store.rundata import TRACE, RunData
 from doctor.store.traces import load_traces
@@ -71,9 +72,11 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
               stalls: list[Stall]) -> list[Finding]:
-    """The rules' findings, then what the analysis itself finds: no steps, a long stall (a
-    fifth of the run or more leads), the job killed (first)."""
-    findings = attach_verified(outcome.findings, run.record.tries)
+    """The rules' findings (no fix that doctor estimates slower, or that sets what the job has:
+    doctor.rules.sound), then what the analysis itself finds: no steps, a long stall (a fifth
+    of the run or more leads), the job killed (first)."""
+    offered = sound_findings(outcome.findings, job_settings(stages.job, stages.loaders))
+    findings = attach_verified(offered, run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, stages.ranks),
                                             run.record.kind == TRACE,

@@ -17,6 +17,9 @@ from doctor.rules.base import RuleSkipped, rule
 from doctor.verdict import Finding, Fix
 
 OVERSUBSCRIBED = 1.5  # runnable threads per core, sustained, that we call contention
+CPU_BOUND = 0.5  # cores per training process the job must keep busy for freed cores to help
+FIND_OTHER_LOAD = ("# find them: top -o %CPU (or: ps -eo pid,pcpu,comm --sort=-pcpu | head)\n"
+                   "# then stop them, move them to other cores (taskset), or renice them")
 
 
 @rule("host.contention", needs=("system",))
@@ -54,16 +57,21 @@ def host_contention(ev: Evidence) -> list[Finding]:
             "Threads beyond the cores wait for each other; fewer threads run faster.", want,
             env=True))
     if other_cores is not None and other_cores >= 0.5:
-        if job_cores:
-            speedup = min(cores, max(job_cores, 1.0) + other_cores) / job_cores
+        speedup = _freed_cores_speedup(ev, cores, job_cores, other_cores, procs)
         fixes.append(Fix(
             title=f"Other processes keep {other_cores:.1f} of {cores} cores busy",
             why="The job shares the machine: stop the other load, or give the job its own "
                 "cores.",
-            code="# find them: top -o %CPU (or: ps -eo pid,pcpu,comm --sort=-pcpu | head)\n"
-                 "# then stop them, move them to other cores (taskset), or renice them",
+            code=FIND_OTHER_LOAD,
         ))
-    if not fixes:
+    if not fixes and threads is not None and threads <= want:
+        fixes.append(Fix(  # the job's own threads fit: the runnable threads are someone else's
+            title=f"Find what else runs: {float(np.median(runnable)):.0f} runnable threads on "
+                  f"{cores} cores, the job's at {threads} thread(s) per process",
+            why="The job's own processes and threads fit the cores; the other runnable "
+                "threads belong to other work on the machine.",
+            code=FIND_OTHER_LOAD))
+    elif not fixes:
         fixes.append(set_threads(
             f"Keep runnable threads at or below {cores}",
             "The machine had more runnable threads than cores for most of the run.", want))
@@ -72,6 +80,20 @@ def host_contention(ev: Evidence) -> list[Finding]:
         title=f"{per_core:.1f} runnable threads per core: the job competes for the CPU",
         evidence=evidence, fixes=tuple(fixes), estimated_speedup=speedup,
     )]
+
+
+def _freed_cores_speedup(ev: Evidence, cores: int, job_cores: float | None, other: float,
+                         procs: int) -> float | None:
+    """What the job gains if the other load's cores were its own: the cores it could use over
+    those it used, on its compute share only (Amdahl); None where the job is not CPU-bound (it
+    kept under CPU_BOUND of a core busy per training process) or its compute is unknown."""
+    ledger = ev.ledger
+    if not job_cores or job_cores < CPU_BOUND * procs or ledger is None or ledger.empty:
+        return None
+    wall = float(ledger["wall_s"].sum())
+    share = float(ledger["compute"].sum()) / wall if wall > 0 and "compute" in ledger else 0.0
+    ratio = min(float(cores), job_cores + other) / job_cores
+    return 1.0 / ((1.0 - share) + share / ratio) if share > 0 and ratio > 1 else None
 
 
 def set_threads(title: str, why: str, threads: int, env: bool = False) -> Fix:

@@ -103,11 +103,33 @@ def test_host_contention_from_too_many_threads() -> None:
 
 def test_host_contention_from_other_load_estimates_the_gain() -> None:
     host = pd.DataFrame({"t_s": [1.0, 2.0, 3.0], "pid": [5, 5, 5], "cpu_pct": [70.0] * 3})
-    inputs = evidence(system=system(runnable=5, busy=2.0), host=host,
+    inputs = evidence(system=system(runnable=5, busy=2.0), host=host, ledger=ledger(),
                       cores=2, torch_threads=2, ranks_here=1)
     [finding] = host_contention(inputs)
     assert any("Other processes" in f.title for f in finding.fixes)
-    assert finding.estimated_speedup == pytest.approx(2 / 0.7)
+    assert finding.estimated_speedup == pytest.approx(2 / 0.7)  # all compute: the cores' ratio
+
+
+def test_host_contention_gain_is_bounded_by_what_the_job_could_use() -> None:
+    """Freed cores speed up the compute share only (half here), and a job that keeps a
+    twentieth of a core busy is not CPU-bound: no estimate (it was 50x)."""
+    host = pd.DataFrame({"t_s": [1.0, 2.0, 3.0], "pid": [5, 5, 5], "cpu_pct": [70.0] * 3})
+    half = evidence(system=system(runnable=5, busy=2.0), host=host,
+                    ledger=ledger(wait=0.01, compute=0.01), cores=2, torch_threads=2)
+    [finding] = host_contention(half)
+    assert finding.estimated_speedup == pytest.approx(1 / (0.5 + 0.5 * 0.7 / 2))
+    idle = evidence(system=system(runnable=5, busy=2.0), ledger=ledger(), cores=2,
+                    torch_threads=2, host=host.assign(cpu_pct=4.0))
+    [finding] = host_contention(idle)
+    assert finding.estimated_speedup is None
+
+
+def test_a_job_already_on_few_threads_is_not_told_to_use_them() -> None:
+    """Contention that is not the job's: it already runs 1 thread; find the other load."""
+    [finding] = host_contention(evidence(system=system(runnable=8, busy=1.8), cores=2,
+                                         torch_threads=1, ranks_here=1))
+    assert [f.apply for f in finding.fixes] == [None]
+    assert "Find what else runs" in finding.fixes[0].title
 
 
 def test_no_contention_when_runnable_fits_the_cores() -> None:

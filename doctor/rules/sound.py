@@ -1,0 +1,83 @@
+"""The last check on the rules' findings, before the verdict numbers their fixes: no fix is
+offered that doctor itself estimates to make the job slower (its estimate below 1.0x), and none
+whose settings are all what the job already has (``num_workers=2`` to loaders that have 2, one
+thread to a job on one): a fix that changes nothing would be tried by ``doctor try`` and
+measured as noise. A finding's own estimate below 1.0x is left out too. The findings themselves
+stay: what they found is still so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+
+from doctor.analyse.stages import JobFacts
+from doctor.verdict import Finding, Fix
+
+Settings = Mapping[str, Mapping[str, Any]]  # as a fix's apply: section -> setting -> value
+
+#: The loader settings read back from the job's DataLoaders (doctor.store.rundata's loaders),
+#: by the section and name of the apply record (doctor.tuning) that sets them.
+LOADER_SETTINGS = {("dataloader", "num_workers"): "num_workers",
+                   ("dataloader", "pin_memory"): "pin_memory",
+                   ("dataloader", "persistent_workers"): "persistent_workers",
+                   ("dataloader", "prefetch_factor"): "prefetch_factor",
+                   ("torch", "sharing_strategy"): "sharing_strategy"}
+
+
+def job_settings(job: JobFacts, loaders: pd.DataFrame | None) -> dict[str, dict[str, Any]]:
+    """What the job already has, in apply's terms: torch's intra-op threads, and each loader
+    setting on which all the training processes' DataLoaders agree."""
+    out: dict[str, dict[str, Any]] = {}
+    if job.torch_threads is not None:
+        out.setdefault("torch", {})["num_threads"] = int(job.torch_threads)
+    if loaders is None or loaders.empty:
+        return out
+    for (section, name), column in LOADER_SETTINGS.items():
+        if column not in loaders:
+            continue
+        values = {_plain(v) for v in loaders[column]}
+        if len(values) == 1 and None not in values:
+            out.setdefault(section, {})[name] = values.pop()
+    return out
+
+
+def sound_findings(findings: Iterable[Finding], current: Settings) -> list[Finding]:
+    """``findings`` without the fixes of the module docstring, and without an estimate below
+    1.0x."""
+    out = []
+    for f in findings:
+        fixes = tuple(x for x in f.fixes if not _slower(x) and not already_set(x, current))
+        speedup = f.estimated_speedup
+        if speedup is not None and speedup < 1.0:
+            speedup = None
+        out.append(f if fixes == f.fixes and speedup == f.estimated_speedup
+                   else replace(f, fixes=fixes, estimated_speedup=speedup))
+    return out
+
+
+def already_set(fix: Fix, current: Settings) -> bool:
+    """Whether every setting ``fix`` applies is what the job already has."""
+    if not fix.apply:
+        return False
+    wanted = [(section, name, value) for section, values in fix.apply.items()
+              for name, value in values.items()]
+    return bool(wanted) and all(section in current and name in current[section]
+                                and current[section][name] == _plain(value)
+                                for section, name, value in wanted)
+
+
+def _slower(fix: Fix) -> bool:
+    return fix.estimated_speedup is not None and fix.estimated_speedup < 1.0
+
+
+def _plain(value: Any) -> Any:
+    """A frame's value as Python's own (numpy scalars; NaN, None: unknown)."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value != value:
+        return None
+    return value
