@@ -36,7 +36,7 @@ def host_contention(ev: Evidence) -> list[Finding]:
         return []
     busy = float(np.nanmedian(system["busy_cores"]))
     job_cores = _job_cores(ev)
-    other_cores = max(0.0, busy - job_cores) if job_cores is not None else None
+    other_cores = other_load_cores(ev)
     threads = ev.job.torch_threads
     procs = max(1, ev.job.ranks_here)
     workers = ev.job.worker_processes
@@ -101,6 +101,16 @@ def set_threads(title: str, why: str, threads: int, env: bool = False) -> Fix:
     also = f"  # or: OMP_NUM_THREADS={threads}" if env else ""
     return Fix(title=title, why=why, code=f"import torch\ntorch.set_num_threads({threads}){also}",
                apply={"torch": {"num_threads": threads}})
+
+
+def other_load_cores(ev: Evidence) -> float | None:
+    """The cores other processes kept busy: the machine's busy cores less the job's own
+    (medians over the samples); None where either is unknown."""
+    system, job = ev.system, _job_cores(ev)
+    if system is None or system.empty or job is None or "busy_cores" not in system:
+        return None
+    busy = float(np.nanmedian(system["busy_cores"].to_numpy(dtype=float)))
+    return max(0.0, busy - job) if np.isfinite(busy) else None
 
 
 def _job_cores(ev: Evidence) -> float | None:

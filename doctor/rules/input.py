@@ -35,7 +35,8 @@ def input_loader(ev: Evidence) -> list[Finding]:
     evidence: dict[str, Any] = {
         "input_wait_share": x.wait_share, "input_share_with_contention": x.share,
         "median_wait_s": x.wait, "median_step_s": x.step,
-        "cores": x.cores, "num_workers": x.workers, "batch_size": x.loader.get("batch_size"),
+        "cores": x.cores, "other_load_cores": x.other_load, "num_workers": x.workers,
+        "batch_size": x.loader.get("batch_size"),
         "persistent_workers": x.loader.get("persistent_workers"),
         "prefetch_factor": x.loader.get("prefetch_factor"),
         "batch_tensors": count_of(x.loader.get("batch_tensors")), "batch_handoff_s": x.handoff,
@@ -45,13 +46,16 @@ def input_loader(ev: Evidence) -> list[Finding]:
     busy = ev.worker_cpu_cores  # summed over workers, during analysed steps
     evidence["worker_busy_cores"] = busy
     if x.workers == 0:
-        k = suggested_workers(x.cores)
+        k = suggested_workers(x.free_cores)
         speedup = x.step / x.step_after(x.load, k)
+        others = (f", {x.other_load:.1f} of them busy with other processes"
+                  if x.other_load else "")
         fixes.append(Fix(
-            title=f"num_workers=0 on a {x.cores}-core machine: set num_workers={k}",
+            title=f"num_workers=0 on a {x.cores}-core machine{others}: set num_workers={k}",
             why=(f"Batches are built in the training process, which waits {x.wait:.3g} s of "
                  f"each {x.step:.3g} s step. Workers build the next batches while the model "
-                 f"trains; {x.cores} cores bound the gain to about {speedup:.1f}x."),
+                 f"trains; {x.free_cores:.3g} free cores bound the gain to about "
+                 f"{speedup:.1f}x."),
             code=(f"loader = DataLoader(dataset, batch_size={x.loader.get('batch_size')}, "
                   f"num_workers={k},\n                    persistent_workers=True, "
                   "prefetch_factor=4)"),
@@ -66,11 +70,11 @@ def input_loader(ev: Evidence) -> list[Finding]:
                 + ("; see the handoff finding." if x.handoff >= MIN_SHARE * x.step else "."),
             code="",
         ))
-    elif busy is not None and x.cores - busy >= 1.0 and x.workers < 16:
-        k = min(16, x.workers + int(x.cores - busy))
+    elif busy is not None and x.free_cores - busy >= 1.0 and x.workers < 16:
+        k = min(16, x.workers + int(x.free_cores - busy))
         speedup = x.step / x.step_after(x.load, k)
         fixes.append(Fix(
-            title=f"num_workers={x.workers} with {x.cores - busy:.1f} idle cores: "
+            title=f"num_workers={x.workers} with {x.free_cores - busy:.1f} idle cores: "
                   f"set num_workers={k}",
             why="The workers cannot keep up and cores are idle: more workers load more "
                 "batches at once.",

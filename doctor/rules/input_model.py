@@ -19,14 +19,19 @@ import pandas as pd
 
 from doctor.analyse.evidence import Evidence
 from doctor.rules.base import RuleSkipped
+from doctor.rules.host import other_load_cores
+
+MIN_OTHER_LOAD = 0.5  # cores other processes keep busy, below which they are noise
 
 
-def suggested_workers(cores: int) -> int:
-    """Workers to try: one per core, leaving one for the training loop on larger machines."""
-    return max(1, min(8, cores if cores <= 2 else cores - 1))
+def suggested_workers(cores: float) -> int:
+    """Workers to try: one per core free for the job, leaving one for the training loop on
+    larger machines."""
+    free = max(1, int(cores))
+    return max(1, min(8, free if free <= 2 else free - 1))
 
 
-def estimate_with_workers(load: float, rest: float, cores: int, workers: int,
+def estimate_with_workers(load: float, rest: float, cores: float, workers: int,
                           waiting: float = 0.0) -> float:
     """Step time once building a batch (``load`` s) overlaps the rest of the step (``rest`` s)
     in ``workers`` processes on ``cores`` cores; the ``waiting`` fraction of the loading
@@ -79,6 +84,10 @@ class InputFacts:
         self.wait = float(ledger["wait_s"].median())
         self.rest = max(self.step - self.wait, 0.0)
         self.cores = ev.job.cores or 1
+        # cores other processes keep busy are not the job's to give its workers
+        other = other_load_cores(ev)
+        self.other_load = other if other is not None and other >= MIN_OTHER_LOAD else 0.0
+        self.free_cores = max(1.0, self.cores - self.other_load)
         self.loader = main_loader(ev.loaders)
         self.workers = int(self.loader.get("num_workers") or 0)
         split = ev.input_split
@@ -112,8 +121,8 @@ class InputFacts:
     def step_after(self, load: float, workers: int, waiting: float = 0.0) -> float:
         """Step time with ``workers`` workers building batches of ``load`` seconds (of which
         the ``waiting`` fraction blocks in reads)."""
-        return estimate_with_workers(load, self.rest_alone + self.handoff, self.cores, workers,
-                                     waiting)
+        return estimate_with_workers(load, self.rest_alone + self.handoff, self.free_cores,
+                                     workers, waiting)
 
     def dominant(self) -> str:
         if not self.measured or not self.stage_shares:

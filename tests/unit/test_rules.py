@@ -53,6 +53,23 @@ def test_input_wait_speedup_is_bounded_by_few_cores() -> None:
     assert finding.estimated_speedup == pytest.approx(2.0)
 
 
+def test_the_workers_estimate_counts_only_the_cores_other_processes_leave() -> None:
+    """On 2 cores of which other processes keep 1.3 busy, workers have 1 core, not 2: the
+    gain is about 1x, not 2x, and the fix says why."""
+    host = pd.DataFrame({"t_s": [float(i) for i in range(20)], "pid": [5] * 20,
+                         "cpu_pct": [70.0] * 20})
+    alone = evidence(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(), cores=2,
+                     system=system(runnable=1, busy=0.7), host=host)
+    shared = evidence(ledger=ledger(wait=0.09, compute=0.01), loaders=loaders(), cores=2,
+                      system=system(runnable=3, busy=2.0), host=host)
+    [free] = input_loader(alone)
+    [taken] = input_loader(shared)
+    assert free.estimated_speedup == pytest.approx(2.0)
+    assert taken.estimated_speedup == pytest.approx(1.0)
+    assert "1.3 of them busy with other processes" in taken.fixes[0].title
+    assert "set num_workers=1" in taken.fixes[0].title
+
+
 def test_small_input_wait_is_not_a_finding() -> None:
     inputs = evidence(ledger=ledger(wait=0.001, compute=0.1), loaders=loaders(),
                       cores=4)
