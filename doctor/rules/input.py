@@ -50,12 +50,19 @@ def input_loader(ev: Evidence) -> list[Finding]:
         speedup = x.step / x.step_after(x.load, k)
         others = (f", {x.other_load:.1f} of them busy with other processes"
                   if x.other_load else "")
+        bound = (f"{x.free_cores:.3g} free cores bound the gain to about {speedup:.1f}x"
+                 if speedup >= 1.0 else "the other processes leave the workers no core")
+        if x.other_load:  # what workers give once the machine is the job's alone
+            alone = suggested_workers(x.cores)
+            gain = x.step / x.step_after(x.load, alone, cores=x.cores)
+            bound += (f"; without the other load, {alone} workers on {x.cores} cores: about "
+                      f"{gain:.1f}x")
+        speedup = speedup if speedup >= 1.0 else None
         fixes.append(Fix(
             title=f"num_workers=0 on a {x.cores}-core machine{others}: set num_workers={k}",
             why=(f"Batches are built in the training process, which waits {x.wait:.3g} s of "
                  f"each {x.step:.3g} s step. Workers build the next batches while the model "
-                 f"trains; {x.free_cores:.3g} free cores bound the gain to about "
-                 f"{speedup:.1f}x."),
+                 f"trains; {bound}."),
             code=(f"loader = DataLoader(dataset, batch_size={x.loader.get('batch_size')}, "
                   f"num_workers={k},\n                    persistent_workers=True, "
                   "prefetch_factor=4)"),

@@ -118,11 +118,14 @@ class InputFacts:
         handoff = batch_handoff(self.loader, ev.fd_handoff_s)
         self.handoff = min(handoff, self.wait) if self.workers else handoff
 
-    def step_after(self, load: float, workers: int, waiting: float = 0.0) -> float:
+    def step_after(self, load: float, workers: int, waiting: float = 0.0,
+                   cores: float | None = None) -> float:
         """Step time with ``workers`` workers building batches of ``load`` seconds (of which
-        the ``waiting`` fraction blocks in reads)."""
-        return estimate_with_workers(load, self.rest_alone + self.handoff, self.free_cores,
-                                     workers, waiting)
+        the ``waiting`` fraction blocks in reads), on the cores other processes leave (or on
+        ``cores``)."""
+        return estimate_with_workers(load, self.rest_alone + self.handoff,
+                                     self.free_cores if cores is None else cores, workers,
+                                     waiting)
 
     def dominant(self) -> str:
         if not self.measured or not self.stage_shares:
