@@ -72,8 +72,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                     tables=_tables(run, stages),
                     sections=Sections(counters=s.counters, memory=s.memory, ops=s.ops,
                                       comms=s.comms, models=s.models,
-                                      slow_steps=slow if slow.steps and (slow.causes or gc)
-                                      else None, gc=gc))
+                                      # a run recorded with the GC probe (not an older one)
+                                      slow_steps=slow if slow.steps and gc else None, gc=gc))
 
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,

@@ -181,7 +181,9 @@ def slow_steps_data(slow: SlowSteps, most: int = 50) -> dict[str, Any]:
     longest = sorted(slow.steps, key=lambda s: -s.seconds)[:most]
     return {"groups": [{"cause": g.cause, "label": g.label, "machine": g.machine,
                         "steps": g.count, "over_median_s": round(g.over_s, 4),
-                        "share_of_run": round(g.share, 4), "cause_s": round(g.lost_s, 4)}
+                        "share_of_run": round(g.share, 4),
+                        "share_of_steps": round(g.steps_share, 4),
+                        "cause_s": round(g.lost_s, 4)}
                        for g in slow.groups],
             "steps": [s.to_dict() for s in sorted(longest, key=lambda s: (s.rank, s.step))],
             "total": len(slow.steps)}

@@ -127,15 +127,16 @@ class SlowStep:
 @dataclass(frozen=True)
 class CauseGroup:
     """The slow steps of one cause: how many, their time over the median and its share of the
-    run, and the time the cause took in them."""
+    run and of the steps' time after warm-up, and the time the cause took in them."""
 
     cause: str
     label: str
     machine: bool
     steps: tuple[SlowStep, ...]
     over_s: float
-    share: float
+    share: float  # of the run
     lost_s: float
+    steps_share: float = 0.0  # of the steps' time after warm-up (what the spikes were of)
 
     @property
     def count(self) -> int:
@@ -151,6 +152,7 @@ class SlowSteps:
     groups: tuple[CauseGroup, ...]
     causes: Mapping[str, Cause]
     whole_s: float  # the time the shares are of (the run's, summed over ranks)
+    steps_s: float = 0.0  # the steps' time after warm-up, summed over ranks
 
     def cause_of(self, rank: int, step: int) -> str | None:
         """The cause of a slow step (UNEXPLAINED where none), None for a step that is not."""
@@ -175,7 +177,7 @@ def slow_steps(table: pd.DataFrame, causes: Sequence[Cause],
     step (doctor.analyse.stalls.export_seconds); ``run_s``: the run's duration (else each rank's
     steps' time is the whole)."""
     found: list[SlowStep] = []
-    whole = 0.0
+    whole = steps_s = 0.0
     inside = table[table["in_range"]]
     for rank in sorted({int(r) for r in inside["rank"]}):
         rows = inside[inside["rank"] == rank].reset_index(drop=True)
@@ -189,6 +191,7 @@ def slow_steps(table: pd.DataFrame, causes: Sequence[Cause],
         if not steady.any():
             steady = ~warm
         whole += run_s if run_s and run_s > 0 else float(rows["wall_s"].sum())
+        steps_s += float(wall[~warm].sum())
         if not steady.any():
             continue
         median = float(np.median(wall[steady]))
@@ -199,8 +202,8 @@ def slow_steps(table: pd.DataFrame, causes: Sequence[Cause],
             t0 = float(row["start_s"])
             found.append(_attributed(rank, int(row["step"]), t0, float(wall[i]), median,
                                      _where(row), bool(stall[i]), causes))
-    return SlowSteps(tuple(found), _groups(found, causes, whole),
-                     {c.name: c for c in causes}, whole)
+    return SlowSteps(tuple(found), _groups(found, causes, whole, steps_s),
+                     {c.name: c for c in causes}, whole, steps_s)
 
 
 def _attributed(rank: int, step: int, t0: float, seconds: float, median: float, where: str,
@@ -223,7 +226,7 @@ def _attributed(rank: int, step: int, t0: float, seconds: float, median: float, 
     return SlowStep(rank, step, t0, seconds, median, where, stall, main, lost, words[main])
 
 
-def _groups(steps: list[SlowStep], causes: Sequence[Cause], whole: float
+def _groups(steps: list[SlowStep], causes: Sequence[Cause], whole: float, steps_s: float
             ) -> tuple[CauseGroup, ...]:
     labels = {c.name: c for c in causes}
     out = []
@@ -234,7 +237,7 @@ def _groups(steps: list[SlowStep], causes: Sequence[Cause], whole: float
         out.append(CauseGroup(
             name, cause.label if cause else "no known cause", bool(cause and cause.machine),
             mine, over, over / whole if whole > 0 else 0.0,
-            sum(s.lost.get(name, 0.0) for s in mine)))
+            sum(s.lost.get(name, 0.0) for s in mine), over / steps_s if steps_s > 0 else 0.0))
     return tuple(sorted(out, key=lambda g: (g.cause == UNEXPLAINED, -g.over_s)))
 
 

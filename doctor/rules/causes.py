@@ -19,7 +19,8 @@ from doctor.analyse.machine_load import MACHINE, MACHINE_FIX
 from doctor.rules.base import rule
 from doctor.verdict import Finding, Fix
 
-MIN_SHARE = 0.1  # a cause's slow steps cost this share of the run or more: a finding...
+MIN_SHARE = 0.1  # a cause's slow steps cost this share of the steps' time: a finding (as
+# doctor.rules.other's spikes)...
 MIN_GC_SHARE = 0.02  # ...or this much for the garbage collector (its fix is a few lines)
 WARNING_SHARE = 0.1
 LISTED = 10  # step numbers listed in the evidence
@@ -51,7 +52,7 @@ def slow_step_causes(ev: Evidence) -> list[Finding]:
     for group in slow.groups:
         if group.cause == UNEXPLAINED:
             continue
-        if group.share < (MIN_GC_SHARE if group.cause == GC else MIN_SHARE):
+        if group.steps_share < (MIN_GC_SHARE if group.cause == GC else MIN_SHARE):
             continue
         if group.cause == GC:
             out.append(gc_finding(group, ev.gc or {}))
@@ -66,13 +67,14 @@ def _evidence(group: CauseGroup) -> dict[str, object]:
     steps = sorted(group.steps, key=lambda s: (s.step, s.rank))
     return {"cause": group.cause, "slow_steps": group.count,
             "steps": [s.step for s in steps[:LISTED]], "over_median_s": group.over_s,
-            "share_of_run": group.share, "cause_s": group.lost_s,
+            "share_of_run": group.share, "share_of_steps": group.steps_share,
+            "cause_s": group.lost_s,
             "slowest_step_s": max(s.seconds for s in group.steps),
             "median_step_s": steps[0].median_s}
 
 
 def _severity(group: CauseGroup) -> str:
-    return "warning" if group.share >= WARNING_SHARE else "info"
+    return "warning" if group.steps_share >= WARNING_SHARE else "info"
 
 
 def gc_finding(group: CauseGroup, gc: Mapping[int, GcSummary]) -> Finding:
@@ -81,7 +83,7 @@ def gc_finding(group: CauseGroup, gc: Mapping[int, GcSummary]) -> Finding:
     words = [w for s in group.steps for w in s.words]
     longest = summary.longest_s if summary is not None else 0.0
     speedup = summary.speedup if summary is not None and summary.in_steps_s > 0 else \
-        1.0 / max(1e-9, 1.0 - group.share)
+        1.0 / max(1e-9, 1.0 - group.steps_share)
     evidence = {**_evidence(group), **({"collections": summary.collections,
                                         "full_collections": summary.full,
                                         "pause_s": summary.pause_s,
@@ -91,7 +93,7 @@ def gc_finding(group: CauseGroup, gc: Mapping[int, GcSummary]) -> Finding:
     return Finding(
         id="steps.gc", category="other", severity=_severity(group),
         title=f"{group.count} slow step{'s' if group.count > 1 else ''} paused by Python's "
-              f"garbage collector cost {group.over_s:.1f} s, {group.share:.0%} of the run"
+              f"garbage collector cost {group.over_s:.1f} s, {_shares(group)}"
               + (f" (longest pause {longest * 1e3:.0f} ms)" if longest > 0 else ""),
         evidence={**evidence, "what": words[:3]},
         fixes=(Fix(GC_FREEZE.title, GC_FREEZE.why, GC_FREEZE.code, estimated_speedup=speedup),
@@ -105,10 +107,15 @@ def machine_finding(group: CauseGroup) -> Finding:
     return Finding(
         id="steps.machine", category="other", severity=_severity(group),
         title=f"{group.count} slow step{'s' if group.count > 1 else ''} ran while other "
-              f"processes kept the cores busy: {group.over_s:.1f} s, {group.share:.0%} of the "
-              "run (the machine, not the job)",
+              f"processes kept the cores busy: {group.over_s:.1f} s, {_shares(group)} (the "
+              "machine, not the job)",
         evidence={**_evidence(group), "what": words[:3]}, fixes=(MACHINE_FIX,),
-        estimated_speedup=1.0 / max(1e-9, 1.0 - group.share))
+        estimated_speedup=1.0 / max(1e-9, 1.0 - group.steps_share))
+
+
+def _shares(group: CauseGroup) -> str:
+    """"18% of the step time (8% of the run)": of what the spikes cost, and of the run."""
+    return f"{group.steps_share:.0%} of the step time ({group.share:.0%} of the run)"
 
 
 def cause_finding(group: CauseGroup, slow: SlowSteps) -> Finding:
@@ -117,6 +124,6 @@ def cause_finding(group: CauseGroup, slow: SlowSteps) -> Finding:
     return Finding(
         id=f"steps.cause.{group.cause}", category="other", severity=_severity(group),
         title=f"{group.count} slow step{'s' if group.count > 1 else ''} overlapped "
-              f"{group.label}: {group.over_s:.1f} s, {group.share:.0%} of the run",
+              f"{group.label}: {group.over_s:.1f} s, {_shares(group)}",
         evidence=_evidence(group), fixes=(cause.fix,) if cause and cause.fix else (),
-        estimated_speedup=1.0 / max(1e-9, 1.0 - group.share))
+        estimated_speedup=1.0 / max(1e-9, 1.0 - group.steps_share))

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from doctor.analyse.steps import training_processes
+from doctor.pipeline import analyze_run
 from doctor.probes.gc_pauses import WRITTEN_NS, GcProbe
 from doctor.record.guard import GUARD_HINT
 from doctor.record.session import CLOSE, STEP_MANUAL, Session
@@ -119,3 +120,21 @@ def test_counts_of_another_type_read_as_unknown() -> None:
     assert gc_totals("not a record") == unknown
     assert gc_totals({"collections": [5, 2, 1], "pause_ns": [10**6, 0, 10**8]}) == {
         "gc_collections": 8.0, "gc_full": 1.0, "gc_pause_s": 0.101}
+
+
+def test_a_run_recorded_without_the_probe_does_not_list_it(tmp_path: Path) -> None:
+    """An older doctor's run: its processes said every probe's status but this one's; the
+    probe table leaves it out (rather than "no status recorded"), as before the probe."""
+    for name, statuses in (("old", {"steps": {"ok": True}}),
+                           ("new", {"steps": {"ok": True}, "gc": {"ok": True}})):
+        clock = FakeClock()
+        session = Session(tmp_path / name, rank=0, clock=clock, window_start=10**9)
+        session.probe_status = statuses
+        for _ in range(20):
+            clock.tick(0.01)
+            session.record_optimizer_start()
+            session.record_optimizer_end(0)
+        session.close()
+        write_record(tmp_path / name, t0_monotonic_s=0.0)
+    assert "gc" not in analyze_run(tmp_path / "old").verdict.probes
+    assert analyze_run(tmp_path / "new").verdict.probes["gc"].ok

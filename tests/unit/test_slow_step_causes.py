@@ -12,14 +12,17 @@ import pandas as pd
 import pytest
 
 from doctor.analyse.causes import UNEXPLAINED, Cause, Intervals, slow_steps
+from doctor.analyse.evidence import Evidence
 from doctor.analyse.gc_pauses import GC
 from doctor.analyse.machine_load import MACHINE, other_load
 from doctor.pipeline import analyze_run
 from doctor.probes.gc_pauses import GcProbe
 from doctor.record.session import CLOSE, Session
+from doctor.reports.html import render_html
 from doctor.reports.json import verdict_data
 from doctor.reports.text import render_text
-from doctor.rules.causes import GC_FREEZE
+from doctor.rules.causes import GC_FREEZE, slow_step_causes
+from doctor.rules.other import other_time
 from tests.support import FakeClock, write_record
 
 STEP_S, PAUSE_S, STALL_S = 0.1, 0.5, 1.0
@@ -136,3 +139,28 @@ def test_other_processes_are_weighted_by_the_cores_they_took() -> None:
     # where the training thread never waited for a core, they took nothing from it
     waited = pd.Series([np.nan, 0.0, 0.0, 0.0, 0.0], index=system["t_s"])
     assert other_load(host, system, waited=waited) is None
+
+
+def test_steps_slowed_by_other_processes_are_the_machines_not_periodic_work() -> None:
+    walls = [0.1] * 30
+    for i in (10, 20):
+        walls[i] = 0.5
+    steps = table(walls)
+    busy = Intervals.of(steps["start_s"][[10, 20]], steps["start_s"][[10, 20]] + 0.5,
+                        [1.0, 1.0], ["other processes kept 2.0 of 2 cores busy: make"] * 2)
+    slow = slow_steps(steps, [Cause(MACHINE, "other processes", {0: busy}, machine=True)])
+    ledger = steps[steps["analyzed"]].assign(other=0.0)
+    before = other_time(Evidence(ledger=ledger))
+    assert [f.id for f in before] == ["steps.spikes"]  # without causes: periodic work
+    after = Evidence(ledger=ledger, slow_steps=slow)
+    assert [f.id for f in other_time(after)] == []
+    [machine] = slow_step_causes(after)
+    assert machine.id == "steps.machine" and "the machine, not the job" in machine.title
+    assert machine.evidence["steps"] == [11, 21] and "make" in machine.evidence["what"][0]
+
+
+def test_the_report_has_a_line_per_cause(tmp_path: Path) -> None:
+    gc_loop(tmp_path)
+    html = render_html(analyze_run(tmp_path))
+    assert "Slow steps and their causes" in html
+    assert "garbage collector, rank 0: 1202 collections (2 full)" in html
