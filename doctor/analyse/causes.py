@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -69,12 +70,17 @@ class Intervals:
     def __len__(self) -> int:
         return len(self.start_s)
 
+    @cached_property
+    def _reach(self) -> np.ndarray:
+        """The latest end of each interval and those before it (sorted by start: the first
+        that can reach a time)."""
+        return np.maximum.accumulate(self.end_s) if len(self.end_s) else self.end_s
+
     def lost(self, t0: float, t1: float) -> tuple[float, list[int]]:
         """(seconds lost in [t0, t1), the indices of the intervals that overlap it)."""
         if not len(self.start_s):
             return 0.0, []
-        reach = np.maximum.accumulate(self.end_s)  # sorted: the first that can reach t0
-        lo = int(np.searchsorted(reach, t0, side="right"))
+        lo = int(np.searchsorted(self._reach, t0, side="right"))
         hi = int(np.searchsorted(self.start_s, t1, side="left"))
         if hi <= lo:
             return 0.0, []
@@ -197,11 +203,12 @@ def slow_steps(table: pd.DataFrame, causes: Sequence[Cause],
         median = float(np.median(wall[steady]))
         stall = (wall >= STALL_FACTOR * median) & (wall >= MIN_STALL_S)
         slow = (wall > SPIKE * median) & ~warm & (~rows["in_window"].to_numpy(bool) | stall)
+        numbers, starts = rows["step"].to_numpy(), rows["start_s"].to_numpy(np.float64)
+        flags = {c: rows[c].to_numpy(bool) for c in ("in_window", "analyzed", "sampled")}
         for i in np.flatnonzero(slow):
-            row = rows.iloc[i]
-            t0 = float(row["start_s"])
-            found.append(_attributed(rank, int(row["step"]), t0, float(wall[i]), median,
-                                     _where(row), bool(stall[i]), causes))
+            found.append(_attributed(rank, int(numbers[i]), float(starts[i]), float(wall[i]),
+                                     median, _where(*(bool(f[i]) for f in flags.values())),
+                                     bool(stall[i]), causes))
     return SlowSteps(tuple(found), _groups(found, causes, whole, steps_s),
                      {c.name: c for c in causes}, whole, steps_s)
 
@@ -260,12 +267,13 @@ def with_causes(findings: list[Finding], slow: SlowSteps) -> list[Finding]:
     return out
 
 
-def _where(row: pd.Series) -> str:
-    if bool(row["in_window"]):
+def _where(in_window: bool, analyzed: bool, sampled: bool) -> str:
+    """Which steps a step fell among (as doctor.analyse.stalls says it)."""
+    if in_window:
         return IN_WINDOW
-    if bool(row["analyzed"]):
+    if analyzed:
         return ANALYSED
-    if bool(row["sampled"]):
+    if sampled:
         return SAMPLING
     return LEFT_OUT
 
