@@ -164,3 +164,24 @@ def test_the_report_has_a_line_per_cause(tmp_path: Path) -> None:
     html = render_html(analyze_run(tmp_path))
     assert "Slow steps and their causes" in html
     assert "garbage collector, rank 0: 1202 collections (2 full)" in html
+
+
+def test_a_long_stall_says_its_cause(tmp_path: Path) -> None:
+    """A full collection of 2 s in one step: the stall finding (always shown) names it."""
+    clock = FakeClock()
+    session = Session(tmp_path, rank=0, clock=clock, window_start=10**9)
+    probe = GcProbe(session)
+    for i in range(40):
+        clock.tick(STEP_S)
+        if i == 20:
+            probe._callback("start", {"generation": 2})
+            clock.tick(2.0)
+            probe._callback("stop", {"generation": 2, "collected": 7, "uncollectable": 0})
+        session.record_optimizer_start()
+        session.record_optimizer_end(0)
+    session.close()
+    write_record(tmp_path, t0_monotonic_s=0.0)
+    [stall] = [f for f in analyze_run(tmp_path).verdict.findings if f.id == "steps.stall"]
+    assert stall.evidence["step"] == 20 and stall.evidence["cause"] == GC
+    assert "overlapped Python's garbage collector (generation 2 collection, 2000 ms" in \
+        stall.title
