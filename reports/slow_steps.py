@@ -8,9 +8,12 @@ from __future__ import annotations
 from doctor.analyse.analysis import Sections
 from doctor.analyse.causes import UNEXPLAINED
 
+SAID_SHARE = 0.01  # the collector's line, where it paused 1 % of the run or more (or slow steps)
+
 
 def slow_step_lines(sections: Sections) -> list[str]:
-    """One line per cause of slow steps (the largest first), then one for the collector."""
+    """One line per cause of slow steps (the largest first), then one for the collector (where
+    it paused SAID_SHARE of the run or more, or there were slow steps)."""
     lines = []
     slow = sections.slow_steps
     for g in slow.groups if slow is not None else ():
@@ -22,8 +25,8 @@ def slow_step_lines(sections: Sections) -> list[str]:
                      f" {shown}), {g.over_s:.2f} s over the median step, {g.share:.1%} of the "
                      "run")
     for c in list(sections.gc.values())[:1]:
-        if c.collections is None:
-            continue
+        if c.collections is None or (c.share < SAID_SHARE and not lines):
+            continue  # a collector that paused the run for next to nothing goes unsaid
         pause = f"{c.pause_s * 1e3:.0f} ms" if c.pause_s is not None else "unknown"
         lines.append(f"garbage collector, rank {c.rank}: {c.collections} collections "
                      f"({c.full} full), {pause} paused, {c.share:.1%} of the run; longest "

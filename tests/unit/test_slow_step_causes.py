@@ -11,15 +11,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from doctor.analyse.analysis import Sections
 from doctor.analyse.causes import UNEXPLAINED, Cause, Intervals, slow_steps
 from doctor.analyse.evidence import Evidence
-from doctor.analyse.gc_pauses import GC
+from doctor.analyse.gc_pauses import GC, GcSummary
 from doctor.analyse.machine_load import MACHINE, other_load
 from doctor.pipeline import analyze_run
 from doctor.probes.gc_pauses import GcProbe
 from doctor.record.session import CLOSE, Session
 from doctor.reports.html import render_html
 from doctor.reports.json import verdict_data
+from doctor.reports.slow_steps import slow_step_lines
 from doctor.reports.text import render_text
 from doctor.rules.causes import GC_FREEZE, slow_step_causes
 from doctor.rules.other import other_time
@@ -185,3 +187,12 @@ def test_a_long_stall_says_its_cause(tmp_path: Path) -> None:
     assert stall.evidence["step"] == 20 and stall.evidence["cause"] == GC
     assert "overlapped Python's garbage collector (generation 2 collection, 2000 ms" in \
         stall.title
+
+
+def test_a_collector_that_paused_next_to_nothing_goes_unsaid() -> None:
+    def summary(share: float) -> GcSummary:
+        return GcSummary(0, 100, 1, 0.01, 1, 1, 0.005, 0.005, 10.0, share)
+
+    assert slow_step_lines(Sections(gc={0: summary(0.001)})) == []
+    [line] = slow_step_lines(Sections(gc={0: summary(0.05)}))
+    assert line.startswith("garbage collector, rank 0: 100 collections (1 full)")
