@@ -39,7 +39,8 @@ from pathlib import Path
 
 from doctor.probes import ENV_PROBES_OFF
 
-JOB_PROBES = ("steps", "dataloader", "page_faults", "torch_ops", "memory", "model_state", "ddp")
+JOB_PROBES = ("steps", "dataloader", "page_faults", "torch_ops", "memory", "model_state", "ddp",
+              "gc")
 
 
 def loop() -> Callable[[int], int]:

@@ -15,11 +15,14 @@ that say so (a fix to run doctor run instead, no exit status).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from doctor.analyse import facts
 from doctor.analyse.analysis import Analysis, Sections, Tables
 from doctor.analyse.bottleneck import Summary, no_steps_finding, summarise
+from doctor.analyse.cause_sources import run_gc, run_slow_steps
+from doctor.analyse.causes import SlowSteps, with_causes
 from doctor.analyse.comms import comms_table, critical
 from doctor.analyse.evidence import build_evidence
 from doctor.analyse.failures import failure_finding, failure_notes
@@ -50,11 +53,13 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     """The verdict of ``run``; ``steps`` (first, last), 1-based, inclusive, either open, analyses
     only the steps in that range (the ledger keeps the others) and the samples of their span."""
     stages = run_stages(run, steps)
-    outcome = run_rules(build_evidence(run, stages), default_rules())
-    summary = summarise(stages.ledger)
     run_s = run.record.duration_s if len(run.record.nodes) <= 1 else None
+    slow, gc = run_slow_steps(run, stages, run_s), run_gc(run, stages, run_s)
+    evidence = replace(build_evidence(run, stages), slow_steps=slow, gc=gc or None)
+    outcome = run_rules(evidence, default_rules())
+    summary = summarise(stages.ledger)
     stalls = find_stalls(stages.table, export_seconds(stages.ranks), run_s)
-    findings = _findings(run, stages, outcome, summary, stalls)
+    findings = _findings(run, stages, outcome, summary, stalls, slow)
     partial, notes = facts.exit_notes(run)
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
@@ -67,21 +72,23 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     return Analysis(verdict=verdict, ledger=stages.ledger, source=run.record.source,
                     tables=_tables(run, stages),
                     sections=Sections(counters=s.counters, memory=s.memory, ops=s.ops,
-                                      comms=s.comms, models=s.models))
+                                      comms=s.comms, models=s.models,
+                                      # a run recorded with the GC probe (not an older one)
+                                      slow_steps=slow if slow.steps and gc else None, gc=gc))
 
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
-              stalls: list[Stall]) -> list[Finding]:
+              stalls: list[Stall], slow: SlowSteps) -> list[Finding]:
     """The rules' findings (no fix that doctor estimates slower, or that sets what the job has:
     doctor.rules.sound), then what the analysis itself finds: no steps, a long stall (a fifth
-    of the run or more leads), the job killed (first)."""
+    of the run or more leads; with its cause where one is known), the job killed (first)."""
     offered = sound_findings(outcome.findings, job_settings(stages.job, stages.loaders))
     findings = attach_verified(offered, run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, stages.ranks),
                                             run.record.kind == TRACE,
                                             facts.no_steps_fix(run, stages.ranks)))
-    long_steps = stall_findings(stalls)
+    long_steps = with_causes(stall_findings(stalls), slow)
     findings[:0] = [f for f in long_steps if f.severity == "warning"]
     findings += [f for f in long_steps if f.severity != "warning"]
     killed = failure_finding(run)

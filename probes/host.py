@@ -20,10 +20,11 @@ import psutil
 
 from doctor.machine import private_bytes, usable_cores
 from doctor.record.guard import degraded
-from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS, save_host
+from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS, save_host, save_others
 from doctor.verdict import ProbeStatus
 
 from .exits import ExitWatcher, ProcessExit, recorded_pids
+from .others import OtherProcesses
 
 if TYPE_CHECKING:
     from doctor.probes import ParentContext
@@ -65,6 +66,7 @@ class HostSampler:
         self._private_seen: set[int] = set()
         self._comm_threads: dict[int, list[int]] = {}  # pid -> its communication threads
         self._exits: ExitWatcher | None = None  # how the job's processes died (start())
+        self._others = OtherProcesses()  # who else took the cores (doctor.probes.others)
 
     @classmethod
     def for_run(cls, context: ParentContext) -> HostSampler:
@@ -136,6 +138,7 @@ class HostSampler:
         if private:  # the CPU it took, not the wall time: on a busy machine that waits too
             self._next_private = now + max(PRIVATE_MIN_S, private_cpu * PRIVATE_COST_RATIO)
         self._sample_system(t)
+        self._others.sample(t, self._procs)
         if len(cols["t_s"]) > MAX_ROWS:
             self._proc_cols = _halve(cols)
         if len(self._sys_cols["t_s"]) > MAX_ROWS:
@@ -181,6 +184,7 @@ class HostSampler:
             self._exits.stop()
         if self.run_dir is not None:
             save_host(self.run_dir, self._proc_cols, self._sys_cols)
+            save_others(self.run_dir, self._others.rows)
 
 
 def run_delay_s(pid: int) -> float:

@@ -2,7 +2,8 @@
 
 The one place where the analysis's typed records become verdict.json's dicts: the verdict's own
 keys (doctor.verdict.Verdict.to_dict), then each section of the analysis (``gpus``, ``memory``,
-``ops``, ``communication``, ``comm_model``; doctor.analyse.analysis.Sections), in that order,
+``ops``, ``communication``, ``comm_model``, ``slow_steps``, ``gc``;
+doctor.analyse.analysis.Sections), in that order,
 each where the run has it.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from doctor.analyse.analysis import Analysis, Sections
+from doctor.analyse.causes import SlowSteps
 from doctor.analyse.comm_model import ScalePoint, WhatIf
 from doctor.analyse.comms import CommModel, Link, RankComms
 from doctor.analyse.gpus import GpuSummary
@@ -52,7 +54,9 @@ def sections_data(s: Sections) -> dict[str, Any]:
             **({"memory": memory_data(s.memory)} if s.memory else {}),
             **({"ops": [ops_data(o) for o in s.ops.values()]} if s.ops else {}),
             **({"communication": [comms_data(c) for c in s.comms.values()]} if s.comms else {}),
-            **({"comm_model": [model_data(m) for m in s.models.values()]} if s.models else {})}
+            **({"comm_model": [model_data(m) for m in s.models.values()]} if s.models else {}),
+            **({"slow_steps": slow_steps_data(s.slow_steps)} if s.slow_steps else {}),
+            **({"gc": [g.to_dict() for g in s.gc.values()]} if s.gc else {})}
 
 
 def gpu_data(g: GpuSummary) -> dict[str, Any]:
@@ -169,3 +173,17 @@ def what_if_data(w: WhatIf) -> dict[str, Any]:
 def scale_point_data(p: ScalePoint) -> dict[str, Any]:
     return {"ranks": p.ranks, "step_s": round(p.step_s, 6), "exposed_s": round(p.exposed_s, 6),
             "exposed_share": p.shown_exposed_share, "across_nodes": p.across_nodes}
+
+
+def slow_steps_data(slow: SlowSteps, most: int = 50) -> dict[str, Any]:
+    """The verdict's ``slow_steps``: the groups by cause, then the slow steps (the longest
+    ``most``) each with its cause."""
+    longest = sorted(slow.steps, key=lambda s: -s.seconds)[:most]
+    return {"groups": [{"cause": g.cause, "label": g.label, "machine": g.machine,
+                        "steps": g.count, "over_median_s": round(g.over_s, 4),
+                        "share_of_run": round(g.share, 4),
+                        "share_of_steps": round(g.steps_share, 4),
+                        "cause_s": round(g.lost_s, 4)}
+                       for g in slow.groups],
+            "steps": [s.to_dict() for s in sorted(longest, key=lambda s: (s.rank, s.step))],
+            "total": len(slow.steps)}

@@ -216,6 +216,7 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
     ``report_path`` names the HTML report to point at, when one was written.
     """
     from doctor.reports.resource_lines import comm_lines, gpu_lines, memory_lines, ops_lines
+    from doctor.reports.slow_steps import slow_step_lines
 
     verdict = analysis.verdict
     width = max(width, 40)
@@ -226,7 +227,8 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
     out.append(clean(f"  {steps_line(verdict)}"))
     sections = analysis.sections
     out += [clean(f"  {line}") for line in gpu_lines(sections) + memory_lines(sections)
-                                             + ops_lines(sections) + comm_lines(sections)]
+                                             + ops_lines(sections) + comm_lines(sections)
+                                             + slow_step_lines(sections)]
     out += _share_bars(verdict, width)
 
     findings = verdict.findings

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
+from doctor.analyse.causes import SlowSteps
 from doctor.analyse.comms import CommModel, RankComms
+from doctor.analyse.gc_pauses import GcSummary
 from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.ledger import StepMarks, step_marks
 from doctor.analyse.memory import MemoryEvidence
@@ -21,14 +23,16 @@ from doctor.verdict import Verdict
 @dataclass(frozen=True)
 class Sections:
     """The analyse stages' records the reports show beside the verdict (verdict.json's
-    ``gpus``, ``memory``, ``ops``, ``communication`` and ``comm_model``); by rank, lowest
-    first; None or empty where the run has none."""
+    ``gpus``, ``memory``, ``ops``, ``communication``, ``comm_model``, ``slow_steps`` and
+    ``gc``); by rank, lowest first; None or empty where the run has none."""
 
     counters: GpuCounters | None = None  # NVML's counters per GPU (a GPU job)
     memory: MemoryEvidence | None = None  # where each rank's memory goes
     ops: Mapping[int, RankOps] = field(default_factory=dict)  # each rank's ops and roofs
     comms: Mapping[int, RankComms] = field(default_factory=dict)  # each rank's collectives
     models: Mapping[int, CommModel] = field(default_factory=dict)  # its communication model
+    slow_steps: SlowSteps | None = None  # each slow step's cause, grouped by cause
+    gc: Mapping[int, GcSummary] = field(default_factory=dict)  # each rank's collections
 
     def first_ops(self) -> RankOps | None:
         """The lowest rank's ops (the report shows that rank's)."""

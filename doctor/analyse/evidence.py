@@ -14,10 +14,12 @@ from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
+from doctor.analyse.causes import SlowSteps
 from doctor.analyse.comms import CommModel
 from doctor.analyse.contention import cores_used, within
 from doctor.analyse.distributed import StragglerSearch, search_stragglers
 from doctor.analyse.facts import stacks_reason
+from doctor.analyse.gc_pauses import GcSummary
 from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.idle_gpus import IdleGpus, idle_gpus
 from doctor.analyse.memory import MemoryEvidence
@@ -60,7 +62,10 @@ class Evidence:
     - ``window_drift``: each rank's median step before the profiler window and after it
       (doctor.analyse.window_drift), where both sides have enough analysed steps;
     - ``idle_gpus``: the GPUs NVML saw beside a job that computed on the CPU
-      (doctor.analyse.idle_gpus).
+      (doctor.analyse.idle_gpus);
+    - ``slow_steps``: every slow step with its cause, grouped (doctor.analyse.causes; the
+      pipeline adds it: doctor.analyse.cause_sources); ``gc``: each rank's garbage collections
+      (doctor.analyse.gc_pauses), where the GC probe ran.
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -84,6 +89,8 @@ class Evidence:
     comm_models: Mapping[int, CommModel] | None = None
     window_drift: tuple[WindowDrift, ...] | None = None
     idle_gpus: IdleGpus | None = None
+    slow_steps: SlowSteps | None = None
+    gc: Mapping[int, GcSummary] | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}

@@ -18,6 +18,10 @@ from doctor.store.rundata import TRACE, RunData, of_processes, process_labels
 from doctor.verdict import Fix, ProbeStatus
 
 NO_WINDOW_HINT = "run 15 steps or more, or set --window START,STEPS"
+#: Job-side probes newer than run directories still read: a process whose statuses lack one
+#: was recorded by a doctor without it, and the probe table leaves it out (as it does where no
+#: process recorded any status: the others say why).
+PROBES_SINCE = ("gc",)
 TRACE_HAS_NO_LOADER = "a trace has no view of the loading code"
 
 
@@ -41,6 +45,9 @@ def probe_table(run: RunData, ranks: dict[int, RankSteps],
         if not row.empty:
             probes[spec.name] = ProbeStatus(bool(row["ok"].iloc[0]), str(row["reason"].iloc[0]),
                                             str(row["hint"].iloc[0]))
+        elif spec.name in PROBES_SINCE and (not mine.empty or run.probe_status.empty):
+            continue  # recorded by a doctor that had no such probe, or nothing recorded (the
+            # probes above say why): none to speak of
         else:
             probes[spec.name] = (ProbeStatus(False, "no status recorded") if ranks
                                  else _not_started(run))

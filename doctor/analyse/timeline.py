@@ -38,7 +38,8 @@ NODE_PIDS = 10_000_000  # track pid of process P on node K: P + K * NODE_PIDS
 THREADS = 1024  # track tids of a process: its track pid * THREADS + k
 MACHINE_PID, GPU_PID = 2**30, 2**30 + 1000  # the parent's samples' tracks (+ node, + gpu)
 INTERVAL_NAMES = {"loader_wait": "DataLoader wait", "backward": "backward",
-                  "optimizer": "optimizer step", "fetch": "fetch", "collate": "collate"}
+                  "optimizer": "optimizer step", "fetch": "fetch", "collate": "collate",
+                  "gc": "garbage collection"}
 
 
 @dataclass(frozen=True)

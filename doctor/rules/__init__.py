@@ -11,6 +11,7 @@ from doctor.analyse.evidence import Evidence
 from doctor.analyse.stages import JobFacts
 from doctor.rules import (
     allocator,
+    causes,
     communication,
     compute,
     distributed,
@@ -29,7 +30,7 @@ from doctor.rules import (
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 
 MODULES = (compute, ops, distributed, gpu, gpu_counters, idle_gpus, communication, memory,
-           memory_fit, memory_growth, allocator, host, input, other, trace)
+           memory_fit, memory_growth, allocator, host, input, other, causes, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

@@ -53,6 +53,7 @@ CONTROL = "control.jsonl"
 HOST = "host.npz"
 GPU = "gpu.npz"
 GPU_INFO = "gpus.json"
+OTHERS = "others.json"  # processes outside the job that took cores (doctor.probes.others)
 BOOTSTRAP_ERRORS = "bootstrap-errors"
 VERDICT = "verdict.json"
 REPORT = "report.html"

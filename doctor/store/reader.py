@@ -38,12 +38,19 @@ from doctor.store.rundata import (
     empty_frames,
     typed,
 )
-from doctor.store.samples import read_gpu, read_gpu_info, read_gpu_procs, read_host, read_memory
+from doctor.store.samples import (
+    read_gpu,
+    read_gpu_info,
+    read_gpu_procs,
+    read_host,
+    read_memory,
+    read_others,
+)
 from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
 from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 
-from .meta_rows import ddp_rows, loader_rows, model_state_rows
+from .meta_rows import ddp_rows, gc_totals, loader_rows, model_state_rows
 from .process_meta import ProcessMeta, read_meta
 from .readback import (
     Unreadable,
@@ -156,6 +163,7 @@ def _load_node(run_dir: Path) -> RunData:
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
         "collectives": _concat(collectives), "ddp": ddp,
         "window_events": _concat(window_events),
+        "others": read_others(run_dir, problems).assign(node=0),
     }
     frames = empty_frames()
     for name, rows in parts.items():
@@ -229,7 +237,7 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: ProcessMe
             "start_private_bytes": start.get("private_bytes"),
             "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns"),
             "end_private_bytes": end.get("private_bytes"), "end_rss_bytes": end.get("rss_bytes"),
-            "end_memory_ns": end.get("t_ns")}
+            "end_memory_ns": end.get("t_ns"), **gc_totals(meta.gc)}
 
 
 def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -> pd.DataFrame:

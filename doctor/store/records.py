@@ -24,10 +24,27 @@ STEPS_RECORD = ("<qii", ("t_ns", "kind", "key"))
 INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
 EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
 #: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
-#: profiler window: doctor.probes.page_faults).
-INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults")
+#: profiler window: doctor.probes.page_faults, the garbage collector's pauses: doctor.probes.gc).
+INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults",
+                  "gc")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
 RING_PROBES = {"steps": "steps", "optimizer": "steps", "backward": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
                "events": "torch_ops",
-               "page_faults": "page_faults"}
+               "page_faults": "page_faults", "gc": "gc"}
+
+
+# The ``gc`` ring's key: a collection's generation (0-2) in its low bits, the objects it
+# collected above them (at most GC_COLLECTED_MAX: an interval's key is an int32).
+GC_GENERATION_BITS = 2
+GC_COLLECTED_MAX = (2**31 - 1) >> GC_GENERATION_BITS
+
+
+def gc_key(generation: int, collected: int) -> int:
+    """The ``gc`` ring's key of a collection of ``generation`` that collected ``collected``."""
+    return (min(max(collected, 0), GC_COLLECTED_MAX) << GC_GENERATION_BITS) | (generation & 3)
+
+
+def gc_key_parts(key: int) -> tuple[int, int]:
+    """(generation, objects collected) of a ``gc`` ring's key."""
+    return key & 3, key >> GC_GENERATION_BITS

@@ -22,6 +22,7 @@ from doctor.store.samples import (
     GPU_COLUMNS,
     GPU_PROC_COLUMNS,
     MEMORY_COLUMNS,
+    OTHER_COLUMNS,
     PROC_COLUMNS,
     SYSTEM_COLUMNS,
 )
@@ -55,7 +56,7 @@ PROCESS_COLUMNS = columns(
     "torch_version:object torch_threads:float64 cuda crashed:object crashed_ns:float64 "
     "window_state window_reason window_shapes cuda_initialized cuda_uuid:object cuda_device "
     "start_private_bytes start_rss_bytes start_memory_ns end_private_bytes end_rss_bytes "
-    "end_memory_ns:float64 device_name:object")
+    "end_memory_ns:float64 device_name:object gc_collections gc_full gc_pause_s:float64")
 PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
 LOADER_COLUMNS = columns(
     f"{WHO} id num_workers:int64 batch_size:object pin_memory:bool prefetch_factor:object "
@@ -167,6 +168,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "model_state": MODEL_STATE_COLUMNS, "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
+    "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
 }
 
 
@@ -235,7 +237,8 @@ class RunData:
     - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
     - ``window_events``: the profiler window's events on the process's clock, capped
-      (doctor.trace.window_events), and ``window_status.events`` how many the trace had.
+      (doctor.trace.window_events), and ``window_status.events`` how many the trace had;
+    - ``others``: processes outside the job that took cores, per scan (doctor.probes.others).
     """
 
     record: RunRecord
@@ -259,6 +262,7 @@ class RunData:
     collectives: pd.DataFrame
     ddp: pd.DataFrame
     window_events: pd.DataFrame
+    others: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(

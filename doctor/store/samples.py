@@ -19,7 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from doctor.store.layout import GPU, GPU_INFO, HOST, MEMORY
+from doctor.store.layout import GPU, GPU_INFO, HOST, MEMORY, OTHERS
 
 from .safe_files import open_new, write_text_atomic
 
@@ -34,6 +34,8 @@ GPU_COLUMNS = ("t_s", "gpu", "util_pct", "mem_util_pct", "mem_used_bytes", "mem_
                "temp_c", "gpm_sm_active_pct", "gpm_tensor_active_pct", "gpm_dram_bw_pct")
 #: The processes each GPU runs, per rescan (any process of the machine; pids as NVML sees them).
 GPU_PROC_COLUMNS = ("t_s", "gpu", "pid", "used_bytes")
+#: A process outside the job that took cores between two scans (doctor.probes.others).
+OTHER_COLUMNS = ("t0_s", "t1_s", "pid", "cores")
 #: One CUDA allocator snapshot (``pid`` and ``t_s`` are added on load).
 MEMORY_COLUMNS = ("t_ns", "tag", "device", "allocated_bytes", "reserved_bytes",
                   "inactive_split_bytes", "alloc_retries", "num_ooms", "peak_reserved_bytes",
@@ -58,6 +60,40 @@ def save_host(run_dir: Path, procs: Columns, system: Columns) -> None:
         **{f"system_{c}": np.frombuffer(system[c], dtype=np.float64) for c in SYSTEM_COLUMNS}}
     with open_new(run_dir / HOST) as f:  # whole or absent, never half (a full disk)
         np.savez_compressed(f, **arrays)
+
+
+def save_others(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """The processes outside the job that took cores (``others.json``; none: no file)."""
+    if rows:
+        write_text_atomic(run_dir / OTHERS, json.dumps(rows))
+
+
+def read_others(run_dir: Path, problems: list[str] | None = None) -> pd.DataFrame:
+    """The processes outside the job that took cores, one row per process and scan
+    (OTHER_COLUMNS and ``name``); empty when not recorded, or unreadable (said)."""
+    import pandas as pd
+
+    from .readback import Unreadable, as_float, as_int, as_str, printable, read_json
+
+    empty = _empty(OTHER_COLUMNS).assign(name=pd.Series(dtype=object))
+    if not os.path.lexists(run_dir / OTHERS):
+        return empty
+    try:
+        rows = read_json(run_dir / OTHERS)
+    except Unreadable as err:
+        _say(problems, str(err))
+        return empty
+    kept = []
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, dict):
+            continue
+        values = [as_float(row.get(c)) for c in ("t0_s", "t1_s", "cores")]
+        pid, name = as_int(row.get("pid")), as_str(row.get("name"))
+        if any(v is None for v in values) or pid is None or name is None:
+            continue
+        kept.append({"t0_s": values[0], "t1_s": values[1], "pid": float(pid),
+                     "cores": values[2], "name": printable(name[:64])})
+    return pd.DataFrame(kept) if kept else empty
 
 
 def read_host(run_dir: Path, problems: list[str] | None = None

@@ -1,0 +1,46 @@
+"""Where the causes of slow steps come from, and the slow steps of a run with their causes.
+
+CAUSE_SOURCES lists the functions that make a Cause (doctor.analyse.causes) of what a run
+recorded, each ``(run, stages) -> Cause | None`` (None: the run has none of it): the garbage
+collector's pauses (doctor.analyse.gc_pauses) and other processes on the machine's cores
+(doctor.analyse.machine_load). A new cause (evaluation, checkpoints, epoch starts as phases)
+is one more function here; its slow steps then get its name, its group and, from
+doctor.rules.causes, its finding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from doctor.analyse.causes import Cause, SlowSteps, slow_steps
+from doctor.analyse.gc_pauses import GcSummary, gc_cause, gc_summaries
+from doctor.analyse.machine_load import machine_cause
+from doctor.analyse.stages import Stages
+from doctor.analyse.stalls import export_seconds
+from doctor.store.rundata import RunData
+
+CauseSource = Callable[[RunData, Stages], "Cause | None"]
+
+CAUSE_SOURCES: tuple[CauseSource, ...] = (
+    lambda run, stages: gc_cause(run, stages.ranks),
+    lambda run, stages: machine_cause(run, stages.ranks),
+)
+
+
+def find_causes(run: RunData, stages: Stages) -> list[Cause]:
+    """Every cause the run recorded, in CAUSE_SOURCES' order."""
+    return [c for source in CAUSE_SOURCES if (c := source(run, stages)) is not None]
+
+
+def run_slow_steps(run: RunData, stages: Stages, run_s: float | None) -> SlowSteps:
+    """The run's slow steps, each with its cause (doctor.analyse.causes.slow_steps)."""
+    return slow_steps(stages.table, find_causes(run, stages), export_seconds(stages.ranks),
+                      run_s)
+
+
+def run_gc(run: RunData, stages: Stages, run_s: float | None) -> dict[int, GcSummary]:
+    """Each rank's garbage collections (doctor.analyse.gc_pauses)."""
+    return gc_summaries(run, stages.ranks, stages.table, run_s)
+
+
+__all__ = ["CAUSE_SOURCES", "CauseSource", "find_causes", "run_gc", "run_slow_steps"]
