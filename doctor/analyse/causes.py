@@ -35,6 +35,7 @@ from doctor.analyse.stalls import (
     MIN_STALL_S,
     SAMPLING,
     STALL_FACTOR,
+    rank_walls,
 )
 from doctor.verdict import Finding, Fix
 
@@ -184,14 +185,7 @@ def slow_steps(table: pd.DataFrame, causes: Sequence[Cause],
     steps' time is the whole)."""
     found: list[SlowStep] = []
     whole = steps_s = 0.0
-    inside = table[table["in_range"]]
-    for rank in sorted({int(r) for r in inside["rank"]}):
-        rows = inside[inside["rank"] == rank].reset_index(drop=True)
-        wall = rows["wall_s"].to_numpy(np.float64).copy()
-        own = (exports or {}).get(rank)
-        if own is not None and len(own) == len(table[table["rank"] == rank]):
-            by_step = dict(zip(table.loc[table["rank"] == rank, "step"], own, strict=True))
-            wall -= np.array([by_step.get(s, 0.0) for s in rows["step"]])
+    for rank, rows, wall in rank_walls(table, exports):
         warm = rows["warmup"].to_numpy(bool)
         steady = rows["analyzed"].to_numpy(bool)
         if not steady.any():

@@ -10,7 +10,7 @@ off before the step is compared, so doctor's cost is never reported as the job's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,12 +65,10 @@ def export_seconds(ranks: Mapping[int, RankSteps]) -> dict[int, np.ndarray]:
     return out
 
 
-def find_stalls(table: pd.DataFrame, exports: Mapping[int, np.ndarray] | None = None,
-                run_s: float | None = None) -> list[Stall]:
-    """The steps of the step table (doctor.analyse.steps.step_table) at least STALL_FACTOR
-    times their rank's median step and MIN_STALL_S long, the longest first. The median is of
-    the analysed steps (of every step after warm-up where none is analysed)."""
-    stalls = []
+def rank_walls(table: pd.DataFrame, exports: Mapping[int, np.ndarray] | None = None
+               ) -> Iterator[tuple[int, pd.DataFrame, np.ndarray]]:
+    """Per rank, its steps in the range (rows of the step table, renumbered from 0) and their
+    wall times less doctor's own trace export in them (``exports``: export_seconds)."""
     inside = table[table["in_range"]]
     for rank in sorted({int(r) for r in inside["rank"]}):
         rows = inside[inside["rank"] == rank].reset_index(drop=True)
@@ -79,6 +77,16 @@ def find_stalls(table: pd.DataFrame, exports: Mapping[int, np.ndarray] | None = 
         if own is not None and len(own) == len(table[table["rank"] == rank]):
             by_step = dict(zip(table.loc[table["rank"] == rank, "step"], own, strict=True))
             wall -= np.array([by_step.get(s, 0.0) for s in rows["step"]])
+        yield rank, rows, wall
+
+
+def find_stalls(table: pd.DataFrame, exports: Mapping[int, np.ndarray] | None = None,
+                run_s: float | None = None) -> list[Stall]:
+    """The steps of the step table (doctor.analyse.steps.step_table) at least STALL_FACTOR
+    times their rank's median step and MIN_STALL_S long, the longest first. The median is of
+    the analysed steps (of every step after warm-up where none is analysed)."""
+    stalls = []
+    for rank, rows, wall in rank_walls(table, exports):
         steady = rows["analyzed"].to_numpy(bool)
         if not steady.any():
             steady = ~rows["warmup"].to_numpy(bool)
