@@ -60,6 +60,18 @@ def clock_pair() -> tuple[int, int]:
     return (before + time.perf_counter_ns()) // 2, unix
 
 
+def profiler_activities(torch: Any) -> list[Any]:
+    """What the window profiles: the CPU, and CUDA only where the job already initialised it.
+    Asking CUPTI for kernels in a CPU job would make a CUDA context (a GiB of the GPU's memory,
+    and a GPU job in the analysis) that the job never asked for."""
+    from torch.profiler import ProfilerActivity
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        activities.append(ProfilerActivity.CUDA)
+    return activities
+
+
 class DeepWindow:
     name = "torch_ops"
 
@@ -116,11 +128,9 @@ class DeepWindow:
     def _open(self, count: int) -> None:
         try:
             import torch
-            from torch.profiler import ProfilerActivity, profile
+            from torch.profiler import profile
 
-            activities = [ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(ProfilerActivity.CUDA)
+            activities = profiler_activities(torch)
             # shapes: what each op costs (doctor.trace.op_costs); no stacks, no memory events
             shapes = shapes_wanted()
             self._prof = profile(activities=activities, record_shapes=shapes,
