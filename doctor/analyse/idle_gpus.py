@@ -42,6 +42,8 @@ def idle_gpus(run: RunData, job: JobFacts, ranks: Mapping[int, RankSteps]) -> Id
     a trace, or no GPU sampled)."""
     if job.device != "cpu" or job.kind == "trace" or run.gpu.empty:
         return None
+    if not any(len(r.ends_ns) for r in ranks.values()):
+        return None  # no step ran: nothing computed anywhere, on the CPU or not (a job that died)
     util = run.gpu.groupby(["node", "gpu"])["util_pct"].mean()
     count = len(util)
     if not count:

@@ -86,3 +86,12 @@ def test_a_gpu_job_or_a_machine_without_gpus_gets_no_word(tmp_path: Path, gpus: 
     if gpus:
         sample_run(tmp_path, FakeNvml([FakeGpu(util=const(0.0))]), seconds=3.0, hz=10)
     assert unused(analyze_run(tmp_path).verdict) is None
+
+
+def test_a_job_that_died_before_its_first_step_gets_no_word(tmp_path: Path) -> None:
+    """Nothing computed, on the CPU or anywhere: a GPU job that failed at start-up is no CPU job."""
+    record_loop(tmp_path, 0)
+    say_cuda(tmp_path, True)
+    write_record(tmp_path, cores=16)
+    sample_run(tmp_path, FakeNvml([FakeGpu(util=const(0.0))]), seconds=3.0, hz=10)
+    assert unused(analyze_run(tmp_path).verdict) is None
