@@ -172,13 +172,21 @@ def host_sync(ev: Evidence) -> list[Finding]:
     where = f" (most of them: {source})" if source else ""
     return [window_finding(
         "gpu.host_sync", "compute", share=share, bands=(0.15, 0.03),
-        title=f"{count:.0f} host syncs per step drain the GPU queue{where}",
+        title=f"{_sync_rate(count)} drain the GPU queue{where}",
         evidence=dict(syncs_per_step=count, sync_s_per_step=mean(f, "sync_s"),
                       gpu_idle_after_sync_s_per_step=bubble, gpu_idle_after_sync_share=share,
                       source=source),
         fixes=(FIND_SYNCS, READ_SCALARS_RARELY),
         step_s=step, removed_s=bubble,
     )]
+
+
+def _sync_rate(per_step: float) -> str:
+    """'3 host syncs per step', '1 host sync per step', '1 host sync every 5 steps'."""
+    if per_step < 0.95:
+        return f"1 host sync every {1 / per_step:.0f} steps"
+    n = round(per_step)
+    return f"{n} host sync{'s' if n != 1 else ''} per step"
 
 
 @rule("gpu.launch_bound", needs=("window",))

@@ -31,7 +31,7 @@ from doctor.trace.intervals import (
     union_of,
 )
 from doctor.trace.shares import EXCLUSIVE_COLUMNS, StepSpans, partition
-from doctor.trace.syncs import sync_sources
+from doctor.trace.syncs import closing_sync_start, job_syncs, sync_sources
 
 __all__ = ["STEP_COLUMNS", "empty_step_frame", "step_frame_from_timeline", "trace_step_frame"]
 
@@ -96,6 +96,15 @@ def trace_step_frame(
 
 
 def _windows(t: Timeline) -> tuple[str, list[tuple[int, float, float]]]:
+    """The steps of the trace, the last one cut where the profiler began to close the window."""
+    boundary, windows = _step_windows(t)
+    cut = closing_sync_start(t)
+    if cut is None:
+        return boundary, windows
+    return boundary, [(n, lo, min(hi, cut)) for n, lo, hi in windows if lo < cut]
+
+
+def _step_windows(t: Timeline) -> tuple[str, list[tuple[int, float, float]]]:
     if t.steps:
         return "profiler_step", t.steps
     opt = t.optimizer_steps
@@ -186,9 +195,9 @@ def step_frame_from_timeline(t: Timeline, rank: int | None = None) -> pd.DataFra
     host = _spans(ho)
     host_not_comm = _outside_comm(ho, t.comm_ops)
     host_comm = _spans(t.comm_ops)
-    syncs = _spans(rt, rt.attrs["kind"] == ev.RT_SYNC)
+    sync_rt = job_syncs(t)  # the profiler's own closing sync left out
+    syncs = _spans(rt, sync_rt)
     launches = rt.start[rt.attrs["kind"] == ev.RT_LAUNCH]
-    sync_rt = rt.attrs["kind"] == ev.RT_SYNC
     sync_starts = rt.start[sync_rt]
     sync_ends = np.sort(rt.end[sync_rt])
     compute_k = kind != ev.K_COMM

@@ -15,7 +15,7 @@ import numpy as np
 from doctor.trace import kinds as ev
 from doctor.trace.events import EventArrays, Timeline
 
-__all__ = ["sync_sources"]
+__all__ = ["closing_sync_start", "job_syncs", "sync_sources"]
 
 #: At most this many (the longest) sync calls per step are attributed; the rest are alike.
 MAX_PER_STEP = 50
@@ -46,12 +46,35 @@ def _innermost(
     return names[int(arr.attrs["name"][i0 + best])]
 
 
+def job_syncs(t: Timeline) -> np.ndarray:
+    """Which runtime calls are the job's host syncs: every sync but those after which the GPU
+    starts no more work in the trace. Those are the profiler's own (stopping, it synchronises
+    the device to flush its records, inside whatever op the window closed in), and the GPU's
+    idle after them is the window's end, not a queue the job drained. (A job's own sync in the
+    last moment of the window goes with them: what it cost cannot be seen either.)"""
+    rt = t.runtime
+    is_sync = rt.attrs["kind"] == ev.RT_SYNC
+    starts = [a.start for a in (t.kernels, t.memcpy, t.memset) if len(a)]
+    if not starts or not is_sync.any():
+        return is_sync
+    last_start = max(float(np.max(s)) for s in starts)
+    return is_sync & (rt.end <= last_start)
+
+
+def closing_sync_start(t: Timeline) -> float | None:
+    """When the profiler began to close the window (its own device sync; None: none seen). The
+    step it closed in ends there: what follows is doctor stopping the profiler, not the job."""
+    rt = t.runtime
+    closing = (rt.attrs["kind"] == ev.RT_SYNC) & ~job_syncs(t)
+    return float(np.min(rt.start[closing])) if closing.any() else None
+
+
 def sync_sources(t: Timeline, windows: list[tuple[int, float, float]]) -> dict[int, str]:
     """For each step number, the source of most host-sync time: 'call in op (python frame)'."""
     rt = t.runtime
     if len(rt) == 0:
         return {}
-    is_sync = rt.attrs["kind"] == ev.RT_SYNC
+    is_sync = job_syncs(t)
     if not is_sync.any():
         return {}
     out: dict[int, str] = {}

@@ -75,6 +75,16 @@ def test_host_sync_with_its_source() -> None:
     assert f.estimated_speedup == pytest.approx(0.1 / 0.09)
 
 
+@pytest.mark.parametrize(("counts", "said"), [([3] * 5, "3 host syncs per step"),
+                                              ([1] * 5, "1 host sync per step"),
+                                              ([1, 0, 0, 0, 0], "1 host sync every 5 steps")])
+def test_the_sync_rate_is_said_as_counted(counts: list[int], said: str) -> None:
+    frame = steps(5, sync_s=0.02, sync_bubble_s=0.01)
+    frame["sync_count"] = counts
+    (f,) = run(frame)
+    assert f.title.startswith(said)
+
+
 def test_syncs_that_cost_nothing_are_not_reported() -> None:
     assert run(steps(sync_count=3, sync_s=0.02, sync_bubble_s=0.0001)) == []
 

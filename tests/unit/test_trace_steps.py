@@ -126,6 +126,19 @@ def test_syncs_their_source_and_the_bubble_after_them(gpu_frame: pd.DataFrame) -
     assert two["sync_bubble_s"] == us(200)  # idle from 1100 until the relu kernel at 1300
 
 
+def test_the_profilers_own_closing_sync_is_not_the_jobs(tmp_path: Path) -> None:
+    """Stopping, the profiler synchronises the device inside whatever op the window closed in;
+    no GPU work follows it in the trace, and the idle after it is the window's end."""
+    closing = [X("cpu_op", "Optimizer.step#SGD.step", 1700, 280),
+               X("cuda_runtime", "cudaDeviceSynchronize", 1900, 20)]
+    frame = trace_step_frame(write_trace(tmp_path / "t.json", gpu_events() + closing))
+    two = frame.iloc[1]
+    assert two["sync_count"] == 1  # the .item() at 1010 only
+    assert two["sync_bubble_s"] == us(200)
+    assert two["sync_source"] == "cudaStreamSynchronize in aten::item"
+    assert two["dur_s"] == us(900)  # the step ends where the profiler began to close
+
+
 def test_tensor_core_classification(gpu_frame: pd.DataFrame) -> None:
     one, two = gpu_frame.iloc[0], gpu_frame.iloc[1]
     assert (one["gemm_s"], one["gemm_tensor_core_s"]) == (us(280), us(0))
@@ -173,12 +186,13 @@ def test_rocm_names(tmp_path: Path) -> None:
         X("cuda_runtime", "hipExtModuleLaunchKernel", 45, 5),
         X("kernel", "Cijk_Ailk_Bljk_SB_MT64x64x16", 50, 30, tid=0),
         X("cuda_runtime", "hipDeviceSynchronize", 60, 25),
+        X("kernel", "Cijk_Ailk_Bljk_SB_MT64x64x16", 90, 5, tid=0),
     ]
     s = trace_step_frame(write_trace(tmp_path / "rocm.json", events)).iloc[0]
     assert s["device"] == "cuda"
-    assert (s["kernel_count"], s["launch_count"], s["sync_count"]) == (1, 1, 2)
+    assert (s["kernel_count"], s["launch_count"], s["sync_count"]) == (2, 1, 2)
     assert s["htod_s"] == us(20)
-    assert s["gpu_busy_s"] == us(50)
+    assert s["gpu_busy_s"] == us(55)
 
 
 def test_steps_from_optimizer_annotations_when_no_profiler_steps(tmp_path: Path) -> None:
