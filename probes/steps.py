@@ -1,5 +1,6 @@
-"""Steps probe: step boundaries from torch.optim global hooks and ``backward()`` calls
-(``doctor.step()`` marks its own). Runs inside the job; writes intervals through the Session."""
+"""Steps probe: step boundaries from torch.optim global hooks, ``backward()`` calls and CUDA graph
+replays (``doctor.step()`` marks its own). Runs inside the job; writes intervals through the
+Session."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class StepsProbe:
         self.session = session
         self._handles: list[Any] = []
         self._orig_backward: Any = None
+        self._orig_replay: Any = None
         self._keys: dict[int, int] = {}
 
     def check(self) -> ProbeStatus:
@@ -64,6 +66,31 @@ class StepsProbe:
                 session.count_step(STEP_BACKWARD)
 
         torch.autograd.backward = backward  # Tensor.backward looks it up at call time
+        self._wrap_graph_replay(torch)
+
+    def _wrap_graph_replay(self, torch: Any) -> None:
+        """A training step captured whole as a CUDA graph replays with no optimizer step or
+        backward() in Python: each replay is recorded (the Session decides when they are the
+        steps). Never touches CUDA: the class is patched, not a graph made."""
+        graph = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
+        orig = getattr(graph, "replay", None)
+        if graph is None or orig is None:
+            return
+        session, clock = self.session, self.session.clock
+
+        @functools.wraps(orig)
+        def replay(graph_self: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return orig(graph_self, *args, **kwargs)
+            finally:
+                session.record_graph_replay(t0)
+
+        try:
+            graph.replay = replay
+        except (TypeError, AttributeError):  # a class that cannot be patched: no replays seen
+            return
+        self._orig_replay = (graph, orig)
 
     def sample(self) -> None:
         pass  # hooks record as the job runs
@@ -77,3 +104,7 @@ class StepsProbe:
 
             torch.autograd.backward = self._orig_backward
             self._orig_backward = None
+        if self._orig_replay is not None:
+            graph, orig = self._orig_replay
+            graph.replay = orig
+            self._orig_replay = None

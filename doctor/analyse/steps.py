@@ -40,7 +40,8 @@ MIN_WARMUP_STEPS = 3
 MAX_WARMUP_STEPS = 10
 FRAGMENT = 0.05
 WINDOW = "window"  # steps that are the profiler window's own
-STRENGTH = {"manual": 4, "optimizer": 3, "backward": 2, "dataloader": 1, WINDOW: 0.5, "none": 0}
+STRENGTH = {"manual": 4, "optimizer": 3, "graph": 2.5, "backward": 2, "dataloader": 1, WINDOW: 0.5,
+            "none": 0}
 #: Columns of a window-sourced step that carry its own split (seconds), then the device's
 #: compute (GPU kernels; on a CPU trace, its compute).
 OWN_COLUMNS = (*(f"own_{c}_s" for c in EXCLUSIVE_COLUMNS), "own_device_compute_s")
@@ -136,6 +137,9 @@ def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.nda
     manual = np.sort(marks.loc[marks["kind"] == STEP_MANUAL, "t_ns"].to_numpy(np.int64))
     if len(manual) >= 2:
         return STEP_KIND_NAMES[STEP_MANUAL], manual[:-1], manual[1:]
+    graph = _graph_steps(run, process)
+    if graph is not None:
+        return "graph", graph[:-1], graph[1:]
     _t0, t1, key = run.intervals_of(process, "optimizer")
     if len(t1) >= 2:
         keys, counts = np.unique(key, return_counts=True)
@@ -155,6 +159,22 @@ def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.nda
     return "none", empty, empty
 
 
+def _graph_steps(run: RunData, process: Process) -> np.ndarray | None:
+    """The ends of the CUDA graph replays that are the job's steps: a whole training step
+    captured as one graph, replayed with no optimizer step or backward() in Python. They are,
+    where more replays ran after the last optimizer step (or backward() call, where no optimizer
+    stepped) than such steps ran in all: the ones before were the capture's warm-up. A graph of
+    a part of the step (torch.compile's reduce-overhead) replays between optimizer steps."""
+    _t0, replays, _ = run.intervals_of(process, "graph_replay")
+    if len(replays) < 2:
+        return None
+    _t0, others, _ = run.intervals_of(process, "optimizer")
+    if not len(others):
+        _t0, others, _ = run.intervals_of(process, "backward")
+    after = np.sort(replays[replays > others.max()]) if len(others) else np.sort(replays)
+    return after if len(after) >= 2 and len(after) > len(others) else None
+
+
 def boundaries_seen(run: RunData) -> int:
     """The most step boundaries any process of the job recorded (``doctor.step()`` calls,
     optimizer steps, ``backward()`` calls or DataLoader batches): the steps a job too short to
@@ -166,7 +186,7 @@ def boundaries_seen(run: RunData) -> int:
         marks = run.rows("marks", process)
         counts = [int((marks["kind"] == STEP_MANUAL).sum())]
         counts += [len(run.intervals_of(process, name)[1])
-                   for name in ("optimizer", "backward", "loader_wait")]
+                   for name in ("optimizer", "backward", "loader_wait", "graph_replay")]
         most = max(most, *counts)
     return most
 

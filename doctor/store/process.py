@@ -31,8 +31,9 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 #: The rings whose presence says a folder recorded training steps: ``doctor.step()`` calls,
-#: optimizer steps, ``backward()`` calls (a DataLoader's cadence alone is not training).
-TRAINING_RINGS = ("steps", "optimizer", "backward")
+#: optimizer steps, ``backward()`` calls, CUDA graph replays (a DataLoader's cadence alone is
+#: not training).
+TRAINING_RINGS = ("steps", "optimizer", "backward", "graph_replay")
 
 
 class ProcessWriter:

@@ -11,8 +11,12 @@ STEP_DATALOADER = 0
 STEP_BACKWARD = 1
 STEP_OPTIMIZER = 2
 STEP_MANUAL = 3
+#: A CUDA graph replayed: outside the order above. A whole training step captured as one graph
+#: replays with no optimizer step or backward() in Python; the replays are the steps once they
+#: run on with no optimizer step between them (doctor.record.session.GRAPH_TAKEOVER).
+STEP_GRAPH = 4
 STEP_KIND_NAMES = {STEP_DATALOADER: "dataloader", STEP_BACKWARD: "backward",
-                   STEP_OPTIMIZER: "optimizer", STEP_MANUAL: "manual"}
+                   STEP_OPTIMIZER: "optimizer", STEP_MANUAL: "manual", STEP_GRAPH: "graph"}
 
 # Events in the ``events`` ring.
 EVENT_WINDOW_START = 1
@@ -26,9 +30,10 @@ EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
 #: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
 #: profiler window: doctor.probes.page_faults, the garbage collector's pauses: doctor.probes.gc).
 INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults",
-                  "gc")
+                  "gc", "graph_replay")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
 RING_PROBES = {"steps": "steps", "optimizer": "steps", "backward": "steps",
+               "graph_replay": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
                "events": "torch_ops",
                "page_faults": "page_faults", "gc": "gc"}
