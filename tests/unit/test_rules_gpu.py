@@ -89,6 +89,13 @@ def test_syncs_that_cost_nothing_are_not_reported() -> None:
     assert run(steps(sync_count=3, sync_s=0.02, sync_bubble_s=0.0001)) == []
 
 
+def test_kernels_replayed_from_a_cuda_graph_are_not_launch_bound() -> None:
+    """One cudaGraphLaunch runs thousands of kernels: the fix is already in place (the H200's
+    gpu_launch_bound --fixed: 2030 kernels, 5 launch calls a step)."""
+    assert run(steps(gpu_busy_s=0.03, kernel_s=0.03, gpu_idle_s=0.07, gpu_idle_host_s=0.06,
+                     kernel_count=2030, kernel_median_us=1.3, launch_count=5)) == []
+
+
 def test_launch_bound() -> None:
     (f,) = run(steps(gpu_busy_s=0.03, kernel_s=0.03, gpu_idle_s=0.07, gpu_idle_host_s=0.06,
                      kernel_count=3000, kernel_median_us=4.0))
