@@ -14,6 +14,8 @@
 set -u
 OUT="${OUT:-./gpu-check-out}"
 SECONDS_PER_JOB="${SECONDS_PER_JOB:-20}"
+# A job that hangs (or a doctor that does) is stopped after this long, and the next one runs
+JOB_TIMEOUT="${JOB_TIMEOUT:-$((SECONDS_PER_JOB * 4 + 90))}"
 PYTHON="${PYTHON:-python}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$HERE"
@@ -39,7 +41,7 @@ for job in "${jobs[@]}"; do
         esac
         rm -rf "${OUT:?}/$name"
         echo "== $name" >&2
-        "${DOCTOR[@]}" run "${window[@]}" --out "$OUT/$name" -- \
+        timeout -k 10 "$JOB_TIMEOUT" "${DOCTOR[@]}" run "${window[@]}" --out "$OUT/$name" -- \
             "$PYTHON" "sample_jobs/gpu_$job.py" --seconds "$SECONDS_PER_JOB" "${flags[@]}" \
             >"$OUT/$name.log" 2>&1
         echo "   exit $?" >&2
@@ -59,7 +61,7 @@ if [ $# -eq 0 ]; then
         rm -rf "${OUT:?}/$name"
         echo "== $name" >&2
         # shellcheck disable=SC2086
-        "${DOCTOR[@]}" run --out "$OUT/$name" -- "$PYTHON" "sample_jobs/$script.py" \
+        timeout -k 10 "$JOB_TIMEOUT" "${DOCTOR[@]}" run --out "$OUT/$name" -- "$PYTHON" "sample_jobs/$script.py" \
             ${mem#"$script"} --device cuda >"$OUT/$name.log" 2>&1
         echo "   exit $?" >&2
         [ -f "$OUT/$name/verdict.json" ] && cp "$OUT/$name/verdict.json" "$OUT/$name.verdict.json"

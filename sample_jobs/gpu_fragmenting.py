@@ -3,7 +3,8 @@
 Every step frees a random half of a pool of live tensors of odd sizes (20-400 MB) and allocates
 new ones of other odd sizes, under a memory cap; cached blocks get split and the splits cannot be
 reused, so reserved memory grows past what is allocated, allocations retry (the allocator frees
-its cache and synchronises) and some fail. A small matmul stands in for the model.
+its cache and synchronises) and some fail. A small matmul, trained by SGD, stands in for the
+model.
 
 Switch: ``--fixed`` sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` before CUDA starts:
 segments grow in place and leave no unusable splits.
@@ -38,12 +39,13 @@ def main() -> None:
 
     random.seed(0)
     torch.manual_seed(0)
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())  # an index: the fraction needs one
     total = torch.cuda.get_device_properties(device).total_memory
     cap = int(args.cap_gib * (1 << 30))
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
     budget = int(cap * 0.8)
-    weight = torch.randn(2048, 2048, device=device)
+    weight = torch.nn.Parameter(torch.randn(2048, 2048, device=device) / 64)
+    opt = torch.optim.SGD([weight], lr=1e-4)
     pool: list[torch.Tensor] = []
     ooms = 0
     timer = StepTimer()
@@ -52,6 +54,14 @@ def main() -> None:
     while step < args.steps and time.perf_counter() < deadline:
         random.shuffle(pool)
         del pool[: len(pool) // 2]
+        # the step runs where half the pool was just freed, then the pool refills around it
+        x = torch.randn(1024, 2048, device=device)
+        for _ in range(4):
+            x = torch.tanh(x @ weight)
+        opt.zero_grad()
+        x.square().mean().backward()
+        opt.step()
+        del x
         live = sum(t.numel() * t.element_size() for t in pool)
         while live < budget:
             nbytes = random.randrange(20 << 20, 400 << 20) + random.randrange(1, 4096) * 512
@@ -61,9 +71,6 @@ def main() -> None:
                 ooms += 1
                 break
             live += nbytes
-        x = torch.randn(1024, 2048, device=device)
-        for _ in range(4):
-            x = torch.tanh(x @ weight)
         timer.step()
         step += 1
     stats = torch.cuda.memory_stats(device)

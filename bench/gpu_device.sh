@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# bench/gpu_check.sh on a lent GPU machine that has torch but not doctor and cannot reach a
+# package index: installs doctor and the wheels carried in .whl/ (py-spy, msgspec, isal, fetched
+# here for the machine's Python; see below) into /tmp/site, runs the GPU check and one CPU job
+# beside an idle GPU, and packs every run directory into $OUT/gpu.tgz.* (15 MB parts).
+#
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
+#       -d .whl py-spy msgspec isal
+#   pip install --no-deps --target .whl/tree .     # the fallback where the build fails there
+#
+# Then, on the device: bash bench/gpu_device.sh [JOB...]   (the jobs as bench/gpu_check.sh takes
+# them, default all; SECONDS_PER_JOB, default 10; BUDGET_S, the seconds the GPU check may take in
+# all, default 360)
+set -u
+export PYTHONUNBUFFERED=1
+OUT="${OUT:?set OUT}"
+WORK=/tmp/gpu-check
+BUDGET_S="${BUDGET_S:-360}"
+mkdir -p "$WORK"
+export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"
+# one pip for all (a second --target --upgrade would replace the first one's bin/)
+if ! python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+        --no-cache-dir --target /tmp/site .whl/*.whl . >"$WORK/install.log" 2>&1; then
+    echo "gpu_device: building doctor here failed (see install.log); the prebuilt tree instead"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 3
+    cp -r .whl/tree/. /tmp/site/
+fi
+# the command, whichever way doctor came (run from the repo, python3 -m would find the sources)
+if [ ! -x /tmp/site/bin/doctor ]; then
+    printf '#!/usr/bin/env python3\nfrom doctor.cli import main\nmain()\n' >/tmp/site/bin/doctor
+    chmod +x /tmp/site/bin/doctor
+fi
+REPO="$PWD"
+cd /tmp || exit 3
+python3 - <<'PY' 2>&1 | tee "$WORK/versions.txt"
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+for name in ("doctor.trace._scan", "doctor.trace._nest", "msgspec", "isal", "pynvml"):
+    try:
+        importlib.import_module(name)
+        print(name, "ok")
+    except Exception as exc:  # noqa: BLE001 - a report, not a fix
+        print(name, "missing:", exc)
+PY
+py-spy --version 2>&1 | tee -a "$WORK/versions.txt"
+start=$SECONDS
+cd "$REPO" || exit 3
+OUT="$WORK" PYTHON=python3 SECONDS_PER_JOB="${SECONDS_PER_JOB:-10}" timeout -k 10 "$BUDGET_S" \
+    bash bench/gpu_check.sh "$@" >"$WORK/summary.txt" 2>&1
+echo "gpu_check: exit $? after $((SECONDS - start)) s"
+# A CPU job beside an idle GPU: gpu.unused should name it
+if [ $((SECONDS - start)) -lt $((BUDGET_S - 30)) ]; then
+    timeout -k 5 60 doctor run --out "$WORK/cpu-beside-gpu" -- python3 sample_jobs/compute_bound.py \
+        --steps 40 >"$WORK/cpu-beside-gpu.log" 2>&1
+    echo "cpu-beside-gpu: exit $?"
+fi
+cat "$WORK/summary.txt"
+tar czf - -C /tmp gpu-check | split -b 15M - "$OUT/gpu.tgz."
+ls -la "$OUT"
