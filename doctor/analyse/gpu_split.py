@@ -73,7 +73,9 @@ def crosscheck_notes(counters: GpuCounters | None, window: pd.DataFrame) -> list
         step = float(mine["dur_s"].sum())
         if gpu is None or step <= 0 or math.isnan(gpu.util):
             continue
-        busy = float(mine["gpu_busy_s"].sum()) / step
+        # NVML counts the time a kernel ran: copies with no kernel beside them are not in it
+        copies = float(mine["transfer_exposed_s"].sum()) if "transfer_exposed_s" in mine else 0.0
+        busy = (float(mine["gpu_busy_s"].sum()) - copies) / step
         if abs(busy - gpu.util) >= DISAGREE:
             notes.append(
                 f"Rank {rank}: kernels ran {busy:.0%} of the profiler window's steps, but NVML "

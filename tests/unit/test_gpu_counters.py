@@ -236,6 +236,9 @@ def test_the_window_and_nvml_disagreeing_is_said() -> None:
     [note] = crosscheck_notes(counters, window)
     assert "kernels ran 90%" in note and "busy 30%" in note
     assert crosscheck_notes(counters, window.assign(gpu_busy_s=0.04)) == []  # 40 % vs 30 %
+    # copies alone are no kernel time for NVML (the H200's pageable_copy: 72 % busy, 4 % kernels)
+    copying = window.assign(transfer_exposed_s=[0.06, 0.06])
+    assert crosscheck_notes(counters, copying) == []
 
 
 def test_every_rank_starved_is_one_finding_for_the_job(tmp_path: Path) -> None:
