@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# GPU check: run each GPU sample job (gpu_*.py) bare-bottlenecked, --fixed, and with the
-# profiler window off under `doctor run`, and the memory sample jobs with --device cuda (the
-# allocator's side of the breakdown), and keep the run directories, their verdicts and NVML
+# GPU check: run each GPU sample job (gpu_*.py) without doctor (its own median, for doctor's
+# overhead), then bare-bottlenecked, --fixed, and with the profiler window off under
+# `doctor run`, and the memory sample jobs with --device cuda (the allocator's side of the
+# breakdown), and keep the run directories, their verdicts and NVML
 # samples. Meant for a machine with a CUDA GPU:
 #
-#   OUT=/tmp/gpu-check bash bench/gpu_check.sh            # all jobs, ~6-7 minutes
+#   OUT=/tmp/gpu-check bash bench/gpu_check.sh            # all jobs, ~8 minutes
 #   OUT=/tmp/gpu-check bash bench/gpu_check.sh launch_bound
 #
 # Writes $OUT/<job>[-fixed|-nowindow]/ (run directories: gpu.npz and gpus.json are NVML's
@@ -33,8 +34,14 @@ jobs=("$@")
 [ ${#jobs[@]} -eq 0 ] && jobs=(pageable_copy fragmenting launch_bound conv_layout)
 
 for job in "${jobs[@]}"; do
-    for variant in "" "--fixed" "nowindow"; do
+    for variant in "bare" "" "--fixed" "nowindow"; do
         case "$variant" in
+            bare) name="$job-bare"
+                  echo "== $name (no doctor: the job's own median, for doctor's overhead)" >&2
+                  timeout -k 10 "$JOB_TIMEOUT" "$PYTHON" "sample_jobs/gpu_$job.py" \
+                      --seconds "$SECONDS_PER_JOB" >"$OUT/$name.log" 2>&1
+                  echo "   exit $?" >&2
+                  continue ;;
             "") name="$job"; flags=(); window=() ;;
             --fixed) name="$job-fixed"; flags=(--fixed); window=() ;;
             nowindow) name="$job-nowindow"; flags=(); window=(--window off) ;;
@@ -81,4 +88,23 @@ for path in sorted(out.glob("*.verdict.json")):
                      for g in v.get("gpus", []) if g.get("ranks"))
     print(f"{path.name.removesuffix('.verdict.json'):24s} {v['bottleneck']:13s} [{shares}] {found}"
           f" | {gpus or 'no GPU counters'}")
+
+
+def median(log):
+    """The job's own median step from its timing line (None: no such line)."""
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if line.startswith('{"median_step_s"'):
+            return json.loads(line)["median_step_s"]
+    return None
+
+
+for bare_log in sorted(out.glob("*-bare.log")):
+    job = bare_log.name.removesuffix("-bare.log")
+    bare = median(bare_log)
+    said = []
+    for name in (job, f"{job}-nowindow"):
+        m = median(out / f"{name}.log")
+        if bare and m:
+            said.append(f"{name} {m / bare:.3f}x")
+    print(f"{job:24s} the job's median under doctor / bare ({bare}): {', '.join(said)}")
 PY
