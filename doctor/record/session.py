@@ -57,15 +57,13 @@ from ..store.ringbuffer import RingWriter
 from ..verdict import ProbeStatus
 from .guard import degraded
 from .process_facts import cuda_device, env_int, torch_facts
+from .step_count import StepCounter
 from .tracer import allow_parent_tracer
 from .window import DEFAULT_WINDOW
 
 # Events between probes (``on``/``emit``).
 WINDOW_START, WINDOW_END, CLOSE = "window_start", "window_end", "close"
 
-#: CUDA graph replays in a row, with no backward(), optimizer or manual step between, after
-#: which the replays are the steps: more than any gradient accumulation of captured parts runs.
-GRAPH_TAKEOVER = 64
 RING_CAPACITY = 1 << 17  # records per ring: at most about 3 MB a ring, whatever the run's length
 STOPPED_HINT = ("the job was not affected; make room where the run directory is (or give --out "
                 "on another filesystem) and run again for the whole run")
@@ -147,11 +145,8 @@ class Session:
         self._rings: dict[str, RingWriter] = {}
         self._meta: dict[str, Any] = {}
         self._loaders: dict[tuple[Any, ...], int] = {}
-        # Counting steps for the deep window: only the strongest kind seen so far counts.
-        self._step_kind = -1
-        self._step_key = 0
-        self._step_count = 0
-        self._replays_in_a_row = 0  # CUDA graph replays since the last optimizer or manual step
+        # Counting steps for the deep window (doctor.record.step_count)
+        self._counter = StepCounter()
         self._step_listeners: tuple[Callable[[int], None], ...] = ()
         self._listeners: dict[str, list[Callable[[], None]]] = {}
         self._opt_t0 = 0
@@ -306,29 +301,13 @@ class Session:
         self.count_step(STEP_GRAPH)
 
     def count_step(self, kind: int, key: int = 0) -> None:
-        """A step boundary of ``kind`` (from optimizer ``key``) was seen: count it when it is of
-        the strongest kind seen so far, and tell the step listeners the count. CUDA graph
-        replays count once GRAPH_TAKEOVER of them ran with no backward(), optimizer or manual
-        step between (the whole step is the graph), until such a step comes back."""
-        if kind == STEP_GRAPH:
-            self._replays_in_a_row += 1
-            if self._step_kind != STEP_GRAPH:
-                if self._step_kind >= 0 and self._replays_in_a_row < GRAPH_TAKEOVER:
-                    return
-                self._step_kind, self._step_key, self._step_count = STEP_GRAPH, 0, 0
-        else:
-            if kind >= STEP_BACKWARD:
-                self._replays_in_a_row = 0
-            if self._step_kind == STEP_GRAPH and kind < STEP_BACKWARD:
-                return  # a DataLoader batch beside a graph that is the whole step
-            if kind > self._step_kind or self._step_kind == STEP_GRAPH:
-                # A stronger kind of step boundary appeared: count those from now on.
-                self._step_kind, self._step_key, self._step_count = kind, key, 0
-            elif kind < self._step_kind or key != self._step_key:
-                return
-        self._step_count += 1
+        """A step boundary of ``kind`` (from optimizer ``key``) was seen: when it counts
+        (doctor.record.step_count), tell the step listeners the count."""
+        count = self._counter.saw(kind, key)
+        if count is None:
+            return
         for listener in self._step_listeners:
-            listener(self._step_count)
+            listener(count)
 
     # ----- listeners ----------------------------------------------------------------------
     def on_step(self, callback: Callable[[int], None]) -> None:

@@ -13,7 +13,7 @@ STEP_OPTIMIZER = 2
 STEP_MANUAL = 3
 #: A CUDA graph replayed: outside the order above. A whole training step captured as one graph
 #: replays with no optimizer step or backward() in Python; the replays are the steps once they
-#: run on with no optimizer step between them (doctor.record.session.GRAPH_TAKEOVER).
+#: run on with no optimizer step between them (doctor.record.step_count.GRAPH_TAKEOVER).
 STEP_GRAPH = 4
 STEP_KIND_NAMES = {STEP_DATALOADER: "dataloader", STEP_BACKWARD: "backward",
                    STEP_OPTIMIZER: "optimizer", STEP_MANUAL: "manual", STEP_GRAPH: "graph"}

@@ -11,13 +11,13 @@ from typing import Any
 from doctor.pipeline import analyze_run
 from doctor.probes.steps import StepsProbe
 from doctor.record.session import (
-    GRAPH_TAKEOVER,
     STEP_BACKWARD,
     STEP_DATALOADER,
     STEP_GRAPH,
     STEP_OPTIMIZER,
     Session,
 )
+from doctor.record.step_count import GRAPH_TAKEOVER
 from tests.support import FakeClock, write_record
 
 
@@ -77,14 +77,14 @@ def test_the_window_counts_replays_once_they_are_the_whole_step(tmp_path: Path) 
     s.on_step(counts.append)
     for _ in range(4):
         optimizer_step(s, clock, 0.02)
-    assert s._step_kind == STEP_OPTIMIZER
+    assert s._counter.kind == STEP_OPTIMIZER
     for _ in range(GRAPH_TAKEOVER + 9):
         s.count_step(STEP_DATALOADER)
         replay(s, clock, 0.002)
-    assert s._step_kind == STEP_GRAPH
+    assert s._counter.kind == STEP_GRAPH
     assert counts[-10:] == list(range(1, 11))  # counting from the takeover
     optimizer_step(s, clock, 0.02)  # an eager step again: the optimizer counts again
-    assert s._step_kind == STEP_OPTIMIZER and counts[-1] == 1
+    assert s._counter.kind == STEP_OPTIMIZER and counts[-1] == 1
     s.close()
 
 
@@ -99,7 +99,7 @@ def test_replays_between_optimizer_steps_never_count(tmp_path: Path) -> None:
             replay(s, clock, 0.001)
         s.record_optimizer_start()
         s.record_optimizer_end(0)
-    assert s._step_kind == STEP_OPTIMIZER
+    assert s._counter.kind == STEP_OPTIMIZER
     assert counts[-4:] == [1, 2, 3, 4]
     s.close()
 
@@ -138,7 +138,7 @@ def test_the_probe_records_each_replay_and_restores_the_class(tmp_path: Path) ->
     graph = FakeGraph()
     assert [graph.replay() for _ in range(3)] == ["replayed"] * 3
     assert graph.replays == 3
-    assert s._replays_in_a_row == 3
+    assert s._counter.replays_in_a_row == 3
     probe.stop()
     assert FakeGraph.replay is original
     s.close()

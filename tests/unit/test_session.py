@@ -51,7 +51,7 @@ def test_the_window_counts_only_the_strongest_kind_of_step(tmp_path: Path) -> No
         s.record_optimizer_end(1)  # a second optimizer does not count twice
     # dataloader 1, backward restarts at 1, optimizer restarts at 1, then 2 and 3
     assert window.counts == [1, 1, 1, 2, 3]
-    assert s._step_kind == STEP_OPTIMIZER  # the strongest kind seen counts
+    assert s._counter.kind == STEP_OPTIMIZER  # the strongest kind seen counts
     s.close()
     assert window.closed
 
