@@ -1,5 +1,7 @@
 """Steps probe: step boundaries from torch.optim global hooks, ``backward()`` calls and CUDA graph
-replays (``doctor.step()`` marks its own). Runs inside the job; writes intervals through the
+replays (``doctor.step()`` marks its own), and each GradScaler ``update()`` with whether the
+optimizer stepped since the last one (a scaler that found inf/NaN gradients skips the optimizer
+step: no hook fires, yet the iteration ran). Runs inside the job; writes intervals through the
 Session."""
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ class StepsProbe:
         self.session = session
         self._handles: list[Any] = []
         self._orig_backward: Any = None
-        self._orig_replay: Any = None
+        self._patched: list[tuple[Any, str, Any]] = []  # (class, method, original)
+        self._stepped = False  # an optimizer stepped since the last GradScaler update()
         self._keys: dict[int, int] = {}
 
     def check(self) -> ProbeStatus:
@@ -43,6 +46,7 @@ class StepsProbe:
             session.record_optimizer_start()
 
         def post(opt: Any, args: Any, kwargs: Any) -> None:
+            self._stepped = True
             key = keys.get(id(opt))
             if key is None:
                 key = keys[id(opt)] = len(keys)
@@ -67,30 +71,59 @@ class StepsProbe:
 
         torch.autograd.backward = backward  # Tensor.backward looks it up at call time
         self._wrap_graph_replay(torch)
+        self._wrap_scaler_update(torch)
 
     def _wrap_graph_replay(self, torch: Any) -> None:
         """A training step captured whole as a CUDA graph replays with no optimizer step or
         backward() in Python: each replay is recorded (the Session decides when they are the
         steps). Never touches CUDA: the class is patched, not a graph made."""
-        graph = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
-        orig = getattr(graph, "replay", None)
-        if graph is None or orig is None:
-            return
         session, clock = self.session, self.session.clock
 
-        @functools.wraps(orig)
-        def replay(graph_self: Any, *args: Any, **kwargs: Any) -> Any:
-            t0 = clock()
-            try:
-                return orig(graph_self, *args, **kwargs)
-            finally:
-                session.record_graph_replay(t0)
+        def wrap(orig: Any) -> Any:
+            @functools.wraps(orig)
+            def replay(graph_self: Any, *args: Any, **kwargs: Any) -> Any:
+                t0 = clock()
+                try:
+                    return orig(graph_self, *args, **kwargs)
+                finally:
+                    session.record_graph_replay(t0)
+            return replay
 
-        try:
-            graph.replay = replay
-        except (TypeError, AttributeError):  # a class that cannot be patched: no replays seen
+        self._patch(getattr(getattr(torch, "cuda", None), "CUDAGraph", None), "replay", wrap)
+
+    def _wrap_scaler_update(self, torch: Any) -> None:
+        """Each GradScaler ``update()`` (once per iteration, stepped or skipped): recorded with
+        key 1 where an optimizer stepped since the last one, 0 where the scaler skipped it.
+        Reads no tensor: nothing waits for the GPU."""
+        session, clock = self.session, self.session.clock
+
+        def wrap(orig: Any) -> Any:
+            @functools.wraps(orig)
+            def update(scaler_self: Any, *args: Any, **kwargs: Any) -> Any:
+                t0 = clock()
+                try:
+                    return orig(scaler_self, *args, **kwargs)
+                finally:
+                    session.record_interval("scaler", t0, clock(), 1 if self._stepped else 0)
+                    self._stepped = False
+            return update
+
+        amp = getattr(torch, "amp", None)
+        cuda_amp = getattr(getattr(torch, "cuda", None), "amp", None)
+        for cls in {getattr(amp, "GradScaler", None), getattr(cuda_amp, "GradScaler", None)}:
+            if cls is not None and "update" in vars(cls):  # a subclass inherits the patch
+                self._patch(cls, "update", wrap)
+
+    def _patch(self, cls: Any, name: str, wrap: Any) -> None:
+        """``cls.name = wrap(cls.name)``, restored at stop; a class that refuses: left alone."""
+        orig = getattr(cls, name, None)
+        if cls is None or orig is None:
             return
-        self._orig_replay = (graph, orig)
+        try:
+            setattr(cls, name, wrap(orig))
+        except (TypeError, AttributeError):
+            return
+        self._patched.append((cls, name, orig))
 
     def sample(self) -> None:
         pass  # hooks record as the job runs
@@ -104,7 +137,6 @@ class StepsProbe:
 
             torch.autograd.backward = self._orig_backward
             self._orig_backward = None
-        if self._orig_replay is not None:
-            graph, orig = self._orig_replay
-            graph.replay = orig
-            self._orig_replay = None
+        for cls, name, orig in reversed(self._patched):
+            setattr(cls, name, orig)
+        self._patched = []

@@ -22,6 +22,7 @@ from doctor.analyse.facts import stacks_reason
 from doctor.analyse.gc_pauses import GcSummary
 from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.idle_gpus import IdleGpus, idle_gpus
+from doctor.analyse.iterations import Iterations, iterations
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
 from doctor.analyse.split import (
@@ -65,7 +66,9 @@ class Evidence:
       (doctor.analyse.idle_gpus);
     - ``slow_steps``: every slow step with its cause, grouped (doctor.analyse.causes; the
       pipeline adds it: doctor.analyse.cause_sources); ``gc``: each rank's garbage collections
-      (doctor.analyse.gc_pauses), where the GC probe ran.
+      (doctor.analyse.gc_pauses), where the GC probe ran;
+    - ``iterations``: each rank's iterations under a GradScaler, the skipped ones and the
+      micro-batches per iteration (doctor.analyse.iterations), where a scaler updated.
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -91,6 +94,7 @@ class Evidence:
     idle_gpus: IdleGpus | None = None
     slow_steps: SlowSteps | None = None
     gc: Mapping[int, GcSummary] | None = None
+    iterations: Mapping[int, Iterations] | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -127,4 +131,5 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         gpus=stages.counters, memory_use=stages.memory, ops=stages.ops or None,
         comm_models=stages.models or None, window_drift=stages.drifts or None,
         idle_gpus=idle_gpus(run, stages.job, ranks),
+        iterations=iterations(run, ranks) or None,
     )

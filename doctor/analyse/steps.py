@@ -40,8 +40,8 @@ MIN_WARMUP_STEPS = 3
 MAX_WARMUP_STEPS = 10
 FRAGMENT = 0.05
 WINDOW = "window"  # steps that are the profiler window's own
-STRENGTH = {"manual": 4, "optimizer": 3, "graph": 2.5, "backward": 2, "dataloader": 1, WINDOW: 0.5,
-            "none": 0}
+STRENGTH = {"manual": 4, "iteration": 3.5, "optimizer": 3, "graph": 2.5, "backward": 2,
+            "dataloader": 1, WINDOW: 0.5, "none": 0}
 #: Columns of a window-sourced step that carry its own split (seconds), then the device's
 #: compute (GPU kernels; on a CPU trace, its compute).
 OWN_COLUMNS = (*(f"own_{c}_s" for c in EXCLUSIVE_COLUMNS), "own_device_compute_s")
@@ -59,7 +59,7 @@ class RankSteps:
     rank: int
     node: int
     pid: int
-    kind: str  # manual | optimizer | backward | dataloader | window
+    kind: str  # manual | graph | iteration | optimizer | backward | dataloader | window
     starts_ns: np.ndarray
     ends_ns: np.ndarray
     window_ns: tuple[int, int, int] | None = None  # start, stop begin, stop end
@@ -140,6 +140,11 @@ def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.nda
     graph = _graph_steps(run, process)
     if graph is not None:
         return "graph", graph[:-1], graph[1:]
+    # a GradScaler's update() ends every iteration, also those whose optimizer step it skipped
+    _t0, updates, _ = run.intervals_of(process, "scaler")
+    if len(updates) >= 2 and len(updates) >= len(run.intervals_of(process, "optimizer")[1]):
+        ends = np.sort(updates)
+        return "iteration", ends[:-1], ends[1:]
     _t0, t1, key = run.intervals_of(process, "optimizer")
     if len(t1) >= 2:
         keys, counts = np.unique(key, return_counts=True)

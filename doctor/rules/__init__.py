@@ -20,6 +20,7 @@ from doctor.rules import (
     host,
     idle_gpus,
     input,
+    iterations,
     memory,
     memory_fit,
     memory_growth,
@@ -30,7 +31,7 @@ from doctor.rules import (
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 
 MODULES = (compute, ops, distributed, gpu, gpu_counters, idle_gpus, communication, memory,
-           memory_fit, memory_growth, allocator, host, input, other, causes, trace)
+           memory_fit, memory_growth, allocator, host, input, iterations, other, causes, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

@@ -30,10 +30,10 @@ EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
 #: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
 #: profiler window: doctor.probes.page_faults, the garbage collector's pauses: doctor.probes.gc).
 INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults",
-                  "gc", "graph_replay")
+                  "gc", "graph_replay", "scaler")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
 RING_PROBES = {"steps": "steps", "optimizer": "steps", "backward": "steps",
-               "graph_replay": "steps",
+               "graph_replay": "steps", "scaler": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
                "events": "torch_ops",
                "page_faults": "page_faults", "gc": "gc"}

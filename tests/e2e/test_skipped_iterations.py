@@ -1,0 +1,43 @@
+"""Iterations a GradScaler skipped, under ``doctor run`` (issue 35, item 1): each counted as an
+iteration of its own, and as many as the job counted itself; none said where none were skipped.
+The recorded-loop tests are in tests/unit/test_skipped_iterations.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import SAMPLE_JOBS, doctor_cmd
+
+pytestmark = pytest.mark.e2e
+
+
+def run_amp_skips(tmp_path: Path, skip_every: int) -> tuple[dict, dict]:
+    out = tmp_path / "run"
+    result = doctor_cmd("run", "--out", str(out), "--", sys.executable,
+                        str(SAMPLE_JOBS / "amp_skips.py"), "--steps", "60",
+                        "--skip-every", str(skip_every),
+                        timeout=300, env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    [job] = [json.loads(line) for line in result.stdout.splitlines()
+             if line.startswith('{"median_step_s"')]
+    return job, json.loads((out / "verdict.json").read_text())
+
+
+def test_the_skipped_iterations_are_the_jobs_own(tmp_path: Path) -> None:
+    job, verdict = run_amp_skips(tmp_path, 3)
+    assert job["skipped"] == 20
+    assert verdict["steps"]["count"] == job["iterations"] - 1  # not merged in pairs
+    [found] = [f for f in verdict["findings"] if f["id"] == "steps.skipped"]
+    assert found["evidence"]["skipped"] == job["skipped"]
+    assert found["evidence"]["iterations"] == job["iterations"]
+
+
+def test_no_skips_no_word(tmp_path: Path) -> None:
+    job, verdict = run_amp_skips(tmp_path, 0)
+    assert job["skipped"] == 0
+    assert verdict["steps"]["count"] == job["iterations"] - 1
+    assert "steps.skipped" not in {f["id"] for f in verdict["findings"]}
