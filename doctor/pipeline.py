@@ -82,7 +82,9 @@ def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summa
     """The rules' findings (no fix that doctor estimates slower, or that sets what the job has:
     doctor.rules.sound), then what the analysis itself finds: no steps, a long stall (a fifth
     of the run or more leads; with its cause where one is known), the job killed (first)."""
-    offered = sound_findings(outcome.findings, job_settings(stages.job, stages.loaders))
+    compiled = any(len(run.intervals_of(r.process, "compile")[0]) for r in stages.ranks.values())
+    offered = sound_findings(outcome.findings, job_settings(stages.job, stages.loaders),
+                             compiled=compiled)
     findings = attach_verified(offered, run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, stages.ranks),

@@ -77,6 +77,19 @@ def doctor_cmd(*args: str, cwd: Path | None = None, timeout: float = 180,
                           capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
+def run_sample_job(out: Path, script: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``doctor run --out OUT -- python sample_jobs/SCRIPT ARGS`` on one thread: the job's own
+    timing line (sample_jobs/_timing.py) and the verdict.json doctor wrote."""
+    import json
+
+    result = doctor_cmd("run", "--out", str(out), "--", sys.executable, str(SAMPLE_JOBS / script),
+                        *args, timeout=300, env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    [job] = [json.loads(line) for line in result.stdout.splitlines()
+             if line.startswith('{"median_step_s"')]
+    return job, json.loads((out / "verdict.json").read_text())
+
+
 def parallel_cores() -> float:
     """How many of two busy processes the machine runs at once now (2.0: both, 1.0: one at a
     time): a shared VM's second core is sometimes not there."""

@@ -123,6 +123,11 @@ def _step_notes(ledger: pd.DataFrame, steady: pd.DataFrame) -> list[str]:
     if left.any():
         notes.append(f"The {int(left.sum())} steps during stack sampling (py-spy pauses the "
                      "processes) are left out of the shares; the input split comes from them.")
+    if "compiling" in ledger:
+        compiling = ledger["compiling"] & ledger["in_range"] & ~ledger["analyzed"]
+        if compiling.any():
+            notes.append(f"The {int(compiling.sum())} steps in which torch.compile compiled are "
+                         "left out of the shares: their compile time is said apart.")
     return notes
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 
 from doctor.analyse.causes import SlowSteps
 from doctor.analyse.comms import CommModel
+from doctor.analyse.compiles import Compiles, compiles
 from doctor.analyse.contention import cores_used, within
 from doctor.analyse.distributed import StragglerSearch, search_stragglers
 from doctor.analyse.facts import stacks_reason
@@ -68,7 +69,8 @@ class Evidence:
       pipeline adds it: doctor.analyse.cause_sources); ``gc``: each rank's garbage collections
       (doctor.analyse.gc_pauses), where the GC probe ran;
     - ``iterations``: each rank's iterations under a GradScaler, the skipped ones and the
-      micro-batches per iteration (doctor.analyse.iterations), where a scaler updated.
+      micro-batches per iteration (doctor.analyse.iterations), where a scaler updated;
+      ``compiles``: each rank's torch.compile compilations (doctor.analyse.compiles).
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -95,6 +97,7 @@ class Evidence:
     slow_steps: SlowSteps | None = None
     gc: Mapping[int, GcSummary] | None = None
     iterations: Mapping[int, Iterations] | None = None
+    compiles: Mapping[int, Compiles] | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -132,4 +135,5 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         comm_models=stages.models or None, window_drift=stages.drifts or None,
         idle_gpus=idle_gpus(run, stages.job, ranks),
         iterations=iterations(run, ranks) or None,
+        compiles=compiles(run, ranks, stages.table) or None,
     )

@@ -36,7 +36,7 @@ from doctor.verdict import LEDGER_COLUMNS
 #: The evidence columns the ledger keeps beside the categories (seconds).
 EVIDENCE_COLUMNS = (UNSPLIT_INPUT, "wait_s", "contention_s", "comm_contention_s", "backward_s",
                     "optimizer_s", "fetch_s", "device_compute_s")
-FLAGS = ("window_close", "in_window", "sampled", "in_range")
+FLAGS = ("window_close", "in_window", "sampled", "in_range", "compiling")
 
 
 def build_ledger(table: pd.DataFrame, windows: Mapping[int, WindowSplit] | None = None,

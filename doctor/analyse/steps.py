@@ -47,7 +47,8 @@ STRENGTH = {"manual": 4, "iteration": 3.5, "optimizer": 3, "graph": 2.5, "backwa
 OWN_COLUMNS = (*(f"own_{c}_s" for c in EXCLUSIVE_COLUMNS), "own_device_compute_s")
 STEP_TABLE_COLUMNS = (
     "rank", "step", "start_s", "wall_s", "wait_s", "backward_s", "optimizer_s", "fetch_s",
-    "warmup", "window_close", "in_window", "sampled", "in_range", "analyzed", *OWN_COLUMNS,
+    "warmup", "window_close", "in_window", "sampled", "in_range", "analyzed", "compiling",
+    *OWN_COLUMNS,
 )
 
 
@@ -266,7 +267,8 @@ def step_table(run: RunData, ranks: dict[int, RankSteps],
 
 
 def empty_step_table() -> pd.DataFrame:
-    flags = ("warmup", "window_close", "in_window", "sampled", "in_range", "analyzed")
+    flags = ("warmup", "window_close", "in_window", "sampled", "in_range", "analyzed",
+             "compiling")
     return pd.DataFrame({c: pd.Series(dtype="bool" if c in flags else "int64"
                                       if c in ("rank", "step") else "float64")
                          for c in STEP_TABLE_COLUMNS})
@@ -325,8 +327,12 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
     analyzed = inside_range & ~warm & ~fragment & ~inside
     if (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
         analyzed = analyzed & ~sampled
+    # a step in which torch.compile compiled is no steady step (doctor.analyse.compiles)
+    compiling = overlap("compile") > 0 if r.kind != WINDOW else np.zeros(n, dtype=bool)
+    if (analyzed & ~compiling).sum() >= MIN_UNSAMPLED_STEPS:
+        analyzed = analyzed & ~compiling
     out.update(warmup=warm, window_close=closing, in_window=inside, sampled=sampled,
-               in_range=inside_range, analyzed=analyzed)
+               in_range=inside_range, analyzed=analyzed, compiling=compiling)
     return pd.DataFrame({c: out[c] for c in STEP_TABLE_COLUMNS})
 
 

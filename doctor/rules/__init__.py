@@ -13,6 +13,7 @@ from doctor.rules import (
     allocator,
     causes,
     communication,
+    compiles,
     compute,
     distributed,
     gpu,
@@ -30,7 +31,7 @@ from doctor.rules import (
 )
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 
-MODULES = (compute, ops, distributed, gpu, gpu_counters, idle_gpus, communication, memory,
+MODULES = (compute, compiles, ops, distributed, gpu, gpu_counters, idle_gpus, communication, memory,
            memory_fit, memory_growth, allocator, host, input, iterations, other, causes, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",

@@ -1,9 +1,9 @@
 """The last check on the rules' findings, before the verdict numbers their fixes: no fix is
 offered that doctor itself estimates to make the job slower (its estimate below 1.0x), and none
 whose settings are all what the job already has (``num_workers=2`` to loaders that have 2, one
-thread to a job on one): a fix that changes nothing would be tried by ``doctor try`` and
-measured as noise. A finding's own estimate below 1.0x is left out too. The findings themselves
-stay: what they found is still so.
+thread to a job on one), nor ``torch.compile(model)`` to a job that compiles already: a fix
+that changes nothing would be tried by ``doctor try`` and measured as noise. A finding's own
+estimate below 1.0x is left out too. The findings themselves stay: what they found is still so.
 """
 
 from __future__ import annotations
@@ -45,12 +45,19 @@ def job_settings(job: JobFacts, loaders: pd.DataFrame | None) -> dict[str, dict[
     return out
 
 
-def sound_findings(findings: Iterable[Finding], current: Settings) -> list[Finding]:
-    """``findings`` without the fixes of the module docstring, and without an estimate below
-    1.0x."""
+#: What a fix that compiles the model as it stands says (other modes than the default stay:
+#: reduce-overhead is a change for a compiled model too)
+PLAIN_COMPILE = "torch.compile(model)"
+
+
+def sound_findings(findings: Iterable[Finding], current: Settings,
+                   compiled: bool = False) -> list[Finding]:
+    """``findings`` without the fixes of the module docstring (``compiled``: the job runs
+    torch.compile already), and without an estimate below 1.0x."""
     out = []
     for f in findings:
-        fixes = tuple(x for x in f.fixes if not _slower(x) and not already_set(x, current))
+        fixes = tuple(x for x in f.fixes if not _slower(x) and not already_set(x, current)
+                      and not (compiled and PLAIN_COMPILE in x.code))
         speedup = f.estimated_speedup
         if speedup is not None and speedup < 1.0:
             speedup = None

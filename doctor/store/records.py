@@ -30,13 +30,13 @@ EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
 #: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
 #: profiler window: doctor.probes.page_faults, the garbage collector's pauses: doctor.probes.gc).
 INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults",
-                  "gc", "graph_replay", "scaler")
+                  "gc", "graph_replay", "scaler", "compile")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
 RING_PROBES = {"steps": "steps", "optimizer": "steps", "backward": "steps",
                "graph_replay": "steps", "scaler": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
                "events": "torch_ops",
-               "page_faults": "page_faults", "gc": "gc"}
+               "page_faults": "page_faults", "gc": "gc", "compile": "compile"}
 
 
 # The ``gc`` ring's key: a collection's generation (0-2) in its low bits, the objects it
@@ -53,3 +53,20 @@ def gc_key(generation: int, collected: int) -> int:
 def gc_key_parts(key: int) -> tuple[int, int]:
     """(generation, objects collected) of a ``gc`` ring's key."""
     return key & 3, key >> GC_GENERATION_BITS
+
+
+# The ``compile`` ring's key (probes/compile.py): for a compilation of a frame by TorchDynamo,
+# the frame's number and which compilation of it this is (0 the first, then recompilations);
+# for a compilation Dynamo deferred (a backward compiled lazily, a CUDA graph recorded at run
+# time), minus its trigger's number (CallbackTrigger).
+DYNAMO = 1
+COMPILES_PER_FRAME = 1000  # recompilations of a frame beyond 999 are counted as the 999th
+
+
+def compile_key(frame: int, nth: int) -> int:
+    return min(frame, 2_000_000) * COMPILES_PER_FRAME + min(nth, COMPILES_PER_FRAME - 1)
+
+
+def compile_frame(key: int) -> tuple[int, int]:
+    """(frame, nth) of a Dynamo compilation's key (``compile_key``)."""
+    return key // COMPILES_PER_FRAME, key % COMPILES_PER_FRAME

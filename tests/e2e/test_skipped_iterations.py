@@ -4,27 +4,18 @@ The recorded-loop tests are in tests/unit/test_skipped_iterations.py."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import SAMPLE_JOBS, doctor_cmd
+from tests.support import run_sample_job
 
 pytestmark = pytest.mark.e2e
 
 
 def run_amp_skips(tmp_path: Path, skip_every: int) -> tuple[dict, dict]:
-    out = tmp_path / "run"
-    result = doctor_cmd("run", "--out", str(out), "--", sys.executable,
-                        str(SAMPLE_JOBS / "amp_skips.py"), "--steps", "60",
-                        "--skip-every", str(skip_every),
-                        timeout=300, env={"OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    [job] = [json.loads(line) for line in result.stdout.splitlines()
-             if line.startswith('{"median_step_s"')]
-    return job, json.loads((out / "verdict.json").read_text())
+    return run_sample_job(tmp_path / "run", "amp_skips.py", "--steps", "60",
+                          "--skip-every", str(skip_every))
 
 
 def test_the_skipped_iterations_are_the_jobs_own(tmp_path: Path) -> None:

@@ -1,0 +1,86 @@
+"""What torch.compile cost each rank: its compilations (probes/compile.py, from TorchDynamo's
+own callbacks), the first ones apart from the recompilations, their seconds against the run,
+the frames recompiled most, and the steps they fell in.
+
+The steps a compilation fell in are no steady steps: the step table flags them (``compiling``)
+and leaves them out of the shares (doctor.analyse.steps). Nothing here decides anything:
+doctor.rules.compiles reads it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from doctor.analyse.steps import RankSteps
+from doctor.store.records import compile_frame
+from doctor.store.rundata import RunData
+
+NS = 1e-9
+#: TorchDynamo's default recompile limit (torch._dynamo.config.recompile_limit, formerly
+#: cache_size_limit): a frame compiled this many times runs eagerly from then on.
+RECOMPILE_LIMIT = 8
+
+
+@dataclass(frozen=True)
+class Compiles:
+    """One rank's torch.compile compilations."""
+
+    rank: int
+    compilations: int  # Dynamo compilations of frames (first ones and recompilations)
+    recompilations: int  # of them, those of a frame compiled before
+    first_s: float  # seconds in the first compilation of each frame (and what it deferred)
+    recompile_s: float  # seconds in recompilations (and what they deferred)
+    run_s: float  # the training process's steps and compilations, first start to last end
+    steps_compiling: int  # steps a compilation fell in (left out of the shares)
+    most_recompiled: tuple[int, int]  # (frame, its recompilations) of the frame recompiled most
+
+    @property
+    def recompile_share(self) -> float:
+        return self.recompile_s / self.run_s if self.run_s > 0 else 0.0
+
+    @property
+    def first_share(self) -> float:
+        return self.first_s / self.run_s if self.run_s > 0 else 0.0
+
+    @property
+    def at_limit(self) -> bool:
+        """Whether a frame reached Dynamo's recompile limit (it runs eagerly from then on)."""
+        return self.most_recompiled[1] + 1 >= RECOMPILE_LIMIT
+
+
+def compiles(run: RunData, ranks: Mapping[int, RankSteps],
+             table: pd.DataFrame) -> dict[int, Compiles]:
+    """Per rank whose training process compiled, its compilations."""
+    out: dict[int, Compiles] = {}
+    for rank, r in ranks.items():
+        t0, t1, key = run.intervals_of(r.process, "compile")
+        if not len(t0) or not len(r.ends_ns):
+            continue
+        order = np.argsort(t0, kind="stable")
+        t0, t1, key = t0[order], t1[order], key[order]
+        seconds = (t1 - t0) * NS
+        # a deferred compilation (negative key) belongs to the Dynamo compilation before it
+        nth = np.zeros(len(key), dtype=np.int64)
+        recompiled: Counter[int] = Counter()
+        last = 0
+        for i, k in enumerate(key):
+            if k >= 0:
+                frame, last = compile_frame(int(k))
+                if last:
+                    recompiled[frame] += 1
+            nth[i] = last
+        dynamo = key >= 0
+        mine = table[table["rank"] == rank] if "compiling" in table else table.iloc[0:0]
+        out[rank] = Compiles(
+            rank=rank, compilations=int(dynamo.sum()), recompilations=int((nth[dynamo] > 0).sum()),
+            first_s=float(seconds[nth == 0].sum()), recompile_s=float(seconds[nth > 0].sum()),
+            run_s=float((max(int(r.ends_ns[-1]), int(t1.max()))
+                         - min(int(r.starts_ns[0]), int(t0.min()))) * NS),
+            steps_compiling=int(mine["compiling"].sum()) if len(mine) else 0,
+            most_recompiled=max(recompiled.items(), key=lambda kv: kv[1], default=(0, 0)))
+    return out

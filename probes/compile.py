@@ -1,0 +1,92 @@
+"""Compile probe: every torch.compile compilation, timed, from TorchDynamo's own callbacks.
+
+A compiled model pays its compile at the first steps and again at each recompilation (a new
+input shape, a changed guard): seconds to minutes that belong to no steady step, and that an
+analysis of step times alone reads as slow steps or misses. TorchDynamo runs registered
+callbacks as each compilation starts and ends (``torch._dynamo.callback``, torch 2.1+); the
+probe writes each compilation to the ``compile`` ring: its start and end on the Session's clock,
+and its key (doctor.store.records.compile_key): for a compilation of a frame, the frame and
+which compilation of it this is (0 the first, 1 and up a recompilation); for one Dynamo defers
+(a lazily compiled backward, a CUDA graph recorded at run time), minus the trigger's number.
+
+``torch._dynamo`` is never imported here (it costs a second): the callbacks are registered when
+the job imports it, which ``torch.compile`` does. Runs inside the job; a callback never raises
+into the compilation that called it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+from ..record.after_import import AfterImport
+from ..record.session import Session
+from ..store.records import DYNAMO, compile_key
+from ..verdict import ProbeStatus
+
+_COMPILE_ID = re.compile(r"(\d+)/(\d+)")
+
+
+def key_of(args: Any) -> int:
+    """The ring key of a compilation's callback ``args`` (CallbackArgs; older torch: none)."""
+    trigger = getattr(getattr(args, "callback_trigger", None), "value", DYNAMO)
+    if trigger != DYNAMO:
+        return -int(trigger)
+    found = _COMPILE_ID.search(str(getattr(args, "compile_id", "")))
+    return compile_key(int(found.group(1)), int(found.group(2))) if found else 0
+
+
+class CompileProbe:
+    name = "compile"
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._clock = session.clock
+        self._t0 = 0
+        self._handler: Any = None
+        self._finder: AfterImport | None = None
+
+    def check(self) -> ProbeStatus:
+        return ProbeStatus(True)  # it waits for torch.compile, whichever torch
+
+    def start(self) -> None:
+        if "torch._dynamo" in sys.modules:
+            self._register()
+        else:
+            self._finder = AfterImport("torch._dynamo", self._register)
+            sys.meta_path.insert(0, self._finder)
+
+    def _register(self) -> None:
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:  # a torch without compilation callbacks: nothing to time
+            return
+        callback_handler.register_start_callback(self._started)
+        callback_handler.register_end_callback(self._ended)
+        self._handler = callback_handler
+
+    def _started(self, *args: Any) -> None:
+        self._t0 = self._clock()
+
+    def _ended(self, *args: Any) -> None:
+        try:
+            self.session.record_interval("compile", self._t0, self._clock(),
+                                         key_of(args[0] if args else None))
+        except Exception:  # never into the compilation that called it
+            pass
+
+    def sample(self) -> None:
+        pass  # the callbacks record as the job compiles
+
+    def stop(self) -> None:
+        if self._finder is not None and self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
+        handler, self._handler = self._handler, None
+        if handler is not None:
+            for remove, callback in ((handler.remove_start_callback, self._started),
+                                     (handler.remove_end_callback, self._ended)):
+                try:
+                    remove(callback)
+                except (ValueError, AttributeError):
+                    pass
