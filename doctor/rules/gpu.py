@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import pandas as pd
+
 from doctor.analyse.evidence import Evidence
 from doctor.rules.base import rule
 from doctor.rules.input_model import main_loader
@@ -204,6 +206,10 @@ def launch_bound(ev: Evidence) -> list[Finding]:
         return []
     if 0 < mean(f, "launch_count") < GRAPHED * kernels:
         return []  # the kernels come from CUDA graphs: the host does not launch them one by one
+    # the window's steps run slower (the profiler's own cost on the host): the gain is at most
+    # the GPU's idle over the whole run, where NVML measured it
+    idle_run = _nvml_idle(ev, f)
+    removed = min(idle_host, idle_run * step) if idle_run is not None else idle_host
     return [window_finding(
         "gpu.launch_bound", "compute", share=share, bands=(0.4, 0.2),
         title=(
@@ -214,8 +220,18 @@ def launch_bound(ev: Evidence) -> list[Finding]:
                       kernels_per_step=kernels, kernel_median_us=median_us,
                       launches_per_step=mean(f, "launch_count")),
         fixes=(LARGER_BATCH, COMPILE_REDUCE_OVERHEAD, FUSED_OPTIMIZER),
-        step_s=step, removed_s=idle_host,
+        step_s=step, removed_s=removed,
     )]
+
+
+def _nvml_idle(ev: Evidence, frame: pd.DataFrame) -> float | None:
+    """The share of the run NVML saw the window's rank's GPU idle (None: not measured)."""
+    if ev.gpus is None or "rank" not in frame or frame.empty:
+        return None
+    gpu = ev.gpus.of_rank(int(frame["rank"].iloc[0]))
+    if gpu is None or math.isnan(gpu.util):
+        return None
+    return max(0.0, 1.0 - gpu.util)
 
 
 @rule("gpu.no_tensor_cores", needs=("window",))

@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from doctor.analyse.gpus import GpuCounters, GpuSummary
 from doctor.rules import Evidence, Rule, communication, gpu, run_rules
 from doctor.rules import memory as memory_rules
 from doctor.trace.steps import empty_step_frame
@@ -94,6 +95,30 @@ def test_kernels_replayed_from_a_cuda_graph_are_not_launch_bound() -> None:
     gpu_launch_bound --fixed: 2030 kernels, 5 launch calls a step)."""
     assert run(steps(gpu_busy_s=0.03, kernel_s=0.03, gpu_idle_s=0.07, gpu_idle_host_s=0.06,
                      kernel_count=2030, kernel_median_us=1.3, launch_count=5)) == []
+
+
+def nvml_busy(util: float) -> GpuCounters:
+    """What NVML saw of rank 0's GPU over the run: busy ``util`` of the time."""
+    nan = float("nan")
+    gpu = GpuSummary(node=0, index=0, name="", uuid="", samples=20, util=util,
+                     mem_used_mean_bytes=nan, mem_used_max_bytes=nan, mem_total_bytes=nan,
+                     pcie_rx_bytes_s=nan, pcie_tx_bytes_s=nan, pcie_link_bytes_s=nan,
+                     sm_clock_mhz=nan, sm_clock_max_mhz=nan, power_w=nan, power_limit_w=nan,
+                     power_limit_max_w=nan, temp_max_c=nan, power_throttled=nan,
+                     thermal_throttled=nan, hw_slowdown=nan, ranks=(0,))
+    return GpuCounters(gpus=(gpu,), rank_gpu={0: (0, 0)}, mapped_by="nvml processes",
+                       samples=pd.DataFrame())
+
+
+def test_launch_bound_gains_no_more_than_the_gpus_idle_over_the_run() -> None:
+    """The window's steps carry the profiler's host cost: its idle share overstates the run's
+    (the H200's conv_layout: 23 % idle in the window, NVML 18 % over the run)."""
+    frame = steps(gpu_busy_s=0.03, kernel_s=0.03, gpu_idle_s=0.07, gpu_idle_host_s=0.06,
+                  kernel_count=3000, kernel_median_us=4.0)
+    (free,) = run(frame)
+    (bounded,) = run(frame, gpus=nvml_busy(0.8))
+    assert free.estimated_speedup == pytest.approx(0.1 / 0.04)
+    assert bounded.estimated_speedup == pytest.approx(1 / 0.8)
 
 
 def test_launch_bound() -> None:
