@@ -6,9 +6,11 @@ An apply record names settings by section, e.g.::
     {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
     {"torch": {"num_threads": 1}}   {"torch": {"allow_tf32": true, "cudnn_benchmark": true}}
     {"ddp": {"bucket_cap_mb": 50, "gradient_as_bucket_view": true}}
+    {"optimizer": {"fused": true}}  {"optimizer": {"foreach": true}}
     {"pin_memory": true}            (short for {"dataloader": {"pin_memory": true}})
 
-The bootstrap applies ``dataloader`` and ``ddp`` as keyword arguments at construction, ``torch``
+The bootstrap applies ``dataloader``, ``ddp`` and ``optimizer`` (to every torch.optim class
+that takes the setting) as keyword arguments at construction, ``torch``
 right after ``import torch``, and ``doctor try`` sets ``env`` for the job. This module is the
 vocabulary only: it checks, normalises, parses ``--set KEY=VALUE`` and describes; it imports
 neither torch nor the analysis.
@@ -84,6 +86,10 @@ SETTINGS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "static_graph": _flag,
         "broadcast_buffers": _flag,
     },
+    "optimizer": {
+        "fused": _flag,
+        "foreach": _flag,
+    },
     "torch": {
         "num_threads": _int_at_least(1),
         "num_interop_threads": _int_at_least(1),
@@ -100,7 +106,8 @@ REFUSED = {
                   "in the job and compare two runs with doctor compare",
 }
 #: What the job is told each setting is, for the lines said on stderr.
-WHERE = {"dataloader": "DataLoader", "ddp": "DistributedDataParallel", "torch": "torch"}
+WHERE = {"dataloader": "DataLoader", "ddp": "DistributedDataParallel", "optimizer": "optimizer",
+         "torch": "torch"}
 
 
 def normalize(apply: Mapping[str, Any]) -> Apply:

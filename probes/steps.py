@@ -22,6 +22,7 @@ class StepsProbe:
         self._orig_backward: Any = None
         self._patched: list[tuple[Any, str, Any]] = []  # (class, method, original)
         self._stepped = False  # an optimizer stepped since the last GradScaler update()
+        self._optimizers: list[dict[str, Any]] = []  # each optimizer's facts, as it first stepped
         self._keys: dict[int, int] = {}
 
     def check(self) -> ProbeStatus:
@@ -51,6 +52,8 @@ class StepsProbe:
             if key is None:
                 key = keys[id(opt)] = len(keys)
                 session.saw_optimizer(opt)
+                self._optimizers.append(optimizer_facts(opt))
+                session.update_meta(optimizers=self._optimizers)
             session.record_optimizer_end(key)
 
         self._handles = [register_optimizer_step_pre_hook(pre),
@@ -140,3 +143,18 @@ class StepsProbe:
         for cls, name, orig in reversed(self._patched):
             setattr(cls, name, orig)
         self._patched = []
+
+
+def optimizer_facts(opt: Any) -> dict[str, Any]:
+    """An optimizer's class, its foreach and fused settings (None: torch's default), and its
+    parameter tensors and their device (the first's), for the analysis of its cost."""
+    facts: dict[str, Any] = {"class": type(opt).__name__}
+    try:
+        defaults = getattr(opt, "defaults", {}) or {}
+        facts.update(foreach=defaults.get("foreach"), fused=defaults.get("fused"))
+        params = [p for group in opt.param_groups for p in group.get("params", ())]
+        facts.update(tensors=len(params), device=params[0].device.type if params else "")
+    except Exception:  # facts for the report: the class alone will do
+        pass
+    return facts
+

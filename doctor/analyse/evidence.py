@@ -70,7 +70,9 @@ class Evidence:
       (doctor.analyse.gc_pauses), where the GC probe ran;
     - ``iterations``: each rank's iterations under a GradScaler, the skipped ones and the
       micro-batches per iteration (doctor.analyse.iterations), where a scaler updated;
-      ``compiles``: each rank's torch.compile compilations (doctor.analyse.compiles).
+      ``compiles``: each rank's torch.compile compilations (doctor.analyse.compiles);
+    - ``optimizers``: each training process's optimizers as they first stepped (class,
+      foreach, fused, parameter tensors, device).
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -98,6 +100,7 @@ class Evidence:
     gc: Mapping[int, GcSummary] | None = None
     iterations: Mapping[int, Iterations] | None = None
     compiles: Mapping[int, Compiles] | None = None
+    optimizers: pd.DataFrame | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -136,4 +139,5 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         idle_gpus=idle_gpus(run, stages.job, ranks),
         iterations=iterations(run, ranks) or None,
         compiles=compiles(run, ranks, stages.table) or None,
+        optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
     )

@@ -57,6 +57,7 @@ class Overrides:
         self.errors: list[str] = []
         self._said: set[str] = set()
         self._restore: list[tuple[Any, str, Any]] = []
+        self._building: set[int] = set()  # objects an overridden __init__ is constructing
         session.on(CLOSE, self.save)
 
     # ----- what the job had, beside what is tried ----------------------------------------
@@ -91,7 +92,7 @@ class Overrides:
     # ----- applying -----------------------------------------------------------------------
     def start(self) -> None:
         for section, step in (("torch", self._torch), ("dataloader", self._dataloader),
-                              ("ddp", self._ddp)):
+                              ("ddp", self._ddp), ("optimizer", self._optimizer)):
             if section in self.apply:
                 try:
                     step(self.apply[section])
@@ -184,6 +185,24 @@ class Overrides:
 
         self._override_init(DistributedDataParallel, "ddp", values)
 
+    def _optimizer(self, values: dict[str, Any]) -> None:
+        """Every torch.optim class whose constructor takes the setting (fused, foreach)."""
+        import torch
+
+        def adjust(arguments: dict[str, Any], job: dict[str, Any]) -> list[str]:
+            if arguments.get("fused") and arguments.get("foreach"):  # torch refuses both
+                arguments["foreach"] = None
+                return ["foreach left to torch beside fused"]
+            return []
+
+        base = torch.optim.Optimizer
+        for cls in {c for c in vars(torch.optim).values()
+                    if isinstance(c, type) and issubclass(c, base) and c is not base}:
+            params = inspect.signature(cls.__init__).parameters
+            known = {k: v for k, v in values.items() if k in params}
+            if known:
+                self._override_init(cls, "optimizer", known, adjust)
+
     def _override_init(self, cls: type, section: str, values: dict[str, Any],
                        adjust: Callable[[dict[str, Any], dict[str, Any]], list[str]]
                        | None = None) -> None:
@@ -197,6 +216,8 @@ class Overrides:
 
         @functools.wraps(orig)
         def __init__(this: Any, *args: Any, **kwargs: Any) -> None:
+            if id(this) in overrides._building:  # a subclass's patched __init__ calling ours
+                return orig(this, *args, **kwargs)
             try:
                 bound = signature.bind(this, *args, **kwargs)
             except TypeError:  # the job's own mistake: let torch say it
@@ -214,7 +235,11 @@ class Overrides:
             overrides.tell(f"{WHERE[section]}({', '.join(changes) or 'nothing to change'})"
                            + "".join(f"; {n}" for n in notes))
             overrides.save()
-            return orig(*bound.args, **bound.kwargs)
+            overrides._building.add(id(this))
+            try:
+                return orig(*bound.args, **bound.kwargs)
+            finally:
+                overrides._building.discard(id(this))
 
         self._patch(cls, "__init__", __init__)
 

@@ -26,13 +26,15 @@ from doctor.rules import (
     memory_fit,
     memory_growth,
     ops,
+    optimizer,
     other,
     trace,
 )
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 
-MODULES = (compute, compiles, ops, distributed, gpu, gpu_counters, idle_gpus, communication, memory,
-           memory_fit, memory_growth, allocator, host, input, iterations, other, causes, trace)
+MODULES = (compute, compiles, optimizer, ops, distributed, gpu, gpu_counters, idle_gpus,
+           communication, memory, memory_fit, memory_growth, allocator, host, input, iterations,
+           other, causes, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

@@ -38,6 +38,16 @@ def loader_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     return rows
 
 
+def optimizer_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
+    """Each optimizer the process stepped, as it first stepped (doctor.probes.steps): its class,
+    its foreach and fused settings (None: torch's default), its parameter tensors and their
+    device."""
+    return [{**who, "optimizer": as_str(o.get("class")) or "?",
+             "foreach": as_bool(o.get("foreach")), "fused": as_bool(o.get("fused")),
+             "tensors": as_int(o.get("tensors")) or 0, "device": as_str(o.get("device")) or ""}
+            for o in meta.optimizers]
+
+
 def model_state_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     """The model-state probe's rows of one process (doctor.probes.model_state), with its tag;
     each optimizer's class a row of kind "optimizer" (its name as the dtype, no bytes)."""

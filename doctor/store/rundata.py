@@ -69,6 +69,7 @@ STACK_COLUMNS = columns(f"{WHO} stack:object count:int64")
 STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns end_ns taken:int64")
 WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object events:int64")
 MODEL_STATE_COLUMNS = columns(f"{WHO} tag kind device dtype:object bytes tensors:int64")
+OPTIMIZER_COLUMNS = columns(f"{WHO} optimizer foreach fused:object tensors:int64 device:object")
 #: The ops of each process's profiler window (doctor.trace.ops.OP_COLUMNS).
 OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
                       "kernels:int64 flops bytes:float64 costed_calls:int64 layout_s:float64 "
@@ -165,7 +166,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "memory": {**_floats(MEMORY_COLUMNS, "t_s"), "tag": "object", "pid": "int64",
                "rank": "int64", "node": "int64"},
     "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
-    "model_state": MODEL_STATE_COLUMNS, "ops": OPS_COLUMNS,
+    "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
     "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
@@ -232,7 +233,8 @@ class RunData:
     - ``window``: one row per step the profiler recorded (doctor.trace.steps.STEP_COLUMNS,
       with ``node`` and ``pid``), and ``window_status`` whether each process's trace was read;
     - ``model_state``: bytes of parameters, gradients and optimizer state by device and dtype,
-      at the window's start and at exit (doctor.probes.model_state);
+      at the window's start and at exit (doctor.probes.model_state); ``optimizers``: each
+      optimizer's class and foreach/fused settings, as it first stepped (doctor.probes.steps);
     - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops);
     - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
@@ -258,6 +260,7 @@ class RunData:
     window: pd.DataFrame
     window_status: pd.DataFrame
     model_state: pd.DataFrame
+    optimizers: pd.DataFrame
     ops: pd.DataFrame
     collectives: pd.DataFrame
     ddp: pd.DataFrame

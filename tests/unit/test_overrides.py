@@ -123,3 +123,20 @@ def test_a_setting_this_torch_lacks_is_noted_and_the_job_goes_on(session: Sessio
     finally:
         o.stop()
     assert o.errors == ["DataLoader of this torch has no no_such_argument"]
+
+
+def test_the_optimizer_is_built_fused_subclasses_once(session: Session) -> None:
+    """fused=True to every torch.optim class that takes it: AdamW (a subclass of Adam, whose
+    __init__ it calls) is changed and noted once; foreach=True beside it is left to torch."""
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    o, said = started(session, {"optimizer": {"fused": True}})
+    try:
+        adamw = torch.optim.AdamW(params, lr=0.1, foreach=True)
+        sgd = torch.optim.SGD(params, lr=0.1)
+    finally:
+        o.stop()
+    assert adamw.defaults["fused"] is True and not adamw.defaults["foreach"]
+    assert sgd.defaults["fused"] is True
+    assert torch.optim.Adam(params, lr=0.1).defaults["fused"] is None  # restored
+    assert o.seen["optimizer.fused"]["job"] == [None, None]  # AdamW's once, SGD's
+    assert "foreach left to torch beside fused" in said[0]

@@ -1,0 +1,72 @@
+"""The optimizer as its own cost: an optimizer that steps each tensor in turn, taking a real
+share of the step, is named with fused=True (where this torch and device run it) or
+foreach=True, each with an ``apply`` for doctor try; a fused one, or a cheap one, is not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from doctor.pipeline import analyze_run
+from doctor.probes.steps import optimizer_facts
+from doctor.record.session import STEP_BACKWARD, Session
+from tests.support import FakeClock, write_record
+
+
+def loop(run_dir: Path, optimizer: dict[str, Any], optimizer_share: float,
+         torch_version: str = "2.13.0+cpu", steps: int = 40) -> dict[str, Any] | None:
+    clock = FakeClock()
+    s = Session(run_dir, clock=clock, window_start=10**9)
+    s.update_meta(optimizers=[optimizer], torch_version=torch_version)
+    for _ in range(steps):
+        clock.tick(0.02 * (1 - optimizer_share) / 2)
+        b0 = clock()
+        clock.tick(0.02 * (1 - optimizer_share) / 2)
+        s.record_interval("backward", b0, clock())
+        s.count_step(STEP_BACKWARD)
+        s.record_optimizer_start()
+        clock.tick(0.02 * optimizer_share)
+        s.record_optimizer_end(0)
+    s.close()
+    write_record(run_dir)
+    verdict = analyze_run(run_dir).verdict.to_dict()
+    return next((f for f in verdict["findings"] if f["id"] == "optimizer.unfused"), None)
+
+
+ADAM = {"class": "Adam", "foreach": None, "fused": None, "tensors": 400, "device": "cpu"}
+
+
+def test_a_looping_adam_taking_half_the_step_is_told_fused(tmp_path: Path) -> None:
+    found = loop(tmp_path, ADAM, 0.5)
+    assert found is not None and found["severity"] == "warning"
+    assert found["evidence"]["optimizer_share"] == pytest.approx(0.5, abs=0.02)
+    assert "one tensor at a time" in found["title"]
+    fused, foreach = found["fixes"]
+    assert fused["code"].endswith("fused=True)") and foreach["code"].endswith("foreach=True)")
+    assert found["estimated_speedup"] == pytest.approx(1 / (1 - 0.6 * 0.5), rel=0.03)
+
+
+def test_an_old_torch_on_a_cpu_gets_foreach_only(tmp_path: Path) -> None:
+    found = loop(tmp_path, ADAM, 0.5, torch_version="2.2.1+cpu")
+    assert found is not None
+    assert [f["title"] for f in found["fixes"]] == ["Adam over lists: foreach=True"]
+
+
+@pytest.mark.parametrize(("optimizer", "share"), [
+    ({**ADAM, "fused": True}, 0.5),  # fused already
+    (ADAM, 0.05),  # cheap
+    ({**ADAM, "class": "LBFGS"}, 0.5),  # nothing to fuse it with
+])
+def test_no_word_where_nothing_is_to_gain(tmp_path: Path, optimizer: dict, share: float) -> None:
+    assert loop(tmp_path, optimizer, share) is None
+
+
+def test_the_facts_are_read_from_the_optimizer() -> None:
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
+    facts = optimizer_facts(torch.optim.AdamW(params, lr=0.1, foreach=True))
+    assert facts == {"class": "AdamW", "foreach": True, "fused": None, "tensors": 3,
+                     "device": "cpu"}
