@@ -60,10 +60,11 @@ class CompileProbe:
     def _register(self) -> None:
         try:
             from torch._dynamo.callback import callback_handler
-        except ImportError:  # a torch without compilation callbacks: nothing to time
+
+            callback_handler.register_start_callback(self._started)
+            callback_handler.register_end_callback(self._ended)
+        except (ImportError, AttributeError):  # a torch without these callbacks: none timed
             return
-        callback_handler.register_start_callback(self._started)
-        callback_handler.register_end_callback(self._ended)
         self._handler = callback_handler
 
     def _started(self, *args: Any) -> None:
