@@ -10,9 +10,16 @@ then all there is.
 
 Not analysed (kept in the table): warm-up steps (the first steps, lazy imports, compilation);
 fragments (a step shorter than FRAGMENT of the median, a stray boundary); the steps of the
-profiler window (doctor's own profiling cost, its export most of all); the steps during stack
-sampling (py-spy pauses the processes 50 times a second) when at least MIN_UNSAMPLED_STEPS others
-remain; and the steps outside a step range (``doctor report --steps A:B``).
+profiler window (doctor's own profiling cost, its export most of all); and the steps outside a
+step range (``doctor report --steps A:B``). The steps during stack sampling (py-spy pauses the
+process 50 times a second) are analysed, less the pauses measured in them
+(doctor.analyse.thread_time: ``sampler_s``); only where the parent's schedstat samples of the
+thread are missing (an older run directory, a kernel without schedstat) are they left out, as
+long as MIN_UNSAMPLED_STEPS others remain.
+
+Each step also carries what its training thread did (``running_s``, ``runnable_s``,
+``blocked_s``; NaN where not measured), which the ledger uses so that a blocked step is never
+counted as compute.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from doctor.analyse.thread_time import THREAD_COLUMNS, sampler_pause, thread_times
 from doctor.errors import UsageError
 from doctor.store.records import (
     EVENT_WINDOW_START,
@@ -48,6 +56,7 @@ OWN_COLUMNS = (*(f"own_{c}_s" for c in EXCLUSIVE_COLUMNS), "own_device_compute_s
 STEP_TABLE_COLUMNS = (
     "rank", "step", "start_s", "wall_s", "wait_s", "backward_s", "optimizer_s", "fetch_s",
     "warmup", "window_close", "in_window", "sampled", "in_range", "analyzed", *OWN_COLUMNS,
+    *THREAD_COLUMNS,
 )
 
 
@@ -315,10 +324,21 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
         closing = (e > stop_begin) & (s < stop_end)
         inside = (e > start) & (s < stop_end)
     sampled = np.zeros(n, dtype=bool)
+    under = np.zeros(n)
     if r.sampled_ns is not None:
         sampled = (e > r.sampled_ns[0]) & (s < r.sampled_ns[1])
+        under = overlap_per_span(np.array([r.sampled_ns[0]], dtype=np.float64),
+                                 np.array([r.sampled_ns[1]], dtype=np.float64), s, e) * NS
     analyzed = inside_range & ~warm & ~fragment & ~inside
-    if (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
+    times = None if r.kind == WINDOW else \
+        thread_times(run.host, r.node, r.pid, out["start_s"], out["start_s"] + wall)
+    for col in THREAD_COLUMNS:
+        out[col] = np.full(n, np.nan)
+    if times is not None:
+        out.update(running_s=times.running, runnable_s=times.runnable, blocked_s=times.blocked,
+                   sampler_s=sampler_pause(times, wall, under, analyzed))
+    measured = times is not None and bool(times.known[sampled].all())
+    if not measured and (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
         analyzed = analyzed & ~sampled
     out.update(warmup=warm, window_close=closing, in_window=inside, sampled=sampled,
                in_range=inside_range, analyzed=analyzed)
