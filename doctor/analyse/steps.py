@@ -29,7 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from doctor.analyse.thread_time import THREAD_COLUMNS, sampler_pause, thread_times
+from doctor.analyse.thread_time import (
+    SAMPLER_MEASURED,
+    THREAD_COLUMNS,
+    modelled_pause,
+    sampler_pause,
+    thread_times,
+)
 from doctor.errors import UsageError
 from doctor.store.records import (
     EVENT_WINDOW_START,
@@ -56,7 +62,7 @@ OWN_COLUMNS = (*(f"own_{c}_s" for c in EXCLUSIVE_COLUMNS), "own_device_compute_s
 STEP_TABLE_COLUMNS = (
     "rank", "step", "start_s", "wall_s", "wait_s", "backward_s", "optimizer_s", "fetch_s",
     "warmup", "window_close", "in_window", "sampled", "in_range", "analyzed", *OWN_COLUMNS,
-    *THREAD_COLUMNS,
+    *THREAD_COLUMNS, SAMPLER_MEASURED,
 )
 
 
@@ -73,6 +79,8 @@ class RankSteps:
     ends_ns: np.ndarray
     window_ns: tuple[int, int, int] | None = None  # start, stop begin, stop end
     sampled_ns: tuple[int, int] | None = None  # the stack sampler's span
+    #: the pause per second on a core the sampler's plan expects (doctor.probes.stack_plan)
+    sampler_model_s: float = 0.0
 
     @property
     def process(self) -> Process:
@@ -137,7 +145,7 @@ def _rank_steps(run: RunData, process: Process) -> RankSteps:
             kind = WINDOW
     node, rank, pid = process
     return RankSteps(rank, node, pid, kind, starts, ends, _window_span(run, process),
-                     _sampled_span(run, process))
+                     _sampled_span(run, process), modelled_pause(run, process))
 
 
 def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.ndarray]:
@@ -270,7 +278,8 @@ def step_table(run: RunData, ranks: dict[int, RankSteps],
 
 
 def empty_step_table() -> pd.DataFrame:
-    flags = ("warmup", "window_close", "in_window", "sampled", "in_range", "analyzed")
+    flags = ("warmup", "window_close", "in_window", "sampled", "in_range", "analyzed",
+             SAMPLER_MEASURED)
     return pd.DataFrame({c: pd.Series(dtype="bool" if c in flags else "int64"
                                       if c in ("rank", "step") else "float64")
                          for c in STEP_TABLE_COLUMNS})
@@ -334,9 +343,12 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
         thread_times(run.host, r.node, r.pid, out["start_s"], out["start_s"] + wall)
     for col in THREAD_COLUMNS:
         out[col] = np.full(n, np.nan)
+    out[SAMPLER_MEASURED] = np.zeros(n, dtype=bool)
     if times is not None:
+        pause, measured_pause = sampler_pause(times, wall, under, analyzed, r.sampler_model_s)
         out.update(running_s=times.running, runnable_s=times.runnable, blocked_s=times.blocked,
-                   sampler_s=sampler_pause(times, wall, under, analyzed))
+                   sampler_s=pause)
+        out[SAMPLER_MEASURED] = sampled & measured_pause
     measured = times is not None and bool(times.known[sampled].all())
     if not measured and (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
         analyzed = analyzed & ~sampled

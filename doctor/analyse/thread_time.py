@@ -23,11 +23,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from doctor.probes.stack_plan import PAUSE_PER_BUSY_THREAD_S, PAUSE_PER_IDLE_THREAD_S
+from doctor.store.rundata import Process, RunData
+
 NS = 1e-9
-#: Fewer steps than this on either side of the sampling span: the pause is not measured (and
-#: not taken out).
+#: Fewer steps than this on either side of the sampling span, or steps outside it that span
+#: fewer than MIN_TICKS of the parent's samples: the pause is not measured but modelled.
 MIN_STEPS_TO_MEASURE = 3
+MIN_TICKS = 2.0
 THREAD_COLUMNS = ("running_s", "runnable_s", "blocked_s", "sampler_s")
+SAMPLER_MEASURED = "sampler_measured"  # step table flag: the pause was measured, not modelled
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class ThreadTimes:
     running: np.ndarray
     runnable: np.ndarray
     blocked: np.ndarray
+    tick_s: float = 0.0  # the parent's median time between samples
 
     @property
     def known(self) -> np.ndarray:
@@ -67,33 +73,52 @@ def thread_times(host: pd.DataFrame, node: int, pid: int, starts_s: np.ndarray,
     blocked = wall - running - runnable
     nan = np.full(len(wall), np.nan)
     return ThreadTimes(np.where(covered, running, nan), np.where(covered, runnable, nan),
-                       np.where(covered, blocked, nan))
+                       np.where(covered, blocked, nan), float(np.median(np.diff(t))))
 
 
 def sampler_pause(times: ThreadTimes, wall: np.ndarray, under_sampler: np.ndarray,
-                  counted: np.ndarray) -> np.ndarray:
-    """Per step, the seconds the stack sampler stopped the thread. A pause lengthens a step
-    where it stops a thread that would have run (a thread blocked in a read waits the same,
-    stopped or not), so it is measured per second on a core: the excess of the sampled steps'
-    median blocked seconds per second on a core over the other ``counted`` steps' (never below
-    zero), times each step's time on a core under the sampler (``under_sampler``: its
-    seconds under it), never more than the step's blocked time. Zero everywhere where either
-    side has too few steps to say."""
-    out = np.zeros(len(wall))
+                  counted: np.ndarray, modelled: float = 0.0) -> tuple[np.ndarray, bool]:
+    """Per step, the seconds the stack sampler stopped the thread, and whether that was
+    measured. A pause lengthens a step where it stops a thread that would have run (a thread
+    blocked in a read waits the same, stopped or not), so it is counted per second on a core:
+    the excess of the sampled steps' median blocked seconds per second on a core over the
+    other ``counted`` steps' (never below zero), times each step's time on a core under the
+    sampler (``under_sampler``: its seconds under it), never more than the step's blocked
+    time. Where too few steps ran outside the sampling to say, ``modelled`` (the pause per
+    second on a core the sampler's plan expects) stands in."""
     on_core = np.nan_to_num(times.running + times.runnable)
     ratio = np.where(on_core > 0, times.blocked / np.where(on_core > 0, on_core, 1.0), np.nan)
     usable = counted & times.known & (on_core > 0)
     sampled = usable & (under_sampler > 0)
     others = usable & (under_sampler <= 0)
-    if sampled.sum() < MIN_STEPS_TO_MEASURE or others.sum() < MIN_STEPS_TO_MEASURE:
-        return out
-    per_core_s = float(np.median(ratio[sampled])) - float(np.median(ratio[others]))
+    measured = sampled.sum() >= MIN_STEPS_TO_MEASURE and \
+        others.sum() >= MIN_STEPS_TO_MEASURE and \
+        float(wall[others].sum()) >= MIN_TICKS * times.tick_s
+    per_core_s = float(np.median(ratio[sampled])) - float(np.median(ratio[others])) \
+        if measured else modelled
     if per_core_s <= 0:
-        return out
+        return np.zeros(len(wall)), measured
     share = np.where(wall > 0, np.minimum(under_sampler / np.where(wall > 0, wall, 1.0), 1.0),
                      0.0)
     pause = np.minimum(per_core_s * on_core * share, np.nan_to_num(times.blocked))
-    return np.where(times.known, np.maximum(pause, 0.0), 0.0)
+    return np.where(times.known, np.maximum(pause, 0.0), 0.0), measured
+
+
+def modelled_pause(run: RunData, process: Process) -> float:
+    """The pause per second on a core py-spy's blocking mode is expected to cost the process
+    (its threads' pause per sample, doctor.probes.stack_plan, times the rate); 0 for a
+    recorder that does not pause it, or threads not counted."""
+    spans = run.rows("stack_spans", process)
+    if spans.empty or "busy_threads" not in spans:
+        return 0.0
+    row = spans.iloc[0]
+    busy, total = float(row["busy_threads"]), float(row["threads"])
+    if str(row["recorder"]).split(" (")[0] != "py-spy" or not np.isfinite(busy) \
+            or not np.isfinite(total):
+        return 0.0
+    per_sample = busy * PAUSE_PER_BUSY_THREAD_S + max(total - busy, 0.0) * \
+        PAUSE_PER_IDLE_THREAD_S
+    return per_sample * float(row["rate_hz"])
 
 
 def sampler_note(table: pd.DataFrame) -> list[str]:
@@ -115,11 +140,15 @@ def sampler_note(table: pd.DataFrame) -> list[str]:
                              "other steps).")
             continue
         wall = float(sampled["wall_s"].sum())
+        how = ("measured: its blocked time per second on a core beyond the other steps', from "
+               "/proc schedstat" if sampled["sampler_measured"].any() else
+               "too few steps ran outside the sampling to measure it: py-spy's pause per thread "
+               "times its rate, within the thread's blocked time")
         notes.append(f"Rank {rank}: the {len(sampled)} steps during stack sampling count "
                      f"in the shares, less the {taken:.2f} s ({taken / max(wall, 1e-12):.0%} of "
-                     "their time) the sampler's pauses stopped the training thread (measured: "
-                     "blocked time beyond the other steps', from /proc schedstat).")
+                     f"their time) the sampler's pauses stopped the training thread ({how}).")
     return notes
 
 
-__all__ = ["THREAD_COLUMNS", "ThreadTimes", "sampler_note", "sampler_pause", "thread_times"]
+__all__ = ["SAMPLER_MEASURED", "THREAD_COLUMNS", "ThreadTimes", "modelled_pause", "sampler_note",
+           "sampler_pause", "thread_times"]

@@ -28,10 +28,12 @@ TICK_S = 0.5  # the parent's sampling interval
 
 
 def record_steps(run_dir: Path, steps: list[tuple[float, float, float]],
-                 sampled: tuple[int, int] | None = None) -> Session:
+                 sampled: tuple[int, int] | None = None,
+                 threads: tuple[int, int] | None = None) -> Session:
     """A loop of manual steps, each (running, runnable, blocked) seconds of its thread, in that
     order; the parent's schedstat samples of the thread every TICK_S; with ``sampled`` (first,
-    last step), a stack sampler's span over those steps."""
+    last step), a stack sampler's span over those steps (``threads``: busy and all threads
+    the sampler counted)."""
     clock = FakeClock()
     session = Session(run_dir, rank=0, clock=clock, window_start=10**9)
     # the thread's state over time: (end of the segment, s from the run's start, state)
@@ -68,7 +70,8 @@ def record_steps(run_dir: Path, steps: list[tuple[float, float, float]],
         first, last = bounds[sampled[0] - 1][0], bounds[sampled[1] - 1][1]
         (session.directory / "stacks.json").write_text(json.dumps(
             {"recorder": "py-spy", "rate_hz": 50, "start_ns": int((first + T0_S) * 1e9),
-             "end_ns": int((last + T0_S) * 1e9), "taken": 100}))
+             "end_ns": int((last + T0_S) * 1e9), "taken": 100,
+             **({"busy_threads": threads[0], "threads": threads[1]} if threads else {})}))
     return session
 
 
@@ -131,6 +134,7 @@ def test_sampled_steps_are_kept_with_the_samplers_pauses_taken_out(tmp_path: Pat
     assert sampled["analyzed"].all()
     inner = sampled[(sampled["step"] > 45) & (sampled["step"] < 95)]
     assert inner["sampler_s"].median() == pytest.approx(0.03, abs=0.005)
+    assert table.loc[table["sampled"], "sampler_measured"].all()
     assert inner["wall_s"].median() == pytest.approx(0.1, abs=0.005)  # as the job ran it
     steady = ledger[ledger["analyzed"]]
     assert steady["compute"].sum() / steady["wall_s"].sum() > 0.95
@@ -149,3 +153,21 @@ def test_a_stall_during_sampling_is_not_taken_for_the_samplers_pause(tmp_path: P
     assert stall["other"] > 7.0
     run_s = float(ledger.loc[ledger["analyzed"], "wall_s"].sum())
     assert ledger.loc[ledger["analyzed"], "other"].sum() / run_s > 0.3
+
+
+def test_with_too_few_steps_outside_sampling_the_planned_pause_stands_in(tmp_path: Path) -> None:
+    # every step after the first few is sampled: nothing to measure the pause against
+    steps = [(0.1, 0.0, 0.0)] * 5 + [(0.1, 0.0, 0.01)] * 60
+    record_steps(tmp_path, steps, sampled=(6, 65), threads=(2, 5))
+    table, ledger = ledger_of(tmp_path)
+    sampled = table[table["sampled"] & table["analyzed"]]
+    assert not sampled["sampler_measured"].any()
+    # 2 busy threads at 0.14 ms and 3 idle at 0.1 ms a sample, 50 a second, over 0.1 s on a core
+    planned = (2 * 1.4e-4 + 3 * 1e-4) * 50 * 0.1
+    assert sampled["sampler_s"].median() == pytest.approx(planned, rel=0.1)
+    assert "pause per thread" in sampler_note(table)[0]
+    # without the threads counted (an older run), nothing is taken out, and the steps count
+    record_steps(tmp_path / "old", steps, sampled=(6, 65))
+    table, _ = ledger_of(tmp_path / "old")
+    assert table.loc[table["sampled"], "sampler_s"].sum() == 0
+    assert table.loc[table["sampled"], "analyzed"].all()
