@@ -159,7 +159,7 @@ def test_with_too_few_steps_outside_sampling_the_planned_pause_stands_in(tmp_pat
     # every step after the first few is sampled: nothing to measure the pause against
     steps = [(0.1, 0.0, 0.0)] * 5 + [(0.1, 0.0, 0.01)] * 60
     record_steps(tmp_path, steps, sampled=(6, 65), threads=(2, 5))
-    table, ledger = ledger_of(tmp_path)
+    table, _ = ledger_of(tmp_path)
     sampled = table[table["sampled"] & table["analyzed"]]
     assert not sampled["sampler_measured"].any()
     # 2 busy threads at 0.14 ms and 3 idle at 0.1 ms a sample, 50 a second, over 0.1 s on a core
