@@ -333,11 +333,10 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
         closing = (e > stop_begin) & (s < stop_end)
         inside = (e > start) & (s < stop_end)
     sampled = np.zeros(n, dtype=bool)
-    under = np.zeros(n)
+    span_s = None
     if r.sampled_ns is not None:
         sampled = (e > r.sampled_ns[0]) & (s < r.sampled_ns[1])
-        under = overlap_per_span(np.array([r.sampled_ns[0]], dtype=np.float64),
-                                 np.array([r.sampled_ns[1]], dtype=np.float64), s, e) * NS
+        span_s = ((r.sampled_ns[0] - origin_ns) * NS, (r.sampled_ns[1] - origin_ns) * NS)
     analyzed = inside_range & ~warm & ~fragment & ~inside
     times = None if r.kind == WINDOW else \
         thread_times(run.host, r.node, r.pid, out["start_s"], out["start_s"] + wall)
@@ -345,7 +344,8 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
         out[col] = np.full(n, np.nan)
     out[SAMPLER_MEASURED] = np.zeros(n, dtype=bool)
     if times is not None:
-        pause, measured_pause = sampler_pause(times, wall, under, analyzed, r.sampler_model_s)
+        pause, measured_pause = sampler_pause(times, out["start_s"], out["start_s"] + wall,
+                                              span_s, analyzed, r.sampler_model_s)
         out.update(running_s=times.running, runnable_s=times.runnable, blocked_s=times.blocked,
                    sampler_s=pause)
         out[SAMPLER_MEASURED] = sampled & measured_pause

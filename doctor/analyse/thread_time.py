@@ -27,10 +27,10 @@ from doctor.probes.stack_plan import PAUSE_PER_BUSY_THREAD_S, PAUSE_PER_IDLE_THR
 from doctor.store.rundata import Process, RunData
 
 NS = 1e-9
-#: Fewer steps than this on either side of the sampling span, or steps outside it that span
-#: fewer than MIN_TICKS of the parent's samples: the pause is not measured but modelled.
-MIN_STEPS_TO_MEASURE = 3
-MIN_TICKS = 2.0
+#: Fewer intervals between the parent's ticks than this, with the thread mostly on a core, on
+#: either side of the sampling span: the pause is not measured but modelled.
+MIN_INTERVALS = 2
+MOSTLY_ON_CORE = 0.5
 THREAD_COLUMNS = ("running_s", "runnable_s", "blocked_s", "sampler_s")
 SAMPLER_MEASURED = "sampler_measured"  # step table flag: the pause was measured, not modelled
 
@@ -38,12 +38,16 @@ SAMPLER_MEASURED = "sampler_measured"  # step table flag: the pause was measured
 @dataclass(frozen=True)
 class ThreadTimes:
     """Per step (seconds): the training thread on a core, waiting for one, blocked (the
-    sampler's pause included); NaN where the parent's samples do not cover the step."""
+    sampler's pause included); NaN where the parent's samples do not cover the step. And the
+    parent's ticks themselves: their times, and per interval between two, the thread's seconds
+    on a core (running or runnable) and blocked."""
 
     running: np.ndarray
     runnable: np.ndarray
     blocked: np.ndarray
-    tick_s: float = 0.0  # the parent's median time between samples
+    ticks: np.ndarray
+    tick_on_core: np.ndarray
+    tick_blocked: np.ndarray
 
     @property
     def known(self) -> np.ndarray:
@@ -72,36 +76,59 @@ def thread_times(host: pd.DataFrame, node: int, pid: int, starts_s: np.ndarray,
     runnable = np.minimum(runnable, wall - running)
     blocked = wall - running - runnable
     nan = np.full(len(wall), np.nan)
+    dt = np.diff(t)
+    on_core = np.minimum(np.diff(on_cpu) + np.diff(delay), dt)
     return ThreadTimes(np.where(covered, running, nan), np.where(covered, runnable, nan),
-                       np.where(covered, blocked, nan), float(np.median(np.diff(t))))
+                       np.where(covered, blocked, nan), t, on_core, dt - on_core)
 
 
-def sampler_pause(times: ThreadTimes, wall: np.ndarray, under_sampler: np.ndarray,
-                  counted: np.ndarray, modelled: float = 0.0) -> tuple[np.ndarray, bool]:
-    """Per step, the seconds the stack sampler stopped the thread, and whether that was
-    measured. A pause lengthens a step where it stops a thread that would have run (a thread
-    blocked in a read waits the same, stopped or not), so it is counted per second on a core:
-    the excess of the sampled steps' median blocked seconds per second on a core over the
-    other ``counted`` steps' (never below zero), times each step's time on a core under the
-    sampler (``under_sampler``: its seconds under it), never more than the step's blocked
-    time. Where too few steps ran outside the sampling to say, ``modelled`` (the pause per
-    second on a core the sampler's plan expects) stands in."""
-    on_core = np.nan_to_num(times.running + times.runnable)
-    ratio = np.where(on_core > 0, times.blocked / np.where(on_core > 0, on_core, 1.0), np.nan)
-    usable = counted & times.known & (on_core > 0)
-    sampled = usable & (under_sampler > 0)
-    others = usable & (under_sampler <= 0)
-    measured = sampled.sum() >= MIN_STEPS_TO_MEASURE and \
-        others.sum() >= MIN_STEPS_TO_MEASURE and \
-        float(wall[others].sum()) >= MIN_TICKS * times.tick_s
-    per_core_s = float(np.median(ratio[sampled])) - float(np.median(ratio[others])) \
-        if measured else modelled
+def sampler_pause(times: ThreadTimes, starts_s: np.ndarray, ends_s: np.ndarray,
+                  sampler_s: tuple[float, float] | None, counted: np.ndarray,
+                  modelled: float = 0.0) -> tuple[np.ndarray, bool]:
+    """Per step, the seconds the stack sampler (over ``sampler_s``, seconds on the steps'
+    clock) stopped the thread, and whether that was measured. A pause lengthens a step where
+    it stops a thread that would have run (a thread blocked in a read waits the same, stopped
+    or not), so it is counted per second on a core. It is measured between the parent's ticks
+    where the thread was mostly on a core (a stall, or a step mostly blocked, says nothing of
+    the pause): the median blocked seconds per second on a core of those intervals under the
+    sampler, less that of those among ``counted`` steps away from it (never below zero). Where
+    either side has fewer than MIN_INTERVALS, ``modelled`` (the pause per second on a core the
+    sampler's plan expects) stands in. Each step loses that rate times its time on a core
+    under the sampler, never more than its blocked time."""
+    n = len(starts_s)
+    if sampler_s is None:
+        return np.zeros(n), False
+    wall = np.maximum(ends_s - starts_s, 0.0)
+    t0, t1 = times.ticks[:-1], times.ticks[1:]
+    dt = t1 - t0
+    busy = times.tick_on_core >= MOSTLY_ON_CORE * dt
+    ratio = times.tick_blocked / np.maximum(times.tick_on_core, 1e-12)
+    inside = busy & (t0 >= sampler_s[0]) & (t1 <= sampler_s[1])
+    away = busy & ((t1 <= sampler_s[0]) | (t0 >= sampler_s[1])) & \
+        _among(t0, t1, starts_s, ends_s, counted)
+    measured = int(inside.sum()) >= MIN_INTERVALS and int(away.sum()) >= MIN_INTERVALS
+    per_core_s = float(np.median(ratio[inside]) - np.median(ratio[away])) if measured \
+        else modelled
     if per_core_s <= 0:
-        return np.zeros(len(wall)), measured
-    share = np.where(wall > 0, np.minimum(under_sampler / np.where(wall > 0, wall, 1.0), 1.0),
-                     0.0)
+        return np.zeros(n), measured
+    under = np.clip(np.minimum(ends_s, sampler_s[1]) - np.maximum(starts_s, sampler_s[0]),
+                    0.0, None)
+    share = np.where(wall > 0, np.minimum(under / np.where(wall > 0, wall, 1.0), 1.0), 0.0)
+    on_core = np.nan_to_num(times.running + times.runnable)
     pause = np.minimum(per_core_s * on_core * share, np.nan_to_num(times.blocked))
     return np.where(times.known, np.maximum(pause, 0.0), 0.0), measured
+
+
+def _among(t0: np.ndarray, t1: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+           counted: np.ndarray) -> np.ndarray:
+    """Per interval [t0, t1), whether steps cover it and every step it overlaps is counted
+    (``starts`` sorted, the steps one after another)."""
+    first = np.searchsorted(ends, t0, side="right")  # the first step ending after t0
+    stop = np.searchsorted(starts, t1, side="left")  # past the last step starting before t1
+    left_out = np.concatenate([[0], np.cumsum(~counted)])
+    covered = (t0 >= starts[0]) & (t1 <= ends[-1]) if len(starts) else np.zeros(len(t0), bool)
+    return covered & (stop > first) & (left_out[np.minimum(stop, len(counted))]
+                                       - left_out[np.minimum(first, len(counted))] == 0)
 
 
 def modelled_pause(run: RunData, process: Process) -> float:
