@@ -9,11 +9,15 @@ shorter than the ticks gets the mean of the ticks around it; a long one (a stall
 
 py-spy in blocking mode stops every thread of the process for each sample: a stopped thread
 is neither running nor runnable, so the pause shows as blocked time, and only while sampling.
-It is measured, not assumed: the sampled steps' median blocked seconds per second on a core
-against the other steps' (medians: one stall inside the sampling span does not count as the
-sampler's; per second on a core: a pause lengthens a step only where it stops a thread that
-would have run), and that much of each sampled step's time on a core is taken out of its blocked
-time (``sampler_s``), so the sampled steps count in the shares as the job would have run them.
+It is measured, not assumed, between the parent's ticks where the thread was mostly on a core:
+their median blocked seconds per second on a core under the sampler, less that away from it
+(per second on a core: a pause lengthens a step only where it stops a thread that would have
+run; mostly on a core: an interval inside a stall, or of a thread mostly waiting for its
+input, says nothing of the pause; medians: a few odd intervals do not move it). Where too few
+such intervals ran on either side (a short run, sampled nearly throughout), the stack plan's
+pause per thread times the rate stands in (doctor.probes.stack_plan). That much of each
+sampled step's time on a core is taken out of its blocked time (``sampler_s``), so the sampled
+steps count in the shares as the job would have run them.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import pandas as pd
 from doctor.probes.stack_plan import PAUSE_PER_BUSY_THREAD_S, PAUSE_PER_IDLE_THREAD_S
 from doctor.store.rundata import Process, RunData
 
-NS = 1e-9
 #: Fewer intervals between the parent's ticks than this, with the thread mostly on a core, on
 #: either side of the sampling span: the pause is not measured but modelled.
 MIN_INTERVALS = 2
@@ -162,14 +165,13 @@ def sampler_note(table: pd.DataFrame) -> list[str]:
         if taken <= 0:
             if sampled["blocked_s"].notna().any():
                 notes.append(f"Rank {rank}: the {len(sampled)} steps during stack sampling "
-                             "count in the shares; its pauses were not measurable in them "
-                             "(the training thread was no more often stopped than in the "
-                             "other steps).")
+                             "count in the shares, whole: the training thread was blocked no "
+                             "more under the sampler than away from it.")
             continue
         wall = float(sampled["wall_s"].sum())
-        how = ("measured: its blocked time per second on a core beyond the other steps', from "
-               "/proc schedstat" if sampled["sampler_measured"].any() else
-               "too few steps ran outside the sampling to measure it: py-spy's pause per thread "
+        how = ("measured from /proc schedstat: the thread's blocked time per second on a core "
+               "under the sampler beyond that away from it"
+               if sampled["sampler_measured"].any() else "too few steps ran outside the sampling to measure it: py-spy's pause per thread "
                "times its rate, within the thread's blocked time")
         notes.append(f"Rank {rank}: the {len(sampled)} steps during stack sampling count "
                      f"in the shares, less the {taken:.2f} s ({taken / max(wall, 1e-12):.0%} of "
