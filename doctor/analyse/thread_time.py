@@ -171,7 +171,8 @@ def sampler_note(table: pd.DataFrame) -> list[str]:
         wall = float(sampled["wall_s"].sum())
         how = ("measured from /proc schedstat: the thread's blocked time per second on a core "
                "under the sampler beyond that away from it"
-               if sampled["sampler_measured"].any() else "too few steps ran outside the sampling to measure it: py-spy's pause per thread "
+               if sampled["sampler_measured"].any() else
+               "too few steps ran outside the sampling to measure it: py-spy's pause per thread "
                "times its rate, within the thread's blocked time")
         notes.append(f"Rank {rank}: the {len(sampled)} steps during stack sampling count "
                      f"in the shares, less the {taken:.2f} s ({taken / max(wall, 1e-12):.0%} of "
