@@ -8,10 +8,11 @@ Built once, from the step table (doctor.analyse.steps) and what the other stages
 - stack sampling's pauses, measured in each step it overlapped (``sampler_s``,
   doctor.analyse.thread_time), are taken out of the step's wall time first: the ledger's
   ``wall_s`` is the step as the job would have run it;
-- on a CPU job, the training thread's blocked time outside the input wait (``blocked_s``, from
-  the parent's schedstat samples) beyond what is usual for the job's steps (the analysed steps'
-  median blocked fraction where a window's split describes them, none without a window) is
-  ``other``: a blocked thread is not computing (an 8 s blocking read is not 8 s of compute);
+- on a CPU job, compute is what the training thread did on a core: where a step's time outside
+  the input wait was blocked more than is usual for the job's steps (``blocked_s``, from the
+  parent's schedstat samples; usual: the analysed steps' median, where a window's split
+  describes them, none without a window), its compute shrinks with its time on a core and the
+  rest is ``other`` (``blocked_other_s``): an 8 s blocking read is not 8 s of compute;
 - the rest of the step is split between transfer, compute, communication and other by the
   window's fractions (doctor.analyse.window); a step that is the window's own keeps its own
   split; without a window, the rest is compute and a note says so;
@@ -46,6 +47,9 @@ EVIDENCE_COLUMNS = (UNSPLIT_INPUT, "wait_s", "contention_s", "comm_contention_s"
                     "optimizer_s", "fetch_s", "device_compute_s", *THREAD_COLUMNS,
                     "blocked_other_s")
 FLAGS = ("window_close", "in_window", "sampled", "in_range")
+#: A job whose ordinary step's thread is on a core less than this part of its time outside the
+#: input wait: its window's compute is not the thread's own (intra-op threads, say); kept.
+MIN_USUAL_ON_CORE = 0.05
 
 
 def build_ledger(table: pd.DataFrame, windows: Mapping[int, WindowSplit] | None = None,
@@ -95,14 +99,15 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
     contended = rest * min(max(contention, 0.0), 1.0)
     comm_contended = rest * min(max(comm_contention, 0.0), 1.0 - min(max(contention, 0.0), 1.0))
     split = window.fractions if window else {"compute": 1.0}
-    blocked = np.zeros(n)
-    if cpu and (window is None or window.device != "cuda"):
-        blocked = _blocked_beyond_usual(rows, rest, wait, sampler, window is not None)
-        blocked = np.where(has_own, 0.0, np.minimum(blocked, rest - contended - comm_contended))
     for category in NON_INPUT:
         mine = own[:, list(OWN_COLUMNS).index(f"own_{category}_s")]
-        data[category] = np.where(has_own, mine, (rest - contended - comm_contended - blocked)
-                                  * split.get(category, 0.0))
+        data[category] = np.where(has_own, mine,
+                                  (rest - contended - comm_contended) * split.get(category, 0.0))
+    blocked = np.zeros(n)
+    if cpu and (window is None or window.device != "cuda"):
+        on_core = _on_core_vs_usual(rows, rest, wait, sampler, window is not None)
+        blocked = np.where(has_own, 0.0, data["compute"] * (1.0 - on_core))
+    data["compute"] = data["compute"] - blocked
     data["other"] = data["other"] + blocked
     data["communication"] = data["communication"] + np.where(has_own, 0.0, comm_contended)
     unsplit: np.ndarray = np.zeros(n)
@@ -141,19 +146,24 @@ def _column(rows: pd.DataFrame, name: str) -> np.ndarray:
     return rows[name].to_numpy(np.float64) if name in rows else np.full(len(rows), np.nan)
 
 
-def _blocked_beyond_usual(rows: pd.DataFrame, rest: np.ndarray, wait: np.ndarray,
-                          sampler: np.ndarray, split_known: bool) -> np.ndarray:
-    """Per step, the seconds the training thread was blocked outside its input wait beyond
-    what is usual: beyond the analysed steps' median blocked fraction of that time where a
-    split (the window's) already describes an ordinary step, all of it otherwise."""
+def _on_core_vs_usual(rows: pd.DataFrame, rest: np.ndarray, wait: np.ndarray,
+                      sampler: np.ndarray, split_known: bool) -> np.ndarray:
+    """Per step, the part of its compute the training thread can have done: its time on a core
+    outside the input wait, as a fraction of that time, over the usual fraction (the analysed
+    steps' median, where a split, the window's, describes an ordinary step; all of the time
+    otherwise), at most 1; 1 where not measured, or where the usual step is all but blocked."""
     measured = _column(rows, "blocked_s")
-    known = ~np.isnan(measured)
-    outside = np.clip(np.nan_to_num(measured) - sampler - wait, 0.0, np.maximum(rest, 0.0))
-    usual = 0.0
-    steady = known & rows["analyzed"].to_numpy(bool) & (rest > 0)
+    known = ~np.isnan(measured) & (rest > 0)
+    safe = np.where(rest > 0, rest, 1.0)
+    blocked = np.clip(np.nan_to_num(measured) - sampler - wait, 0.0, np.maximum(rest, 0.0))
+    on_core = 1.0 - blocked / safe
+    usual = 1.0
+    steady = known & rows["analyzed"].to_numpy(bool)
     if split_known and steady.any():
-        usual = float(np.median(outside[steady] / rest[steady]))
-    return np.where(known, np.maximum(outside - usual * np.maximum(rest, 0.0), 0.0), 0.0)
+        usual = float(np.median(on_core[steady]))
+    if usual < MIN_USUAL_ON_CORE:
+        return np.ones(len(rows))
+    return np.where(known, np.clip(on_core / usual, 0.0, 1.0), 1.0)
 
 
 @dataclass(frozen=True)

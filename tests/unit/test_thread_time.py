@@ -171,3 +171,19 @@ def test_with_too_few_steps_outside_sampling_the_planned_pause_stands_in(tmp_pat
     table, _ = ledger_of(tmp_path / "old")
     assert table.loc[table["sampled"], "sampler_s"].sum() == 0
     assert table.loc[table["sampled"], "analyzed"].all()
+
+
+def test_a_gpu_jobs_blocked_thread_keeps_the_windows_split(tmp_path: Path) -> None:
+    # a GPU job's thread blocks while its GPU computes: that is not "other"
+    record_steps(tmp_path, [(0.02, 0.0, 0.08)] * 40 + [(0.02, 0.0, 2.0)]
+                 + [(0.02, 0.0, 0.08)] * 40)
+    run = load_run(tmp_path)
+    table = step_table(run, training_processes(run))
+    gpu = build_ledger(table, {0: WindowSplit({"compute": 0.8, "other": 0.2}, "cuda", 0.7)},
+                       cpu=False)
+    long = gpu[gpu["wall_s"] > 1].iloc[0]
+    assert long["compute"] / long["wall_s"] == pytest.approx(0.8, abs=0.01)
+    assert long["blocked_other_s"] == 0
+    # on a CPU job, an ordinary step blocked 80 % has 20 % compute; the long one its 20 ms
+    cpu = build_ledger(table, {0: WindowSplit({"compute": 0.2, "other": 0.8}, "cpu", 0.2)})
+    assert cpu.loc[cpu["wall_s"] > 1, "compute"].iloc[0] == pytest.approx(0.02, abs=0.01)
