@@ -40,9 +40,9 @@ optimizer that steps most, has no steps after it: its measured speedup is the jo
     python bench/accuracy.py --jobs io_bound decode_bound --workers 0 --steps 300 --json rows.json
 
 ``--steps`` (500 by default) leaves enough steps before the switch outside the 8 s of stack
-sampling (whose pauses slow the steps, and which the analysis leaves out) for the shares of the
-fastest jobs; the bench then takes about 11 minutes a repeat here, and ``--repeat 5`` (the
-figures of the closing note of issue 3) 56.
+sampling (whose steps count in the shares, less the pauses measured in them) for the sampler's
+pause to be measured against them; the bench then takes about 11 minutes a repeat here, and
+``--repeat 5`` (the figures of the closing note of issue 3) 56.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from doctor.analyse.stalls import (
 )
 from doctor.analyse.steps import choice_notes
 from doctor.analyse.tables import memory_tables, report_tables
+from doctor.analyse.thread_time import sampler_note
 from doctor.analyse.verified import attach_verified
 from doctor.analyse.window_drift import drift_notes
 from doctor.rules import RuleOutcome, default_rules, run_rules
@@ -111,7 +112,7 @@ def _notes(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
             *facts.comm_contention_notes(s.comm_contention, s.job.cores),
             *(facts.range_notes(s.ledger, s.in_range) if s.in_range else []), *summary.notes,
             *facts.rule_notes(outcome.skipped),
-            *facts.sampling_notes(run), *facts.trace_notes(run),
+            *facts.sampling_notes(run), *sampler_note(s.table), *facts.trace_notes(run),
             *choice_notes(run), *drift_notes(s.drifts, s.job.device)]
 
 

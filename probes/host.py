@@ -132,8 +132,9 @@ class HostSampler:
                 own = private_bytes(pid)
                 private_cpu += time.thread_time() - cpu0
             comm = threads_cpu_s(pid, self._comm_threads.get(pid, []))
+            on_cpu, delay = main_thread_times(pid)
             for c, v in zip(PROC_COLUMNS, (t, pid, ppid, cpu.user + cpu.system, mem.rss, read,
-                                           threads, run_delay_s(pid), own, comm), strict=True):
+                                           threads, delay, own, comm, on_cpu), strict=True):
                 cols[c].append(float(v))
         if private:  # the CPU it took, not the wall time: on a busy machine that waits too
             self._next_private = now + max(PRIVATE_MIN_S, private_cpu * PRIVATE_COST_RATIO)
@@ -187,14 +188,16 @@ class HostSampler:
             save_others(self.run_dir, self._others.rows)
 
 
-def run_delay_s(pid: int) -> float:
-    """Seconds the process's main thread has spent runnable, waiting for a core
-    (/proc/PID/schedstat); NaN where the kernel does not keep it."""
+def main_thread_times(pid: int, proc: str = "/proc") -> tuple[float, float]:
+    """(seconds on a core, seconds runnable waiting for one) of the process's main thread so
+    far (/proc/PID/schedstat: the thread group leader's); NaN where the kernel does not keep
+    them. A thread that is blocked, or stopped (py-spy's pause), grows neither."""
     try:
-        with open(f"/proc/{pid}/schedstat", "rb") as f:
-            return int(f.read().split()[1]) * 1e-9
+        with open(f"{proc}/{pid}/schedstat", "rb") as f:
+            fields = f.read().split()
+        return int(fields[0]) * 1e-9, int(fields[1]) * 1e-9
     except (OSError, ValueError, IndexError):
-        return float("nan")
+        return float("nan"), float("nan")
 
 
 def comm_threads(pid: int, names: tuple[bytes, ...] = COMM_THREADS) -> list[int]:

@@ -5,6 +5,14 @@ Built once, from the step table (doctor.analyse.steps) and what the other stages
 - input: the training process's DataLoader wait, split into io, decode and preprocess by where
   the loading work went (doctor.analyse.split); when that could not be measured (no stack
   samples), it stays whole in an extra ``input`` column;
+- stack sampling's pauses, measured in each step it overlapped (``sampler_s``,
+  doctor.analyse.thread_time), are taken out of the step's wall time first: the ledger's
+  ``wall_s`` is the step as the job would have run it;
+- on a CPU job, compute is what the training thread did on a core: where a step's time outside
+  the input wait was blocked more than is usual for the job's steps (``blocked_s``, from the
+  parent's schedstat samples; usual: the analysed steps' median, where a window's split
+  describes them, none without a window), its compute shrinks with its time on a core and the
+  rest is ``other`` (``blocked_other_s``): an 8 s blocking read is not 8 s of compute;
 - the rest of the step is split between transfer, compute, communication and other by the
   window's fractions (doctor.analyse.window); a step that is the window's own keeps its own
   split; without a window, the rest is compute and a note says so;
@@ -29,26 +37,33 @@ import numpy as np
 import pandas as pd
 
 from doctor.analyse.steps import OWN_COLUMNS
+from doctor.analyse.thread_time import THREAD_COLUMNS
 from doctor.analyse.window import WindowSplit
 from doctor.categories import CATEGORIES, NON_INPUT, UNSPLIT_INPUT
 from doctor.verdict import LEDGER_COLUMNS
 
 #: The evidence columns the ledger keeps beside the categories (seconds).
 EVIDENCE_COLUMNS = (UNSPLIT_INPUT, "wait_s", "contention_s", "comm_contention_s", "backward_s",
-                    "optimizer_s", "fetch_s", "device_compute_s")
+                    "optimizer_s", "fetch_s", "device_compute_s", *THREAD_COLUMNS,
+                    "blocked_other_s")
 FLAGS = ("window_close", "in_window", "sampled", "in_range", "compiling")
+#: A job whose ordinary step's thread is on a core less than this part of its time outside the
+#: input wait: its window's compute is not the thread's own (intra-op threads, say); kept.
+MIN_USUAL_ON_CORE = 0.05
 
 
 def build_ledger(table: pd.DataFrame, windows: Mapping[int, WindowSplit] | None = None,
                  input_split: Mapping[int, Mapping[str, float]] | None = None,
                  outside: Mapping[int, Mapping[str, float]] | None = None,
                  contention: Mapping[int, float] | None = None,
-                 comm_contention: Mapping[int, float] | None = None) -> pd.DataFrame:
+                 comm_contention: Mapping[int, float] | None = None,
+                 cpu: bool = True) -> pd.DataFrame:
     """The ledger of a step table. Per rank: ``windows`` splits the time outside the input
     wait, ``input_split`` the wait into io, decode and preprocess, ``outside`` gives the
     fraction of each step spent building input outside a DataLoader, per stage, and
     ``contention`` the fraction of the time outside the wait the training process waited for a
-    core its DataLoader workers held (``comm_contention``: that its communication threads held)."""
+    core its DataLoader workers held (``comm_contention``: that its communication threads held).
+    ``cpu``: the job computes on its CPU (a GPU job's thread blocks while its GPU computes)."""
     if table.empty:
         return empty_ledger()
     parts = []
@@ -56,7 +71,7 @@ def build_ledger(table: pd.DataFrame, windows: Mapping[int, WindowSplit] | None 
         rank = int(rows["rank"].iloc[0])
         parts.append(_rank_ledger(rows, (windows or {}).get(rank), (input_split or {}).get(rank),
                                   (outside or {}).get(rank), (contention or {}).get(rank, 0.0),
-                                  (comm_contention or {}).get(rank, 0.0)))
+                                  (comm_contention or {}).get(rank, 0.0), cpu))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -71,10 +86,12 @@ def empty_ledger() -> pd.DataFrame:
 
 def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
                  input_split: Mapping[str, float] | None, outside: Mapping[str, float] | None,
-                 contention: float, comm_contention: float = 0.0) -> pd.DataFrame:
+                 contention: float, comm_contention: float = 0.0, cpu: bool = True
+                 ) -> pd.DataFrame:
     n = len(rows)
-    wall = rows["wall_s"].to_numpy(np.float64)
-    wait = rows["wait_s"].to_numpy(np.float64)
+    sampler = np.nan_to_num(_column(rows, "sampler_s"))
+    wall = rows["wall_s"].to_numpy(np.float64) - sampler
+    wait = np.minimum(rows["wait_s"].to_numpy(np.float64), wall)
     rest = wall - wait
     own = rows[list(OWN_COLUMNS)].to_numpy(np.float64)
     has_own = ~np.isnan(own[:, 0])
@@ -86,6 +103,12 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
         mine = own[:, list(OWN_COLUMNS).index(f"own_{category}_s")]
         data[category] = np.where(has_own, mine,
                                   (rest - contended - comm_contended) * split.get(category, 0.0))
+    blocked = np.zeros(n)
+    if cpu and (window is None or window.device != "cuda"):
+        on_core = _on_core_vs_usual(rows, rest, wait, sampler, window is not None)
+        blocked = np.where(has_own, 0.0, data["compute"] * (1.0 - on_core))
+    data["compute"] = data["compute"] - blocked
+    data["other"] = data["other"] + blocked
     data["communication"] = data["communication"] + np.where(has_own, 0.0, comm_contended)
     unsplit: np.ndarray = np.zeros(n)
     if input_split:
@@ -104,15 +127,43 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
             want = want - moved
     on_device = window.device_compute * (rest - contended - comm_contended) \
         if window and window.device == "cuda" else data["compute"]
-    out = {c: rows[c].to_numpy() for c in ("rank", "step", "start_s", "wall_s", "wait_s",
+    out = {c: rows[c].to_numpy() for c in ("rank", "step", "start_s", "wait_s",
                                            "backward_s", "optimizer_s", "fetch_s", "warmup",
                                            "analyzed", *FLAGS)}
     out.update(data)
+    out["wall_s"] = wall
+    for col in THREAD_COLUMNS:
+        out[col] = _column(rows, col)
+    out["blocked_other_s"] = blocked
     out[UNSPLIT_INPUT] = unsplit
     out["contention_s"] = contended
     out["comm_contention_s"] = np.where(has_own, 0.0, comm_contended)
     out["device_compute_s"] = np.where(has_own, own[:, -1], on_device)
     return pd.DataFrame({c: out[c] for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS)})
+
+
+def _column(rows: pd.DataFrame, name: str) -> np.ndarray:
+    return rows[name].to_numpy(np.float64) if name in rows else np.full(len(rows), np.nan)
+
+
+def _on_core_vs_usual(rows: pd.DataFrame, rest: np.ndarray, wait: np.ndarray,
+                      sampler: np.ndarray, split_known: bool) -> np.ndarray:
+    """Per step, the part of its compute the training thread can have done: its time on a core
+    outside the input wait, as a fraction of that time, over the usual fraction (the analysed
+    steps' median, where a split, the window's, describes an ordinary step; all of the time
+    otherwise), at most 1; 1 where not measured, or where the usual step is all but blocked."""
+    measured = _column(rows, "blocked_s")
+    known = ~np.isnan(measured) & (rest > 0)
+    safe = np.where(rest > 0, rest, 1.0)
+    blocked = np.clip(np.nan_to_num(measured) - sampler - wait, 0.0, np.maximum(rest, 0.0))
+    on_core = 1.0 - blocked / safe
+    usual = 1.0
+    steady = known & rows["analyzed"].to_numpy(bool)
+    if split_known and steady.any():
+        usual = float(np.median(on_core[steady]))
+    if usual < MIN_USUAL_ON_CORE:
+        return np.ones(len(rows))
+    return np.where(known, np.clip(on_core / usual, 0.0, 1.0), 1.0)
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,8 @@ def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None)
     comm_contention = {r: c[COMMUNICATION] for r, c in cores.items() if COMMUNICATION in c}
     ledger = build_ledger(table, {**windows, **coarse},
                           {r: f for r, s in splits.items() if (f := s.fractions) is not None},
-                          {r: o.shares for r, o in outside.items()}, contention, comm_contention)
+                          {r: o.shares for r, o in outside.items()}, contention, comm_contention,
+                          cpu=job.device != "cuda")
     window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
     memory = memory_evidence(run, job.device, ranks, table, workers, counters, loaders,
                              job.world_size)

@@ -1,9 +1,9 @@
 """Long stalls: a step many times the median (a 60 s hang, a checkpoint written inline, an
 evaluation pass) is named, with its time and its share of the run, wherever it falls.
 
-The shares leave out the steps of the profiler window and of stack sampling (doctor.analyse.
-steps), so a stall there would vanish from the verdict without this: it is found over every step
-of the range but the warm-up (compilation and lazy imports are slow by nature, and said as
+The shares leave out the steps of the profiler window (doctor.analyse.steps), so a stall there
+would vanish from the verdict without this: it is found over every step of the range but the
+warm-up (compilation and lazy imports are slow by nature, and said as
 warm-up). A step of the window's close also holds doctor's own trace export: that time is taken
 off before the step is compared, so doctor's cost is never reported as the job's stall.
 """
@@ -141,7 +141,8 @@ def stall_notes(stalls: list[Stall]) -> list[str]:
         named.setdefault(s.step, s)
     for s in sorted(list(named.values())[:MAX_FINDINGS], key=lambda s: s.step):
         if s.where == ANALYSED:
-            counted = "it counts in the shares, split like the other steps"
+            counted = ("it counts in the shares (the time its training thread was blocked, "
+                       "beyond the usual, as other)")
         else:
             counted = ("those steps are left out of the shares, so the shares do not include "
                        "it")

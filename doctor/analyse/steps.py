@@ -10,9 +10,16 @@ then all there is.
 
 Not analysed (kept in the table): warm-up steps (the first steps, lazy imports, compilation);
 fragments (a step shorter than FRAGMENT of the median, a stray boundary); the steps of the
-profiler window (doctor's own profiling cost, its export most of all); the steps during stack
-sampling (py-spy pauses the processes 50 times a second) when at least MIN_UNSAMPLED_STEPS others
-remain; and the steps outside a step range (``doctor report --steps A:B``).
+profiler window (doctor's own profiling cost, its export most of all); and the steps outside a
+step range (``doctor report --steps A:B``). The steps during stack sampling (py-spy pauses the
+process 50 times a second) are analysed, less the pauses measured in them
+(doctor.analyse.thread_time: ``sampler_s``); only where the parent's schedstat samples of the
+thread are missing (an older run directory, a kernel without schedstat) are they left out, as
+long as MIN_UNSAMPLED_STEPS others remain.
+
+Each step also carries what its training thread did (``running_s``, ``runnable_s``,
+``blocked_s``; NaN where not measured), which the ledger uses so that a blocked step is never
+counted as compute.
 """
 
 from __future__ import annotations
@@ -22,6 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from doctor.analyse.thread_time import (
+    SAMPLER_MEASURED,
+    THREAD_COLUMNS,
+    modelled_pause,
+    sampler_pause,
+    thread_times,
+)
 from doctor.errors import UsageError
 from doctor.store.records import (
     EVENT_WINDOW_START,
@@ -48,7 +62,7 @@ OWN_COLUMNS = (*(f"own_{c}_s" for c in EXCLUSIVE_COLUMNS), "own_device_compute_s
 STEP_TABLE_COLUMNS = (
     "rank", "step", "start_s", "wall_s", "wait_s", "backward_s", "optimizer_s", "fetch_s",
     "warmup", "window_close", "in_window", "sampled", "in_range", "analyzed", "compiling",
-    *OWN_COLUMNS,
+    *OWN_COLUMNS, *THREAD_COLUMNS, SAMPLER_MEASURED,
 )
 
 
@@ -65,6 +79,8 @@ class RankSteps:
     ends_ns: np.ndarray
     window_ns: tuple[int, int, int] | None = None  # start, stop begin, stop end
     sampled_ns: tuple[int, int] | None = None  # the stack sampler's span
+    #: the pause per second on a core the sampler's plan expects (doctor.probes.stack_plan)
+    sampler_model_s: float = 0.0
 
     @property
     def process(self) -> Process:
@@ -129,7 +145,7 @@ def _rank_steps(run: RunData, process: Process) -> RankSteps:
             kind = WINDOW
     node, rank, pid = process
     return RankSteps(rank, node, pid, kind, starts, ends, _window_span(run, process),
-                     _sampled_span(run, process))
+                     _sampled_span(run, process), modelled_pause(run, process))
 
 
 def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.ndarray]:
@@ -268,7 +284,7 @@ def step_table(run: RunData, ranks: dict[int, RankSteps],
 
 def empty_step_table() -> pd.DataFrame:
     flags = ("warmup", "window_close", "in_window", "sampled", "in_range", "analyzed",
-             "compiling")
+             "compiling", SAMPLER_MEASURED)
     return pd.DataFrame({c: pd.Series(dtype="bool" if c in flags else "int64"
                                       if c in ("rank", "step") else "float64")
                          for c in STEP_TABLE_COLUMNS})
@@ -322,10 +338,24 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
         closing = (e > stop_begin) & (s < stop_end)
         inside = (e > start) & (s < stop_end)
     sampled = np.zeros(n, dtype=bool)
+    span_s = None
     if r.sampled_ns is not None:
         sampled = (e > r.sampled_ns[0]) & (s < r.sampled_ns[1])
+        span_s = ((r.sampled_ns[0] - origin_ns) * NS, (r.sampled_ns[1] - origin_ns) * NS)
     analyzed = inside_range & ~warm & ~fragment & ~inside
-    if (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
+    times = None if r.kind == WINDOW else \
+        thread_times(run.host, r.node, r.pid, out["start_s"], out["start_s"] + wall)
+    for col in THREAD_COLUMNS:
+        out[col] = np.full(n, np.nan)
+    out[SAMPLER_MEASURED] = np.zeros(n, dtype=bool)
+    if times is not None:
+        pause, measured_pause = sampler_pause(times, out["start_s"], out["start_s"] + wall,
+                                              span_s, analyzed, r.sampler_model_s)
+        out.update(running_s=times.running, runnable_s=times.runnable, blocked_s=times.blocked,
+                   sampler_s=pause)
+        out[SAMPLER_MEASURED] = sampled & measured_pause
+    measured = times is not None and bool(times.known[sampled].all())
+    if not measured and (analyzed & ~sampled).sum() >= MIN_UNSAMPLED_STEPS:
         analyzed = analyzed & ~sampled
     # a step in which torch.compile compiled is no steady step (doctor.analyse.compiles)
     compiling = overlap("compile") > 0 if r.kind != WINDOW else np.zeros(n, dtype=bool)

@@ -130,7 +130,8 @@ def _load_node(run_dir: Path) -> RunData:
                           "rate_hz": rate if rate and rate > 0 else DEFAULT_RATE_HZ,
                           "start_ns": as_int(taken.get("start_ns")) or 0,
                           "end_ns": as_int(taken.get("end_ns")) or 0,
-                          "taken": as_int(taken.get("taken")) or 0})
+                          "taken": as_int(taken.get("taken")) or 0,
+                          **{k: _count(taken.get(k)) for k in ("busy_threads", "threads")}})
         trace = next((proc_dir / n for n in (layout.TRACE_GZ, layout.TRACE)
                       if os.path.lexists(proc_dir / n)), None)
         if trace is not None and not role.startswith("worker") and not regular_file(trace):
@@ -305,3 +306,10 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 __all__ = ["load_run"]
+
+
+def _count(value: object) -> float:
+    """A thread count of stacks.json, NaN where it is not one (an older run, the in-process
+    sampler)."""
+    found = as_int(value)
+    return float(found) if found is not None and found >= 0 else float("nan")

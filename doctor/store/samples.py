@@ -23,9 +23,10 @@ from doctor.store.layout import GPU, GPU_INFO, HOST, MEMORY, OTHERS
 
 from .safe_files import open_new, write_text_atomic
 
-#: Per process of the job, per tick (``cpu_pct`` is derived on load).
+#: Per process of the job, per tick (``cpu_pct`` is derived on load). ``run_delay_s`` and
+#: ``on_cpu_s`` are its main thread's (schedstat: runnable without a core, on a core).
 PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",
-                "run_delay_s", "private_bytes", "comm_cpu_s")
+                "run_delay_s", "private_bytes", "comm_cpu_s", "on_cpu_s")
 #: The machine, per tick.
 SYSTEM_COLUMNS = ("t_s", "cores", "runnable", "busy_cores", "iowait_cores")
 #: Per GPU, per tick (the ``gpm_*`` columns are NaN where the GPU has no GPM metrics).

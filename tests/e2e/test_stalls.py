@@ -1,6 +1,7 @@
 """A step many times the median (a hang) is named with its time and its share of the run,
-wherever it falls: among the analysed steps, in the profiler window or in the stack sampling
-span, whose steps the shares leave out (doctor.analyse.stalls).
+wherever it falls: among the analysed steps, in the profiler window (whose steps the shares
+leave out) or in the stack sampling span (whose steps count, less the sampler's pauses:
+doctor.analyse.thread_time) (doctor.analyse.stalls).
 
 The tests here start jobs, processes or real clocks (tests/e2e); the pure ones are in
 tests/unit/test_stalls.py.
@@ -14,10 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor.analyse.stalls import (
-    IN_WINDOW,
-    SAMPLING,
-)
+from doctor.analyse.stalls import ANALYSED, IN_WINDOW
 from tests.support import doctor_cmd
 
 JOB = """\
@@ -36,7 +34,8 @@ for step in range(1, int(sys.argv[2]) + 1):
 
 
 @pytest.mark.e2e
-def test_long_steps_in_the_window_and_in_the_sampling_span_are_named(tmp_path: Path) -> None:
+def test_long_steps_in_the_window_and_in_the_sampling_span_are_named_and_the_second_counts(
+        tmp_path: Path) -> None:
     job = tmp_path / "stalls.py"
     job.write_text(JOB)
     out = tmp_path / "run"
@@ -46,7 +45,9 @@ def test_long_steps_in_the_window_and_in_the_sampling_span_are_named(tmp_path: P
     verdict = json.loads((out / "verdict.json").read_text())
     stalls = {f["evidence"]["step"]: f["evidence"] for f in verdict["findings"]
               if f["id"] == "steps.stall"}
-    assert {s["where"] for s in stalls.values()} == {IN_WINDOW, SAMPLING}, stalls
+    assert {s["where"] for s in stalls.values()} == {IN_WINDOW, ANALYSED}, stalls
     assert all(s["seconds"] > 2.5 and 0 < s["share_of_run"] < 1 for s in stalls.values())
     notes = [n for n in verdict["notes"] if " took " in n and "median step" in n]
-    assert len(notes) == 2 and all("left out of the shares" in n for n in notes)
+    assert len(notes) == 2
+    assert sum("left out of the shares" in n for n in notes) == 1  # the window's
+    assert sum("counts in the shares" in n for n in notes) == 1  # the sampling span's

@@ -197,6 +197,8 @@ def test_ranks_are_kept_apart(tmp_path: Path) -> None:
 
 
 def test_steps_during_stack_sampling_are_left_out_when_enough_remain(tmp_path: Path) -> None:
+    # without the parent's schedstat samples (an older run directory) the sampler's pauses
+    # cannot be measured: then only (tests/unit/test_thread_time.py: with them, they count)
     import json
 
     session = record_loop(tmp_path, 60, wait_s=0.05, compute_s=0.05)
