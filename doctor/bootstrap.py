@@ -11,18 +11,16 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .record import session as session_mod
+from .record.after_import import AfterImport
 from .record.session import Session
 from .record.tracer import allow_parent_tracer
 from .record.window import DEFAULT_WINDOW, Window, window_in_job
 
 if TYPE_CHECKING:
-    import importlib.machinery
 
     from .record import overrides
 
@@ -73,7 +71,7 @@ def start_session(run_dir: Path, *, window: Window = DEFAULT_WINDOW,
     if "torch" in sys.modules:
         starter.start()
     else:
-        sys.meta_path.insert(0, _AfterImport("torch", starter.start))
+        sys.meta_path.insert(0, AfterImport("torch", starter.start))
     return starter
 
 
@@ -127,50 +125,3 @@ class JobProbes:
         if self.overrides is not None:
             self.overrides.stop()
         session_mod.uninstall(self.session)
-
-
-class _AfterImport:
-    """A one-shot meta path finder that runs ``callback`` after module ``name`` is imported."""
-
-    def __init__(self, name: str, callback: Callable[[], None]) -> None:
-        self.name = name
-        self.callback = callback
-        self._busy = False
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name or self._busy:
-            return None
-        import importlib.util  # here, not at start-up: the job's own import of torch
-
-        self._busy = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None:
-            return None
-        loader = spec.loader
-        exec_module = loader.exec_module
-        finder = self
-
-        def exec_then_hook(module: ModuleType) -> None:
-            exec_module(module)
-            if finder in sys.meta_path:
-                sys.meta_path.remove(finder)
-            try:
-                finder.callback()
-            except Exception as err:  # the job goes on; the run directory says what failed
-                _note_failure(err)
-
-        loader.exec_module = exec_then_hook  # type: ignore[method-assign]
-        return spec
-
-
-def _note_failure(err: BaseException) -> None:
-    current = session_mod.current()
-    if current is not None:
-        try:
-            current.update_meta(probe_error=f"{type(err).__name__}: {err}")
-        except OSError:
-            pass

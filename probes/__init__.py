@@ -90,6 +90,7 @@ REGISTRY: tuple[ProbeSpec, ...] = (
     ProbeSpec("model_state", JOB, ".model_state:ModelStateProbe"),
     ProbeSpec("ddp", JOB, ".ddp:DdpProbe"),
     ProbeSpec("gc", JOB, ".gc_pauses:GcProbe"),
+    ProbeSpec("checkpoints", JOB, ".checkpoints:CheckpointProbe"),
     ProbeSpec("host", PARENT, ".host:HostSampler.for_run"),
     ProbeSpec("gpu", PARENT, ".gpu:GpuSampler.for_run"),
     ProbeSpec("stacks", PARENT, ".stacks:PySpyRecorder.for_run"),

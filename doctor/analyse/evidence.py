@@ -24,6 +24,7 @@ from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.idle_gpus import IdleGpus, idle_gpus
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
+from doctor.analyse.phase_steps import PhaseSummary
 from doctor.analyse.split import (
     InputSplit,
     OutsideLoader,
@@ -65,7 +66,8 @@ class Evidence:
       (doctor.analyse.idle_gpus);
     - ``slow_steps``: every slow step with its cause, grouped (doctor.analyse.causes; the
       pipeline adds it: doctor.analyse.cause_sources); ``gc``: each rank's garbage collections
-      (doctor.analyse.gc_pauses), where the GC probe ran.
+      (doctor.analyse.gc_pauses), where the GC probe ran; ``phases``: each rank's evaluation
+      passes, checkpoints and epoch starts (doctor.analyse.phase_steps; the pipeline adds it).
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -91,6 +93,7 @@ class Evidence:
     idle_gpus: IdleGpus | None = None
     slow_steps: SlowSteps | None = None
     gc: Mapping[int, GcSummary] | None = None
+    phases: tuple[PhaseSummary, ...] | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}

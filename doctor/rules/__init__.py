@@ -25,12 +25,13 @@ from doctor.rules import (
     memory_growth,
     ops,
     other,
+    phases,
     trace,
 )
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 
 MODULES = (compute, ops, distributed, gpu, gpu_counters, idle_gpus, communication, memory,
-           memory_fit, memory_growth, allocator, host, input, other, causes, trace)
+           memory_fit, memory_growth, allocator, host, input, other, causes, phases, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

@@ -1,0 +1,63 @@
+"""A one-shot import hook: run a callback right after a module is imported, without importing
+it first (the bootstrap starts the probes after ``import torch``; the checkpoints probe wraps
+safetensors and torch.distributed.checkpoint after the job imports them). Runs inside the job;
+a callback that raises is noted in the process's meta, never raised into the job's import."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from . import session as session_mod
+
+if TYPE_CHECKING:
+    import importlib.machinery
+
+
+class AfterImport:
+    """A one-shot meta path finder that runs ``callback`` after module ``name`` is imported."""
+
+    def __init__(self, name: str, callback: Callable[[], None]) -> None:
+        self.name = name
+        self.callback = callback
+        self._busy = False
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name or self._busy:
+            return None
+        import importlib.util  # here, not at start-up: the job's own import of torch
+
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        exec_module = loader.exec_module
+        finder = self
+
+        def exec_then_hook(module: ModuleType) -> None:
+            exec_module(module)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+            try:
+                finder.callback()
+            except Exception as err:  # the job goes on; the run directory says what failed
+                _note_failure(err)
+
+        loader.exec_module = exec_then_hook  # type: ignore[method-assign]
+        return spec
+
+
+def _note_failure(err: BaseException) -> None:
+    current = session_mod.current()
+    if current is not None:
+        try:
+            current.update_meta(probe_error=f"{type(err).__name__}: {err}")
+        except OSError:
+            pass
