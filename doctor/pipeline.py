@@ -29,6 +29,7 @@ from doctor.analyse.failures import failure_finding, failure_notes
 from doctor.analyse.gpu_split import crosscheck_notes
 from doctor.analyse.gpus import gpu_tables
 from doctor.analyse.phase_steps import phase_summaries
+from doctor.analyse.phases import PHASES
 from doctor.analyse.stages import Stages, run_stages
 from doctor.analyse.stalls import (
     Stall,
@@ -61,7 +62,9 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                        phases=phases or None)
     outcome = run_rules(evidence, default_rules())
     summary = summarise(stages.ledger)
-    stalls = find_stalls(stages.table, export_seconds(stages.ranks), run_s)
+    # a long step that a phase explains is that phase's finding (doctor.rules.phases)
+    stalls = [s for s in find_stalls(stages.table, export_seconds(stages.ranks), run_s)
+              if slow.cause_of(s.rank, s.step) not in PHASES]
     findings = _findings(run, stages, outcome, summary, stalls, slow)
     partial, notes = facts.exit_notes(run)
     verdict = Verdict(

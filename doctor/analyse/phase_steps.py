@@ -63,6 +63,17 @@ def mark_phases(table: pd.DataFrame, phases: Mapping[int, RankPhases]) -> pd.Dat
     return table.assign(phase=phase, analyzed=table["analyzed"].to_numpy(bool) & training)
 
 
+def _span(rows: pd.DataFrame, found: RankPhases) -> float:
+    """From the first step or phase to the last: the run's time where its duration is not
+    known (a phase may come after the last step)."""
+    starts = [float(p.start.min()) for p in found.phases.values() if len(p.start)]
+    ends = [float(p.end.max()) for p in found.phases.values() if len(p.end)]
+    if len(rows):
+        starts.append(float(rows["start_s"].min()))
+        ends.append(float((rows["start_s"] + rows["wall_s"]).max()))
+    return max(ends) - min(starts) if starts else 0.0
+
+
 def _overlap(p: PhasePieces, s: np.ndarray, e: np.ndarray) -> np.ndarray:
     us, ue = union(p.start, p.end)
     return overlap_per_span(us, ue, s, e) if len(us) else np.zeros(len(s))
@@ -126,7 +137,7 @@ def phase_summaries(table: pd.DataFrame, phases: Mapping[int, RankPhases],
         rows = table[table["rank"] == rank]
         first = float(rows["start_s"].min()) if len(rows) else 0.0
         last = float((rows["start_s"] + rows["wall_s"]).max()) if len(rows) else 0.0
-        whole = run_s if run_s and run_s > 0 else float(rows["wall_s"].sum())
+        whole = run_s if run_s and run_s > 0 else _span(rows, found)
         for kind in PHASES:
             p = found.phases.get(kind)
             if p is None or not p.count:

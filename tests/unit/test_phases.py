@@ -179,3 +179,12 @@ def test_the_reports_say_each_phase(tmp_path: Path) -> None:
     assert "epoch starts, rank 0: 1 start (2 workers, persistent_workers=False)" in text
     html = render_html(analysis)
     assert 'id="phases"' in html and "6 passes of 8 batches" in html
+
+
+def test_a_long_phase_step_is_its_phases_finding_not_a_stall(tmp_path: Path) -> None:
+    record(tmp_path, Plan(eval_every=20, eval_batches=200, ckpt_every=30, ckpt_s=1.5))
+    analysis = analyze_run(tmp_path)
+    ids = [f.id for f in analysis.verdict.findings]
+    assert "steps.stall" not in ids
+    assert ids[:2] == ["phases.evaluation", "phases.checkpoint"]
+    assert not any("Step 20 took" in n for n in analysis.verdict.notes)
