@@ -47,7 +47,7 @@ def evaluate(model: nn.Module, loader: DataLoader) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=240)
+    ap.add_argument("--steps", type=int, default=250)
     ap.add_argument("--epoch-steps", type=int, default=80, help="batches in an epoch")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--width", type=int, default=768)
