@@ -71,7 +71,7 @@ def start_session(run_dir: Path, *, window: Window = DEFAULT_WINDOW,
     if "torch" in sys.modules:
         starter.start()
     else:
-        sys.meta_path.insert(0, AfterImport("torch", starter.start, _note_failure))
+        sys.meta_path.insert(0, AfterImport("torch", starter.start))
     return starter
 
 
@@ -125,12 +125,3 @@ class JobProbes:
         if self.overrides is not None:
             self.overrides.stop()
         session_mod.uninstall(self.session)
-
-
-def _note_failure(err: BaseException) -> None:
-    current = session_mod.current()
-    if current is not None:
-        try:
-            current.update_meta(probe_error=f"{type(err).__name__}: {err}")
-        except OSError:
-            pass

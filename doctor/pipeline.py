@@ -28,6 +28,8 @@ from doctor.analyse.evidence import build_evidence
 from doctor.analyse.failures import failure_finding, failure_notes
 from doctor.analyse.gpu_split import crosscheck_notes
 from doctor.analyse.gpus import gpu_tables
+from doctor.analyse.phase_steps import phase_summaries
+from doctor.analyse.phases import PHASES
 from doctor.analyse.stages import Stages, run_stages
 from doctor.analyse.stalls import (
     Stall,
@@ -56,10 +58,14 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     stages = run_stages(run, steps)
     run_s = run.record.duration_s if len(run.record.nodes) <= 1 else None
     slow, gc = run_slow_steps(run, stages, run_s), run_gc(run, stages, run_s)
-    evidence = replace(build_evidence(run, stages), slow_steps=slow, gc=gc or None)
+    phases = tuple(phase_summaries(stages.table, stages.phases, stages.loaders, run_s))
+    evidence = replace(build_evidence(run, stages), slow_steps=slow, gc=gc or None,
+                       phases=phases or None)
     outcome = run_rules(evidence, default_rules())
     summary = summarise(stages.ledger)
-    stalls = find_stalls(stages.table, export_seconds(stages.ranks), run_s)
+    # a long step that a phase explains is that phase's finding (doctor.rules.phases)
+    stalls = [s for s in find_stalls(stages.table, export_seconds(stages.ranks), run_s)
+              if slow.cause_of(s.rank, s.step) not in PHASES]
     findings = _findings(run, stages, outcome, summary, stalls, slow)
     partial, notes = facts.exit_notes(run)
     verdict = Verdict(
@@ -75,7 +81,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                     sections=Sections(counters=s.counters, memory=s.memory, ops=s.ops,
                                       comms=s.comms, models=s.models,
                                       # a run recorded with the GC probe (not an older one)
-                                      slow_steps=slow if slow.steps and gc else None, gc=gc))
+                                      slow_steps=slow if slow.steps and gc else None, gc=gc,
+                                      phases=phases))
 
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,

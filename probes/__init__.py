@@ -91,6 +91,7 @@ REGISTRY: tuple[ProbeSpec, ...] = (
     ProbeSpec("ddp", JOB, ".ddp:DdpProbe"),
     ProbeSpec("gc", JOB, ".gc_pauses:GcProbe"),
     ProbeSpec("compile", JOB, ".compile:CompileProbe"),
+    ProbeSpec("checkpoints", JOB, ".checkpoints:CheckpointProbe"),
     ProbeSpec("host", PARENT, ".host:HostSampler.for_run"),
     ProbeSpec("gpu", PARENT, ".gpu:GpuSampler.for_run"),
     ProbeSpec("stacks", PARENT, ".stacks:PySpyRecorder.for_run"),

@@ -1,7 +1,9 @@
-"""DataLoader probe: the main process's wait per batch, the loader's settings, and the time
-each fetch (``__getitem__`` calls plus collate) and each collate takes, in the main process for
-num_workers=0 and in each worker otherwise. Runs inside the job; patches torch.utils.data in
-place."""
+"""DataLoader probe: the main process's wait per batch (and whether autograd was on as it was
+asked for: an evaluation loop's batches come with it off), each iterator made or reset (an
+epoch's start: ``loader_iter``) and each call that found a loader exhausted (``loader_end``),
+the loader's settings, and the time each fetch (``__getitem__`` calls plus collate) and each
+collate takes, in the main process for num_workers=0 and in each worker otherwise. Runs inside
+the job; patches torch.utils.data in place."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 from ..machine import private_bytes, rss_bytes
 from ..record.session import STEP_DATALOADER, Session
+from ..store.records import loader_key
 from ..verdict import ProbeStatus
 
 
@@ -86,11 +89,13 @@ class DataLoaderProbe:
         setattr(owner, name, new)
 
     def start(self) -> None:
+        import torch
         from torch.utils.data import dataloader as dl
         from torch.utils.data._utils import fetch, worker
 
         session = self.session
         clock = session.clock
+        grad_enabled = torch.is_grad_enabled
         base = dl._BaseDataLoaderIter
         orig_init, orig_next = base.__init__, base.__next__
 
@@ -103,12 +108,19 @@ class DataLoaderProbe:
             except Exception as err:  # settings are evidence, never a reason to fail the job
                 self._doctor_loader = -1
                 session.swallowed("dataloader", "recording a DataLoader's settings", err)
+            self._doctor_key = loader_key(self._doctor_loader)
+            self._doctor_no_grad = loader_key(self._doctor_loader, grad=False)
 
         @functools.wraps(orig_next)
         def __next__(self: Any) -> Any:
             t0 = clock()
-            batch = orig_next(self)  # StopIteration passes through unrecorded
-            session.record_interval("loader_wait", t0, clock(), self._doctor_loader)
+            try:
+                batch = orig_next(self)
+            except StopIteration:  # the loader is exhausted (its workers shut down, if any)
+                session.record_interval("loader_end", t0, clock(), self._doctor_loader)
+                raise
+            session.record_interval("loader_wait", t0, clock(), self._doctor_key
+                                    if grad_enabled() else self._doctor_no_grad)
             session.count_step(STEP_DATALOADER)
             if self._doctor_count:  # the first batch of each iterator: its tensors
                 self._doctor_count = False
@@ -120,6 +132,19 @@ class DataLoaderProbe:
 
         self._patch(base, "__init__", __init__)
         self._patch(base, "__next__", __next__)
+        orig_iter = dl.DataLoader.__iter__
+
+        @functools.wraps(orig_iter)
+        def __iter__(self: Any) -> Any:
+            """An epoch (or an evaluation pass) starts: the iterator made, or reset where the
+            workers persist; with workers that do not, this is where they start."""
+            t0 = clock()
+            it = orig_iter(self)
+            session.record_interval("loader_iter", t0, clock(),
+                                    getattr(it, "_doctor_loader", -1))
+            return it
+
+        self._patch(dl.DataLoader, "__iter__", __iter__)
 
         for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
             self._patch(cls, "fetch", _timed_fetch(cls.fetch, session))

@@ -23,6 +23,7 @@ from markupsafe import Markup
 from doctor.analyse.analysis import Analysis
 from doctor.reports import charts, memory_charts, roofline_chart
 from doctor.reports.json import verdict_data
+from doctor.reports.phases import phase_lines
 from doctor.reports.slow_steps import slow_step_lines
 from doctor.reports.tables import shown_table
 from doctor.reports.text import (
@@ -141,6 +142,7 @@ def _context(analysis: Analysis) -> dict[str, Any]:
                    if name not in TABLES_AS_CHARTS],
         "memory": _memory(analysis),
         "slow_lines": slow_step_lines(analysis.sections),
+        "phase_lines": phase_lines(analysis.sections),
         "ops": _ops(analysis),
         "source": analysis.source,
         "verdict_data": verdict_data(analysis),

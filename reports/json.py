@@ -2,7 +2,7 @@
 
 The one place where the analysis's typed records become verdict.json's dicts: the verdict's own
 keys (doctor.verdict.Verdict.to_dict), then each section of the analysis (``gpus``, ``memory``,
-``ops``, ``communication``, ``comm_model``, ``slow_steps``, ``gc``;
+``ops``, ``communication``, ``comm_model``, ``slow_steps``, ``gc``, ``phases``;
 doctor.analyse.analysis.Sections), in that order,
 each where the run has it.
 """
@@ -56,7 +56,8 @@ def sections_data(s: Sections) -> dict[str, Any]:
             **({"communication": [comms_data(c) for c in s.comms.values()]} if s.comms else {}),
             **({"comm_model": [model_data(m) for m in s.models.values()]} if s.models else {}),
             **({"slow_steps": slow_steps_data(s.slow_steps)} if s.slow_steps else {}),
-            **({"gc": [g.to_dict() for g in s.gc.values()]} if s.gc else {})}
+            **({"gc": [g.to_dict() for g in s.gc.values()]} if s.gc else {}),
+            **({"phases": [p.to_dict() for p in s.phases]} if s.phases else {})}
 
 
 def gpu_data(g: GpuSummary) -> dict[str, Any]:

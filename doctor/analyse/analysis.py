@@ -17,6 +17,7 @@ from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.ledger import StepMarks, step_marks
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
+from doctor.analyse.phase_steps import PhaseSummary
 from doctor.verdict import Verdict
 
 
@@ -33,6 +34,7 @@ class Sections:
     models: Mapping[int, CommModel] = field(default_factory=dict)  # its communication model
     slow_steps: SlowSteps | None = None  # each slow step's cause, grouped by cause
     gc: Mapping[int, GcSummary] = field(default_factory=dict)  # each rank's collections
+    phases: tuple[PhaseSummary, ...] = ()  # evaluation, checkpoints, epoch starts per rank
 
     def first_ops(self) -> RankOps | None:
         """The lowest rank's ops (the report shows that rank's)."""

@@ -3,9 +3,10 @@
 CAUSE_SOURCES lists the functions that make a Cause (doctor.analyse.causes) of what a run
 recorded, each ``(run, stages) -> Cause | None`` (None: the run has none of it): the garbage
 collector's pauses (doctor.analyse.gc_pauses) and other processes on the machine's cores
-(doctor.analyse.machine_load). A new cause (evaluation, checkpoints, epoch starts as phases)
-is one more function here; its slow steps then get its name, its group and, from
-doctor.rules.causes, its finding.
+(doctor.analyse.machine_load); then the run's phases (evaluation, checkpoints, epoch starts:
+doctor.analyse.phase_steps), whose findings are doctor.rules.phases'. A new cause is one more
+function here; its slow steps then get its name, its group and, from doctor.rules.causes, its
+finding.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from doctor.analyse.causes import Cause, SlowSteps, slow_steps
 from doctor.analyse.gc_pauses import GcSummary, gc_cause, gc_summaries
 from doctor.analyse.machine_load import machine_cause
+from doctor.analyse.phase_steps import phase_causes
 from doctor.analyse.stages import Stages
 from doctor.analyse.stalls import export_seconds
 from doctor.store.rundata import RunData
@@ -29,7 +31,8 @@ CAUSE_SOURCES: tuple[CauseSource, ...] = (
 
 def find_causes(run: RunData, stages: Stages) -> list[Cause]:
     """Every cause the run recorded, in CAUSE_SOURCES' order."""
-    return [c for source in CAUSE_SOURCES if (c := source(run, stages)) is not None]
+    return [*(c for source in CAUSE_SOURCES if (c := source(run, stages)) is not None),
+            *phase_causes(stages.phases)]
 
 
 def run_slow_steps(run: RunData, stages: Stages, run_s: float | None) -> SlowSteps:

@@ -26,6 +26,7 @@ from doctor.analyse.idle_gpus import IdleGpus, idle_gpus
 from doctor.analyse.iterations import Iterations, iterations
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
+from doctor.analyse.phase_steps import PhaseSummary
 from doctor.analyse.split import (
     InputSplit,
     OutsideLoader,
@@ -72,7 +73,9 @@ class Evidence:
       micro-batches per iteration (doctor.analyse.iterations), where a scaler updated;
       ``compiles``: each rank's torch.compile compilations (doctor.analyse.compiles);
     - ``optimizers``: each training process's optimizers as they first stepped (class,
-      foreach, fused, parameter tensors, device).
+      foreach, fused, parameter tensors, device);
+    - ``phases``: each rank's evaluation passes, checkpoints and epoch starts
+      (doctor.analyse.phase_steps; the pipeline adds it).
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -101,6 +104,7 @@ class Evidence:
     iterations: Mapping[int, Iterations] | None = None
     compiles: Mapping[int, Compiles] | None = None
     optimizers: pd.DataFrame | None = None
+    phases: tuple[PhaseSummary, ...] | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}

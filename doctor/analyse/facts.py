@@ -21,7 +21,7 @@ NO_WINDOW_HINT = "run 15 steps or more, or set --window START,STEPS"
 #: Job-side probes newer than run directories still read: a process whose statuses lack one
 #: was recorded by a doctor without it, and the probe table leaves it out (as it does where no
 #: process recorded any status: the others say why).
-PROBES_SINCE = ("gc",)
+PROBES_SINCE = ("gc", "checkpoints")
 TRACE_HAS_NO_LOADER = "a trace has no view of the loading code"
 
 

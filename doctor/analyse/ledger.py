@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from doctor.analyse.phases import TRAIN
 from doctor.analyse.steps import OWN_COLUMNS
 from doctor.analyse.thread_time import THREAD_COLUMNS
 from doctor.analyse.window import WindowSplit
@@ -81,7 +82,7 @@ def empty_ledger() -> pd.DataFrame:
         dtype = "bool" if c in (*FLAGS, "warmup", "analyzed") else "int64" \
             if c in ("rank", "step") else "float64"
         cols[c] = pd.Series(dtype=dtype)
-    return pd.DataFrame(cols)
+    return pd.DataFrame({**cols, "phase": pd.Series(dtype="object")})
 
 
 def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
@@ -139,7 +140,9 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
     out["contention_s"] = contended
     out["comm_contention_s"] = np.where(has_own, 0.0, comm_contended)
     out["device_compute_s"] = np.where(has_own, own[:, -1], on_device)
-    return pd.DataFrame({c: out[c] for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS)})
+    frame = pd.DataFrame({c: out[c] for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS)})
+    # each step's phase (doctor.analyse.phase_steps): only training steps are analysed
+    return frame.assign(phase=rows["phase"].to_numpy() if "phase" in rows else TRAIN)
 
 
 def _column(rows: pd.DataFrame, name: str) -> np.ndarray:

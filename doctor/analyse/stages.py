@@ -2,8 +2,8 @@
 record of what they worked out, from which the evidence (doctor.analyse.evidence) and the verdict
 (doctor.pipeline) are built.
 
-    steps -> window fractions (or GPU counters) -> input split -> contention -> ledger
-          -> memory -> ops -> communication -> the window's drift
+    steps -> phases -> window fractions (or GPU counters) -> input split -> contention
+          -> ledger -> memory -> ops -> communication -> the window's drift
 
 Also here: what the job is (JobFacts), which DataLoaders the training processes used, and which
 of the profiler window's steps are analysed.
@@ -30,6 +30,8 @@ from doctor.analyse.gpus import GpuCounters, gpu_counters, said_cuda
 from doctor.analyse.ledger import build_ledger
 from doctor.analyse.memory import MemoryEvidence, memory_evidence
 from doctor.analyse.ops import RankOps, ops_evidence
+from doctor.analyse.phase_steps import mark_phases
+from doctor.analyse.phases import RankPhases, find_phases, on_ledger
 from doctor.analyse.precision import Precision, job_precision
 from doctor.analyse.split import OutsideShares, StageSplit, outside_loader, rank_split
 from doctor.analyse.steps import (
@@ -70,7 +72,8 @@ class Stages:
 
     ranks: dict[int, RankSteps]  # rank -> its training process (doctor.analyse.steps)
     in_range: tuple[int, int] | None  # the steps asked for (first, last), or None: every step
-    table: pd.DataFrame  # one row per (rank, step): its time, its waits, whether analysed
+    table: pd.DataFrame  # one row per (rank, step): its time, its waits, its phase, whether
+    # analysed (training steps only)
     windows: dict[int, WindowSplit]  # each rank's profiler window's split of its step
     window_problems: dict[int, str]  # rank -> why its window gives no split
     span: Span | None  # the analysed steps' (first start, last end)
@@ -91,6 +94,8 @@ class Stages:
     comms: dict[int, RankComms]
     models: dict[int, CommModel]
     drifts: tuple[WindowDrift, ...]  # each rank's median step before the window and after it
+    phases: dict[int, RankPhases] = field(default_factory=dict)  # evaluation, checkpoints,
+    # epoch starts of each rank, on the ledger's clock (doctor.analyse.phases)
 
 
 def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None) -> Stages:
@@ -99,7 +104,8 @@ def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None)
     their span."""
     ranks = training_processes(run)
     in_range = step_range(steps, ranks)
-    table = step_table(run, ranks, in_range)
+    phases = run_phases(run, ranks)
+    table = mark_phases(step_table(run, ranks, in_range), phases)
     window = window_frame(run, ranks)
     windows, window_problems = window_splits(run, ranks)
     span = analysed_span(analysed(table))
@@ -129,7 +135,19 @@ def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None)
         window_problems=window_problems, span=span, job=job, counters=counters, coarse=coarse,
         coarse_notes=coarse_notes, workers=workers, splits=splits, outside=outside,
         contention=contention, comm_contention=comm_contention, ledger=ledger, window=window,
-        loaders=loaders, memory=memory, ops=ops, comms=comms, models=models, drifts=drifts)
+        loaders=loaders, memory=memory, ops=ops, comms=comms, models=models, drifts=drifts,
+        phases=phases)
+
+
+def run_phases(run: RunData, ranks: dict[int, RankSteps]) -> dict[int, RankPhases]:
+    """Each rank's phases (doctor.analyse.phases), on the ledger's clock."""
+    out = {}
+    for rank, r in ranks.items():
+        found = find_phases(run, r)
+        origin = run.record.t0_ns.get(r.node, 0)
+        out[rank] = RankPhases(rank, {k: on_ledger(p, origin) for k, p in found.phases.items()},
+                               found.train_loader)
+    return out
 
 
 def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -> JobFacts:

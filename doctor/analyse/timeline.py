@@ -39,7 +39,8 @@ THREADS = 1024  # track tids of a process: its track pid * THREADS + k
 MACHINE_PID, GPU_PID = 2**30, 2**30 + 1000  # the parent's samples' tracks (+ node, + gpu)
 INTERVAL_NAMES = {"loader_wait": "DataLoader wait", "backward": "backward",
                   "optimizer": "optimizer step", "fetch": "fetch", "collate": "collate",
-                  "gc": "garbage collection"}
+                  "gc": "garbage collection", "checkpoint": "checkpoint",
+                  "loader_iter": "DataLoader iterator made", "loader_end": "DataLoader exhausted"}
 
 
 @dataclass(frozen=True)

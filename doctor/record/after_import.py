@@ -1,23 +1,27 @@
-"""A one-shot import hook: a callback run once a module has been imported (by the job: torch,
-which starts the probes; torch._dynamo, which torch.compile imports), after which the hook
-steps out of the import system."""
+"""A one-shot import hook: run a callback right after a module is imported, without importing
+it first (the bootstrap starts the probes after ``import torch``; the checkpoints probe wraps
+safetensors and torch.distributed.checkpoint after the job imports them). Runs inside the job;
+a callback that raises is noted in the process's meta, never raised into the job's import."""
 
 from __future__ import annotations
 
-import importlib.machinery
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+from . import session as session_mod
+
+if TYPE_CHECKING:
+    import importlib.machinery
 
 
 class AfterImport:
     """A one-shot meta path finder that runs ``callback`` after module ``name`` is imported."""
 
-    def __init__(self, name: str, callback: Callable[[], None],
-                 on_error: Callable[[BaseException], None] = lambda err: None) -> None:
+    def __init__(self, name: str, callback: Callable[[], None]) -> None:
         self.name = name
         self.callback = callback
-        self.on_error = on_error
         self._busy = False
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
@@ -44,7 +48,16 @@ class AfterImport:
             try:
                 finder.callback()
             except Exception as err:  # the job goes on; the run directory says what failed
-                finder.on_error(err)
+                _note_failure(err)
 
         loader.exec_module = exec_then_hook  # type: ignore[method-assign]
         return spec
+
+
+def _note_failure(err: BaseException) -> None:
+    current = session_mod.current()
+    if current is not None:
+        try:
+            current.update_meta(probe_error=f"{type(err).__name__}: {err}")
+        except OSError:
+            pass

@@ -28,13 +28,14 @@ from doctor.rules import (
     ops,
     optimizer,
     other,
+    phases,
     trace,
 )
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 
 MODULES = (compute, compiles, optimizer, ops, distributed, gpu, gpu_counters, idle_gpus,
            communication, memory, memory_fit, memory_growth, allocator, host, input, iterations,
-           other, causes, trace)
+           other, causes, phases, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

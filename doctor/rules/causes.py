@@ -5,7 +5,8 @@ becomes a finding: the garbage collector's (``steps.gc``: freeze the heap after 
 collect on a schedule, with the speedup its measured pauses allow), other processes on the
 machine's cores (``steps.machine``: the machine, not the job), and any other cause with the fix
 it carries (``steps.cause.NAME``). Slow steps with no known cause stay doctor.rules.other's
-``steps.spikes``.
+``steps.spikes``; those of a phase (evaluation, checkpoints, epoch starts) are
+doctor.rules.phases'.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from doctor.analyse.causes import UNEXPLAINED, CauseGroup, SlowSteps
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.gc_pauses import GC, GcSummary
 from doctor.analyse.machine_load import MACHINE, MACHINE_FIX
+from doctor.analyse.phases import PHASES
 from doctor.rules.base import rule
 from doctor.verdict import Finding, Fix
 
@@ -50,7 +52,7 @@ def slow_step_causes(ev: Evidence) -> list[Finding]:
     assert slow is not None
     out = []
     for group in slow.groups:
-        if group.cause == UNEXPLAINED:
+        if group.cause in (UNEXPLAINED, *PHASES):  # a phase's own rule speaks for it
             continue
         if group.steps_share < (MIN_GC_SHARE if group.cause == GC else MIN_SHARE):
             continue

@@ -28,13 +28,18 @@ STEPS_RECORD = ("<qii", ("t_ns", "kind", "key"))
 INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
 EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
 #: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
-#: profiler window: doctor.probes.page_faults, the garbage collector's pauses: doctor.probes.gc).
+#: profiler window: doctor.probes.page_faults, the garbage collector's pauses: doctor.probes.gc,
+#: checkpoints written: doctor.probes.checkpoints; ``loader_iter``: a DataLoader iterator made
+#: or reset, its epoch's start; ``loader_end``: the call that found the loader exhausted).
 INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults",
-                  "gc", "graph_replay", "scaler", "compile")
+                  "gc", "graph_replay", "scaler", "compile", "checkpoint", "loader_iter",
+                  "loader_end")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
 RING_PROBES = {"steps": "steps", "optimizer": "steps", "backward": "steps",
                "graph_replay": "steps", "scaler": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
+               "loader_iter": "dataloader", "loader_end": "dataloader",
+               "checkpoint": "checkpoints",
                "events": "torch_ops",
                "page_faults": "page_faults", "gc": "gc", "compile": "compile"}
 
@@ -70,3 +75,37 @@ def compile_key(frame: int, nth: int) -> int:
 def compile_frame(key: int) -> tuple[int, int]:
     """(frame, nth) of a Dynamo compilation's key (``compile_key``)."""
     return key // COMPILES_PER_FRAME, key % COMPILES_PER_FRAME
+
+
+# The ``loader_wait`` ring's key: the loader's id (doctor.record.session.Session.record_loader)
+# in its low bits, and LOADER_NO_GRAD where the batch was asked for with autograd off
+# (torch.no_grad(), torch.inference_mode()): an evaluation loop's batches, most often.
+LOADER_ID_MASK = (1 << 20) - 1
+LOADER_NO_GRAD = 1 << 20
+
+
+def loader_key(loader_id: int, grad: bool = True) -> int:
+    """The ``loader_wait`` ring's key of a batch of loader ``loader_id`` (-1: unknown)."""
+    return (loader_id & LOADER_ID_MASK) | (0 if grad else LOADER_NO_GRAD)
+
+
+# The ``checkpoint`` ring's key: how it was written (CHECKPOINT_KINDS) in its low bits, and
+# above them the KiB written plus one (0: not known, a file object that cannot tell).
+CHECKPOINT_KINDS = ("torch.save", "safetensors", "torch.distributed.checkpoint",
+                    "torch.distributed.checkpoint.async_save")
+CHECKPOINT_KIND_BITS = 2
+CHECKPOINT_KIB_MAX = (2**31 - 1) >> CHECKPOINT_KIND_BITS
+
+
+def checkpoint_key(kind: int, written: int | None) -> int:
+    """The ``checkpoint`` ring's key of a save of ``kind`` that wrote ``written`` bytes."""
+    kib = 0 if written is None or written < 0 else min(-(-written // 1024) + 1,
+                                                        CHECKPOINT_KIB_MAX)
+    return (kib << CHECKPOINT_KIND_BITS) | (kind & 3)
+
+
+def checkpoint_key_parts(key: int) -> tuple[int, int | None]:
+    """(kind, bytes written or None where not known) of a ``checkpoint`` ring's key (bytes to
+    the KiB)."""
+    kib = key >> CHECKPOINT_KIND_BITS
+    return key & 3, None if kib <= 0 else (kib - 1) * 1024

@@ -1,0 +1,117 @@
+"""A CPU job as real training runs are: an MLP trained from a DataLoader, an evaluation pass
+every ``--eval-every`` steps over its own DataLoader under ``torch.no_grad()``, and a checkpoint
+(``torch.save`` of the model and the optimizer) every ``--ckpt-every`` steps, over several
+epochs of its training set.
+
+Switches: ``--no-eval`` and ``--no-ckpt`` remove the phases; the training steps are the same
+either way, so doctor's verdict over the training steps should be too.
+
+The job times its own evaluation passes and saves, and prints them with its step times, one
+JSON line at the end: ``eval_s``/``eval_passes``/``eval_share`` and ``ckpt_s``/``ckpts``/
+``ckpt_share``/``ckpt_bytes`` (shares of the loop's time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import StepTimer
+
+
+def mlp(width: int, depth: int) -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def evaluate(model: nn.Module, loader: DataLoader) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += int((model(x).argmax(1) == y).sum())
+    model.train()
+    return correct
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=250)
+    ap.add_argument("--epoch-steps", type=int, default=80, help="batches in an epoch")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--width", type=int, default=768)
+    ap.add_argument("--depth", type=int, default=3)
+    ap.add_argument("--eval-every", type=int, default=30)
+    ap.add_argument("--eval-batches", type=int, default=24)
+    ap.add_argument("--ckpt-every", type=int, default=40)
+    ap.add_argument("--workers", type=int, default=0, help="training loader's workers")
+    ap.add_argument("--persistent", action="store_true", help="persistent_workers=True")
+    ap.add_argument("--no-eval", action="store_true", help="remove the evaluation passes")
+    ap.add_argument("--no-ckpt", action="store_true", help="remove the checkpoints")
+    ap.add_argument("--ckpt-dir", default=None, help="where to save (a temporary folder)")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = mlp(args.width, args.depth)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    n = args.batch * args.epoch_steps
+    train = TensorDataset(torch.randn(n, args.width), torch.randint(0, 10, (n,)))
+    val_n = args.batch * args.eval_batches
+    val = TensorDataset(torch.randn(val_n, args.width), torch.randint(0, 10, (val_n,)))
+    train_loader = DataLoader(train, batch_size=args.batch, shuffle=True,
+                              num_workers=args.workers,
+                              persistent_workers=args.persistent and args.workers > 0)
+    val_loader = DataLoader(val, batch_size=args.batch)
+    folder = args.ckpt_dir or tempfile.mkdtemp(prefix="doctor-ckpt-")
+    eval_s = ckpt_s = 0.0
+    passes = saves = written = 0
+    timer = StepTimer()
+    step = 0
+    try:
+        while step < args.steps:
+            for x, y in train_loader:
+                t0 = time.perf_counter()
+                loss = nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                timer.train(time.perf_counter() - t0)
+                step += 1
+                if not args.no_eval and step % args.eval_every == 0:
+                    t0 = time.perf_counter()
+                    evaluate(model, val_loader)
+                    eval_s += time.perf_counter() - t0
+                    passes += 1
+                if not args.no_ckpt and step % args.ckpt_every == 0:
+                    t0 = time.perf_counter()
+                    path = os.path.join(folder, f"step{step}.pt")
+                    torch.save({"model": model.state_dict(), "optim": opt.state_dict(),
+                                "step": step}, path)
+                    ckpt_s += time.perf_counter() - t0
+                    saves += 1
+                    written += os.path.getsize(path)
+                timer.step()
+                if step >= args.steps:
+                    break
+    finally:
+        if args.ckpt_dir is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    loop_s = time.perf_counter() - timer.t_start
+    timer.report(eval_s=round(eval_s, 4), eval_passes=passes, eval_share=round(eval_s / loop_s, 4),
+                 ckpt_s=round(ckpt_s, 4), ckpts=saves, ckpt_share=round(ckpt_s / loop_s, 4),
+                 ckpt_bytes=written)
+
+
+if __name__ == "__main__":
+    main()

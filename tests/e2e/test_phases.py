@@ -1,0 +1,52 @@
+"""Phases under ``doctor run`` (issue 34, item 1): a job that evaluates every N steps over its own
+DataLoader and saves a checkpoint every M gets the same training verdict as the same job without
+them, and its evaluation and checkpoints as phases, their share near the one the job timed.
+
+The recorded-loop tests are tests/unit/test_phases.py and tests/unit/test_phase_probes.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import SAMPLE_JOBS, doctor_cmd
+
+pytestmark = pytest.mark.e2e
+
+ARGS = ("--steps", "250", "--eval-every", "30", "--eval-batches", "40", "--ckpt-every", "40")
+SHARE_TOLERANCE = 0.08  # shares of the training verdict, with and without the phases
+TIMED_TOLERANCE = 0.3  # the evaluation's share, doctor's against the job's own (relative)
+
+
+def run(tmp_path: Path, name: str, *extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    out = tmp_path / name
+    result = doctor_cmd("run", "--quiet", "--out", str(out), "--", sys.executable,
+                        str(SAMPLE_JOBS / "train_eval_ckpt.py"), *ARGS, *extra,
+                        timeout=300, env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    [job] = [json.loads(line) for line in result.stdout.splitlines()
+             if line.startswith('{"median_step_s"')]
+    return job, json.loads((out / "verdict.json").read_text())
+
+
+def test_evaluation_and_checkpoints_are_phases_and_the_training_verdict_stays(
+        tmp_path: Path) -> None:
+    job, verdict = run(tmp_path, "phases")
+    _bare, plain = run(tmp_path, "plain", "--no-eval", "--no-ckpt")
+    assert verdict["bottleneck"] == plain["bottleneck"] == "compute"
+    for category in ("compute", "other", "preprocess"):
+        assert abs(verdict["shares"][category] - plain["shares"][category]) <= SHARE_TOLERANCE, \
+            (verdict["shares"], plain["shares"])
+    phases = {p["phase"]: p for p in verdict["phases"]}
+    evaluation, checkpoint = phases["evaluation"], phases["checkpoint"]
+    assert evaluation["count"] == job["eval_passes"] and evaluation["batches_per_pass"] == 40
+    assert evaluation["share_of_steps"] == pytest.approx(job["eval_share"], rel=TIMED_TOLERANCE)
+    assert checkpoint["count"] == job["ckpts"] and checkpoint["saved_with"] == ["torch.save"]
+    assert checkpoint["bytes"] == pytest.approx(job["ckpt_bytes"], rel=0.01)
+    assert "phases.evaluation" in {f["id"] for f in verdict["findings"]}
+    assert "evaluation" not in {p["phase"] for p in plain.get("phases", [])}
