@@ -58,6 +58,7 @@ def other_load(host: pd.DataFrame, system: pd.DataFrame, node: int = 0,
     load = machine["busy_cores"].to_numpy(np.float64) - job_cores
     wait = waited.reindex(t).to_numpy(np.float64) if waited is not None else np.full(len(t),
                                                                                       np.nan)
+    load[_job_changed(mine, t)] = np.nan  # the job's own, unmeasured: not other processes'
     loaded = (load >= MIN_OTHER_CORES) & np.isfinite(load) & ~(wait < MIN_WAIT)
     keep = np.flatnonzero(loaded)
     keep = keep[keep > 0]  # a tick's span starts at the one before
@@ -68,6 +69,24 @@ def other_load(host: pd.DataFrame, system: pd.DataFrame, node: int = 0,
     words = [f"other processes kept {o:.1f} of {c:.0f} cores busy" + _named(seen, a, b)
              for o, c, a, b in zip(load[keep], cores[keep], t[keep - 1], t[keep], strict=True)]
     return Intervals.of(t[keep - 1], t[keep], weight, words)
+
+
+def _job_changed(mine: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+    """The ticks in which a process of the job started or ended: its CPU there is not in the
+    samples (a process's first sample has no CPU yet, and one that ended took its last
+    interval's with it), so what the machine burnt beyond the samples may be the job's own
+    (DataLoader workers starting at each epoch, not other processes)."""
+    changed = np.zeros(len(t), dtype=bool)
+    if mine.empty or "pid" not in mine or len(t) < 2:
+        return changed
+    spans = mine.groupby("pid")["t_s"].agg(["min", "max"])
+    first = spans["min"].to_numpy(np.float64)
+    last = spans["max"].to_numpy(np.float64)
+    started = np.searchsorted(t, first[first > t[0]], side="left")
+    ended = np.searchsorted(t, last[last < t[-1]], side="right")
+    changed[started[started < len(t)]] = True
+    changed[ended[ended < len(t)]] = True
+    return changed
 
 
 def others_of(others: pd.DataFrame | None, node: int) -> pd.DataFrame | None:

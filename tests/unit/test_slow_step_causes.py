@@ -143,6 +143,22 @@ def test_other_processes_are_weighted_by_the_cores_they_took() -> None:
     assert other_load(host, system, waited=waited) is None
 
 
+def test_the_jobs_own_workers_starting_or_ending_are_not_other_processes() -> None:
+    """A DataLoader's workers start at an epoch: their first tick has no CPU in the samples, and
+    what the machine burnt beyond them is theirs; likewise the tick in which they ended."""
+    t = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    system = pd.DataFrame({"node": 0, "t_s": t, "cores": 2.0,
+                           "busy_cores": [1.0, 1.0, 2.0, 2.0, 1.0, 2.0, 1.0]})
+    main = pd.DataFrame({"node": 0, "pid": 7, "t_s": t, "cpu_pct": [np.nan] + [100.0] * 6})
+    worker = pd.DataFrame({"node": 0, "pid": 8, "t_s": [1.0, 1.5, 2.0],
+                           "cpu_pct": [np.nan, 100.0, 0.0]})
+    load = other_load(pd.concat([main, worker]), system)
+    assert load is None  # 1.0: the worker started; 1.5: its CPU is sampled; 2.5: it had ended
+    outside = system.assign(busy_cores=[1.0, 1.0, 2.0, 2.0, 1.0, 2.0, 2.0])
+    load = other_load(pd.concat([main, worker]), outside)
+    assert load is not None and list(load.end_s) == [3.0]  # a tick the job's set did not change
+
+
 def test_steps_slowed_by_other_processes_are_the_machines_not_periodic_work() -> None:
     walls = [0.1] * 30
     for i in (10, 20):
