@@ -66,7 +66,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     # a long step that a phase explains is that phase's finding (doctor.rules.phases)
     stalls = [s for s in find_stalls(stages.table, export_seconds(stages.ranks), run_s)
               if slow.cause_of(s.rank, s.step) not in PHASES]
-    findings = _findings(run, stages, outcome, summary, stalls, slow)
+    findings = _findings(run, stages, outcome, summary, stalls, slow,
+                         compiled=evidence.compiles is not None)
     partial, notes = facts.exit_notes(run)
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
@@ -86,11 +87,11 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
 
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
-              stalls: list[Stall], slow: SlowSteps) -> list[Finding]:
+              stalls: list[Stall], slow: SlowSteps, compiled: bool) -> list[Finding]:
     """The rules' findings (no fix that doctor estimates slower, or that sets what the job has:
     doctor.rules.sound), then what the analysis itself finds: no steps, a long stall (a fifth
-    of the run or more leads; with its cause where one is known), the job killed (first)."""
-    compiled = any(len(run.intervals_of(r.process, "compile")[0]) for r in stages.ranks.values())
+    of the run or more leads; with its cause where one is known), the job killed (first).
+    ``compiled``: the job runs torch.compile (no fix offers to compile it)."""
     offered = sound_findings(outcome.findings, job_settings(stages.job, stages.loaders),
                              compiled=compiled)
     findings = attach_verified(offered, run.record.tries)
