@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .record import session as session_mod
-from .record.after_import import AfterImport
+from .record.after_import import when_imported
 from .record.session import Session
 from .record.tracer import allow_parent_tracer
 from .record.window import DEFAULT_WINDOW, Window, window_in_job
@@ -68,10 +68,7 @@ def start_session(run_dir: Path, *, window: Window = DEFAULT_WINDOW,
     starter = JobProbes(session)
     if tried:
         _tried_settings(starter)
-    if "torch" in sys.modules:
-        starter.start()
-    else:
-        sys.meta_path.insert(0, AfterImport("torch", starter.start))
+    when_imported("torch", starter.start)
     return starter
 
 

@@ -26,7 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..record.after_import import AfterImport
+from ..record.after_import import AfterImport, when_imported
+from ..record.patches import Patches
 from ..record.session import Session
 from ..store.records import CHECKPOINT_KINDS, checkpoint_key
 from ..verdict import ProbeStatus
@@ -47,8 +48,8 @@ class CheckpointProbe:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._patched: list[tuple[Any, str, Any]] = []
-        self._finders: list[Any] = []
+        self._patches = Patches()
+        self._finders: list[AfterImport] = []
         self._depth = 0
 
     def check(self) -> ProbeStatus:
@@ -59,27 +60,18 @@ class CheckpointProbe:
 
         self._wrap(torch, "save", TORCH_SAVE, 1, "f")
         for module in LAZY:
-            if module in sys.modules:
-                self._wrap_module(module)
-            else:
-                self._after_import(module)
+            finder = when_imported(module, functools.partial(self._wrap_module, module))
+            if finder is not None:
+                self._finders.append(finder)
 
     def sample(self) -> None:
         pass  # the wrapped saves record as the job runs
 
     def stop(self) -> None:
         for finder in self._finders:
-            if finder in sys.meta_path:
-                sys.meta_path.remove(finder)
+            finder.remove()
         self._finders = []
-        for owner, name, orig in reversed(self._patched):
-            setattr(owner, name, orig)
-        self._patched = []
-
-    def _after_import(self, module: str) -> None:
-        finder = AfterImport(module, functools.partial(self._wrap_module, module))
-        sys.meta_path.insert(0, finder)
-        self._finders.append(finder)
+        self._patches.restore()
 
     def _wrap_module(self, module: str) -> None:
         owner = sys.modules.get(module)
@@ -116,11 +108,7 @@ class CheckpointProbe:
             return out
 
         save._doctor_wrapped = True  # type: ignore[attr-defined]
-        try:
-            setattr(owner, name, save)
-        except (AttributeError, TypeError):
-            return
-        self._patched.append((owner, name, orig))
+        self._patches.put(owner, name, save)
 
 
 def _position(target: Any) -> int | None:

@@ -17,10 +17,9 @@ into the compilation that called it.
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
-from ..record.after_import import AfterImport
+from ..record.after_import import AfterImport, when_imported
 from ..record.session import Session
 from ..store.records import DYNAMO, compile_key
 from ..verdict import ProbeStatus
@@ -51,11 +50,7 @@ class CompileProbe:
         return ProbeStatus(True)  # it waits for torch.compile, whichever torch
 
     def start(self) -> None:
-        if "torch._dynamo" in sys.modules:
-            self._register()
-        else:
-            self._finder = AfterImport("torch._dynamo", self._register)
-            sys.meta_path.insert(0, self._finder)
+        self._finder = when_imported("torch._dynamo", self._register)
 
     def _register(self) -> None:
         try:
@@ -81,8 +76,8 @@ class CompileProbe:
         pass  # the callbacks record as the job compiles
 
     def stop(self) -> None:
-        if self._finder is not None and self._finder in sys.meta_path:
-            sys.meta_path.remove(self._finder)
+        if self._finder is not None:
+            self._finder.remove()
         handler, self._handler = self._handler, None
         if handler is not None:
             for remove, callback in ((handler.remove_start_callback, self._started),

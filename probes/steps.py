@@ -7,8 +7,10 @@ Session."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
+from ..record.patches import Patches
 from ..record.session import STEP_BACKWARD, Session
 from ..verdict import ProbeStatus
 
@@ -19,8 +21,7 @@ class StepsProbe:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._handles: list[Any] = []
-        self._orig_backward: Any = None
-        self._patched: list[tuple[Any, str, Any]] = []  # (class, method, original)
+        self._patches = Patches()
         self._stepped = False  # an optimizer stepped since the last GradScaler update()
         self._optimizers: list[dict[str, Any]] = []  # each optimizer's facts, as it first stepped
         self._keys: dict[int, int] = {}
@@ -59,20 +60,12 @@ class StepsProbe:
         self._handles = [register_optimizer_step_pre_hook(pre),
                          register_optimizer_step_post_hook(post)]
 
-        orig = torch.autograd.backward
-        self._orig_backward = orig
-        clock = session.clock
+        def backward_ended(t0: int) -> None:
+            session.record_interval("backward", t0, session.clock())
+            session.count_step(STEP_BACKWARD)
 
-        @functools.wraps(orig)
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            t0 = clock()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                session.record_interval("backward", t0, clock())
-                session.count_step(STEP_BACKWARD)
-
-        torch.autograd.backward = backward  # Tensor.backward looks it up at call time
+        # Tensor.backward looks torch.autograd.backward up at call time
+        self._wrap(torch.autograd, "backward", backward_ended)
         self._wrap_graph_replay(torch)
         self._wrap_scaler_update(torch)
 
@@ -80,53 +73,42 @@ class StepsProbe:
         """A training step captured whole as a CUDA graph replays with no optimizer step or
         backward() in Python: each replay is recorded (the Session decides when they are the
         steps). Never touches CUDA: the class is patched, not a graph made."""
-        session, clock = self.session, self.session.clock
-
-        def wrap(orig: Any) -> Any:
-            @functools.wraps(orig)
-            def replay(graph_self: Any, *args: Any, **kwargs: Any) -> Any:
-                t0 = clock()
-                try:
-                    return orig(graph_self, *args, **kwargs)
-                finally:
-                    session.record_graph_replay(t0)
-            return replay
-
-        self._patch(getattr(getattr(torch, "cuda", None), "CUDAGraph", None), "replay", wrap)
+        self._wrap(getattr(getattr(torch, "cuda", None), "CUDAGraph", None), "replay",
+                   self.session.record_graph_replay)
 
     def _wrap_scaler_update(self, torch: Any) -> None:
         """Each GradScaler ``update()`` (once per iteration, stepped or skipped): recorded with
         key 1 where an optimizer stepped since the last one, 0 where the scaler skipped it.
         Reads no tensor: nothing waits for the GPU."""
-        session, clock = self.session, self.session.clock
+        session = self.session
 
-        def wrap(orig: Any) -> Any:
-            @functools.wraps(orig)
-            def update(scaler_self: Any, *args: Any, **kwargs: Any) -> Any:
-                t0 = clock()
-                try:
-                    return orig(scaler_self, *args, **kwargs)
-                finally:
-                    session.record_interval("scaler", t0, clock(), 1 if self._stepped else 0)
-                    self._stepped = False
-            return update
+        def updated(t0: int) -> None:
+            session.record_interval("scaler", t0, session.clock(), 1 if self._stepped else 0)
+            self._stepped = False
 
         amp = getattr(torch, "amp", None)
         cuda_amp = getattr(getattr(torch, "cuda", None), "amp", None)
         for cls in {getattr(amp, "GradScaler", None), getattr(cuda_amp, "GradScaler", None)}:
             if cls is not None and "update" in vars(cls):  # a subclass inherits the patch
-                self._patch(cls, "update", wrap)
+                self._wrap(cls, "update", updated)
 
-    def _patch(self, cls: Any, name: str, wrap: Any) -> None:
-        """``cls.name = wrap(cls.name)``, restored at stop; a class that refuses: left alone."""
+    def _wrap(self, cls: Any, name: str, then: Callable[[int], None]) -> None:
+        """``cls.name`` replaced by itself timed: ``then(t0)`` as each call ends (raised or
+        not), with the Session's clock when it began; restored at stop."""
         orig = getattr(cls, name, None)
         if cls is None or orig is None:
             return
-        try:
-            setattr(cls, name, wrap(orig))
-        except (TypeError, AttributeError):
-            return
-        self._patched.append((cls, name, orig))
+        clock = self.session.clock
+
+        @functools.wraps(orig)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                then(t0)
+
+        self._patches.put(cls, name, timed)
 
     def sample(self) -> None:
         pass  # hooks record as the job runs
@@ -135,14 +117,7 @@ class StepsProbe:
         for h in self._handles:
             h.remove()
         self._handles = []
-        if self._orig_backward is not None:
-            import torch
-
-            torch.autograd.backward = self._orig_backward
-            self._orig_backward = None
-        for cls, name, orig in reversed(self._patched):
-            setattr(cls, name, orig)
-        self._patched = []
+        self._patches.restore()
 
 
 def optimizer_facts(opt: Any) -> dict[str, Any]:

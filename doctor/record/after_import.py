@@ -43,8 +43,7 @@ class AfterImport:
 
         def exec_then_hook(module: ModuleType) -> None:
             exec_module(module)
-            if finder in sys.meta_path:
-                sys.meta_path.remove(finder)
+            finder.remove()
             try:
                 finder.callback()
             except Exception as err:  # the job goes on; the run directory says what failed
@@ -52,6 +51,22 @@ class AfterImport:
 
         loader.exec_module = exec_then_hook  # type: ignore[method-assign]
         return spec
+
+    def remove(self) -> None:
+        """Out of the import system (imported already, or no longer wanted)."""
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def when_imported(name: str, callback: Callable[[], None]) -> AfterImport | None:
+    """Run ``callback`` now if the job imported module ``name`` already, else right after it
+    does: the hook waiting for it (to ``remove`` at stop), or None where it ran now."""
+    if name in sys.modules:
+        callback()
+        return None
+    finder = AfterImport(name, callback)
+    sys.meta_path.insert(0, finder)
+    return finder
 
 
 def _note_failure(err: BaseException) -> None:
