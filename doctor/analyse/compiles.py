@@ -61,8 +61,6 @@ def compiles(run: RunData, ranks: Mapping[int, RankSteps],
         t0, t1, key = run.intervals_of(r.process, "compile")
         if not len(t0) or not len(r.ends_ns):
             continue
-        order = np.argsort(t0, kind="stable")
-        t0, t1, key = t0[order], t1[order], key[order]
         seconds = (t1 - t0) * NS
         # a deferred compilation (negative key) belongs to the Dynamo compilation before it
         nth = np.zeros(len(key), dtype=np.int64)
@@ -75,12 +73,12 @@ def compiles(run: RunData, ranks: Mapping[int, RankSteps],
                     recompiled[frame] += 1
             nth[i] = last
         dynamo = key >= 0
-        mine = table[table["rank"] == rank] if "compiling" in table else table.iloc[0:0]
+        mine = table[table["rank"] == rank]
         out[rank] = Compiles(
             rank=rank, compilations=int(dynamo.sum()), recompilations=int((nth[dynamo] > 0).sum()),
             first_s=float(seconds[nth == 0].sum()), recompile_s=float(seconds[nth > 0].sum()),
             run_s=float((max(int(r.ends_ns[-1]), int(t1.max()))
                          - min(int(r.starts_ns[0]), int(t0.min()))) * NS),
-            steps_compiling=int(mine["compiling"].sum()) if len(mine) else 0,
+            steps_compiling=int(mine["compiling"].sum()),
             most_recompiled=max(recompiled.items(), key=lambda kv: kv[1], default=(0, 0)))
     return out
