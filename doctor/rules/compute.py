@@ -5,6 +5,7 @@ from __future__ import annotations
 from doctor.analyse.evidence import Evidence
 from doctor.rules.base import rule
 from doctor.rules.host import set_threads
+from doctor.rules.sound import PLAIN_COMPILE
 from doctor.verdict import Finding, Fix
 
 COMPUTE_BOUND = 0.5
@@ -30,7 +31,7 @@ def compute_bound(ev: Evidence) -> list[Finding]:
     fixes = [Fix(
         title="Compile the model",
         why="torch.compile fuses elementwise ops and cuts Python overhead per op.",
-        code="model = torch.compile(model)",
+        code=PLAIN_COMPILE,
     )]
     if device == "cpu":
         precision = ev.job.precision

@@ -25,6 +25,7 @@ from doctor.analyse.ops import RankOps
 from doctor.analyse.precision import cpu_precision, gpu_precision
 from doctor.analyse.roofline import BOUND_LAUNCH, BOUND_MEMORY
 from doctor.rules.base import rule
+from doctor.rules.sound import PLAIN_COMPILE
 from doctor.trace.op_costs import CONV, CONV_BACKWARD, KIND_CONV
 from doctor.verdict import Finding, Fix
 
@@ -104,7 +105,7 @@ def memory_bound(ev: Evidence) -> list[Finding]:
                    why="each of these reads and writes whole tensors to do a few operations "
                        "per element; compiled, a chain of them keeps its intermediates in "
                        f"registers. Fused in pairs, half of their {share:.0%} goes",
-                   code="model = torch.compile(model)"),),
+                   code=PLAIN_COMPILE),),
         estimated_speedup=_speedup(ev, share * FUSED_SAVING, r),
     )]
 
@@ -174,7 +175,7 @@ def launch_bound(ev: Evidence) -> list[Finding]:
     fixes.append(Fix(title="Fewer, larger ops: a larger batch, or torch.compile",
                      why=f"{int(tiny['calls'].sum())} calls too short for their work to "
                          "matter: the cost of issuing each is the cost",
-                     code="model = torch.compile(model)"))
+                     code=PLAIN_COMPILE))
     return [Finding(
         id="ops.launch_bound", category="compute", severity="warning",
         title=f"Ops too small to pay for their launch take {share:.0%} of the ops' time",

@@ -45,9 +45,9 @@ def job_settings(job: JobFacts, loaders: pd.DataFrame | None) -> dict[str, dict[
     return out
 
 
-#: What a fix that compiles the model as it stands says (other modes than the default stay:
-#: reduce-overhead is a change for a compiled model too)
-PLAIN_COMPILE = "torch.compile(model)"
+#: The code of every fix that compiles the model as it stands (doctor.rules.compute, ops);
+#: other modes than the default stay: reduce-overhead is a change for a compiled model too
+PLAIN_COMPILE = "model = torch.compile(model)"
 
 
 def sound_findings(findings: Iterable[Finding], current: Settings,
