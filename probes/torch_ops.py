@@ -72,6 +72,33 @@ def profiler_activities(torch: Any) -> list[Any]:
     return activities
 
 
+#: Kineto leaves CUPTI attached after the profiler stops unless this is "1": on an H200 (torch
+#: 2.11, CUDA 13) every step after a window of a launch-bound job then took 1.37x, for the rest
+#: of the run. Kineto reads it when the trace stops (pytorch#144455, kineto#1264).
+ENV_TEARDOWN = "TEARDOWN_CUPTI"
+#: Before CUDA 12.6 a CUPTI torn down crashed jobs that use CUDA graphs (torch's own Inductor
+#: turns teardown off for them); from 12.6 it is safe, and Kineto's own default there.
+TEARDOWN_SAFE_FROM = (12, 6)
+
+
+def ask_cupti_teardown(torch: Any, activities: list[Any],
+                       environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Before a window that profiles CUDA: ask Kineto to let go of CUPTI when it stops, so the
+    steps after the window run as fast as without doctor. Not where the job (or torch for it)
+    already chose, and not on a CUDA older than TEARDOWN_SAFE_FROM. True where asked."""
+    if ENV_TEARDOWN in environ or not any("CUDA" in str(a) for a in activities):
+        return False
+    version = getattr(getattr(torch, "version", None), "cuda", None) or ""
+    try:
+        major_minor = tuple(int(part) for part in str(version).split(".")[:2])
+    except ValueError:
+        return False
+    if len(major_minor) < 2 or major_minor < TEARDOWN_SAFE_FROM:
+        return False
+    environ[ENV_TEARDOWN] = "1"
+    return True
+
+
 class DeepWindow:
     name = "torch_ops"
 
@@ -133,6 +160,7 @@ class DeepWindow:
             activities = profiler_activities(torch)
             # shapes: what each op costs (doctor.trace.op_costs); no stacks, no memory events
             shapes = shapes_wanted()
+            teardown = ask_cupti_teardown(torch, activities)
             self._prof = profile(activities=activities, record_shapes=shapes,
                                  profile_memory=False, with_stack=False)
             self.session.record_event(EVENT_WINDOW_START, count)
@@ -145,6 +173,7 @@ class DeepWindow:
             _watch_forks(self)
             self._note({"state": ACTIVE, "start_step": count, "steps": self.steps,
                         "cuda": "CUDA" in str(activities), "shapes": shapes,
+                        "cupti_teardown": teardown,
                         "clock": clock_pair()})
         except Exception as err:
             self._fail(err)
