@@ -21,14 +21,15 @@ from doctor.verdict import check_verdict
 from tests.support import ROOT
 
 GPU_RUNS = ROOT / "tests" / "data" / "gpu_runs"
-RUNS = ("pageable_copy", "conv_layout", "launch_bound-nowindow", "launch_bound-fixed",
-        "memory-memory_creep")
+RUNS = ("pageable_copy", "conv_layout", "launch_bound", "launch_bound-nowindow",
+        "launch_bound-fixed", "memory-memory_creep")
 
 #: The jobs' own median step in seconds, as recorded and with ``--fixed``, that they printed in
 #: the same session (README.md there): no estimate of the fix should promise more than it gave.
 MEASURED = {
     "pageable_copy": (0.016136, 0.002180),
     "conv_layout": (0.009143, 0.007681),
+    "launch_bound": (0.015426, 0.002105),
 }
 #: What memory_creep.py printed it keeps alive every step (``kept_per_step_bytes``).
 CREEP_EXPECTED_BYTES = 3420160
@@ -227,3 +228,16 @@ def test_a_step_captured_as_a_cuda_graph_counts_each_replay(
     assert verdict["steps"]["count"] >= 4600
     assert verdict["steps"]["median_s"] == pytest.approx(0.0020937, rel=0.05)
     assert "gpu.launch_bound" not in ids(verdict)
+
+
+def test_launch_bound_with_the_window_names_the_launches(
+        verdict_of: Callable[[str], Verdict]) -> None:
+    """gpu_launch_bound.py under the window, recorded after the window learned to let go of
+    CUPTI (the job printed 15.43 ms a step, 15.35 ms without doctor, 2.105 ms as a CUDA graph):
+    the launches are named, the estimate stays under what the graph gave, and the steps after
+    the window are as fast as those before it (with CUPTI left attached they took 1.37x)."""
+    verdict = verdict_of("launch_bound")
+    launch = finding(verdict, "gpu.launch_bound")
+    assert 1.5 < launch["estimated_speedup"] <= measured_speedup("launch_bound")
+    assert verdict["steps"]["median_s"] == pytest.approx(MEASURED["launch_bound"][0], rel=0.1)
+    assert not any("drift" in i for i in ids(verdict)), ids(verdict)
