@@ -208,6 +208,10 @@ def comms_table(comms: Mapping[int, RankComms]) -> dict[str, pd.DataFrame]:
     return {"communication": pd.concat(parts, ignore_index=True)} if parts else {}
 
 
+#: What-ifs whose predicted speedups are this close are a tie for the model (CommModel.best).
+TIE = 0.02
+
+
 @dataclass(frozen=True)
 class CommModel:
     """The communication model of one rank (doctor.analyse.comm_model) and what it predicts."""
@@ -240,8 +244,16 @@ class CommModel:
         return next((p for p in self.scaling if p.ranks >= times * self.model.world), None)
 
     def best(self, fix: str) -> WhatIf | None:
+        """The what-if of ``fix`` the model gives most for; among those within TIE of it, the
+        one with the largest value (for bucket caps: the fewest calls, whose latency the model
+        fits least surely). Two caps the model cannot tell apart, a few buckets with overlap
+        against one bucket without, are otherwise chosen by noise in the measured overlap."""
         same = [w for w in self.what_ifs if w.fix == fix]
-        return max(same, key=lambda w: w.speedup) if same else None
+        if not same:
+            return None
+        top = max(w.speedup for w in same)
+        near = [w for w in same if w.speedup >= top * (1 - TIE)]
+        return max(near, key=lambda w: (w.value or 0.0, w.speedup))
 
     def table(self) -> pd.DataFrame:
         rows = [{"rank": self.model.rank, "change": w.setting, "exposed_s": w.exposed_s,

@@ -16,7 +16,7 @@ from doctor.analyse.comm_model import (
     rank_comm,
     scaling,
 )
-from doctor.analyse.comms import critical
+from doctor.analyse.comms import TIE, CommModel, critical
 from doctor.rules import communication, run_rules
 from tests.support import comm_calls, comm_model, comm_window, ddp_buckets, evidence, steps
 
@@ -196,3 +196,28 @@ def test_all_reduces_of_unknown_size_take_ddps_mean_bucket() -> None:
     known = comm_calls([8 * MB], [0.01])
     by_ddp = sized_by_ddp(known, ddp_buckets(buckets=1, bucket_bytes=1.0))
     assert by_ddp["bytes"].tolist() == [8 * MB]
+
+
+def test_caps_the_model_cannot_tell_apart_go_to_the_one_with_fewest_calls() -> None:
+    """A latency-bound rank (150 all-reduces of 1 KiB a step) whose measured overlap is most of
+    its communication, as gloo's queued calls on a CPU with no core to spare can look: 40
+    buckets with that overlap and one bucket without it predict the same step to within noise;
+    the model picks the single bucket, whose latency it is surest of, never a 4 KiB cap."""
+    calls = comm_calls([1048] * 150, [0.0012] * 150)
+    m = rank_comm(0, 2, comm_window(0.3, 0.18, 0.04), calls,
+                  ddp_buckets(bucket_cap_bytes=1048, backward_compute_s=0.2), link_bytes_s=2.7e9)
+    assert m is not None and m.buckets == 150
+    model = CommModel(m, (*bucket_what_ifs(m), no_sync_what_if(m)), tuple(scaling(m)))
+    caps = {w.value: w.speedup for w in model.what_ifs if w.fix == "bucket_cap"}
+    assert caps[25.0] < max(caps.values())  # by a hair: what max() alone would not pick
+    assert caps[25.0] >= max(caps.values()) * (1 - TIE) and max(caps.values()) > 1.1
+    best = model.best("bucket_cap")
+    assert best is not None and best.value == 25.0
+    # a cap that gives clearly less is never picked for having fewer calls
+    other = comm_model()
+    caps = {w.value: w.speedup for w in other.what_ifs if w.fix == "bucket_cap"}
+    picked = other.best("bucket_cap")
+    assert picked is not None and picked.value is not None
+    assert picked.speedup >= max(caps.values()) * (1 - TIE)
+    assert any(v > picked.value and x < max(caps.values()) * (1 - TIE) for v, x in caps.items()
+               if v is not None), caps
