@@ -24,6 +24,7 @@ from doctor.analyse.bottleneck import Summary, no_steps_finding, summarise
 from doctor.analyse.cause_sources import run_gc, run_slow_steps
 from doctor.analyse.causes import SlowSteps, with_causes
 from doctor.analyse.comms import comms_table, critical
+from doctor.analyse.compiles import COMPILE
 from doctor.analyse.evidence import build_evidence
 from doctor.analyse.failures import failure_finding, failure_notes
 from doctor.analyse.gpu_split import crosscheck_notes
@@ -63,9 +64,10 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                        phases=phases or None)
     outcome = run_rules(evidence, default_rules())
     summary = summarise(stages.ledger)
-    # a long step that a phase explains is that phase's finding (doctor.rules.phases)
+    # a long step that a phase or a compilation explains is that one's finding
+    # (doctor.rules.phases, doctor.rules.compiles)
     stalls = [s for s in find_stalls(stages.table, export_seconds(stages.ranks), run_s)
-              if slow.cause_of(s.rank, s.step) not in PHASES]
+              if slow.cause_of(s.rank, s.step) not in (*PHASES, COMPILE)]
     findings = _findings(run, stages, outcome, summary, stalls, slow,
                          compiled=evidence.compiles is not None)
     partial, notes = facts.exit_notes(run)

@@ -2,8 +2,9 @@
 
 CAUSE_SOURCES lists the functions that make a Cause (doctor.analyse.causes) of what a run
 recorded, each ``(run, stages) -> Cause | None`` (None: the run has none of it): the garbage
-collector's pauses (doctor.analyse.gc_pauses) and other processes on the machine's cores
-(doctor.analyse.machine_load); then the run's phases (evaluation, checkpoints, epoch starts:
+collector's pauses (doctor.analyse.gc_pauses), other processes on the machine's cores
+(doctor.analyse.machine_load) and torch.compile's compilations (doctor.analyse.compiles, whose
+findings are doctor.rules.compiles'); then the run's phases (evaluation, checkpoints, epoch starts:
 doctor.analyse.phase_steps), whose findings are doctor.rules.phases'. A new cause is one more
 function here; its slow steps then get its name, its group and, from doctor.rules.causes, its
 finding.
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from doctor.analyse.causes import Cause, SlowSteps, slow_steps
+from doctor.analyse.compiles import compile_cause
 from doctor.analyse.gc_pauses import GcSummary, gc_cause, gc_summaries
 from doctor.analyse.machine_load import machine_cause
 from doctor.analyse.phase_steps import phase_causes
@@ -26,6 +28,7 @@ CauseSource = Callable[[RunData, Stages], "Cause | None"]
 CAUSE_SOURCES: tuple[CauseSource, ...] = (
     lambda run, stages: gc_cause(run, stages.ranks),
     lambda run, stages: machine_cause(run, stages.ranks),
+    lambda run, stages: compile_cause(run, stages.ranks),
 )
 
 

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from doctor.analyse.steps import RankSteps
+from doctor.analyse.causes import Cause, Intervals
+from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.store.records import compile_frame
 from doctor.store.rundata import RunData
 
 NS = 1e-9
+COMPILE = "compile"  # the cause of slow steps a compilation fell in (doctor.analyse.causes)
 #: TorchDynamo's default recompile limit (torch._dynamo.config.recompile_limit, formerly
 #: cache_size_limit): a frame compiled this many times runs eagerly from then on.
 RECOMPILE_LIMIT = 8
@@ -82,3 +84,24 @@ def compiles(run: RunData, ranks: Mapping[int, RankSteps],
             steps_compiling=int(mine["compiling"].sum()),
             most_recompiled=max(recompiled.items(), key=lambda kv: kv[1], default=(0, 0)))
     return out
+
+
+def compile_cause(run: RunData, ranks: Mapping[int, RankSteps]) -> Cause | None:
+    """Each rank's compilations as a Cause of slow steps (None: nothing compiled): a step a
+    recompilation fell in is slow for that, not for periodic work in the loop. Its finding is
+    doctor.rules.compiles'."""
+    intervals = {}
+    for rank, r in ranks.items():
+        t0, t1, key = run.intervals_of(r.process, "compile")
+        if r.kind == WINDOW or not len(t0):
+            continue
+        origin = run.record.t0_ns.get(r.node, 0)
+        words = []
+        for a, b, k in zip(t0, t1, key, strict=True):
+            frame, nth = compile_frame(int(k)) if k >= 0 else (-1, 0)
+            what = ("compilation deferred to the first call" if k < 0 else
+                    f"recompilation {nth} of frame {frame}" if nth else
+                    f"first compilation of frame {frame}")
+            words.append(f"{what}, {(b - a) * NS:.2f} s")
+        intervals[rank] = Intervals.of((t0 - origin) * NS, (t1 - origin) * NS, words=words)
+    return Cause(COMPILE, "torch.compile compiling", intervals) if intervals else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from doctor.analyse.causes import UNEXPLAINED, CauseGroup, SlowSteps
+from doctor.analyse.compiles import COMPILE
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.gc_pauses import GC, GcSummary
 from doctor.analyse.machine_load import MACHINE, MACHINE_FIX
@@ -52,7 +53,7 @@ def slow_step_causes(ev: Evidence) -> list[Finding]:
     assert slow is not None
     out = []
     for group in slow.groups:
-        if group.cause in (UNEXPLAINED, *PHASES):  # a phase's own rule speaks for it
+        if group.cause in (UNEXPLAINED, COMPILE, *PHASES):  # their own rules speak for them
             continue
         if group.steps_share < (MIN_GC_SHARE if group.cause == GC else MIN_SHARE):
             continue

@@ -10,9 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from doctor.analyse.cause_sources import run_slow_steps
+from doctor.analyse.stages import run_stages
 from doctor.pipeline import analyze_run
 from doctor.probes.compile import CompileProbe, key_of
 from doctor.record.session import STEP_BACKWARD, Session
+from doctor.reports.json import verdict_data
+from doctor.store.reader import load_run
 from doctor.store.records import compile_frame, compile_key
 from tests.support import FakeClock, write_record
 
@@ -42,7 +46,7 @@ def compiled_loop(run_dir: Path, steps: int, compiles: dict[int, tuple[float, in
 
 
 def findings(run_dir: Path) -> dict[str, dict]:
-    verdict = analyze_run(run_dir).verdict.to_dict()
+    verdict = verdict_data(analyze_run(run_dir))
     return {f["id"]: f for f in verdict["findings"]} | {"_verdict": verdict}
 
 
@@ -63,6 +67,12 @@ def test_recompilations_are_named_and_their_steps_left_out(tmp_path: Path) -> No
     assert any("torch.compile compiled are left out" in n for n in verdict["notes"])
     # the compile steps are out of the shares: the steady split is the loop's own
     assert verdict["bottleneck_share"] > 0.5
+    # and they are slow for compiling, not for periodic work in the loop, nor long stalls
+    run = load_run(tmp_path)
+    slow = run_slow_steps(run, run_stages(run), None)
+    assert [(g.cause, g.count) for g in slow.groups] == [("compile", 5)]
+    assert all(s.words[0].startswith("recompilation ") for s in slow.steps)
+    assert not {"steps.spikes", "steps.stall", "steps.cause.compile"} & set(found)
 
 
 def test_a_frame_at_the_recompile_limit_is_said_to_run_eagerly(tmp_path: Path) -> None:
