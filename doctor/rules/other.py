@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from doctor.analyse.evidence import Evidence
+from doctor.analyse.spike_content import spike_content
 from doctor.rules.base import rule
 from doctor.verdict import Finding, Fix
 
@@ -47,18 +48,48 @@ def other_time(ev: Evidence) -> list[Finding]:
     if unknown_share >= 0.1:
         said = "" if not (spikes & caused).any() else " with no known cause"
         extra = {} if not said else {"explained_steps": int((spikes & caused).sum())}
+        content = spike_content(ledger, unknown)
+        every = f", every {content.every} steps" if content.every else ""
+        what = _WHAT.get(content.state or "", "")
+        part = content.parts[content.state] if content.parts and content.state else 0.0
         findings.append(Finding(
             id="steps.spikes", category="other", severity="warning",
-            title=f"{int(unknown.sum())} slow steps{said} (over {SPIKE:.0f}x the median) cost "
-                  f"{unknown_share:.0%} of the time",
+            title=f"{int(unknown.sum())} slow steps{said} (over {SPIKE:.0f}x the median"
+                  f"{every}) cost {unknown_share:.0%} of the time"
+                  + (f"; in their extra time the training thread {what.format(part)}"
+                     if what else ""),
             evidence={"spike_steps": int(unknown.sum()), "spike_share": unknown_share,
                       "median_step_s": median, "slowest_step_s": float(wall[unknown].max()),
-                      **extra},
-            fixes=(Fix(
-                title="Make periodic work rarer or asynchronous",
-                why="Checkpoints and evaluation every few steps stall training.",
-                code="if step % 1000 == 0:\n    torch.save(model.state_dict(), path)",
-            ),),
+                      **extra, **content.to_evidence()},
+            fixes=_FIXES.get(content.state or "", (PERIODIC,)),
             estimated_speedup=1.0 / max(1e-9, 1.0 - unknown_share),
         ))
     return findings
+
+
+PERIODIC = Fix(
+    title="Make periodic work rarer or asynchronous",
+    why="Work that some steps do and others do not (logging that reduces metrics, evaluation, "
+        "checkpoints, a cache rebuilt every so often) lands in those steps.",
+    code="if step % 1000 == 0:\n    torch.save(model.state_dict(), path)")
+WAITS = Fix(
+    title="Find what the loop waits on in those steps",
+    why="The training thread was neither on a core nor waiting for one: it slept in a read, a "
+        "lock, a network call, a wait on another process or a sleep. A dump of its stack while "
+        "a slow step runs names the call; then make it asynchronous, cache it, or move it off "
+        "the loop.",
+    code="py-spy dump --pid PID          # while a slow step runs: where the thread waits\n"
+         "# or, in the job: dump every thread's stack whenever a step takes over 5 s\n"
+         "import faulthandler, sys\n"
+         "faulthandler.dump_traceback_later(5, repeat=True, file=sys.stderr)  # each step:\n"
+         "faulthandler.cancel_dump_traceback_later()  # ...and re-arm after it")
+CORES = Fix(
+    title="Leave the training thread a core",
+    why="The training thread was ready to run but waited for a core: other threads of the job "
+        "(intra-op threads, DataLoader workers) or other processes held them in those steps.",
+    code="torch.set_num_threads(max(1, os.cpu_count() - num_workers - 1))")
+_FIXES = {"blocked": (WAITS, PERIODIC), "running": (PERIODIC,), "runnable": (CORES, PERIODIC)}
+_WHAT = {"blocked": "was blocked {:.0%} of the time (a read, a lock, a sleep: waiting, not "
+                    "computing)",
+         "running": "was on a core {:.0%} of the time (work these steps do and others do not)",
+         "runnable": "waited for a core {:.0%} of the time"}
