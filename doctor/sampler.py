@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from doctor.store.samples import SAMPLE_INTERVAL_S
 from doctor.verdict import ProbeStatus
 
-#: doctor run's rate: the host and the GPUs at 2 Hz (the lead may change it, issue 32 item 11).
-SAMPLE_INTERVAL_S = 0.5
 NOT_AFFECTED = "the job was not affected; the report goes on without this probe's samples"
 
 

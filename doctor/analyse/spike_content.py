@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from doctor.sampler import SAMPLE_INTERVAL_S
+from doctor.store.samples import SAMPLE_INTERVAL_S
 
 STATES = ("running_s", "runnable_s", "blocked_s")
 BLOCKED, RUNNING, RUNNABLE = "blocked", "running", "runnable"

@@ -25,6 +25,8 @@ from .safe_files import open_new, write_text_atomic
 
 #: Per process of the job, per tick (``cpu_pct`` is derived on load). ``run_delay_s`` and
 #: ``on_cpu_s`` are its main thread's (schedstat: runnable without a core, on a core).
+#: doctor run's rate: the host and the GPUs at 2 Hz (the lead may change it, issue 32 item 11).
+SAMPLE_INTERVAL_S = 0.5
 PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",
                 "run_delay_s", "private_bytes", "comm_cpu_s", "on_cpu_s")
 #: The machine, per tick.
