@@ -88,6 +88,7 @@ JOBS: dict[str, Job] = {
     "io_bound": Job("io", "--cached"),
     "decode_bound": Job("decode", "--predecoded"),
     "preprocess_bound": Job("preprocess", "--pretransformed"),
+    "pil_transforms": Job("preprocess", "--pretransformed"),
     "collate_bound": Job("preprocess", "--fast-collate"),
     "input_bound": Job("preprocess", "--cached"),
     "get_batch_bound": Job("preprocess", "--prebatched", has_workers=False),

@@ -212,6 +212,7 @@ def test_host_contention_is_found(tmp_path: Path) -> None:
     ("io_bound.py", "io"),
     ("decode_bound.py", "decode"),
     ("collate_bound.py", "preprocess"),
+    ("pil_transforms.py", "preprocess"),  # Pillow's transforms, no codec: not decode
 ])
 def test_input_stage_is_named(tmp_path: Path, job: str, expected: str) -> None:
     # a small model: an exaggerated input bottleneck

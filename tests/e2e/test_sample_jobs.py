@@ -31,6 +31,7 @@ CASES = [(job, switch) for job in sorted(JOBS) for switch in (False, True)]
 ABLATED = {**{job: small for job, (_flag, small) in JOBS.items()},
            "input_bound": ["--batch", "2", "--work", "400", "--hidden", "16"],  # exaggerated
            "get_batch_bound": ["--batch", "2", "--block", "16"],
+           "pil_transforms": ["--images", "2", "--size", "64", "--batch", "2"],  # in memory
            "compute_bound": ["--width", "64", "--batch", "8"]}
 SWITCHED_AFTER = ("input_bound", "get_batch_bound")  # they size their data by the blocks
 Finished = dict[tuple[str, bool | str], tuple[subprocess.CompletedProcess[str], Path]]

@@ -29,6 +29,37 @@ def test_decoders_are_decode() -> None:
     assert classify(stack, MAIN_SCOPE) == ("decode", "ImageFile.load (PIL/ImageFile.py:300)")
 
 
+@pytest.mark.parametrize("frames", [
+    # torchvision's v1 transforms on a PIL image: Pillow does the work, but no decoding
+    ("Resize.forward (torchvision/transforms/transforms.py:354)",
+     "resize (torchvision/transforms/functional.py:479)",
+     "resize (torchvision/transforms/_functional_pil.py:250)",
+     "Image.resize (PIL/Image.py:2300)"),
+    ("ColorJitter.forward (torchvision/transforms/transforms.py:1280)",
+     "adjust_brightness (torchvision/transforms/_functional_pil.py:60)",
+     "_Enhance.enhance (PIL/ImageEnhance.py:40)"),
+    # Pillow called directly on an image in memory: a crop, a conversion, a filter
+    ("Image.crop (PIL/Image.py:1300)",),
+    ("Image.convert (PIL/Image.py:995)",),
+    ("Image.filter (PIL/Image.py:1400)", "GaussianBlur.filter (PIL/ImageFilter.py:180)"),
+])
+def test_pillows_transforms_are_preprocess_not_decode(frames: tuple[str, ...]) -> None:
+    stack = (*WORKER, "Dataset.__getitem__ (train.py:30)", *frames)
+    assert classify(stack, WORKER_SCOPE)[0] == "preprocess"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("frame", [
+    "ImageFile.load (PIL/ImageFile.py:300)",  # convert() of an image not yet loaded
+    "JpegImageFile.draft (PIL/JpegImagePlugin.py:450)",
+    "PngStream.call (PIL/PngImagePlugin.py:200)",
+    "open (PIL/Image.py:3400)",
+])
+def test_pillows_codec_is_decode(frame: str) -> None:
+    stack = (*WORKER, "Dataset.__getitem__ (train.py:30)", "Image.convert (PIL/Image.py:995)",
+             frame)
+    assert classify(stack, WORKER_SCOPE)[0] == "decode"  # type: ignore[index]
+
+
 def test_innermost_rule_wins_so_reads_inside_a_decoder_are_io() -> None:
     stack = (*WORKER, "Dataset.__getitem__ (train.py:30)", "Image.open (PIL/Image.py:3400)",
              "FileIO.readinto (socket.py:700)")
