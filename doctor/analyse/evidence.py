@@ -53,6 +53,8 @@ class Evidence:
     - ``fd_handoff_s``: a worker-to-training tensor round trip on this machine;
       ``main_cpu_cores``/``worker_cpu_cores``: cores the training process (mean per rank) and
       the DataLoader workers (summed) kept busy during the analysed steps;
+      ``worker_fetch_s``: the slowest DataLoader worker's mean time to build a batch (each
+      worker serves every n-th batch in turn);
     - ``traces``: the trace files, when traces are analysed on their own;
     - ``gpus``: NVML's counters over the analysed steps, per GPU, and each rank's GPU
       (doctor.analyse.gpus; a GPU job only);
@@ -92,6 +94,7 @@ class Evidence:
     fd_handoff_s: float | None = None
     main_cpu_cores: float | None = None
     worker_cpu_cores: float | None = None
+    worker_fetch_s: float | None = None
     traces: tuple[str, ...] | None = None
     gpus: GpuCounters | None = None
     memory_use: MemoryEvidence | None = None
@@ -137,6 +140,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         main_cpu_cores=cores_used(run.host, [(r.node, r.pid) for r in ranks.values()], span),
         worker_cpu_cores=cores_used(run.host, [(r.node, p) for rank, r in ranks.items()
                                                for p in stages.workers[rank]], span, total=True),
+        worker_fetch_s=slowest_worker_fetch(run, stages),
         traces=run.record.sources if run.record.kind == TRACE else None,
         gpus=stages.counters, memory_use=stages.memory, ops=stages.ops or None,
         comm_models=stages.models or None, window_drift=stages.drifts or None,
@@ -145,3 +149,15 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         compiles=compiles(run, ranks, stages.table) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
     )
+
+
+def slowest_worker_fetch(run: RunData, stages: Stages) -> float | None:
+    """The slowest DataLoader worker's mean seconds per batch (its ``fetch`` intervals), over
+    every rank's workers (None: no worker recorded a batch)."""
+    means = []
+    for rank, main in stages.ranks.items():
+        for pid in stages.workers.get(rank, []):
+            t0, t1, _ = run.intervals_of((main.node, rank, pid), "fetch")
+            if len(t0):
+                means.append(float((t1 - t0).mean()) * 1e-9)
+    return max(means) if means else None

@@ -10,6 +10,7 @@ from typing import Any
 from doctor.analyse.evidence import Evidence
 from doctor.categories import INPUT_STAGES
 from doctor.rules.base import rule
+from doctor.rules.input_bursts import bursts
 from doctor.rules.input_model import InputFacts, count_of, suggested_workers
 from doctor.verdict import Finding, Fix
 
@@ -69,6 +70,13 @@ def input_loader(ev: Evidence) -> list[Finding]:
             apply={"dataloader": {"num_workers": k, "persistent_workers": True}},
             estimated_speedup=speedup,
         ))
+    elif ev.ledger is not None and (burst := bursts(
+            ev.ledger, x.workers, count_of(x.loader.get("prefetch_factor")),
+            ev.worker_fetch_s)) is not None:
+        evidence.update(burst_wait_s=burst.burst_s, burst_steps=burst.bursts,
+                        suggested_prefetch_factor=burst.suggested)
+        speedup = burst.speedup
+        fixes.append(burst.fix(x.workers))
     elif x.handoff > 0 and x.handoff >= KEEP_UP_HANDOFF * x.wait:
         fixes.append(Fix(
             title=f"The {x.workers} workers keep up: the wait is taking their batches",

@@ -225,6 +225,18 @@ def test_input_stage_is_named(tmp_path: Path, job: str, expected: str) -> None:
     assert found["input.loader"]["category"] == expected
 
 
+def test_a_bursty_loader_gets_a_deeper_queue(tmp_path: Path) -> None:
+    """One batch in 11 sleeps 40 ms in a worker; two workers keep up on average: prefetch_factor
+    sized from the waits, with an apply, never more workers."""
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "bursty_loader.py"),
+                      "--steps", "300")
+    loader = {f["id"]: f for f in verdict["findings"]}["input.loader"]
+    fix = loader["fixes"][0]
+    assert fix["title"].startswith("Bursty batches:"), fix["title"]
+    assert fix["apply"]["dataloader"]["prefetch_factor"] > 2
+    assert loader["evidence"]["burst_steps"] >= 15
+
+
 def test_workers_fall_back_to_sampling_themselves(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = doctor_cmd("run", "--out", str(out), "--", sys.executable,
