@@ -56,9 +56,9 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=11,
                     help="one batch in this many is slow (odd: the workers take turns)")
     ap.add_argument("--base-ms", type=float, default=1.0, help="an ordinary batch's loading")
-    ap.add_argument("--slow", type=float, default=40.0,
+    ap.add_argument("--slow", type=float, default=100.0,
                     help="a slow batch takes this many times an ordinary one")
-    ap.add_argument("--hidden", type=int, default=1024, help="MLP width: the compute part")
+    ap.add_argument("--hidden", type=int, default=2048, help="MLP width: the compute part")
     ap.add_argument("--workers", type=int, default=2, help="DataLoader num_workers")
     ap.add_argument("--deep", type=int, default=8, help="prefetch_factor with --deep-queue")
     ap.add_argument("--deep-queue", action="store_true",

@@ -141,6 +141,35 @@ def classify_outside_loader(stack: tuple[str, ...], rules: Iterable[FrameRule] |
     return "preprocess", _label(frames[-1])
 
 
+#: A queue's ``get``: the standard library's, multiprocessing's (or a class's own of that name)
+_QUEUE_GET = re.compile(r"(^|/)(queue|multiprocessing/queues)\.py$")
+
+
+def waits_on_queue(stack: tuple[str, ...]) -> bool:
+    """A main-thread sample waiting in a queue's ``get`` outside a DataLoader and outside
+    forward, backward and the optimizer: the loop waiting for a batch another thread or process
+    of the job makes (a loader of its own, MONAI's ThreadDataLoader)."""
+    frames = [Frame.parse(f) for f in stack]
+    if any(MAIN_SCOPE.search(f.file) or _COMPUTE.search(f.file) or _OWN.search(f.file)
+           for f in frames):
+        return False
+    return any(_QUEUE_GET.search(f.file) and re.search(r"(^|\.)get(_nowait)?$", f.function)
+               for f in frames)
+
+
+def classify_producer(stack: tuple[str, ...], rules: Iterable[FrameRule] | None = None
+                      ) -> tuple[str, str]:
+    """(stage, function) of a sample of a thread that feeds the loop through a queue: the
+    innermost frame a rule matches, else its innermost frame's code as preprocess."""
+    frames = [Frame.parse(f) for f in stack]
+    ordered = _call_rules_first(default_rules() if rules is None else tuple(rules))
+    for frame in reversed(frames):
+        for rule in ordered:
+            if rule.matches(frame):
+                return rule.category, _label(frame)
+    return "preprocess", _label(frames[-1]) if frames else "a queue's producer"
+
+
 def classify(stack: tuple[str, ...], scope: re.Pattern[str],
              rules: Iterable[FrameRule] | None = None) -> tuple[str, str] | None:
     """(stage, deciding function) for a sample inside the loading scope, None outside it.

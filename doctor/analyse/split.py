@@ -26,11 +26,13 @@ from doctor.analyse.frames import (
     FrameRule,
     classify,
     classify_outside_loader,
+    classify_producer,
+    waits_on_queue,
 )
 from doctor.analyse.steps import RankSteps, worker_pids
 from doctor.categories import INPUT_STAGES
 from doctor.store.rundata import Process, RunData
-from doctor.store.stacks import StackSamples
+from doctor.store.stacks import PRODUCER_THREAD, StackSamples
 
 OUTSIDE_MIN = 0.02  # below this share of the step, input outside a DataLoader is noise
 TOP = 3  # functions named per stage in the evidence
@@ -53,6 +55,7 @@ class OutsideLoader:
 
     stage_shares_of_step: Mapping[str, float]
     top: tuple[str, ...] = ()
+    queue_share_of_step: float = 0.0  # of which, waits on a queue another thread feeds
 
 
 @dataclass
@@ -96,6 +99,7 @@ class OutsideShares:
     shares: dict[str, float]  # per stage
     top: dict[tuple[str, str], float]  # (stage, function) -> fraction
     sampled_s: float  # the time the samples stand for
+    queue_share: float = 0.0  # of which, waits on a queue another thread feeds
 
 
 def stack_samples(run: RunData, process: Process) -> StackSamples | None:
@@ -105,9 +109,12 @@ def stack_samples(run: RunData, process: Process) -> StackSamples | None:
     if spans.empty or rows.empty:
         return None
     span = spans.iloc[0]
-    return StackSamples(dict(zip(rows["stack"], (int(c) for c in rows["count"]), strict=True)),
+    producer = (rows["thread"] == PRODUCER_THREAD).to_numpy(bool)
+    main, fed = rows[~producer], rows[producer]
+    return StackSamples(dict(zip(main["stack"], (int(c) for c in main["count"]), strict=True)),
                         str(span["recorder"]), float(span["rate_hz"]),
-                        (int(span["start_ns"]), int(span["end_ns"])), int(span["taken"]))
+                        (int(span["start_ns"]), int(span["end_ns"])), int(span["taken"]),
+                        dict(zip(fed["stack"], (int(c) for c in fed["count"]), strict=True)))
 
 
 def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | None = None
@@ -117,12 +124,35 @@ def outside_loader_shares(samples: StackSamples, rules: Iterable[FrameRule] | No
     taken = max(1, samples.count)
     shares = dict.fromkeys(INPUT_STAGES, 0.0)
     top: dict[tuple[str, str], float] = defaultdict(float)
+    waited = 0.0
     for stack, count in samples.stacks.items():
+        if waits_on_queue(stack):
+            waited += count / taken
+            continue
         hit = classify_outside_loader(stack, rules)
         if hit is not None:
             shares[hit[0]] += count / taken
             top[hit] += count / taken
-    return OutsideShares(shares, dict(top), samples.count / max(samples.rate_hz, 1e-9))
+    if waited > 0:  # the loop waited on a queue: for its producers' stages
+        for (stage, function), part in producer_split(samples, rules).items():
+            shares[stage] += waited * part
+            top[(stage, function)] += waited * part
+    return OutsideShares(shares, dict(top), samples.count / max(samples.rate_hz, 1e-9),
+                         waited)
+
+
+def producer_split(samples: StackSamples, rules: Iterable[FrameRule] | None = None
+                   ) -> dict[tuple[str, str], float]:
+    """(stage, function) -> fraction of the producer threads' samples (doctor.store.stacks),
+    by the frame rules; all "preprocess" where none was sampled (a thread whose loop doctor
+    cannot see: what it does is the job's own input code)."""
+    total = sum(samples.producers.values())
+    if total <= 0:
+        return {("preprocess", "a queue fed by another thread"): 1.0}
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for stack, count in samples.producers.items():
+        out[classify_producer(stack, rules)] += count / total
+    return dict(out)
 
 
 def loader_workers(run: RunData, main: RankSteps) -> int:
@@ -196,6 +226,7 @@ def outside_evidence(outside: dict[int, OutsideShares]) -> OutsideLoader | None:
         stage_shares_of_step={s: sum(o.shares.get(s, 0.0) for o in outside.values()) / n
                               for s in INPUT_STAGES},
         top=tuple(_ranked(((fn, v) for o in outside.values() for (_st, fn), v in o.top.items()))),
+        queue_share_of_step=sum(o.queue_share for o in outside.values()) / n,
     )
 
 

@@ -46,7 +46,13 @@ from doctor.store.samples import (
     read_memory,
     read_others,
 )
-from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
+from doctor.store.stacks import (
+    DEFAULT_RATE_HZ,
+    MAIN_THREAD,
+    PRODUCER_THREAD,
+    read_stacks,
+    read_stacks_meta,
+)
 from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 
@@ -123,7 +129,10 @@ def _load_node(run_dir: Path) -> RunData:
             problems.append(f"{proc_dir}: its stack samples cannot be read: left out")
             taken = samples = None
         if samples is not None:
-            stacks += [{**who, "stack": s, "count": n} for s, n in samples.stacks.items()]
+            stacks += [{**who, "stack": s, "count": n, "thread": MAIN_THREAD}
+                       for s, n in samples.stacks.items()]
+            stacks += [{**who, "stack": s, "count": n, "thread": PRODUCER_THREAD}
+                       for s, n in samples.producers.items()]
         if taken is not None:
             rate = as_float(taken.get("rate_hz"))
             spans.append({**who, "recorder": str(taken.get("recorder", "?")),

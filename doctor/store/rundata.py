@@ -65,7 +65,8 @@ LOADER_COLUMNS = columns(
 MARK_COLUMNS = columns(f"{WHO} t_ns kind key:int64")
 INTERVAL_COLUMNS = columns(f"{WHO} name:object t0_ns t1_ns key:int64")
 EVENT_COLUMNS = columns(f"{WHO} t_ns event value:int64")
-STACK_COLUMNS = columns(f"{WHO} stack:object count:int64")
+#: ``thread``: "main" (the process's main thread) or "producer" (threads feeding it a queue)
+STACK_COLUMNS = columns(f"{WHO} stack:object count:int64 thread:object")
 STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns end_ns taken:int64 "
                              "busy_threads threads:float64")
 WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object events:int64")

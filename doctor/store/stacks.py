@@ -2,7 +2,9 @@
 
 ``stacks.txt`` holds one line per distinct stack, ``frame;frame;... N``, outermost frame first,
 each frame ``function (file:line)``; with py-spy's ``--threads`` each stack starts with a
-``thread (TID): NAME`` frame. ``stacks.json`` says how they were taken: the recorder, its rate,
+``thread (TID): NAME`` frame: the main thread's samples are kept, and those of the threads that
+put into a queue (a loader thread the job made itself), less their waits in ``put``: the
+``producers``. ``stacks.json`` says how they were taken: the recorder, its rate,
 the sampled span on the shared monotonic clock, and the number of samples taken. Both recorders
 (py-spy from the parent, the in-process sampler) write through here.
 """
@@ -14,7 +16,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from .layout import STACKS_JSON, STACKS_TXT, pid_of
 from .safe_files import write_text_atomic
 
 DEFAULT_RATE_HZ = 50.0
+MAIN_THREAD, PRODUCER_THREAD = "main", "producer"  # the stacks frame's ``thread``
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class StackSamples:
     rate_hz: float
     span_ns: tuple[int, int]
     taken: int  # samples the recorder reports (all threads, for py-spy)
+    #: the samples of threads that put into a queue (a loader thread), less their ``put`` waits
+    producers: dict[tuple[str, ...], int] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -54,14 +59,16 @@ def read_stacks(proc_dir: Path, meta: dict[str, Any] | None = None) -> StackSamp
     if meta is None or not os.path.lexists(txt):
         return None
     try:
-        stacks = parse_raw(read_text(txt), main_thread=pid_of(proc_dir))
+        text = read_text(txt)
+        stacks = parse_raw(text, main_thread=pid_of(proc_dir))
+        producers = parse_producers(text, main_thread=pid_of(proc_dir))
     except (Unreadable, ValueError):
         return None
     rate = as_float(meta.get("rate_hz"))
     return StackSamples(stacks, str(meta.get("recorder", "?")),
                         rate if rate and rate > 0 else DEFAULT_RATE_HZ,
                         (as_int(meta.get("start_ns")) or 0, as_int(meta.get("end_ns")) or 0),
-                        as_int(meta.get("taken")) or 0)
+                        as_int(meta.get("taken")) or 0, producers)
 
 
 _THREAD = re.compile(r"^thread \((?:0x)?(?P<tid>[0-9A-Fa-f]+)\)(: .*)?$")
@@ -92,6 +99,33 @@ def parse_raw(text: str, main_thread: int | None = None) -> dict[tuple[str, ...]
         return dict(by_thread[main_thread])
     for counts in by_thread.values():
         out.update(counts)
+    return dict(out)
+
+
+#: A frame of a queue's ``put``: the standard library's, multiprocessing's, or a class's own
+PUT = re.compile(r"^(\w+\.)?put(_nowait)? \((.*/)?(queue|multiprocessing/queues)\.py:\d+\)$")
+
+
+def parse_producers(text: str, main_thread: int | None) -> dict[tuple[str, ...], int]:
+    """With ``--threads``: the samples of the threads other than ``main_thread`` that were seen
+    in a queue's ``put`` (threads that feed the training loop), less those inside ``put`` (a
+    full queue: the loop is not waiting for them). Empty without thread frames."""
+    threads: dict[int, Counter[tuple[str, ...]]] = {}
+    for line in text.splitlines():
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = tuple(stack.split(";"))
+        m = _THREAD.match(frames[0])
+        if m is None or len(frames) < 2:
+            continue
+        tid = int(m["tid"], 16) if frames[0].startswith("thread (0x") else int(m["tid"])
+        if tid != main_thread:
+            threads.setdefault(tid, Counter())[frames[1:]] += int(count)
+    out: Counter[tuple[str, ...]] = Counter()
+    for counts in threads.values():
+        if any(PUT.match(f) for stack in counts for f in stack):
+            out.update({s: n for s, n in counts.items() if not any(PUT.match(f) for f in s)})
     return dict(out)
 
 

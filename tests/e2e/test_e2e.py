@@ -237,6 +237,16 @@ def test_a_bursty_loader_gets_a_deeper_queue(tmp_path: Path) -> None:
     assert loader["evidence"]["burst_steps"] >= 15
 
 
+def test_a_queue_fed_by_a_thread_of_the_job_is_its_input(tmp_path: Path) -> None:
+    """No DataLoader: a thread builds batches into a queue.Queue and the loop waits in get()."""
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "thread_loader.py"),
+                      "--steps", "200")
+    found = {f["id"]: f for f in verdict["findings"]}["input.outside_loader"]
+    assert "on a queue that a thread of the job fills" in found["title"]
+    assert found["evidence"]["queue_wait_share"] > 0.15
+    assert verdict["shares"]["preprocess"] > 0.15
+
+
 def test_workers_fall_back_to_sampling_themselves(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = doctor_cmd("run", "--out", str(out), "--", sys.executable,
