@@ -209,18 +209,18 @@ def worded(fix: Fix, framework: Framework, cls: str | None = None,
     knobs = fix_knobs(fix)
     if knobs.get("fused") and cls == "AdamW" and "fused_adamw" in framework.knobs:
         knobs = {**{k: v for k, v in knobs.items() if k != "fused"}, "fused_adamw": True}
+    fill = {"cls": cls or "AdamW",
+            "batch": knobs.get("micro_batch") or batch or "batch_size"}
     by_place: dict[str, list[str]] = {}
     for knob, value in knobs.items():
         if knob not in framework.knobs:
             continue
         place, spelling = framework.knobs[knob]
-        text = _spelled(spelling, value, framework.places[place].json)
+        text = _spelled(spelling, value, framework.places[place].json, fill)
         if text is not None:
             by_place.setdefault(place, []).append(text)
     if not by_place:
         return fix
-    fill = {"cls": cls or "AdamW",
-            "batch": knobs.get("micro_batch") or batch or "batch_size"}
     shorts, codes = [], []
     for place, settings in by_place.items():
         spot = framework.places[place]
@@ -239,12 +239,13 @@ def worded(fix: Fix, framework: Framework, cls: str | None = None,
     return replace(fix, why=why, code=code)
 
 
-def _spelled(spelling: Spelling, value: Any, as_json: bool) -> str | None:
+def _spelled(spelling: Spelling, value: Any, as_json: bool, fill: Mapping[str, Any]
+             ) -> str | None:
     if isinstance(spelling, Mapping):
         return spelling.get(value)
     if value is False and "{v}" not in spelling:
         return None  # a flag the fix turns off: the framework's "on" spelling does not fit
-    return spelling.format(v=_literal(value, as_json))
+    return spelling.format(v=_literal(value, as_json), **fill)
 
 
 def _literal(value: Any, as_json: bool) -> str:
