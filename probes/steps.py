@@ -54,7 +54,9 @@ class StepsProbe:
 
         def pre(opt: Any, args: Any, kwargs: Any) -> Any:
             session.record_optimizer_start()
-            return with_timed_closure(args, kwargs, session.record_optimizer_start)
+            if kwargs or len(args) > 1:  # a closure, maybe (a plain step() passes neither)
+                return with_timed_closure(args, kwargs, session.record_optimizer_start)
+            return None
 
         def post(opt: Any, args: Any, kwargs: Any) -> None:
             self._stepped = True
