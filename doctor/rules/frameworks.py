@@ -110,7 +110,8 @@ FRAMEWORKS: dict[str, Framework] = {
         "PyTorch Lightning",
         {"trainer": Place("Trainer({settings})", "trainer = L.Trainer(..., {settings})"),
          "loader": Place("DataLoader(batch_size={batch}, {settings}) in the "
-                         "LightningDataModule's train_dataloader()",
+                         "LightningDataModule's train_dataloader() (or the one given to "
+                         "trainer.fit)",
                          "def train_dataloader(self):  # in your LightningDataModule\n"
                          "    return DataLoader(self.dataset, batch_size={batch}, {settings})"),
          "optimizer": Place("torch.optim.{cls}({settings}) in configure_optimizers()",
