@@ -46,6 +46,7 @@ from doctor.analyse.thread_time import sampler_note
 from doctor.analyse.verified import attach_verified
 from doctor.analyse.window_drift import drift_notes
 from doctor.rules import RuleOutcome, default_rules, run_rules
+from doctor.rules.frameworks import in_framework_words, job_framework
 from doctor.rules.sound import job_settings, sound_findings
 from doctor.store.reader import load_run
 from doctor.store.rundata import TRACE, RunData
@@ -74,7 +75,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, stages.ranks, stages.window_problems),
-        job=facts.job_dict(run, stages.job), partial=partial,
+        job={**facts.job_dict(run, stages.job), **job_framework(stages.job)}, partial=partial,
         notes=notes + _notes(run, stages, outcome, summary, stalls, run_s),
         bottleneck_share=summary.bottleneck_share, rules_skipped=outcome.skipped,
     )
@@ -91,11 +92,13 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
               stalls: list[Stall], slow: SlowSteps, compiled: bool) -> list[Finding]:
     """The rules' findings (no fix that doctor estimates slower, or that sets what the job has:
-    doctor.rules.sound), then what the analysis itself finds: no steps, a long stall (a fifth
+    doctor.rules.sound; each in the words of the job's framework too: doctor.rules.frameworks),
+    then what the analysis itself finds: no steps, a long stall (a fifth
     of the run or more leads; with its cause where one is known), the job killed (first).
     ``compiled``: the job runs torch.compile (no fix offers to compile it)."""
-    offered = sound_findings(outcome.findings, job_settings(stages.job, stages.loaders),
-                             compiled=compiled)
+    offered = in_framework_words(
+        sound_findings(outcome.findings, job_settings(stages.job, stages.loaders),
+                       compiled=compiled), stages.job, stages.loaders)
     findings = attach_verified(offered, run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, stages.ranks),

@@ -25,9 +25,13 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     except TypeError:
         size = None
     collate = getattr(loader, "collate_fn", None)
+    sampler = getattr(loader, "batch_sampler", None)
     return {
         "num_workers": int(getattr(loader, "num_workers", 0)),
-        "batch_size": getattr(loader, "batch_size", None),
+        "batch_size": batch_size_of(loader),
+        # batches made by a batch sampler (False: batching off, each sample as it is)
+        "batched": sampler is not None,
+        "loader_class": f"{type(loader).__module__}.{type(loader).__qualname__}",
         "pin_memory": bool(getattr(loader, "pin_memory", False)),
         "prefetch_factor": getattr(loader, "prefetch_factor", None),
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
@@ -36,6 +40,17 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         "collate_fn": getattr(collate, "__qualname__", type(collate).__name__),
         "sharing_strategy": _sharing_strategy(),
     }
+
+
+def batch_size_of(loader: Any) -> int | None:
+    """The loader's batch size: its own, or its batch sampler's where it was given one (as
+    Accelerate and the Hugging Face Trainer give theirs: ``loader.batch_size`` is then None)."""
+    size = getattr(loader, "batch_size", None)
+    sampler = getattr(loader, "batch_sampler", None)
+    for holder in (sampler, getattr(sampler, "batch_sampler", None)):
+        if size is None and holder is not None:
+            size = getattr(holder, "batch_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _sharing_strategy() -> str | None:

@@ -2,15 +2,23 @@
 replays (``doctor.step()`` marks its own), and each GradScaler ``update()`` with whether the
 optimizer stepped since the last one (a scaler that found inf/NaN gradients skips the optimizer
 step: no hook fires, yet the iteration ran). Runs inside the job; writes intervals through the
-Session."""
+Session.
+
+The optimizer's interval is its own work: a closure passed to ``step`` (Lightning runs the
+forward and backward of every step in one: ``optimizer.step(closure)``; LBFGS) is timed apart,
+and the interval starts again as it returns. As each optimizer first steps, the framework that
+steps it (the Hugging Face Trainer, Lightning, Accelerate, DeepSpeed) is read from the stack
+once (doctor.record.process_facts.framework_facts)."""
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..record.patches import Patches
+from ..record.process_facts import framework_facts
 from ..record.session import STEP_BACKWARD, Session
 from ..verdict import ProbeStatus
 
@@ -44,8 +52,11 @@ class StepsProbe:
         keys = self._keys
         session = self.session
 
-        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        def pre(opt: Any, args: Any, kwargs: Any) -> Any:
             session.record_optimizer_start()
+            if kwargs or len(args) > 1:  # a closure, maybe (a plain step() passes neither)
+                return with_timed_closure(args, kwargs, session.record_optimizer_start)
+            return None
 
         def post(opt: Any, args: Any, kwargs: Any) -> None:
             self._stepped = True
@@ -54,7 +65,8 @@ class StepsProbe:
                 key = keys[id(opt)] = len(keys)
                 session.saw_optimizer(opt)
                 self._optimizers.append(optimizer_facts(opt))
-                session.update_meta(optimizers=self._optimizers)
+                session.update_meta(optimizers=self._optimizers,
+                                    **framework_facts(sys._getframe(1)))
             session.record_optimizer_end(key)
 
         self._handles = [register_optimizer_step_pre_hook(pre),
@@ -133,3 +145,27 @@ def optimizer_facts(opt: Any) -> dict[str, Any]:
         pass
     return facts
 
+
+def with_timed_closure(args: Any, kwargs: Any, then: Callable[[], None]) -> Any:
+    """An optimizer step's (args, kwargs) with its closure (``step(closure)``: args[1] or
+    ``closure=``) calling ``then()`` as it returns, so that the forward and backward it runs are
+    not the optimizer's time; None (the step's own arguments) where it has none."""
+    try:
+        closure = kwargs.get("closure") if kwargs else None
+        positional = closure is None and len(args) > 1
+        if positional:
+            closure = args[1]
+    except Exception:  # arguments of a shape torch does not pass: the step runs as it is
+        return None
+    if not callable(closure):
+        return None
+
+    def timed(*a: Any, **k: Any) -> Any:
+        try:
+            return closure(*a, **k)
+        finally:
+            then()
+
+    if positional:
+        return (args[0], timed, *args[2:]), kwargs
+    return args, {**kwargs, "closure": timed}

@@ -17,12 +17,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import StepTimer
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def arguments(doc: str | None) -> argparse.Namespace:
+    """The switches of an optimizer-bound job (this one, and sample_jobs/lightning_optimizer.py)."""
+    ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--layers", type=int, default=200)
     ap.add_argument("--fixed", action="store_true", help="remove the bottleneck (fused=True)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__)
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(args.layers)])
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, **({"fused": True} if args.fixed else {}))

@@ -121,11 +121,15 @@ def record_loop(run_dir: Path, steps: int, *, wait_s: float = 0.0, compute_s: fl
                 optimizers: int = 1, use_optimizer: bool = True, manual: bool = False,
                 slow_first: int = 0, rank: int = 0, loader: dict | None = None,
                 clock: FakeClock | None = None,
-                then: tuple[int, float, float] | None = None) -> Session:
+                then: tuple[int, float, float] | None = None,
+                meta: dict | None = None) -> Session:
     """A loop of ``steps`` iterations: wait for a batch, compute, step the optimizer(s); with
-    ``then`` (steps, wait_s, compute_s), a second phase of the same loop follows."""
+    ``then`` (steps, wait_s, compute_s), a second phase of the same loop follows; ``meta``: the
+    process's facts (its framework, its optimizers...)."""
     clock = clock or FakeClock()
     session = Session(run_dir, rank=rank, clock=clock, window_start=10**9)
+    if meta:
+        session.update_meta(**meta)
     loader_id = session.record_loader(loader or {"num_workers": 0, "batch_size": 32,
                                                  "pin_memory": False,
                                                  "persistent_workers": False})

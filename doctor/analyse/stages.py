@@ -64,6 +64,10 @@ class JobFacts:
     rank_pids: Mapping[int, int] = field(default_factory=dict)  # rank -> training process
     # the 16-bit type the device runs fast (doctor.analyse.precision)
     precision: Precision = field(default_factory=lambda: Precision(None, "not known"))
+    # the framework that steps the optimizer (doctor.rules.frameworks: hf_trainer, lightning,
+    # fabric, accelerate, deepspeed), and its package's version; None: a loop of the job's own
+    framework: str | None = None
+    framework_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,13 @@ def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -
         ranks_here=max(Counter(r.node for r in ranks.values()).values(), default=1),
         worker_processes=len(workers), rank_pids={rank: r.pid for rank, r in ranks.items()},
         precision=job_precision(run, "cuda" if cuda else "cpu", window),
+        framework=_text(first, "framework"), framework_version=_text(first, "framework_version"),
     )
+
+
+def _text(row: pd.Series | None, column: str) -> str | None:
+    value = row.get(column) if row is not None else None
+    return value if isinstance(value, str) and value else None
 
 
 def used_cuda(run: RunData, mains: pd.DataFrame) -> bool:

@@ -42,3 +42,41 @@ def torch_facts() -> dict[str, Any]:
                 "cuda": bool(torch.cuda.is_available())}
     except Exception:  # facts for the report; a half-imported torch gives none
         return {}
+
+
+#: The training frameworks recognised by the module of a frame that steps the optimizer (a
+#: prefix of its ``__name__``), with the package whose version is recorded beside it.
+FRAMEWORK_MODULES = (("transformers.trainer", "hf_trainer", "transformers"),
+                     ("trl.", "hf_trainer", "transformers"),
+                     ("lightning.pytorch.", "lightning", "lightning"),
+                     ("pytorch_lightning.", "lightning", "pytorch_lightning"),
+                     ("lightning.fabric.", "fabric", "lightning"),
+                     ("lightning_fabric.", "fabric", "lightning_fabric"),
+                     ("deepspeed.", "deepspeed", "deepspeed"),
+                     ("accelerate.", "accelerate", "accelerate"))
+MAX_FRAMES = 200  # frames walked up from the optimizer's step
+
+
+def framework_facts(frame: Any) -> dict[str, Any]:
+    """The framework that steps the optimizer, from the stack above ``frame`` (a frame of the
+    step): the outermost framework frame is the one the job calls (the Trainer's ``train()``
+    above Accelerate's optimizer wrapper), with its package's version; {} for a loop of the
+    job's own. Read once per optimizer, as it first steps."""
+    try:
+        found = None
+        for _ in range(MAX_FRAMES):
+            if frame is None:
+                break
+            name = frame.f_globals.get("__name__") or ""
+            for prefix, key, package in FRAMEWORK_MODULES:
+                if name == prefix.rstrip(".") or name.startswith(prefix):
+                    found = (key, package)
+                    break
+            frame = frame.f_back
+        if found is None:
+            return {}
+        key, package = found
+        version = getattr(sys.modules.get(package), "__version__", None)
+        return {"framework": key, "framework_version": str(version) if version else None}
+    except Exception:  # a fact for the fixes' wording: never a reason to fail the step
+        return {}

@@ -64,7 +64,7 @@ def input_loader(ev: Evidence) -> list[Finding]:
             why=(f"Batches are built in the training process, which waits {x.wait:.3g} s of "
                  f"each {x.step:.3g} s step. Workers build the next batches while the model "
                  f"trains; {bound}."),
-            code=(f"loader = DataLoader(dataset, batch_size={x.loader.get('batch_size')}, "
+            code=(f"loader = DataLoader(dataset, {x.batch}, "
                   f"num_workers={k},\n                    persistent_workers=True, "
                   "prefetch_factor=4)"),
             apply={"dataloader": {"num_workers": k, "persistent_workers": True}},
@@ -93,7 +93,8 @@ def input_loader(ev: Evidence) -> list[Finding]:
                   f"set num_workers={k}",
             why="The workers cannot keep up and cores are idle: more workers load more "
                 "batches at once.",
-            code=f"loader = DataLoader(dataset, num_workers={k}, persistent_workers=True)",
+            code=f"loader = DataLoader(dataset, {x.batch}, num_workers={k}, "
+                 "persistent_workers=True)",
             apply={"dataloader": {"num_workers": k, "persistent_workers": True}},
             estimated_speedup=speedup,
         ))
@@ -108,7 +109,8 @@ def input_loader(ev: Evidence) -> list[Finding]:
         fixes.append(Fix(
             title="persistent_workers=False: keep workers between epochs",
             why="Each epoch otherwise starts its workers again, a stall at every epoch.",
-            code=f"DataLoader(dataset, num_workers={x.workers}, persistent_workers=True)",
+            code=f"DataLoader(dataset, {x.batch}, num_workers={x.workers}, "
+                 "persistent_workers=True)",
             apply={"dataloader": {"persistent_workers": True}},
         ))
     category = x.dominant()
@@ -142,11 +144,12 @@ def input_unsplit(ev: Evidence) -> list[Finding]:
     )]
     known = ev.loaders is not None and not ev.loaders.empty
     if not known:
+        pin = " pin_memory=True," if ev.job.device == "cuda" else ""
         fixes.append(Fix(
             title="Load batches in worker processes, ahead of the step",
             why="with num_workers=0 the main process loads every batch while the step waits",
             code="loader = torch.utils.data.DataLoader(\n"
-                 "    dataset, batch_size=batch_size, num_workers=4, pin_memory=True,\n"
+                 f"    dataset, batch_size=batch_size, num_workers=4,{pin}\n"
                  "    persistent_workers=True, prefetch_factor=4,\n)"))
     return [Finding(
         id="input.unsplit", category="input",
@@ -232,7 +235,7 @@ def input_handoff(ev: Evidence) -> list[Finding]:
             title="pin_memory=True: a thread takes the batches off the training thread",
             why="The pin-memory thread receives each batch from the workers and pins it, "
                 "overlapping the handoff with the step.",
-            code=f"DataLoader(dataset, num_workers={x.workers}, pin_memory=True)",
+            code=f"DataLoader(dataset, {x.batch}, num_workers={x.workers}, pin_memory=True)",
             apply={"dataloader": {"pin_memory": True}}, estimated_speedup=off_thread))
     return [Finding(
         id="input.handoff", category=x.dominant(), severity=_severity(share),
@@ -260,8 +263,8 @@ def _stage_fixes(stage: str, x: InputFacts, frac: float) -> tuple[Fix, ...]:
             Fix(title=f"Read with more concurrency: num_workers={more}",
                 why="Workers blocked in reads use little CPU: more of them than cores keeps "
                     "more reads in flight (remote and network storage especially).",
-                code=f"DataLoader(dataset, num_workers={more}, prefetch_factor=4, "
-                     "persistent_workers=True)",
+                code=f"DataLoader(dataset, {x.batch}, num_workers={more}, "
+                     "prefetch_factor=4, persistent_workers=True)",
                 apply={"dataloader": {"num_workers": more, "persistent_workers": True}},
                 estimated_speedup=more_reads),
             Fix(title="Store samples in large sequential shards",
@@ -279,9 +282,12 @@ def _stage_fixes(stage: str, x: InputFacts, frac: float) -> tuple[Fix, ...]:
                      "dtype=np.uint8, shape=(n, h, w, 3))"),
             Fix(title="Use a faster decoder",
                 why="pillow-simd, or torchvision.io.decode_jpeg on the GPU, or NVIDIA DALI, "
-                    "decode several times faster than stock Pillow.",
+                    "decode several times faster than stock Pillow." if x.gpu else
+                    "pillow-simd, or torchvision.io.decode_jpeg (libjpeg-turbo), decode "
+                    "several times faster than stock Pillow.",
                 code="from torchvision.io import decode_jpeg, read_file\n"
-                     "image = decode_jpeg(read_file(path), device='cuda')"),
+                     "image = decode_jpeg(read_file(path)"
+                     + (", device='cuda')" if x.gpu else ")")),
             Fix(title="Store smaller images",
                 why="Decoding cost grows with pixels: resize offline to the training size.",
                 code="image.resize((256, 256)).save(out_path, quality=90)"),
@@ -301,7 +307,16 @@ def _stage_fixes(stage: str, x: InputFacts, frac: float) -> tuple[Fix, ...]:
         Fix(title="Augment whole batches on the GPU (or vectorised on the CPU)",
             why="Per-sample transforms in __getitem__ run in Python, one sample at a time.",
             code="batch = batch.to(device, non_blocking=True)\n"
-                 "batch = torch.flip(batch, dims=[3]) if torch.rand(()) < 0.5 else batch"),
+                 "batch = torch.flip(batch, dims=[3]) if torch.rand(()) < 0.5 else batch")
+        if x.gpu else
+        Fix(title="Augment whole batches at once, vectorised",
+            why="Per-sample transforms in __getitem__ run in Python, one sample at a time; "
+                "one tensor op over the batch (in the collate_fn, in the workers) does them "
+                "all.",
+            code="def collate(samples):\n"
+                 "    batch = torch.stack([torch.as_tensor(s) for s in samples])\n"
+                 "    flip = torch.rand(len(batch)) < 0.5\n"
+                 "    batch[flip] = batch[flip].flip(-1)\n    return batch"),
         Fix(title="Cache what does not change between epochs",
             why="Deterministic preprocessing (resizing, tokenising) can be done once.",
             code="cache = {}\ndef get(i):\n    if i not in cache:\n"
@@ -354,8 +369,8 @@ def input_outside_loader(ev: Evidence) -> list[Finding]:
                 code="class Batches(torch.utils.data.IterableDataset):\n"
                      "    def __iter__(self):\n        while True:\n"
                      "            yield get_batch('train')\n\n"
-                     "loader = DataLoader(Batches(), batch_size=None, num_workers=2, "
-                     "pin_memory=True)"),
+                     "loader = DataLoader(Batches(), batch_size=None, num_workers=2"
+                     + (", pin_memory=True)" if ev.job.device == "cuda" else ")")),
             Fix(title="Or prefetch the next batch in a background thread",
                 why="Slicing memory-mapped arrays and numpy work release the GIL for much of "
                     "their time.",

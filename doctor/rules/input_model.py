@@ -47,6 +47,18 @@ def main_loader(loaders: pd.DataFrame | None) -> dict[str, Any]:
     return {str(k): v for k, v in loaders.iloc[0].to_dict().items()}
 
 
+def batch_argument(loader: dict[str, Any]) -> str:
+    """The loader's ``batch_size=`` as a fix's code writes it: its size where known (a
+    framework's loader that batches through a batch sampler included), None only where the
+    loader batches nothing (``batch_size=None`` turns batching off if copied)."""
+    size = loader.get("batch_size")
+    if isinstance(size, int | float) and size == size and size > 0:
+        return f"batch_size={int(size)}"
+    if loader.get("batched") is False:
+        return "batch_size=None"
+    return "batch_size=batch_size"
+
+
 def batch_handoff(loader: dict[str, Any], fd_handoff_s: float | None) -> float:
     """Seconds the training process blocks taking one batch from a worker: a round trip per
     tensor under torch's default ``file_descriptor`` sharing, in the training thread unless a
@@ -90,6 +102,8 @@ class InputFacts:
         self.free_cores = max(1.0, self.cores - self.other_load)
         self.loader = main_loader(ev.loaders)
         self.workers = int(self.loader.get("num_workers") or 0)
+        self.batch = batch_argument(self.loader)  # the loader's batch_size=, as code says it
+        self.gpu = ev.job.device == "cuda"  # GPU-only code is offered to GPU jobs only
         split = ev.input_split
         self.measured = split is not None
         self.stage_shares: dict[str, float] = dict(split.stage_shares) if split else {}

@@ -104,7 +104,8 @@ def memory_bound(ev: Evidence) -> list[Finding]:
         fixes=(Fix(title="Fuse them: torch.compile",
                    why="each of these reads and writes whole tensors to do a few operations "
                        "per element; compiled, a chain of them keeps its intermediates in "
-                       f"registers. Fused in pairs, half of their {share:.0%} goes",
+                       f"registers. Fused in pairs, half of their {share:.0%} of the ops' time "
+                       "goes away.",
                    code=PLAIN_COMPILE),),
         estimated_speedup=_speedup(ev, share * FUSED_SAVING, r),
     )]

@@ -28,6 +28,8 @@ def loader_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
         rows.append({
             **who, "id": loader_id, "num_workers": workers,
             "batch_size": as_int(lo.get("batch_size")),
+            "batched": as_bool(lo.get("batched")),
+            "loader_class": as_str(lo.get("loader_class")),
             "pin_memory": as_bool(lo.get("pin_memory")) or False,
             "prefetch_factor": as_int(lo.get("prefetch_factor")),
             "persistent_workers": as_bool(lo.get("persistent_workers")) or False,

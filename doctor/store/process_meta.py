@@ -49,6 +49,9 @@ class ProcessMeta:
     torch_version: str | None = None  # torch's facts, where the process imported torch
     torch_threads: Number | None = None
     cuda: bool | None = None  # torch.cuda.is_available()
+    # the framework that stepped its optimizer (doctor.record.process_facts.framework_facts)
+    framework: str | None = None
+    framework_version: str | None = None
     # the Session, as the process ends: its CUDA device (process_facts.cuda_device), its rings
     ended_ns: Number | None = None
     rings: Mapping[str, Any] = field(default_factory=dict)  # ring name -> records written
@@ -98,6 +101,7 @@ class ProcessMeta:
             host=text("host"), started_ns=number("started_ns"), cores=number("cores"),
             probes=probe_statuses(meta.get("probes")), torch_version=text("torch_version"),
             torch_threads=number("torch_threads"), cuda=as_bool(meta.get("cuda")),
+            framework=text("framework"), framework_version=text("framework_version"),
             ended_ns=number("ended_ns"), rings=record("rings"),
             cuda_initialized=as_bool(meta.get("cuda_initialized")),
             cuda_device=number("cuda_device"), cuda_uuid=text("cuda_uuid"),

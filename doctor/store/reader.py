@@ -249,7 +249,8 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: ProcessMe
             "start_private_bytes": start.get("private_bytes"),
             "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns"),
             "end_private_bytes": end.get("private_bytes"), "end_rss_bytes": end.get("rss_bytes"),
-            "end_memory_ns": end.get("t_ns"), **gc_totals(meta.gc)}
+            "end_memory_ns": end.get("t_ns"), **gc_totals(meta.gc),
+            "framework": meta.framework, "framework_version": meta.framework_version}
 
 
 def _ring(proc_dir: Path, name: str, who: dict[str, Any], problems: list[str]) -> pd.DataFrame:

@@ -56,12 +56,13 @@ PROCESS_COLUMNS = columns(
     "torch_version:object torch_threads:float64 cuda crashed:object crashed_ns:float64 "
     "window_state window_reason window_shapes cuda_initialized cuda_uuid:object cuda_device "
     "start_private_bytes start_rss_bytes start_memory_ns end_private_bytes end_rss_bytes "
-    "end_memory_ns:float64 device_name:object gc_collections gc_full gc_pause_s:float64")
+    "end_memory_ns:float64 device_name:object gc_collections gc_full gc_pause_s:float64 "
+    "framework framework_version:object")
 PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
 LOADER_COLUMNS = columns(
     f"{WHO} id num_workers:int64 batch_size:object pin_memory:bool prefetch_factor:object "
     "persistent_workers:bool dataset dataset_len collate_fn sharing_strategy "
-    "batch_tensors:object")
+    "batch_tensors batched loader_class:object")
 MARK_COLUMNS = columns(f"{WHO} t_ns kind key:int64")
 INTERVAL_COLUMNS = columns(f"{WHO} name:object t0_ns t1_ns key:int64")
 EVENT_COLUMNS = columns(f"{WHO} t_ns event value:int64")

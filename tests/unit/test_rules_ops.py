@@ -49,6 +49,7 @@ def test_memory_bound_elementwise_ops_are_for_fusion() -> None:
     [f] = memory_bound(evidence([GEMM, ADD], CPU))
     assert f.evidence["share_of_ops"] == pytest.approx(1 / 3)
     assert "torch.compile" in f.fixes[0].code
+    assert f.fixes[0].why.endswith("of the ops' time goes away.")  # a sentence that ends
     assert memory_bound(evidence([GEMM], CPU)) == []
 
 
