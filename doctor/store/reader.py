@@ -88,6 +88,7 @@ def _load_node(run_dir: Path) -> RunData:
     stacks: list[dict[str, Any]] = []
     spans: list[dict[str, Any]] = []
     windows: list[pd.DataFrame] = []
+    later: list[pd.DataFrame] = []
     window_status: list[dict[str, Any]] = []
     dirs_of: dict[int, Path] = {}
     model_states: list[dict[str, Any]] = []
@@ -152,6 +153,7 @@ def _load_node(run_dir: Path) -> RunData:
                 window_status.append({**who, "ok": False, "reason": f"trace unreadable: {err}"})
         if not role.startswith("worker"):
             dirs_of[pid] = proc_dir
+            later += _later_windows(proc_dir, who, problems)
     host, system = read_host(run_dir, problems)
     memory = read_memory(dirs_of, problems)
     rank_of = {p["pid"]: p["rank"] for p in procs}
@@ -165,7 +167,7 @@ def _load_node(run_dir: Path) -> RunData:
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
         "collectives": _concat(collectives), "ddp": ddp, "optimizers": optimizers,
-        "window_events": _concat(window_events),
+        "window_events": _concat(window_events), "later_windows": _concat(later),
         "others": read_others(run_dir, problems).assign(node=0),
     }
     frames = empty_frames()
@@ -173,6 +175,24 @@ def _load_node(run_dir: Path) -> RunData:
         if len(rows):
             frames[name] = typed(rows, FRAME_COLUMNS[name])
     return RunData(record=_record(run_dir, run, problems), **frames)
+
+
+def _later_windows(proc_dir: Path, who: dict[str, Any], problems: list[str]
+                   ) -> list[pd.DataFrame]:
+    """The steps of each later window of a process (``trace-N.json[.gz]``), with N; one that
+    cannot be read is left out, with a note."""
+    out = []
+    for n, path in layout.later_traces(proc_dir):
+        if not regular_file(path):
+            problems.append(f"{path} is not a regular file: left out")
+            continue
+        try:
+            window = read_window(path, int(who["rank"]))
+        except WindowUnavailable as err:
+            problems.append(f"{path}: its window cannot be read ({err}): left out")
+            continue
+        out.append(window.steps.assign(node=0, pid=int(who["pid"]), window=n))
+    return out
 
 
 def _window_span(events: pd.DataFrame) -> tuple[int, int] | None:
