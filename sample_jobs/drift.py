@@ -1,0 +1,109 @@
+"""A CPU job whose bottleneck changes as it runs: compute first (a small MLP over samples held in
+memory), then, after ``--slow-after`` seconds, the input slows down: each sample's read blocks
+for ``--read-ms`` (a sleep in ``__getitem__``, as a read from a cold cache or a busy network
+filesystem does), and the job becomes input-bound.
+
+Switch: ``--no-drift`` keeps the input fast for the whole run (one bottleneck, compute).
+
+At the end it prints its own timing as one JSON line: the step at which the input slowed down,
+and for the steps before and after it, the median step and the share of the step spent waiting
+for the DataLoader, as the job's own clock measured them (what doctor's periods are checked
+against).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+FEATURES = 256
+
+
+class DriftingDataset(Dataset):
+    """Samples in memory; once ``slow`` is set, each read first blocks for ``read_s``."""
+
+    def __init__(self, n: int, read_s: float) -> None:
+        self.x = torch.randn(n, FEATURES)
+        self.y = torch.randint(0, 10, (n,))
+        self.read_s = read_s
+        self.slow = False
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.slow:
+            time.sleep(self.read_s)
+        return self.x[i], self.y[i]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=20.0, help="how long the job trains")
+    ap.add_argument("--slow-after", type=float, default=8.0,
+                    help="seconds after the first step at which the input slows down")
+    ap.add_argument("--read-ms", type=float, default=2.5, help="each slow sample's read")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--no-drift", action="store_true", help="remove the drift")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    data = DriftingDataset(args.batch * 64, args.read_ms / 1e3)
+    loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=0)
+    model = nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(),
+                          nn.Linear(args.hidden, args.hidden), nn.ReLU(),
+                          nn.Linear(args.hidden, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    steps: list[tuple[float, float]] = []  # (step s, of which waiting for the batch s)
+    switch_step = None
+    start = time.perf_counter()
+    last = start
+    while last - start < args.seconds:
+        for x, y in _timed(loader, steps):
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            now = time.perf_counter()
+            steps[-1] = (now - last, steps[-1][1])
+            last = now
+            if switch_step is None and not args.no_drift and now - start >= args.slow_after:
+                data.slow, switch_step = True, len(steps)
+            if now - start >= args.seconds:
+                break
+    print(json.dumps({"job": "drift", "steps": len(steps), "switch_step": switch_step,
+                      **_side("before", steps[5:switch_step]),
+                      **_side("after", steps[switch_step:] if switch_step else [])}),
+          flush=True)
+
+
+def _timed(loader: DataLoader, steps: list[tuple[float, float]]):  # type: ignore[no-untyped-def]
+    """The loader's batches, each wait for one appended to ``steps`` as (0, wait)."""
+    it = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        steps.append((0.0, time.perf_counter() - t0))
+        yield batch
+
+
+def _side(name: str, steps: list[tuple[float, float]]) -> dict[str, float | None]:
+    if not steps:
+        return {f"{name}_median_step_s": None, f"{name}_input_share": None}
+    total = sum(s for s, _ in steps)
+    return {f"{name}_median_step_s": statistics.median(s for s, _ in steps),
+            f"{name}_input_share": sum(w for _, w in steps) / total if total else None}
+
+
+if __name__ == "__main__":
+    main()
