@@ -29,8 +29,9 @@ class DriftingDataset(Dataset):
     """Samples in memory; once ``slow`` is set, each read first blocks for ``read_s``."""
 
     def __init__(self, n: int, read_s: float) -> None:
-        self.x = torch.randn(n, FEATURES)
-        self.y = torch.randint(0, 10, (n,))
+        seed = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, FEATURES, generator=seed)
+        self.y = torch.randint(0, 10, (n,), generator=seed)
         self.read_s = read_s
         self.slow = False
 
@@ -53,9 +54,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--no-drift", action="store_true", help="remove the drift")
     args = ap.parse_args()
+    data = DriftingDataset(args.batch * 64, args.read_ms / 1e3)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    data = DriftingDataset(args.batch * 64, args.read_ms / 1e3)
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=0)
     model = nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, args.hidden), nn.ReLU(),
