@@ -12,10 +12,10 @@ Later windows: after the first one closes, a drift detector (doctor.record.drift
 steady step time, and where the run slows down for a sustained stretch (or its spikes change) it
 opens the window again, with the same settings and steps, within its budget. Each later window
 exports its own trace (``trace-N.json``) and is recorded in the meta's ``later_windows``, with
-its measured cost; stack sampling, the memory snapshots and the control file's signals stay with
-the first window. On a GPU a later window starts CUPTI again after Kineto's teardown: it opens
-only where the teardown was asked (CUDA 12.6 or newer) or the job's environment chose
-TEARDOWN_CUPTI itself.
+its measured cost; the parent samples its stacks again (py-spy, ``stacks-N.txt``; the in-process
+fallback samples beside the first window only), and the memory snapshots stay with the first.
+On a GPU a later window starts CUPTI again after Kineto's teardown: it opens only where the
+teardown was asked (CUDA 12.6 or newer) or the job's environment chose TEARDOWN_CUPTI itself.
 
 Fork-safe: the window closes by stopping Kineto's config thread (doctor.record.kineto), so a
 child forked after it ends as it would without doctor. A fork during the window (from the thread
@@ -44,8 +44,9 @@ from ..record.session import (
     WINDOW_START,
     Session,
 )
-from ..store.control import post_window
+from ..store.control import post_later_window, post_window
 from ..verdict import ProbeStatus
+from .stack_plan import SPAN_S
 from .stacks import sample_own_stacks_if_asked
 
 IDLE, ACTIVE, DONE, FAILED = "idle", "active", "done", "failed"
@@ -207,6 +208,8 @@ class DeepWindow:
             if not later:
                 sample_own_stacks_if_asked(self.session)
                 self._step_ns = now - self._prev_ns if self._prev_ns else 0
+            else:
+                self._ask_stacks()
             self._opened_ns = now
             self._prof.start()
             if not later:
@@ -254,8 +257,17 @@ class DeepWindow:
         now = self.session.clock()
         first = self.index == 1
         cost = self.drift.window_done(self._opened_ns, now, profiled, later=not first,
-                                      step_ns=self._step_ns if first else None)
+                                      step_ns=self._step_ns if first else None,
+                                      span_ns=int(SPAN_S * 1e9))
         return cost / 1e9
+
+    def _ask_stacks(self) -> None:
+        """A later window opens: the parent samples its stacks again (stacks-N.txt)."""
+        try:
+            post_later_window(self.session.run_dir, self.session.rank, self.session.pid,
+                              self.index)
+        except OSError as err:  # the window goes on without its stacks
+            self.session.swallowed("stacks", "asking for a later window's stacks", err)
 
     def _drift_facts(self) -> dict[str, Any]:
         """What opened a later window: the baseline step and the slow steps in a row."""
@@ -318,9 +330,12 @@ class DeepWindow:
             pass
 
     def close(self) -> None:
-        """At exit inside an open window: keep what was recorded so far."""
+        """At exit inside an open window: keep what was recorded so far. The later windows'
+        cost in all (their stack sampling's too) goes to the meta."""
         if self.state == ACTIVE:
             self._close(BY_EXIT)
+        if self.later and self.drift is not None:
+            self.session.update_meta(later_windows_spent_s=self.drift.spent_ns / 1e9)
 
 
 _windows: weakref.WeakSet[DeepWindow] = weakref.WeakSet()

@@ -1,12 +1,14 @@
 """A CPU job whose bottleneck changes as it runs: compute first (a small MLP over samples held in
-memory), then, after ``--slow-after`` seconds, the input slows down: each sample's read blocks
-for ``--read-ms`` (a sleep in ``__getitem__``, as a read from a cold cache or a busy network
-filesystem does), and the job becomes input-bound.
+memory), then, after ``--slow-after`` seconds, the input slows down: each sample is first read
+from a slow source, a pipe that a feeder thread fills with one sample's bytes every
+``--read-ms`` (a device of fixed bandwidth, as a cold cache or a busy network filesystem is), so
+``__getitem__`` blocks in ``os.read``, and the job becomes input-bound.
 
 Switch: ``--no-drift`` keeps the input fast for the whole run (one bottleneck, compute).
 
-At the end it prints its own timing as one JSON line: the step at which the input slowed down,
-and for the steps before and after it, the median step and the share of the step spent waiting
+At the end it prints its own timing as one JSON line (with ``median_step_s`` and ``loop_s``, as
+the other jobs' for bench/overhead.py): the step at which the input slowed down, and for the
+steps before and after it, the median step and the share of the step spent waiting
 for the DataLoader, as the job's own clock measured them (what doctor's periods are checked
 against).
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import threading
 import time
 
 import torch
@@ -25,28 +29,50 @@ from torch.utils.data import DataLoader, Dataset
 FEATURES = 256
 
 
-class DriftingDataset(Dataset):
-    """Samples in memory; once ``slow`` is set, each read first blocks for ``read_s``."""
+SAMPLE_BYTES = 4 * FEATURES
 
-    def __init__(self, n: int, read_s: float) -> None:
+
+class SlowSource:
+    """A pipe that a feeder thread fills with SAMPLE_BYTES every ``read_s`` once started."""
+
+    def __init__(self, read_s: float) -> None:
+        self.read_s = read_s
+        self.fd, self._write_fd = os.pipe()
+
+    def start(self) -> None:
+        threading.Thread(target=self._feed, name="slow-source", daemon=True).start()
+
+    def _feed(self) -> None:
+        chunk = bytes(SAMPLE_BYTES)
+        while True:
+            time.sleep(self.read_s)
+            os.write(self._write_fd, chunk)
+
+
+class DriftingDataset(Dataset):
+    """Samples in memory; once ``source`` is set, each is first read from it (blocking)."""
+
+    def __init__(self, n: int) -> None:
         seed = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, FEATURES, generator=seed)
         self.y = torch.randint(0, 10, (n,), generator=seed)
-        self.read_s = read_s
-        self.slow = False
+        self.source: SlowSource | None = None
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.slow:
-            time.sleep(self.read_s)
+        if self.source is not None:
+            got = 0
+            while got < SAMPLE_BYTES:
+                got += len(os.read(self.source.fd, SAMPLE_BYTES - got))
         return self.x[i], self.y[i]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=20.0, help="how long the job trains")
+    ap.add_argument("--steps", type=int, default=0, help="or how many steps (0: --seconds)")
     ap.add_argument("--slow-after", type=float, default=8.0,
                     help="seconds after the first step at which the input slows down")
     ap.add_argument("--read-ms", type=float, default=2.5, help="each slow sample's read")
@@ -54,7 +80,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--no-drift", action="store_true", help="remove the drift")
     args = ap.parse_args()
-    data = DriftingDataset(args.batch * 64, args.read_ms / 1e3)
+    data = DriftingDataset(args.batch * 64)
+    source = SlowSource(args.read_ms / 1e3)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=0)
@@ -67,7 +94,10 @@ def main() -> None:
     switch_step = None
     start = time.perf_counter()
     last = start
-    while last - start < args.seconds:
+    def done(now: float) -> bool:
+        return len(steps) >= args.steps if args.steps else now - start >= args.seconds
+
+    while not done(last):
         for x, y in _timed(loader, steps):
             opt.zero_grad()
             loss_fn(model(x), y).backward()
@@ -76,10 +106,14 @@ def main() -> None:
             steps[-1] = (now - last, steps[-1][1])
             last = now
             if switch_step is None and not args.no_drift and now - start >= args.slow_after:
-                data.slow, switch_step = True, len(steps)
-            if now - start >= args.seconds:
+                source.start()
+                data.source, switch_step = source, len(steps)
+            if done(now):
                 break
+    walls = [s for s, _ in steps[len(steps) // 5:]]
     print(json.dumps({"job": "drift", "steps": len(steps), "switch_step": switch_step,
+                      "median_step_s": statistics.median(walls) if walls else None,
+                      "loop_s": last - start,
                       **_side("before", steps[5:switch_step]),
                       **_side("after", steps[switch_step:] if switch_step else [])}),
           flush=True)

@@ -2,9 +2,10 @@
 
 A run whose step slowed down gets later windows (doctor.record.drift, in the job): each window's
 evidence describes its own period. Here the ledger's steps of each later period are split by that
-period's window (its fractions of the time outside the input wait, doctor.analyse.window), not
-the first window's; and each period gets its own summary (shares, bottleneck: the one policy of
-doctor.analyse.bottleneck), for the verdict's ``periods``.
+period's window (its fractions of the time outside the input wait, doctor.analyse.window) and by
+the stacks sampled beside it (the input wait into io, decode and preprocess,
+doctor.analyse.split), not the first window's; and each period gets its own summary (shares,
+bottleneck: the one policy of doctor.analyse.bottleneck), for the verdict's ``periods``.
 
 Ranks count their steps alike, but each process runs its own detector: the periods the verdict
 names are the lowest rank's that had later windows, and each period's summary is over the steps
@@ -14,14 +15,15 @@ of every rank with those numbers.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from doctor.analyse.bottleneck import summarise
-from doctor.analyse.steps import WINDOW, RankSteps
+from doctor.analyse.split import rank_split
+from doctor.analyse.steps import WINDOW, RankSteps, analysed
 from doctor.analyse.window import WindowSplit, window_split
 from doctor.errors import WindowUnavailable
 from doctor.store.rundata import RunData
@@ -78,29 +80,54 @@ def later_splits(run: RunData, ranks: Mapping[int, RankSteps]
     return out
 
 
-Build = Callable[[pd.DataFrame, Mapping[int, WindowSplit]], pd.DataFrame]
+def later_input_splits(run: RunData, ranks: Mapping[int, RankSteps],
+                       workers: Mapping[int, list[int]]) -> dict[int, dict[int, InputFractions]]:
+    """Per rank, the input split (io, decode, preprocess) of each later window, from the stacks
+    sampled beside it (doctor.analyse.split, over a view of the run with those stacks); a
+    window whose stacks hold no loading work is left out."""
+    out: dict[int, dict[int, InputFractions]] = {}
+    stacks, spans = run.later_stacks, run.later_stack_spans
+    for n in sorted({int(v) for v in spans["window"]}):
+        view = replace(run, stacks=stacks[stacks["window"] == n].drop(columns="window"),
+                       stack_spans=spans[spans["window"] == n].drop(columns="window"))
+        for rank, main in ranks.items():
+            fractions = rank_split(view, main, workers.get(rank, [])).fractions
+            if fractions is not None:
+                out.setdefault(rank, {})[n] = fractions
+    return out
+
+
+InputFractions = Mapping[str, float]
+Build = Callable[[pd.DataFrame, Mapping[int, WindowSplit], Mapping[int, InputFractions]],
+                 pd.DataFrame]
 
 
 def ledger_by_period(ledger: pd.DataFrame, table: pd.DataFrame,
                      starts: Mapping[int, list[PeriodStart]],
-                     splits: Mapping[int, Mapping[int, WindowSplit]], build: Build
-                     ) -> pd.DataFrame:
+                     splits: Mapping[int, Mapping[int, WindowSplit]],
+                     inputs: Mapping[int, Mapping[int, InputFractions]],
+                     windows: Mapping[int, WindowSplit], build: Build) -> pd.DataFrame:
     """``ledger`` with each later period's steps built again by ``build`` (the ledger of a step
-    table, given the windows' splits) with that period's window's split; a period whose window
-    gave none keeps the ledger's rows."""
+    table, given the windows' splits and input splits by rank) with that period's window's
+    split (``splits``) and input split (``inputs``, from its stacks); what a later window did
+    not give is the first's (``windows``); a period whose window gave neither keeps the
+    ledger's rows."""
     replaced: list[pd.DataFrame] = []
     drop = np.zeros(len(ledger), dtype=bool)
     for rank, found in starts.items():
         ends = [s.step for s in found[1:]] + [np.iinfo(np.int64).max]
         for start, end in zip(found, ends, strict=True):
             split = splits.get(rank, {}).get(start.window)
-            if split is None:
+            fractions = inputs.get(rank, {}).get(start.window)
+            if split is None and fractions is None:
                 continue
             rows = table[(table["rank"] == rank) & (table["step"] >= start.step)
                          & (table["step"] < end)]
             if rows.empty:
                 continue
-            replaced.append(build(rows, {rank: split}))
+            split = split or windows.get(rank)
+            replaced.append(build(rows, {rank: split} if split else {},
+                                  {rank: fractions} if fractions else {}))
             drop |= ((ledger["rank"] == rank) & (ledger["step"] >= start.step)
                      & (ledger["step"] < end)).to_numpy()
     if not replaced:
@@ -123,8 +150,8 @@ def first_period(ledger: pd.DataFrame, starts: Mapping[int, list[PeriodStart]]
 def period_summaries(ledger: pd.DataFrame, starts: Mapping[int, list[PeriodStart]]
                      ) -> list[dict[str, Any]]:
     """The verdict's ``periods``: for each period (of the lowest rank with later windows), its
-    steps, window, bottleneck, its share and the shares, over its analysed steps; empty where the
-    run had one window."""
+    steps, window, bottleneck, its share and the shares, over its analysed steps (their time in
+    all: ``analysed_s``); empty where the run had one window."""
     if not starts or ledger.empty:
         return []
     found = starts[min(starts)]
@@ -138,6 +165,7 @@ def period_summaries(ledger: pd.DataFrame, starts: Mapping[int, list[PeriodStart
             continue
         summary = summarise(rows)
         out.append({"first_step": first, "last_step": end, "window": window,
+                    "analysed_s": round(float(analysed(rows)["wall_s"].sum()), 6),
                     "bottleneck": summary.bottleneck,
                     "bottleneck_share": round(summary.bottleneck_share, 4),
                     "shares": {k: round(v, 4) for k, v in summary.shares.items()},

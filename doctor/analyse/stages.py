@@ -33,6 +33,7 @@ from doctor.analyse.ops import RankOps, ops_evidence
 from doctor.analyse.periods import (
     PeriodStart,
     first_period,
+    later_input_splits,
     later_splits,
     ledger_by_period,
     period_starts,
@@ -128,16 +129,19 @@ def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None)
     cores = core_contention(run.host, run.system, table, workers, ranks, span)
     contention = {r: c[INPUT] for r, c in cores.items() if INPUT in c and workers.get(r)}
     comm_contention = {r: c[COMMUNICATION] for r, c in cores.items() if COMMUNICATION in c}
-    def build(table: pd.DataFrame, windows: Mapping[int, WindowSplit]) -> pd.DataFrame:
-        return build_ledger(table, windows,
-                            {r: f for r, s in splits.items() if (f := s.fractions) is not None},
+    fractions = {r: f for r, s in splits.items() if (f := s.fractions) is not None}
+
+    def build(table: pd.DataFrame, windows: Mapping[int, WindowSplit],
+              inputs: Mapping[int, Mapping[str, float]]) -> pd.DataFrame:
+        return build_ledger(table, windows, {**fractions, **inputs},
                             {r: o.shares for r, o in outside.items()}, contention,
                             comm_contention, cpu=job.device != "cuda")
 
     # each later window splits the steps of its own period (doctor.analyse.periods)
     starts = period_starts(run, ranks)
-    ledger = ledger_by_period(build(table, {**windows, **coarse}), table, starts,
-                              later_splits(run, ranks), build)
+    ledger = ledger_by_period(build(table, {**windows, **coarse}, {}), table, starts,
+                              later_splits(run, ranks), later_input_splits(run, ranks, workers),
+                              {**windows, **coarse}, build)
     window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
     memory = memory_evidence(run, job.device, ranks, table, workers, counters, loaders,
                              job.world_size)

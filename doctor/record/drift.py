@@ -14,8 +14,9 @@ store, a counter; every BLOCK steps a sort of BLOCK numbers), and never allocate
   spike, or a few slow blocks, is not.
 - **Budget**: a drift opens a window only where MIN_GAP_S have passed since the last window closed,
   and the later windows' cost so far, with this one's (estimated by the dearest window measured),
-  stays within BUDGET of the run's time so far. A window's cost is measured as it closes: the
-  time from its opening to the end of its export, less its steps at the baseline step.
+  stays within BUDGET of the run's time so far. A window's cost is measured: the time from its
+  opening to the end of its export, less its steps at the pace before it; then the steps while
+  its stacks are sampled (``span_ns`` from its opening), over that pace.
   A drift the budget holds back opens its window later, if it lasts. A sustained speed-up (the
   blocks' median RISE times faster) is no drift: it only makes a new baseline, so that a later
   slow-down is measured from the new pace.
@@ -109,6 +110,13 @@ class DriftDetector:
         self.dearest_ns = 0  # the dearest window's measured cost (the next one's estimate)
         self.closed_ns = 0  # when the last window closed
         self.opened = 0  # later windows opened
+        # the stack sampling beside the last window: until when, the pace before it, the
+        # steps' time over that pace so far, whether the window was a later one, its own cost
+        self._span_until = 0
+        self._span_pace = 0.0
+        self._span_excess = 0.0
+        self._span_later = False
+        self._last_cost = 0
 
     def step(self, now: int) -> bool:
         """A counted step boundary at ``now``: True when a later window should open now."""
@@ -116,6 +124,8 @@ class DriftDetector:
         self.steps += 1
         if last == 0:
             return False
+        if self._span_until:
+            self._sampling(now, now - last)
         if self._settle > 0:
             self._settle -= 1
             return False
@@ -165,8 +175,21 @@ class DriftDetector:
             return False
         return self.spent_ns + self.dearest_ns <= self.s.budget * (now - self.started_ns)
 
+    def _sampling(self, now: int, step_ns: int) -> None:
+        """A step while the stacks beside the last window are sampled: its time over the pace
+        before the window is the sampler's; once the span is over, that is the window's cost
+        too."""
+        if now < self._span_until:
+            self._span_excess += step_ns - self._span_pace
+            return
+        self._span_until = 0
+        cost = max(0, round(self._span_excess))
+        if self._span_later:
+            self.spent_ns += cost
+        self.dearest_ns = max(self.dearest_ns, self._last_cost + cost)
+
     def window_done(self, opened_ns: int, closed_ns: int, steps: int, later: bool,
-                    step_ns: float | None = None) -> int:
+                    step_ns: float | None = None, span_ns: int = 0) -> int:
         """A window ran from ``opened_ns`` to ``closed_ns`` (its export done) over ``steps``
         steps: its cost (ns), the time less its steps at the usual step (``step_ns``, else the
         pace of the block it opened after), is measured, and the detector starts over (a new
@@ -180,6 +203,9 @@ class DriftDetector:
         self.dearest_ns = max(self.dearest_ns, cost)
         self.closed_ns = closed_ns
         self._restart()
+        if span_ns > 0 and usual > 0:  # then the stack sampling's steps, as they come
+            self._span_until, self._span_pace = opened_ns + span_ns, usual
+            self._span_excess, self._span_later, self._last_cost = 0.0, later, cost
         return cost
 
     def _restart(self) -> None:

@@ -171,6 +171,8 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
                "rank": "int64", "node": "int64"},
     "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
     "later_windows": LATER_WINDOW_COLUMNS,
+    "later_stacks": {**STACK_COLUMNS, "window": "int64"},
+    "later_stack_spans": {**STACK_SPAN_COLUMNS, "window": "int64"},
     "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
@@ -247,7 +249,8 @@ class RunData:
       (doctor.trace.window_events), and ``window_status.events`` how many the trace had;
     - ``others``: processes outside the job that took cores, per scan (doctor.probes.others);
     - ``later_windows``: the steps of each later profiler window (opened where the run slowed
-      down: ``trace-N.json``), as ``window``'s, with the window's number N.
+      down: ``trace-N.json``), as ``window``'s, with the window's number N; ``later_stacks``
+      and ``later_stack_spans`` the stacks sampled beside each (``stacks-N.txt``), with N.
     """
 
     record: RunRecord
@@ -274,6 +277,8 @@ class RunData:
     window_events: pd.DataFrame
     others: pd.DataFrame
     later_windows: pd.DataFrame
+    later_stacks: pd.DataFrame
+    later_stack_spans: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(

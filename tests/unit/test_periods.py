@@ -56,6 +56,24 @@ def test_periods_that_agree_say_nothing_extra(tmp_path: Path) -> None:
     assert "Periods" not in render_text(analysis, full=True)
 
 
+def test_periods_in_a_row_that_agree_are_said_as_one() -> None:
+    from doctor.reports.periods import period_line
+
+    def period(first: int, last: int, bottleneck: str, share: float, seconds: float
+               ) -> dict[str, object]:
+        return {"first_step": first, "last_step": last, "bottleneck": bottleneck,
+                "bottleneck_share": share, "analysed_s": seconds}
+
+    verdict = Verdict("compute", {}, {}, [], {}, {}, periods=[
+        period(1, 99, "compute", 0.9, 10.0), period(100, 199, "compute", 0.6, 10.0),
+        period(200, 300, "io", 0.5, 5.0)])
+    assert period_line(verdict) == (
+        "Periods (a later profiler window opened where the run slowed down): "
+        "steps 1-199: compute, 75%; from step 200: io, 50%")
+    verdict.periods = verdict.periods[:2]
+    assert period_line(verdict) is None
+
+
 def test_one_window_has_no_periods(tmp_path: Path) -> None:
     record_two_periods(tmp_path, later_at=10**6)
     verdict = analyze_run(tmp_path).verdict
@@ -83,8 +101,8 @@ def test_a_later_window_splits_its_own_period() -> None:
     comm = WindowSplit({"transfer": 0.0, "compute": 0.25, "communication": 0.75,
                         "other": 0.0}, "cpu", 0.25)
     ledger = build_ledger(full, {0: compute})
-    out = ledger_by_period(ledger, full, {0: [PeriodStart(0, 2, 11)]}, {0: {2: comm}},
-                           lambda t, w: build_ledger(t, w))
+    out = ledger_by_period(ledger, full, {0: [PeriodStart(0, 2, 11)]}, {0: {2: comm}}, {},
+                           {0: compute}, lambda t, w, _inputs: build_ledger(t, w))
     assert list(out["step"]) == list(range(1, n + 1))
     before, after = out[out["step"] < 11], out[out["step"] >= 11]
     assert before["compute"].sum() == pytest.approx(1.0)

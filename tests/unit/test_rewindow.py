@@ -96,6 +96,24 @@ def test_the_later_windows_stay_within_their_budget() -> None:
     assert detector.spent_ns / 1e9 == pytest.approx(len(fired) * 1.0, rel=0.2)
 
 
+def test_the_stack_sampling_counts_in_the_cost() -> None:
+    """A later window costs 0.2 s to close; for the rest of the 8 s of stack sampling after it
+    opened (7.3 s), each step takes 10 % longer than the pace it opened at: 0.66 s more, in the
+    window's cost."""
+    clock = FakeClock()
+    detector = DriftDetector(FAST, clock())
+    detector.last_median = 0.1e9
+    opened = clock()
+    clock.tick(5 * 0.1 + 0.2)
+    detector.window_done(opened, clock(), 5, later=True, span_ns=8 * 10**9)
+    assert detector.spent_ns == pytest.approx(0.2e9)
+    while clock() < opened + 12e9:
+        clock.tick(0.11 if clock() < opened + 8e9 else 0.1)
+        detector.step(clock())
+    assert detector.spent_ns == pytest.approx(0.86e9, rel=0.03)
+    assert detector.dearest_ns == pytest.approx(0.86e9, rel=0.03)  # the next one's estimate
+
+
 def test_windows_keep_their_gap() -> None:
     times = (noisy(200, 0.1) + noisy(200, 0.2)) * 10  # a drift every 40 s
     fired, _ = run_detector(times, Settings(gap=100.0, sustain_min=48, budget=1.0))
