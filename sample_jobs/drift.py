@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--no-drift", action="store_true", help="remove the drift")
+    ap.add_argument("--device", default="cpu", help="where the model runs (cuda: a GPU job)")
     args = ap.parse_args()
     data = DriftingDataset(args.batch * 64)
     source = SlowSource(args.read_ms / 1e3)
@@ -87,7 +88,7 @@ def main() -> None:
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=0)
     model = nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, 10))
+                          nn.Linear(args.hidden, 10)).to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     steps: list[tuple[float, float]] = []  # (step s, of which waiting for the batch s)
@@ -100,8 +101,10 @@ def main() -> None:
     while not done(last):
         for x, y in _timed(loader, steps):
             opt.zero_grad()
-            loss_fn(model(x), y).backward()
+            loss_fn(model(x.to(args.device)), y.to(args.device)).backward()
             opt.step()
+            if args.device != "cpu":
+                torch.cuda.synchronize()  # the step's own time, as the job's clock sees it
             now = time.perf_counter()
             steps[-1] = (now - last, steps[-1][1])
             last = now
