@@ -111,15 +111,24 @@ def test_a_later_window_splits_its_own_period() -> None:
 
 
 def test_later_traces_are_read_each_with_its_number(tmp_path: Path) -> None:
-    """A process folder with trace.json.gz and trace-2.json.gz: the second is the later
-    windows' frame, with its number; the first stays the window's."""
+    """A process folder with trace.json.gz, trace-2.json.gz and stacks-2.txt: the second trace is
+    the later windows' frame, with its number, the first stays the window's; the stacks beside
+    the second window are the later stacks'."""
     record_two_periods(tmp_path)
     [proc] = list(tmp_path.glob("rank-0/main-*"))
     cpu = DATA_TRACES / "elementwise_bound.json.gz"  # a CPU job's window
     shutil.copy(cpu, proc / "trace.json.gz")
     shutil.copy(cpu, proc / "trace-2.json.gz")
     from doctor.store.reader import load_run
+    from doctor.store.stacks import write_stacks_meta
 
+    stack = "thread (1): MainThread;train (train.py:3);__getitem__ (train.py:9) 7\n"
+    (proc / "stacks-2.txt").write_text(stack)
+    write_stacks_meta(proc, recorder="py-spy", rate_hz=50, start_ns=0, end_ns=10**9, taken=7,
+                      window=2)
     run = load_run(tmp_path)
     assert len(run.window) and len(run.later_windows) == len(run.window)
     assert set(run.later_windows["window"]) == {2}
+    assert run.stacks.empty and run.stack_spans.empty  # the first window's: none here
+    assert list(run.later_stacks["count"]) == [7] and set(run.later_stacks["window"]) == {2}
+    assert list(run.later_stack_spans["taken"]) == [7]

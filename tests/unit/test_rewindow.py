@@ -198,3 +198,40 @@ def test_no_second_cuda_window_without_cupti_teardown(tmp_path: Path) -> None:
     assert window.index == 1 and window.drift is None
     meta = json.loads(next(tmp_path.glob("rank-0/main-*/meta.json")).read_text())
     assert "CUPTI" in meta["later_windows_off"]
+
+
+def test_the_parent_samples_a_later_window_s_stacks_apart(tmp_path: Path) -> None:
+    """A later window's signal: the parent's py-spy (a stand-in here) samples the process again,
+    into stacks-2.txt and stacks-2.json; the first window's stacks stay as they were."""
+    import os
+    import time
+
+    from doctor.probes.stacks import PySpyRecorder
+    from doctor.store import layout
+    from doctor.store.control import post_later_window, post_window
+    from doctor.store.stacks import read_stacks
+
+    fake = tmp_path / "py-spy"
+    fake.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --output ] && out="$2"; shift; '
+                    'done\necho "thread (1): MainThread;f (x.py:1) 3" > "$out"\n'
+                    'echo "Samples: 3"\n')
+    fake.chmod(0o755)
+    run_dir = tmp_path / "run"
+    pid = os.getpid()
+    proc = layout.process_dir(run_dir, 0, "main", pid)
+    proc.mkdir(parents=True)
+    recorder = PySpyRecorder(run_dir, py_spy=str(fake), count_threads=lambda pids: {})
+    post_window(run_dir, 0, pid, "active")
+    recorder.sample()
+    post_later_window(run_dir, 0, pid, 2)
+    recorder.sample()
+    recorder.sample()  # nothing new: each window is sampled once
+    deadline = time.monotonic() + 10
+    while recorder._running and time.monotonic() < deadline:
+        time.sleep(0.05)
+        recorder._reap()
+    assert sorted(p.name for p in proc.iterdir()) == ["stacks-2.json", "stacks-2.txt",
+                                                      "stacks.json", "stacks.txt"]
+    assert layout.later_stacks(proc) == [2]
+    later = read_stacks(proc, window=2)
+    assert later is not None and later.taken == 3
