@@ -57,6 +57,28 @@ if [ $((SECONDS - start)) -lt $((BUDGET_S - 30)) ]; then
         --steps 40 >"$WORK/cpu-beside-gpu.log" 2>&1
     echo "cpu-beside-gpu: exit $?"
 fi
+# A GPU job whose input slows down: a later CUDA window opens, CUPTI started again after the
+# first window's teardown (asked on CUDA 12.6+); its trace, periods and cost are printed
+if [ $((SECONDS - start)) -lt $((BUDGET_S - 45)) ]; then
+    DOCTOR_REWINDOW=gap=0,budget=0.5,sustain_min=32,sustain_fraction=0 timeout -k 5 90 \
+        doctor run --out "$WORK/drift-cuda" -- python3 sample_jobs/drift.py --device cuda \
+        --seconds 15 --slow-after 10 --read-ms 1.5 >"$WORK/drift-cuda.log" 2>&1
+    echo "drift-cuda: exit $?"
+    python3 - "$WORK/drift-cuda" <<'PY'
+import glob, json, sys
+for meta in glob.glob(sys.argv[1] + "/rank-0/main-*/meta.json"):
+    m = json.load(open(meta))
+    print("first window", {k: m.get("window", {}).get(k) for k in ("cuda", "cupti_teardown")})
+    for w in m.get("later_windows", []):
+        print("later window", {k: w.get(k) for k in ("window", "state", "cuda", "start_step",
+                                                      "cost_s", "reason")})
+    print("later windows off:", m.get("later_windows_off"))
+v = json.load(open(sys.argv[1] + "/verdict.json"))
+for p in v.get("periods", []):
+    print("period", p["first_step"], p["last_step"], p["bottleneck"], p["bottleneck_share"])
+PY
+    tail -c 600 "$WORK/drift-cuda.log"
+fi
 cat "$WORK/summary.txt"
 tar czf - -C /tmp gpu-check | split -b 15M - "$OUT/gpu.tgz."
 ls -la "$OUT"

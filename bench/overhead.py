@@ -46,6 +46,13 @@ Figures per job, each the median over pairs with (min..max):
 ops' FLOPs and bytes) and not (``DOCTOR_SHAPES=off``), one after the other, and prints the two
 tables and, pair by pair, the ratios of their window steps and closing steps.
 
+``--rewindow VALUE`` sets DOCTOR_REWINDOW in the doctor runs: ``off`` (no later window), or the
+detector's constants shrunk (``gap=0,sustain_min=32,sustain_fraction=0``), so that a drifting
+job (``--jobs drift``: sample_jobs/drift.py turns input-bound after ``--slow-after`` seconds)
+opens later windows in a short run; their cost as the job measured it (meta.json's
+``later_windows``) is printed beside the window figures. Two runs of this bench, one with ``off``,
+give the later windows' share of the loop.
+
 ``--probes-off NAMES`` leaves the named probes off in the doctor runs (``DOCTOR_PROBES_OFF``, the
 registry's bench knob, doctor.probes): two runs of this bench, with and without, give a probe's
 share of the median-step ratio. The Session's hot path and each job-side probe's CPU time per step
@@ -128,6 +135,7 @@ class WindowFigures:
     active: list[float] = field(default_factory=list)  # wall_s of steps under the profiler
     closing_s: float = float("nan")
     sampled: list[float] = field(default_factory=list)  # wall_s of steps under stack sampling
+    later: list[float] = field(default_factory=list)  # the later windows' cost (s), in the job
     note: str = ""
 
     def excess_s(self) -> float:
@@ -143,6 +151,9 @@ def window_figures(run_dir: Path) -> WindowFigures:
     from doctor.store.reader import load_run
 
     out = WindowFigures()
+    for meta in run_dir.glob("rank-0/main-*/meta.json"):
+        out.later += [float(w.get("cost_s", "nan"))
+                      for w in json.loads(meta.read_text()).get("later_windows", [])]
     ledger = analyze_run(run_dir).ledger
     ledger = ledger[ledger["rank"] == ledger["rank"].min()].reset_index(drop=True)
     analysed = ledger.loc[ledger["analyzed"], "wall_s"]
@@ -305,6 +316,11 @@ def report(title: str, pairs: list[Pair], window_on: bool) -> None:
               f"= {med(share) * 100:.3f} % of a {AMORTISE_OVER_S / 60:.0f}-min run, "
               f"budget <= {BUDGET_AMORTISED * 100:.0f} %  "
               f"{verdict(med(share), BUDGET_AMORTISED)}")
+    later = [sum(p.window.later) for p in pairs]
+    if any(p.window.later for p in pairs):
+        print(f"  later windows ({'/'.join(str(len(p.window.later)) for p in pairs)} a run), "
+              f"their cost in the job s {spread(later, '{:.3f}')} = "
+              f"{med(later) / AMORTISE_OVER_S * 100:.3f} % of a 10-min run")
     disks = [p.disk / 1024 for p in pairs]
     print(f"  run directory disk KB            {spread(disks, '{:.0f}')}")
 
@@ -375,6 +391,9 @@ def main() -> None:
     ap.add_argument("--probes-off", default="", metavar="NAMES",
                     help="probes left off in the doctor runs, comma-separated (DOCTOR_PROBES_OFF), "
                          "e.g. memory,model_state,ddp")
+    ap.add_argument("--rewindow", default=None, metavar="VALUE",
+                    help="DOCTOR_REWINDOW for the doctor runs: off, or the detector's constants "
+                         "(e.g. gap=0,sustain_min=32,sustain_fraction=0)")
     ap.add_argument("--hook-rounds", type=int, default=20,
                     help="rounds of the per-probe CPU cost per step (bench/step_hooks.py; 0: skip)")
     ap.add_argument("--keep", type=Path, default=None,
@@ -410,8 +429,10 @@ def main() -> None:
         pairs: dict[str, list[Pair]] = {v: [] for v in variants}
         for i in range(args.pairs):
             for v in variants:
+                env = {**(SHAPES_ENV[v] or {}),
+                       **({"DOCTOR_REWINDOW": args.rewindow} if args.rewindow else {})}
                 pairs[v].append(run_pair(job_cmd, args.window, args.keep, f"{job}-{v}-{i + 1}",
-                                         SHAPES_ENV[v], args.probes_off,
+                                         env or None, args.probes_off,
                                          doctor_first=i % 2 == 1))
             print(f"  {job}: pair {i + 1}/{args.pairs} done", file=sys.stderr, flush=True)
         for v in variants:

@@ -3,6 +3,8 @@
     python bench/step_hooks.py                    # the hook path alone, 40 rounds
     python bench/step_hooks.py --loop             # whole steps of a tiny training loop
     python bench/step_hooks.py --after-window     # the loop's steps after the window
+    python bench/step_hooks.py --hooks-after-window   # the hook path after the window: with
+                                                  # the drift detector (DOCTOR_REWINDOW=off: none)
 
 By default, one step's hook path alone: the DataLoader's ``__next__``, the fetch and the collate,
 ``backward()`` and the optimizer's global step hooks, each called once around a stand-in that does
@@ -21,7 +23,10 @@ configuration:
 A block's figure is the CPU time of the training thread (``time.thread_time_ns``) per step; the
 configurations alternate for ``--rounds`` rounds and each keeps its smallest block (the least
 disturbed). The profiler window never opens, except with ``--after-window`` (at step 8 of each
-block, for 5 steps; the steps after it are timed: what the window leaves behind). The figures are
+block, for 5 steps; the steps after it are timed: what the window leaves behind), or with
+``--hooks-after-window`` (the hook path alone, the window opened and closed in the untimed
+steps: the timed ones carry the drift detector that follows the step after the first window,
+doctor.record.drift; ``all - torch_ops`` is without it). The figures are
 differences of a few microseconds: read them against the spread between rounds (about 0.3 us for
 the hook path on a busy 2-core machine, tens of us for the loop).
 """
@@ -155,6 +160,8 @@ def main() -> None:
                          "alone (the probes' cost and torch's, so noisier)")
     ap.add_argument("--after-window", action="store_true",
                     help="open the window at step 8 and time the steps after it")
+    ap.add_argument("--hooks-after-window", action="store_true",
+                    help="the hook path alone, timed after the window (the drift detector on)")
     args = ap.parse_args()
     configs = ["bare", "all", *(f"all - {p}" for p in JOB_PROBES)]
     whole_steps = args.loop or args.after_window
@@ -164,11 +171,12 @@ def main() -> None:
     best: dict[str, float] = {}
     for r in range(args.rounds):
         for config in configs:
-            ns = block_ns(run, config, args.steps, args.after_window)
+            ns = block_ns(run, config, args.steps, args.after_window or args.hooks_after_window)
             best[config] = min(best.get(config, float("inf")), ns)
         if (r + 1) % 10 == 0:
             print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    when = ("after the window" if args.after_window else "window never opens") + (
+    when = ("after the window" if args.after_window or args.hooks_after_window
+            else "window never opens") + (
         ", whole steps of a tiny loop" if args.loop or args.after_window else
         ", the hook path of a step alone")
     print(f"load average {os.getloadavg()[0]:.2f}; CPU us per step of the training thread "

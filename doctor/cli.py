@@ -29,6 +29,9 @@ def cli() -> None:
 @click.option("--window", default=None, metavar="START,STEPS",
               help="Profile STEPS steps from step START with torch.profiler (default 8,5: "
                    "steps 8-12); 'off' to skip it.")
+@click.option("--rewindow", type=click.Choice(["on", "off"]), default=None,
+              help="Open the profiler window again where the run slows down for a sustained "
+                   "stretch (default on; the first window is --window's).")
 @click.option("--force", is_flag=True,
               help="Replace the earlier run in --out (its files are removed first); without "
                    "it, an --out holding a run is refused.")
@@ -36,7 +39,7 @@ def cli() -> None:
               help="Print only the summary at the end (no line as the job starts, none as the "
                    "profiler window opens and closes).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(out: Path | None, window: str | None, force: bool, quiet: bool,
+def run(out: Path | None, window: str | None, rewindow: str | None, force: bool, quiet: bool,
         command: tuple[str, ...]) -> None:
     """Profile a training job: doctor run [OPTIONS] [--] COMMAND [ARGS]...
 
@@ -56,6 +59,10 @@ def run(out: Path | None, window: str | None, force: bool, quiet: bool,
 
     # the job's window, checked before anything runs (an inherited DOCTOR_WINDOW too)
     job_window = parse_window(window) if window is not None else window_of(os.environ)
+    if rewindow is not None:  # the job's processes read it (doctor.record.drift)
+        from doctor.record.drift import ENV_REWINDOW
+
+        os.environ[ENV_REWINDOW] = rewindow
     sys.exit(run_and_report(command, out=out, window=job_window, force=force,
                             say=None if quiet else _say))
 

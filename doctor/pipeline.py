@@ -29,6 +29,7 @@ from doctor.analyse.evidence import build_evidence
 from doctor.analyse.failures import failure_finding, failure_notes
 from doctor.analyse.gpu_split import crosscheck_notes
 from doctor.analyse.gpus import gpu_tables
+from doctor.analyse.periods import period_summaries
 from doctor.analyse.phase_steps import phase_summaries
 from doctor.analyse.phases import PHASES
 from doctor.analyse.stages import Stages, run_stages
@@ -78,6 +79,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
         job={**facts.job_dict(run, stages.job), **job_framework(stages.job)}, partial=partial,
         notes=notes + _notes(run, stages, outcome, summary, stalls, run_s),
         bottleneck_share=summary.bottleneck_share, rules_skipped=outcome.skipped,
+        periods=period_summaries(stages.ledger, stages.period_starts),
     )
     s = stages
     return Analysis(verdict=verdict, ledger=stages.ledger, source=run.record.source,

@@ -124,6 +124,9 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     bottleneck_share: float | None = None
     rules_skipped: dict[str, str] = field(default_factory=dict)
+    #: Where later profiler windows opened (the run slowed down): each period's steps, window,
+    #: bottleneck and shares (doctor.analyse.periods); empty for a run of one window.
+    periods: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -139,6 +142,8 @@ class Verdict:
             "bottleneck_share": plain(self.bottleneck_share),
             "rules_skipped": plain(self.rules_skipped),
         }
+        if self.periods:  # optional: a run whose later windows found periods
+            out["periods"] = plain(self.periods)
         return out
 
     @classmethod
@@ -163,6 +168,7 @@ class Verdict:
             notes=list(data.get("notes", [])),
             bottleneck_share=data.get("bottleneck_share"),
             rules_skipped=dict(data.get("rules_skipped") or {}),
+            periods=[dict(p) for p in data.get("periods") or [] if isinstance(p, Mapping)],
         )
 
 

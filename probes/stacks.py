@@ -175,7 +175,9 @@ def _stack(frame: FrameType | None) -> tuple[str, ...]:
 # ---- in the doctor run parent: py-spy per process ------------------------------------------
 
 class PySpyRecorder:
-    """Starts one py-spy per process of a rank when that rank's window opens."""
+    """Starts one py-spy per process of a rank when that rank's window opens, and again when
+    it opens a later window (its samples then go to stacks-N.txt). The in-process fallback
+    samples beside the first window only."""
 
     name = "stacks"
 
@@ -195,8 +197,8 @@ class PySpyRecorder:
         self.py_spy = py_spy
         self._missing = (f"{ENV_STACKS}={IN_PROCESS}" if asked else "py-spy is not installed")
         self._missing_hint = "" if asked else MISSING_HINT
-        self._started: set[tuple[int, int]] = set()
-        self._running: list[tuple[subprocess.Popen[bytes], Path, int, SamplingPlan]] = []
+        self._started: set[tuple[int, int, int]] = set()  # rank, pid, window
+        self._running: list[tuple[subprocess.Popen[bytes], Path, int, SamplingPlan, int]] = []
         self.status = ProbeStatus(True)
         self.fallback_reason = ""
         self._stopping = threading.Event()  # the run ended: the check of py-spy stops too
@@ -232,52 +234,59 @@ class PySpyRecorder:
         self._reap()
         if self.fallback_reason:
             return
-        targets: list[tuple[Path, int]] = []
-        for rank, pid in read_control(self.run_dir).open_windows():
-            if (rank, pid) in self._started:
+        targets: list[tuple[Path, int, int]] = []  # folder, pid, window
+        control = read_control(self.run_dir)
+        opened = [(rank, pid, 1) for rank, pid in control.open_windows()]
+        opened += [(rank, pid, n) for (rank, pid), ns in control.later.items() for n in ns]
+        for rank, pid, window in opened:
+            if (rank, pid, window) in self._started:
                 continue
-            self._started.add((rank, pid))
+            self._started.add((rank, pid, window))
             main_dir = layout.process_dir(self.run_dir, rank, "main", pid)
-            targets += [(main_dir, pid), *_worker_dirs(self.run_dir, rank, pid)]
+            targets += [(d, p, window) for d, p in
+                        [(main_dir, pid), *_worker_dirs(self.run_dir, rank, pid)]]
         if not targets:
             return
-        counts = self.count_threads([target for _, target in targets])
-        for target_dir, target in targets:
-            self._spawn(target_dir, target, counts.get(target))
+        counts = self.count_threads([target for _, target, _ in targets])
+        for target_dir, target, window in targets:
+            self._spawn(target_dir, target, counts.get(target), window)
 
-    def _spawn(self, proc_dir: Path, pid: int, threads: Threads | None) -> None:
+    def _spawn(self, proc_dir: Path, pid: int, threads: Threads | None, window: int = 1) -> None:
         assert self.py_spy is not None
         plan = sampling_plan(threads, self.rate_hz, self.span_s, os.environ.get(ENV_STACKS))
         cmd = [self.py_spy, "record", "--pid", str(pid), "--rate", str(round(plan.rate_hz)),
                "--duration", str(max(1, round(plan.span_s))), "--full-filenames",
                "--idle", "--threads", *([] if plan.blocking else ["--nonblocking"]),
-               "--format", "raw", "--output", str(stacks_output(proc_dir))]
+               "--format", "raw", "--output", str(stacks_output(proc_dir, window))]
         try:
             # py-spy prints its summary ("Samples: N") on stdout, its errors on stderr
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         except OSError as err:
             self._request_fallback(f"py-spy could not start: {err}")
             return
-        self._running.append((proc, proc_dir, self.clock(), plan))
+        self._running.append((proc, proc_dir, self.clock(), plan, window))
 
     def _reap(self) -> None:
         still = []
         abandon = False
-        for proc, proc_dir, start, plan in self._running:
+        for proc, proc_dir, start, plan, window in self._running:
             if proc.poll() is None:
-                still.append((proc, proc_dir, start, plan))
+                still.append((proc, proc_dir, start, plan, window))
                 continue
             err = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-            if proc.returncode != 0 and not stacks_output(proc_dir).is_file():
+            if proc.returncode != 0 and not stacks_output(proc_dir, window).is_file():
+                if window > 1:
+                    continue  # a later window's samples only: the first's recorder stays
                 if not self.fallback_reason:
                     self._request_fallback(*record_failure(err, proc.returncode))
                     abandon = True
                 continue
             write_stacks_meta(proc_dir, recorder=plan.recorder, rate_hz=round(plan.rate_hz),
                               start_ns=start, end_ns=self.clock(), taken=_samples_taken(err),
-                              busy_threads=plan.busy_threads, threads=plan.threads)
+                              busy_threads=plan.busy_threads, threads=plan.threads,
+                              window=window)
         if abandon:  # the in-process sampler takes every process over: one writer per folder
-            for proc, _dir, _start, _plan in still:
+            for proc, *_rest in still:
                 proc.kill()  # killed, py-spy writes nothing
                 proc.wait()
             still = []
@@ -295,11 +304,11 @@ class PySpyRecorder:
         self._stopping.set()
         if self._checker is not None:
             self._checker.join(timeout=5)
-        for proc, _dir, _start, _plan in self._running:
+        for proc, *_rest in self._running:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
         deadline = time.monotonic() + 5
-        for proc, _dir, _start, _plan in self._running:
+        for proc, *_rest in self._running:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -8,6 +8,15 @@ training thread when the window closes; whoever finalises the run directory gzip
 window's state goes to the process's meta.json (what happened, for the analysis) and to the run's
 control file (so that ``doctor run`` starts py-spy while it is open).
 
+Later windows: after the first one closes, a drift detector (doctor.record.drift) follows the
+steady step time, and where the run slows down for a sustained stretch (or its spikes change) it
+opens the window again, with the same settings and steps, within its budget. Each later window
+exports its own trace (``trace-N.json``) and is recorded in the meta's ``later_windows``, with
+its measured cost; the parent samples its stacks again (py-spy, ``stacks-N.txt``; the in-process
+fallback samples beside the first window only), and the memory snapshots stay with the first.
+On a GPU a later window starts CUPTI again after Kineto's teardown: it opens only where the
+teardown was asked (CUDA 12.6 or newer) or the job's environment chose TEARDOWN_CUPTI itself.
+
 Fork-safe: the window closes by stopping Kineto's config thread (doctor.record.kineto), so a
 child forked after it ends as it would without doctor. A fork during the window (from the thread
 that profiles) closes the window first, in the parent: the child inherits no profiler, which
@@ -24,6 +33,7 @@ import time
 import weakref
 from typing import Any
 
+from ..record.drift import DriftDetector, settings_of
 from ..record.kineto import stop_config_thread
 from ..record.session import (
     CLOSE,
@@ -34,8 +44,9 @@ from ..record.session import (
     WINDOW_START,
     Session,
 )
-from ..store.control import post_window
+from ..store.control import post_later_window, post_window
 from ..verdict import ProbeStatus
+from .stack_plan import SPAN_S
 from .stacks import sample_own_stacks_if_asked
 
 IDLE, ACTIVE, DONE, FAILED = "idle", "active", "done", "failed"
@@ -102,7 +113,8 @@ def ask_cupti_teardown(torch: Any, activities: list[Any],
 class DeepWindow:
     name = "torch_ops"
 
-    def __init__(self, session: Session, start: int = 8, steps: int = 5) -> None:
+    def __init__(self, session: Session, start: int = 8, steps: int = 5,
+                 environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
         self.session = session
         self.start_at = max(1, start)
         self.steps = max(0, steps)
@@ -112,6 +124,17 @@ class DeepWindow:
         self._count = 0
         self._thread = 0  # the thread that opened the window (the profiler's state is its own)
         self._record: dict[str, Any] = {}
+        self.index = 0  # windows opened so far (the first is 1)
+        self._environ = environ
+        self._rewindow = settings_of(environ)
+        self._user_teardown = ENV_TEARDOWN in environ  # the job chose; doctor did not
+        self._teardown = False  # doctor asked Kineto to tear CUPTI down
+        self._cuda_windows = 0
+        self.drift: DriftDetector | None = None
+        self._prev_ns = 0  # the last step boundary before the first window
+        self._opened_ns = 0
+        self._step_ns = 0  # the step before the first window (its cost's usual step)
+        self.later: list[dict[str, Any]] = []  # the later windows' records
 
     @classmethod
     def for_session(cls, session: Session) -> DeepWindow:
@@ -141,8 +164,15 @@ class DeepWindow:
     def on_step(self, count: int) -> None:
         """Called by the Session at each step boundary with the steady-step count."""
         self._count = count
-        if self.state == IDLE and count >= self.start_at:
-            self._open(count)
+        if self.state == DONE:
+            drift = self.drift
+            if drift is not None and drift.step(self.session.clock()):
+                self._open(count)
+        elif self.state == IDLE:
+            if count >= self.start_at:
+                self._open(count)
+            else:
+                self._prev_ns = self.session.clock()
         elif self.state == ACTIVE:
             if count - self._opened_at >= self.steps:
                 self._close()
@@ -153,28 +183,45 @@ class DeepWindow:
                     self._fail(err)
 
     def _open(self, count: int) -> None:
+        later = self.index > 0
         try:
             import torch
             from torch.profiler import profile
 
             activities = profiler_activities(torch)
+            cuda = "CUDA" in str(activities)
+            if later and cuda and self._cuda_windows and not (self._teardown
+                                                              or self._user_teardown):
+                self._no_more("a later window would start CUPTI again without its teardown "
+                              f"(CUDA older than {TEARDOWN_SAFE_FROM[0]}.{TEARDOWN_SAFE_FROM[1]}"
+                              f", and the job did not set {ENV_TEARDOWN})")
+                return
             # shapes: what each op costs (doctor.trace.op_costs); no stacks, no memory events
-            shapes = shapes_wanted()
-            teardown = ask_cupti_teardown(torch, activities)
+            shapes = shapes_wanted(self._environ)
+            self._teardown = ask_cupti_teardown(torch, activities, self._environ) \
+                or self._teardown
             self._prof = profile(activities=activities, record_shapes=shapes,
                                  profile_memory=False, with_stack=False)
+            now = self.session.clock()
+            self.index += 1
             self.session.record_event(EVENT_WINDOW_START, count)
-            sample_own_stacks_if_asked(self.session)
+            if not later:
+                sample_own_stacks_if_asked(self.session)
+                self._step_ns = now - self._prev_ns if self._prev_ns else 0
+            else:
+                self._ask_stacks()
+            self._opened_ns = now
             self._prof.start()
-            self.session.emit(WINDOW_START)
+            if not later:
+                self.session.emit(WINDOW_START)
             self.state = ACTIVE
             self._opened_at = count
+            self._cuda_windows += cuda
             self._thread = threading.get_ident()
             _watch_forks(self)
             self._note({"state": ACTIVE, "start_step": count, "steps": self.steps,
-                        "cuda": "CUDA" in str(activities), "shapes": shapes,
-                        "cupti_teardown": teardown,
-                        "clock": clock_pair()})
+                        "cuda": cuda, "shapes": shapes, "cupti_teardown": self._teardown,
+                        "clock": clock_pair(), **self._drift_facts()})
         except Exception as err:
             self._fail(err)
 
@@ -182,19 +229,60 @@ class DeepWindow:
         try:
             self.session.record_event(EVENT_WINDOW_STOP_BEGIN, 0)
             self._prof.stop()
-            self.session.export_trace(self._prof.export_chrome_trace)
+            self.session.export_trace(self._prof.export_chrome_trace, self.index)
             kineto = self._release()
             self.session.record_event(EVENT_WINDOW_STOP_END, 0)
-            self.session.emit(WINDOW_END)
+            if self.index == 1:
+                self.session.emit(WINDOW_END)
             self.state = DONE
+            profiled = max(0, self._count - self._opened_at)
+            cost = self._measure(profiled)
             self._note({**self._record, "state": DONE, "closed_by": closed_by,
-                        "steps_profiled": max(0, self._count - self._opened_at),
-                        "kineto_thread": kineto})
+                        "steps_profiled": profiled, "kineto_thread": kineto,
+                        **({} if cost is None else {"cost_s": cost})})
         except Exception as err:
             self._fail(err)
         finally:
             self._prof = None
-            self.session.off_step(self.on_step)
+            if self.state != DONE or closed_by == BY_EXIT or self.drift is None:
+                self.session.off_step(self.on_step)
+
+    def _measure(self, profiled: int) -> float | None:
+        """After a window closed: its cost (s), measured by the drift detector, which starts
+        one after the first window (where later windows are on) and over after each."""
+        if self.drift is None and self.index == 1 and self._rewindow.on:
+            self.drift = DriftDetector(self._rewindow, self.session.started_ns)
+        if self.drift is None:
+            return None
+        now = self.session.clock()
+        first = self.index == 1
+        cost = self.drift.window_done(self._opened_ns, now, profiled, later=not first,
+                                      step_ns=self._step_ns if first else None,
+                                      span_ns=int(SPAN_S * 1e9))
+        return cost / 1e9
+
+    def _ask_stacks(self) -> None:
+        """A later window opens: the parent samples its stacks again (stacks-N.txt)."""
+        try:
+            post_later_window(self.session.run_dir, self.session.rank, self.session.pid,
+                              self.index)
+        except OSError as err:  # the window goes on without its stacks
+            self.session.swallowed("stacks", "asking for a later window's stacks", err)
+
+    def _drift_facts(self) -> dict[str, Any]:
+        """What opened a later window: the baseline step and the slow steps in a row."""
+        drift = self.drift
+        if drift is None or self.index <= 1:
+            return {}
+        return {"window": self.index, "base_step_s": drift.base_median / 1e9,
+                "base_mean_s": drift.base_mean / 1e9, "slow_steps": drift.slow_steps,
+                "spent_s": drift.spent_ns / 1e9}
+
+    def _no_more(self, reason: str) -> None:
+        """No later window opens in this process (said in its meta)."""
+        self.drift = None
+        self.session.off_step(self.on_step)
+        self.session.update_meta(later_windows_off=reason)
 
     def _release(self) -> str:
         """After the profiler stopped: leave no Kineto thread behind (what a fork would copy
@@ -215,6 +303,10 @@ class DeepWindow:
 
     def _note(self, record: dict[str, Any]) -> None:
         self._record = record
+        if self.index > 1:  # a later window: its own record; the first's signals stay as they are
+            self.later[self.index - 2:] = [record]
+            self.session.update_meta(later_windows=list(self.later))
+            return
         self.session.update_meta(window=record)
         # closed: the steps it profiled (fewer than planned when a fork or the exit closed it)
         post_window(self.session.run_dir, self.session.rank, self.session.pid, record["state"],
@@ -232,14 +324,18 @@ class DeepWindow:
         self.session.off_step(self.on_step)
         self._release()
         try:
-            self._note({"state": FAILED, "reason": f"{type(err).__name__}: {err}"})
+            self._note({**({"window": self.index} if self.index > 1 else {}), "state": FAILED,
+                        "reason": f"{type(err).__name__}: {err}"})
         except OSError:
             pass
 
     def close(self) -> None:
-        """At exit inside an open window: keep what was recorded so far."""
+        """At exit inside an open window: keep what was recorded so far. The later windows'
+        cost in all (their stack sampling's too) goes to the meta."""
         if self.state == ACTIVE:
             self._close(BY_EXIT)
+        if self.later and self.drift is not None:
+            self.session.update_meta(later_windows_spent_s=self.drift.spent_ns / 1e9)
 
 
 _windows: weakref.WeakSet[DeepWindow] = weakref.WeakSet()

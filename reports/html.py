@@ -23,6 +23,7 @@ from markupsafe import Markup
 from doctor.analyse.analysis import Analysis
 from doctor.reports import charts, memory_charts, roofline_chart
 from doctor.reports.json import verdict_data
+from doctor.reports.periods import period_line
 from doctor.reports.phases import phase_lines
 from doctor.reports.slow_steps import slow_step_lines
 from doctor.reports.tables import shown_table
@@ -120,6 +121,7 @@ def _context(analysis: Analysis) -> dict[str, Any]:
         "headline": headline(verdict),
         "bottleneck": verdict.bottleneck,
         "steps_line": steps_line(verdict),
+        "period_line": period_line(verdict),
         "partial": verdict.partial,
         "partial_line": partial_line(verdict) if verdict.partial else "",
         "shares": _shares(verdict.shares, verdict.bottleneck),

@@ -215,6 +215,7 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
     finding with all its evidence and fixes, the notes and the job's details.
     ``report_path`` names the HTML report to point at, when one was written.
     """
+    from doctor.reports.periods import period_line
     from doctor.reports.phases import phase_lines
     from doctor.reports.resource_lines import comm_lines, gpu_lines, memory_lines, ops_lines
     from doctor.reports.slow_steps import slow_step_lines
@@ -226,6 +227,9 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
         out += _wrap(partial_line(verdict), width)
     out.append(clean(f"doctor: {headline(verdict)}"))
     out.append(clean(f"  {steps_line(verdict)}"))
+    periods = period_line(verdict)
+    if periods:
+        out.append(clean(f"  {periods}"))
     sections = analysis.sections
     out += [clean(f"  {line}") for line in gpu_lines(sections) + memory_lines(sections)
                                              + ops_lines(sections) + comm_lines(sections)

@@ -27,7 +27,14 @@ from doctor.analyse.comms import CommModel
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.split import InputSplit
 from doctor.analyse.stages import JobFacts
-from doctor.record.session import STEP_DATALOADER, STEP_MANUAL, Session
+from doctor.record.session import (
+    EVENT_WINDOW_START,
+    EVENT_WINDOW_STOP_BEGIN,
+    EVENT_WINDOW_STOP_END,
+    STEP_DATALOADER,
+    STEP_MANUAL,
+    Session,
+)
 from doctor.store import layout
 from doctor.store.rundir import write_node_record, write_run_record
 from doctor.trace.steps import STEP_COLUMNS
@@ -122,10 +129,11 @@ def record_loop(run_dir: Path, steps: int, *, wait_s: float = 0.0, compute_s: fl
                 slow_first: int = 0, rank: int = 0, loader: dict | None = None,
                 clock: FakeClock | None = None,
                 then: tuple[int, float, float] | None = None,
-                meta: dict | None = None) -> Session:
+                meta: dict | None = None, windows: tuple[int, ...] = ()) -> Session:
     """A loop of ``steps`` iterations: wait for a batch, compute, step the optimizer(s); with
     ``then`` (steps, wait_s, compute_s), a second phase of the same loop follows; ``meta``: the
-    process's facts (its framework, its optimizers...)."""
+    process's facts (its framework, its optimizers...). ``windows``: the steps (from 0) at which
+    a profiler window opens, for 5 steps and a 0.3 s export (its events only: no trace)."""
     clock = clock or FakeClock()
     session = Session(run_dir, rank=rank, clock=clock, window_start=10**9)
     if meta:
@@ -137,6 +145,12 @@ def record_loop(run_dir: Path, steps: int, *, wait_s: float = 0.0, compute_s: fl
     plan = [(w, c) for n, w, c in phases for _ in range(n)]
     for i, (wait_s, compute_s) in enumerate(plan):
         slow = 10.0 if i < slow_first else 1.0
+        if i in windows:
+            session.record_event(EVENT_WINDOW_START, i)
+        if i - 5 in windows:
+            session.record_event(EVENT_WINDOW_STOP_BEGIN)
+            clock.tick(0.3)
+            session.record_event(EVENT_WINDOW_STOP_END)
         t0 = clock()
         clock.tick(wait_s * slow)
         session.record_interval("loader_wait", t0, clock(), loader_id)

@@ -30,6 +30,14 @@ from doctor.analyse.gpus import GpuCounters, gpu_counters, said_cuda
 from doctor.analyse.ledger import build_ledger
 from doctor.analyse.memory import MemoryEvidence, memory_evidence
 from doctor.analyse.ops import RankOps, ops_evidence
+from doctor.analyse.periods import (
+    PeriodStart,
+    first_period,
+    later_input_splits,
+    later_splits,
+    ledger_by_period,
+    period_starts,
+)
 from doctor.analyse.phase_steps import mark_phases
 from doctor.analyse.phases import RankPhases, find_phases, on_ledger
 from doctor.analyse.precision import Precision, job_precision
@@ -100,6 +108,8 @@ class Stages:
     drifts: tuple[WindowDrift, ...]  # each rank's median step before the window and after it
     phases: dict[int, RankPhases] = field(default_factory=dict)  # evaluation, checkpoints,
     # epoch starts of each rank, on the ledger's clock (doctor.analyse.phases)
+    #: rank -> where each later window's period begins (doctor.analyse.periods)
+    period_starts: dict[int, list[PeriodStart]] = field(default_factory=dict)
 
 
 def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None) -> Stages:
@@ -123,24 +133,34 @@ def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None)
     cores = core_contention(run.host, run.system, table, workers, ranks, span)
     contention = {r: c[INPUT] for r, c in cores.items() if INPUT in c and workers.get(r)}
     comm_contention = {r: c[COMMUNICATION] for r, c in cores.items() if COMMUNICATION in c}
-    ledger = build_ledger(table, {**windows, **coarse},
-                          {r: f for r, s in splits.items() if (f := s.fractions) is not None},
-                          {r: o.shares for r, o in outside.items()}, contention, comm_contention,
-                          cpu=job.device != "cuda")
+    fractions = {r: f for r, s in splits.items() if (f := s.fractions) is not None}
+
+    def build(table: pd.DataFrame, windows: Mapping[int, WindowSplit],
+              inputs: Mapping[int, Mapping[str, float]]) -> pd.DataFrame:
+        return build_ledger(table, windows, {**fractions, **inputs},
+                            {r: o.shares for r, o in outside.items()}, contention,
+                            comm_contention, cpu=job.device != "cuda")
+
+    # each later window splits the steps of its own period (doctor.analyse.periods)
+    starts = period_starts(run, ranks)
+    ledger = ledger_by_period(build(table, {**windows, **coarse}, {}), table, starts,
+                              later_splits(run, ranks), later_input_splits(run, ranks, workers),
+                              {**windows, **coarse}, build)
     window, loaders = window_analysed(window, ranks, ledger), training_loaders(run, ranks)
     memory = memory_evidence(run, job.device, ranks, table, workers, counters, loaders,
                              job.world_size)
     ops = ops_evidence(run, job.device, ranks, window, counters)
     comms = comms_evidence(run, ranks, window)
     models = comm_models(run, comms, window, job, inter_node_link(run.record))
-    drifts = window_drift(ledger, fault_rates(run, ranks))  # before the window vs after
+    # before the first window vs after it, in its own period
+    drifts = window_drift(first_period(ledger, starts), fault_rates(run, ranks))
     return Stages(
         ranks=ranks, in_range=in_range, table=table, windows=windows,
         window_problems=window_problems, span=span, job=job, counters=counters, coarse=coarse,
         coarse_notes=coarse_notes, workers=workers, splits=splits, outside=outside,
         contention=contention, comm_contention=comm_contention, ledger=ledger, window=window,
         loaders=loaders, memory=memory, ops=ops, comms=comms, models=models, drifts=drifts,
-        phases=phases)
+        phases=phases, period_starts=starts)
 
 
 def run_phases(run: RunData, ranks: dict[int, RankSteps]) -> dict[int, RankPhases]:

@@ -10,7 +10,8 @@ then all there is.
 
 Not analysed (kept in the table): warm-up steps (the first steps, lazy imports, compilation);
 fragments (a step shorter than FRAGMENT of the median, a stray boundary); the steps of the
-profiler window (doctor's own profiling cost, its export most of all); and the steps outside a
+profiler windows, the first and the later ones (doctor's own profiling cost, its export most of
+all); and the steps outside a
 step range (``doctor report --steps A:B``). The steps during stack sampling (py-spy pauses the
 process 50 times a second) are analysed, less the pauses measured in them
 (doctor.analyse.thread_time: ``sampler_s``); only where the parent's schedstat samples of the
@@ -81,6 +82,7 @@ class RankSteps:
     sampled_ns: tuple[int, int] | None = None  # the stack sampler's span
     #: the pause per second on a core the sampler's plan expects (doctor.probes.stack_plan)
     sampler_model_s: float = 0.0
+    later_ns: tuple[tuple[int, int, int], ...] = ()  # the later windows' spans, as window_ns
 
     @property
     def process(self) -> Process:
@@ -144,8 +146,10 @@ def _rank_steps(run: RunData, process: Process) -> RankSteps:
             ends = starts + (own["dur_s"].to_numpy(np.float64) * 1e9).astype(np.int64)
             kind = WINDOW
     node, rank, pid = process
-    return RankSteps(rank, node, pid, kind, starts, ends, _window_span(run, process),
-                     _sampled_span(run, process), modelled_pause(run, process))
+    spans = window_spans(run, process)
+    return RankSteps(rank, node, pid, kind, starts, ends, spans[0] if spans else None,
+                     _sampled_span(run, process), modelled_pause(run, process),
+                     tuple(spans[1:]))
 
 
 def _boundaries(run: RunData, process: Process) -> tuple[str, np.ndarray, np.ndarray]:
@@ -213,17 +217,23 @@ def boundaries_seen(run: RunData) -> int:
     return most
 
 
-def _window_span(run: RunData, process: Process) -> tuple[int, int, int] | None:
+def window_spans(run: RunData, process: Process) -> list[tuple[int, int, int]]:
+    """(start, stop begin, stop end) of each profiler window of a process, first first, from its
+    events ring: the first window's, then each later one's (opened where the run slowed down).
+    A window without its three events (one that failed) has none."""
     events = run.rows("events", process)
     codes, times = events["event"].to_numpy(), events["t_ns"].to_numpy()
-    found = {}
-    for event in (EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END):
-        hits = times[codes == event]
-        if len(hits):
-            found[event] = int(hits[0])
-    if len(found) < 3:
-        return None
-    return found[EVENT_WINDOW_START], found[EVENT_WINDOW_STOP_BEGIN], found[EVENT_WINDOW_STOP_END]
+    starts = np.sort(times[codes == EVENT_WINDOW_START])
+    begins = np.sort(times[codes == EVENT_WINDOW_STOP_BEGIN])
+    ends = np.sort(times[codes == EVENT_WINDOW_STOP_END])
+    spans = []
+    for i, start in enumerate(starts):
+        before = starts[i + 1] if i + 1 < len(starts) else np.iinfo(np.int64).max
+        begin = begins[(begins >= start) & (begins < before)]
+        end = ends[(ends >= start) & (ends <= before)]
+        if len(begin) and len(end):
+            spans.append((int(start), int(begin[0]), int(end[0])))
+    return spans
 
 
 def _sampled_span(run: RunData, process: Process) -> tuple[int, int] | None:
@@ -333,10 +343,9 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
     warm = np.isin(np.arange(n), whole[:warmup_steps(wall[whole])])
     closing = np.zeros(n, dtype=bool)
     inside = np.zeros(n, dtype=bool)
-    if r.window_ns is not None:
-        start, stop_begin, stop_end = r.window_ns
-        closing = (e > stop_begin) & (s < stop_end)
-        inside = (e > start) & (s < stop_end)
+    for start, stop_begin, stop_end in ((r.window_ns,) if r.window_ns else ()) + r.later_ns:
+        closing |= (e > stop_begin) & (s < stop_end)
+        inside |= (e > start) & (s < stop_end)
     sampled = np.zeros(n, dtype=bool)
     span_s = None
     if r.sampled_ns is not None:

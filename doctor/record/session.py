@@ -136,6 +136,7 @@ class Session:
         self.window_start = window_start
         self.window_steps = window_steps
         self.pid = os.getpid()
+        self.started_ns = clock()
         self.closed = False
         self.probe_status: dict[str, dict[str, Any]] = {}
         self._reset()
@@ -206,15 +207,15 @@ class Session:
             return
         self._save_meta()
 
-    def trace_path(self) -> Path:
-        return self.writer.trace_path()
+    def trace_path(self, window: int = 1) -> Path:
+        return self.writer.trace_path(window)
 
-    def export_trace(self, export: Callable[[str], Any]) -> None:
-        """Have ``export`` write the profiler window's trace into the process folder (through
-        a fresh file, doctor.store.process); ``OSError`` (said in the status) when it could not
-        be written whole."""
+    def export_trace(self, export: Callable[[str], Any], window: int = 1) -> None:
+        """Have ``export`` write the ``window``-th profiler window's trace into the process
+        folder (through a fresh file, doctor.store.process); ``OSError`` (said in the status)
+        when it could not be written whole."""
         try:
-            self.writer.export_trace(export)
+            self.writer.export_trace(export, window)
         except OSError as err:
             self._stopped("torch_ops", layout.TRACE, err)
             raise
@@ -361,6 +362,7 @@ class Session:
     def forked(self) -> None:
         """In a forked child: forget the parent's files and probes, record into our own."""
         self.pid = os.getpid()
+        self.started_ns = self.clock()
         self._reset()
         self.role = "child"
         allow_parent_tracer()  # prctl is per process: name it again

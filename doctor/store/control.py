@@ -1,8 +1,9 @@
 """Signals between ``doctor run`` (the parent) and the job's processes: one small file.
 
 The job's processes say when their profiler window opens and closes (the parent starts py-spy on
-a rank when its window opens); the parent, or ``doctor.watch``, says which stack recorder the
-processes should use (``in-process`` where py-spy is missing or ptrace is refused). Each signal
+a rank when its window opens), and when a later window opens (py-spy samples it again); the
+parent, or ``doctor.watch``, says which stack recorder the processes should use (``in-process``
+where py-spy is missing or ptrace is refused). Each signal
 is one JSON object on one line, appended with a single ``write`` to a file opened ``O_APPEND``,
 so that many processes writing at once never interleave; the reader takes the last word on each
 key. A run writes a handful of lines, so reading the whole file at every tick costs nothing. The
@@ -34,6 +35,8 @@ class Control:
     windows: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, pid) -> state
     #: (rank, pid) -> the facts that came with each state: {state: {"steps": N, "t_s": T}}
     window_facts: dict[tuple[int, int], dict[str, dict[str, Any]]] = field(default_factory=dict)
+    #: (rank, pid) -> the numbers of the later windows it opened (the parent samples their stacks)
+    later: dict[tuple[int, int], list[int]] = field(default_factory=dict)
 
     def open_windows(self) -> list[tuple[int, int]]:
         """(rank, pid) of every main process whose window has opened (active or done)."""
@@ -72,6 +75,11 @@ def post_window(run_dir: Path, rank: int, pid: int, state: str, **facts: Any) ->
                     **{k: v for k, v in facts.items() if v is not None}})
 
 
+def post_later_window(run_dir: Path, rank: int, pid: int, window: int) -> None:
+    """A process opened its ``window``-th profiler window (a later one: the run slowed down)."""
+    _post(run_dir, {"later_window": window, "rank": rank, "pid": pid})
+
+
 def post_stacks_mode(run_dir: Path, mode: str, reason: str) -> None:
     """Which stack recorder the job's processes should use from now on, and why."""
     _post(run_dir, {"stacks": mode, "reason": reason})
@@ -85,6 +93,7 @@ def read_control(run_dir: Path) -> Control:
     mode, reason = None, ""
     windows: dict[tuple[int, int], str] = {}
     facts: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    later: dict[tuple[int, int], list[int]] = {}
     for line in text.splitlines():
         try:
             signal = json.loads(line)
@@ -97,7 +106,10 @@ def read_control(run_dir: Path) -> Control:
             windows[key] = state
             facts.setdefault(key, {})[state] = {k: v for k, v in signal.items()
                                                 if k not in ("window", "rank", "pid")}
-    return Control(mode, reason, windows, facts)
+        elif "later_window" in signal:
+            key = (int(signal["rank"]), int(signal["pid"]))
+            later.setdefault(key, []).append(int(signal["later_window"]))
+    return Control(mode, reason, windows, facts, later)
 
 
 def in_process_stacks(run_dir: Path) -> bool:

@@ -9,8 +9,10 @@
         meta.json                      what the process is (rank, role, torch, loaders, probes)
         <name>.ring                    fixed-size ring buffers (steps, intervals, events)
         stacks.txt, stacks.json        stack samples (py-spy's raw format) and how they were taken
+        stacks-<N>.txt, stacks-<N>.json   the same, beside the N-th window (a later one)
         memory.jsonl                   CUDA allocator snapshots
-        trace.json[.gz]                the torch.profiler window
+        trace.json[.gz]                the torch.profiler window (the first)
+        trace-<N>.json[.gz]            the N-th window, opened when the run slowed down
     RUN_DIR/verdict.json, report.html, timeline.json.gz   the verdict, the report, the timeline
     RUN_DIR/tries/<stamp>/             one doctor try of the run (doctor.store.tries):
         try.json, report.html          what was tried and measured
@@ -75,6 +77,8 @@ TRACE = "trace.json"
 TRACE_GZ = "trace.json.gz"
 
 _PROC_DIR = re.compile(r"^(?P<role>[a-z]+\d*)-(?P<pid>\d+)$")
+_LATER_TRACE = re.compile(r"^trace-(?P<n>[2-9]|[1-9]\d+)\.json(\.gz)?$")
+_LATER_STACKS = re.compile(r"^stacks-(?P<n>[2-9]|[1-9]\d+)\.json$")
 _NODE_DIR = re.compile(r"^node-(?P<node>\d+)$")
 NODE_GLOB = "node-*"
 
@@ -114,7 +118,35 @@ def bootstrap_errors(run_dir: Path) -> list[Path]:
 
 
 def uncompressed_traces(run_dir: Path) -> list[Path]:
-    return sorted(run_dir.glob(f"rank-*/*/{TRACE}"))
+    return sorted([*run_dir.glob(f"rank-*/*/{TRACE}"), *run_dir.glob("rank-*/*/trace-*.json")])
+
+
+def trace_name(window: int) -> str:
+    """The file of a process's ``window``-th profiler window (from 1), uncompressed."""
+    return TRACE if window <= 1 else f"trace-{window}.json"
+
+
+def stacks_names(window: int) -> tuple[str, str]:
+    """(samples, their description) of the stacks sampled beside the ``window``-th window."""
+    return (STACKS_TXT, STACKS_JSON) if window <= 1 else (f"stacks-{window}.txt",
+                                                          f"stacks-{window}.json")
+
+
+def later_stacks(proc_dir: Path) -> list[int]:
+    """The numbers N of the later windows whose stacks a process folder holds (stacks-N.json)."""
+    found = (_LATER_STACKS.match(p.name) for p in proc_dir.glob("stacks-*.json"))
+    return sorted(int(m["n"]) for m in found if m)
+
+
+def later_traces(proc_dir: Path) -> list[tuple[int, Path]]:
+    """(N, path) of each later window's trace in a process folder (``trace-N.json[.gz]``; the
+    compressed one where both are), in order of N."""
+    found: dict[int, Path] = {}
+    for path in proc_dir.glob("trace-*.json*"):
+        m = _LATER_TRACE.match(path.name)
+        if m and (int(m["n"]) not in found or path.name.endswith(".gz")):
+            found[int(m["n"])] = path
+    return sorted(found.items())
 
 
 def node_dir(job_dir: Path, node: int) -> Path:

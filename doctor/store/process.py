@@ -91,16 +91,17 @@ class ProcessWriter:
                 pass
             raise
 
-    def trace_path(self) -> Path:
-        """Where the profiler window exports its trace (compressed after the job)."""
-        return self.path / layout.TRACE
+    def trace_path(self, window: int = 1) -> Path:
+        """Where the ``window``-th profiler window exports its trace (compressed after the
+        job)."""
+        return self.path / layout.trace_name(window)
 
-    def export_trace(self, export: Callable[[str], Any]) -> None:
+    def export_trace(self, export: Callable[[str], Any], window: int = 1) -> None:
         """Have ``export`` (torch.profiler's ``export_chrome_trace``, which opens a file by name)
         write the window's trace into a fresh file beside it, renamed into place only when it
         ends as JSON does: Kineto does not raise when it cannot write (a full disk), and a trace
         cut short is removed rather than left to misread."""
-        with named_new(self.trace_path()) as tmp:
+        with named_new(self.trace_path(window)) as tmp:
             export(str(tmp))
             with open(tmp, "rb") as f:
                 size = os.fstat(f.fileno()).st_size

@@ -93,7 +93,10 @@ def _load_node(run_dir: Path) -> RunData:
     events: list[pd.DataFrame] = []
     stacks: list[dict[str, Any]] = []
     spans: list[dict[str, Any]] = []
+    later_stacks: list[dict[str, Any]] = []
+    later_spans: list[dict[str, Any]] = []
     windows: list[pd.DataFrame] = []
+    later: list[pd.DataFrame] = []
     window_status: list[dict[str, Any]] = []
     dirs_of: dict[int, Path] = {}
     model_states: list[dict[str, Any]] = []
@@ -121,26 +124,14 @@ def _load_node(run_dir: Path) -> RunData:
             intervals.append(_ring(proc_dir, name, who, problems).assign(name=name))
         events.append(process_events := _ring(proc_dir, "events", who, problems))
         statuses = _with_stopped_rings(statuses, proc_dir, who, problems)
-        taken = read_stacks_meta(proc_dir)
-        samples = read_stacks(proc_dir, taken) if taken is not None else None
-        if (os.path.lexists(proc_dir / layout.STACKS_JSON) and taken is None) or (
-                taken is not None and samples is None
-                and os.path.lexists(proc_dir / layout.STACKS_TXT)):
-            problems.append(f"{proc_dir}: its stack samples cannot be read: left out")
-            taken = samples = None
-        if samples is not None:
-            stacks += [{**who, "stack": s, "count": n, "thread": MAIN_THREAD}
-                       for s, n in samples.stacks.items()]
-            stacks += [{**who, "stack": s, "count": n, "thread": PRODUCER_THREAD}
-                       for s, n in samples.producers.items()]
-        if taken is not None:
-            rate = as_float(taken.get("rate_hz"))
-            spans.append({**who, "recorder": str(taken.get("recorder", "?")),
-                          "rate_hz": rate if rate and rate > 0 else DEFAULT_RATE_HZ,
-                          "start_ns": as_int(taken.get("start_ns")) or 0,
-                          "end_ns": as_int(taken.get("end_ns")) or 0,
-                          "taken": as_int(taken.get("taken")) or 0,
-                          **{k: _count(taken.get(k)) for k in ("busy_threads", "threads")}})
+        for n in (1, *layout.later_stacks(proc_dir)):
+            rows, span = _stacks(proc_dir, who, n, problems)
+            if n == 1:
+                stacks += rows
+                spans += [span] if span is not None else []
+            else:
+                later_stacks += [{**r, "window": n} for r in rows]
+                later_spans += [{**span, "window": n}] if span is not None else []
         trace = next((proc_dir / n for n in (layout.TRACE_GZ, layout.TRACE)
                       if os.path.lexists(proc_dir / n)), None)
         if trace is not None and not role.startswith("worker") and not regular_file(trace):
@@ -161,6 +152,7 @@ def _load_node(run_dir: Path) -> RunData:
                 window_status.append({**who, "ok": False, "reason": f"trace unreadable: {err}"})
         if not role.startswith("worker"):
             dirs_of[pid] = proc_dir
+            later += _later_windows(proc_dir, who, problems)
     host, system = read_host(run_dir, problems)
     memory = read_memory(dirs_of, problems)
     rank_of = {p["pid"]: p["rank"] for p in procs}
@@ -174,7 +166,8 @@ def _load_node(run_dir: Path) -> RunData:
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
         "collectives": _concat(collectives), "ddp": ddp, "optimizers": optimizers,
-        "window_events": _concat(window_events),
+        "window_events": _concat(window_events), "later_windows": _concat(later),
+        "later_stacks": later_stacks, "later_stack_spans": later_spans,
         "others": read_others(run_dir, problems).assign(node=0),
     }
     frames = empty_frames()
@@ -182,6 +175,52 @@ def _load_node(run_dir: Path) -> RunData:
         if len(rows):
             frames[name] = typed(rows, FRAME_COLUMNS[name])
     return RunData(record=_record(run_dir, run, problems), **frames)
+
+
+def _stacks(proc_dir: Path, who: dict[str, Any], window: int, problems: list[str]
+            ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The stack samples beside a process's ``window``-th window (rows of the stacks frame)
+    and how they were taken (a row of stack_spans), or none; one that cannot be read is left
+    out, with a note."""
+    txt, desc = layout.stacks_names(window)
+    taken = read_stacks_meta(proc_dir, window)
+    samples = read_stacks(proc_dir, taken, window) if taken is not None else None
+    if (os.path.lexists(proc_dir / desc) and taken is None) or (
+            taken is not None and samples is None and os.path.lexists(proc_dir / txt)):
+        problems.append(f"{proc_dir}: its stack samples cannot be read: left out")
+        taken = samples = None
+    rows = [] if samples is None else [
+        *({**who, "stack": s, "count": n, "thread": MAIN_THREAD}
+          for s, n in samples.stacks.items()),
+        *({**who, "stack": s, "count": n, "thread": PRODUCER_THREAD}
+          for s, n in samples.producers.items())]
+    if taken is None:
+        return rows, None
+    rate = as_float(taken.get("rate_hz"))
+    return rows, {**who, "recorder": str(taken.get("recorder", "?")),
+                  "rate_hz": rate if rate and rate > 0 else DEFAULT_RATE_HZ,
+                  "start_ns": as_int(taken.get("start_ns")) or 0,
+                  "end_ns": as_int(taken.get("end_ns")) or 0,
+                  "taken": as_int(taken.get("taken")) or 0,
+                  **{k: _count(taken.get(k)) for k in ("busy_threads", "threads")}}
+
+
+def _later_windows(proc_dir: Path, who: dict[str, Any], problems: list[str]
+                   ) -> list[pd.DataFrame]:
+    """The steps of each later window of a process (``trace-N.json[.gz]``), with N; one that
+    cannot be read is left out, with a note."""
+    out = []
+    for n, path in layout.later_traces(proc_dir):
+        if not regular_file(path):
+            problems.append(f"{path} is not a regular file: left out")
+            continue
+        try:
+            window = read_window(path, int(who["rank"]))
+        except WindowUnavailable as err:
+            problems.append(f"{path}: its window cannot be read ({err}): left out")
+            continue
+        out.append(window.steps.assign(node=0, pid=int(who["pid"]), window=n))
+    return out
 
 
 def _window_span(events: pd.DataFrame) -> tuple[int, int] | None:

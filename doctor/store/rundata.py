@@ -91,6 +91,9 @@ DDP_COLUMNS = columns(f"{WHO} bucket_cap_bytes buckets:int64 bucket_bytes last_b
 WINDOW_EVENT_COLUMNS = columns(f"{WHO} kind track name:object t0_ns t1_ns:int64")
 #: The profiler window's steps: the trace's step frame, and which process recorded it.
 WINDOW_COLUMNS: dict[str, str] = {**STEP_COLUMNS, "node": "int64", "pid": "int64"}
+#: The steps of the later windows (opened where the run slowed down), with each one's number
+#: (2 for the second window of its process, ...).
+LATER_WINDOW_COLUMNS: dict[str, str] = {**WINDOW_COLUMNS, "window": "int64"}
 
 
 def typed(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, columns: Mapping[str, str]
@@ -169,6 +172,9 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "memory": {**_floats(MEMORY_COLUMNS, "t_s"), "tag": "object", "pid": "int64",
                "rank": "int64", "node": "int64"},
     "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
+    "later_windows": LATER_WINDOW_COLUMNS,
+    "later_stacks": {**STACK_COLUMNS, "window": "int64"},
+    "later_stack_spans": {**STACK_SPAN_COLUMNS, "window": "int64"},
     "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
@@ -243,7 +249,10 @@ class RunData:
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
     - ``window_events``: the profiler window's events on the process's clock, capped
       (doctor.trace.window_events), and ``window_status.events`` how many the trace had;
-    - ``others``: processes outside the job that took cores, per scan (doctor.probes.others).
+    - ``others``: processes outside the job that took cores, per scan (doctor.probes.others);
+    - ``later_windows``: the steps of each later profiler window (opened where the run slowed
+      down: ``trace-N.json``), as ``window``'s, with the window's number N; ``later_stacks``
+      and ``later_stack_spans`` the stacks sampled beside each (``stacks-N.txt``), with N.
     """
 
     record: RunRecord
@@ -269,6 +278,9 @@ class RunData:
     ddp: pd.DataFrame
     window_events: pd.DataFrame
     others: pd.DataFrame
+    later_windows: pd.DataFrame
+    later_stacks: pd.DataFrame
+    later_stack_spans: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(

@@ -104,9 +104,10 @@ def write_run_record(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def gzip_traces(run_dir: Path) -> None:
-    """Compress each exported trace.json in place (done after the job, off its thread). A trace
-    that is a link is not read (nor what it points to), and the compressed file replaces
-    whatever is at its name, a link included, without writing through it."""
+    """Compress each exported trace (trace.json, trace-N.json) in place (done after the job,
+    off its thread). A trace that is a link is not read (nor what it points to), and the
+    compressed file replaces whatever is at its name, a link included, without writing through
+    it."""
     for path in layout.uncompressed_traces(run_dir):
         try:
             fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
@@ -117,7 +118,7 @@ def gzip_traces(run_dir: Path) -> None:
             continue
         src = os.fdopen(fd, "rb")
         try:
-            with src, open_new(path.with_name(layout.TRACE_GZ)) as raw, \
+            with src, open_new(path.with_name(path.name + ".gz")) as raw, \
                     gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=5, filename="") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             os.unlink(path)

@@ -6,7 +6,9 @@ each frame ``function (file:line)``; with py-spy's ``--threads`` each stack star
 put into a queue (a loader thread the job made itself), less their waits in ``put``: the
 ``producers``. ``stacks.json`` says how they were taken: the recorder, its rate,
 the sampled span on the shared monotonic clock, and the number of samples taken. Both recorders
-(py-spy from the parent, the in-process sampler) write through here.
+(py-spy from the parent, the in-process sampler) write through here. The stacks sampled beside a
+later window (the N-th, opened where the run slowed down) are ``stacks-N.txt``/``.json``; each
+function takes the window's number (1: the first).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .layout import STACKS_JSON, STACKS_TXT, pid_of
+from .layout import pid_of, stacks_names
 from .safe_files import write_text_atomic
 
 DEFAULT_RATE_HZ = 50.0
@@ -44,18 +46,19 @@ class StackSamples:
         return sum(self.stacks.values())
 
 
-def stacks_output(proc_dir: Path) -> Path:
+def stacks_output(proc_dir: Path, window: int = 1) -> Path:
     """Where a recorder writes the raw samples of the process in ``proc_dir``."""
-    return proc_dir / STACKS_TXT
+    return proc_dir / stacks_names(window)[0]
 
 
-def read_stacks(proc_dir: Path, meta: dict[str, Any] | None = None) -> StackSamples | None:
+def read_stacks(proc_dir: Path, meta: dict[str, Any] | None = None, window: int = 1
+                ) -> StackSamples | None:
     """The samples a process folder holds (``meta``: its stacks.json, when already read), or
     None."""
     from .readback import Unreadable, as_float, as_int, read_text
 
-    txt = proc_dir / STACKS_TXT
-    meta = read_stacks_meta(proc_dir) if meta is None else meta
+    txt = proc_dir / stacks_names(window)[0]
+    meta = read_stacks_meta(proc_dir, window) if meta is None else meta
     if meta is None or not os.path.lexists(txt):
         return None
     try:
@@ -133,12 +136,12 @@ def format_raw(stacks: Mapping[tuple[str, ...], int]) -> str:
     return "".join(f"{';'.join(s)} {n}\n" for s, n in stacks.items())
 
 
-def read_stacks_meta(proc_dir: Path) -> dict[str, Any] | None:
+def read_stacks_meta(proc_dir: Path, window: int = 1) -> dict[str, Any] | None:
     """A process folder's stacks.json (recorder, rate, span, samples taken), or None."""
     from .readback import Unreadable, read_json
 
     try:
-        meta = read_json(proc_dir / STACKS_JSON)
+        meta = read_json(proc_dir / stacks_names(window)[1])
     except Unreadable:
         return None
     return meta if isinstance(meta, dict) else None
@@ -146,8 +149,8 @@ def read_stacks_meta(proc_dir: Path) -> dict[str, Any] | None:
 
 def write_stacks_meta(proc_dir: Path, *, recorder: str, rate_hz: float, start_ns: int,
                       end_ns: int, taken: int, busy_threads: int | None = None,
-                      threads: int | None = None) -> None:
-    _write_atomic(proc_dir / STACKS_JSON, json.dumps(
+                      threads: int | None = None, window: int = 1) -> None:
+    _write_atomic(proc_dir / stacks_names(window)[1], json.dumps(
         {"recorder": recorder, "rate_hz": rate_hz, "start_ns": start_ns, "end_ns": end_ns,
          "taken": taken, "busy_threads": busy_threads, "threads": threads}))
 
@@ -155,7 +158,7 @@ def write_stacks_meta(proc_dir: Path, *, recorder: str, rate_hz: float, start_ns
 def write_stacks(proc_dir: Path, stacks: Mapping[tuple[str, ...], int], *, recorder: str,
                  rate_hz: float, start_ns: int, end_ns: int, taken: int) -> None:
     """Samples and their description, each file replaced whole (a reader never sees half)."""
-    _write_atomic(proc_dir / STACKS_TXT, format_raw(stacks))
+    _write_atomic(proc_dir / stacks_names(1)[0], format_raw(stacks))
     write_stacks_meta(proc_dir, recorder=recorder, rate_hz=rate_hz, start_ns=start_ns,
                       end_ns=end_ns, taken=taken)
 
