@@ -119,9 +119,12 @@ class HostSampler:
                     if self._exits is not None and proc.status() == psutil.STATUS_ZOMBIE:
                         self._exits.saw_zombie(pid)
                 try:
-                    read = float(proc.io_counters().read_bytes)
+                    io = proc.io_counters()
+                    read = float(io.read_bytes)
+                    calls = float(getattr(io, "read_count", float("nan")))
+                    chars = float(getattr(io, "read_chars", float("nan")))
                 except (psutil.AccessDenied, AttributeError):
-                    read = float("nan")
+                    read = calls = chars = float("nan")
             except psutil.Error:
                 self._procs.pop(pid, None)
                 continue
@@ -134,7 +137,8 @@ class HostSampler:
             comm = threads_cpu_s(pid, self._comm_threads.get(pid, []))
             on_cpu, delay = main_thread_times(pid)
             for c, v in zip(PROC_COLUMNS, (t, pid, ppid, cpu.user + cpu.system, mem.rss, read,
-                                           threads, delay, own, comm, on_cpu), strict=True):
+                                           threads, delay, own, comm, on_cpu, calls, chars),
+                            strict=True):
                 cols[c].append(float(v))
         if private:  # the CPU it took, not the wall time: on a busy machine that waits too
             self._next_private = now + max(PRIVATE_MIN_S, private_cpu * PRIVATE_COST_RATIO)

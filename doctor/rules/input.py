@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from doctor.analyse.evidence import Evidence
+from doctor.analyse.reads import ReadPattern, read_pattern
 from doctor.categories import INPUT_STAGES
 from doctor.rules.base import rule
 from doctor.rules.input_bursts import bursts
 from doctor.rules.input_model import InputFacts, count_of, suggested_workers
+from doctor.rules.input_reads import io_fixes
 from doctor.verdict import Finding, Fix
 
 MIN_SHARE = 0.10
@@ -187,14 +189,16 @@ def input_stage(ev: Evidence) -> list[Finding]:
             "top_functions": x.top.get(stage, []), "num_workers": x.workers,
             "cores": x.cores, "batch_handoff_s": x.handoff if x.workers else None,
         }
+        reads = read_pattern(ev.host) if stage == "io" else None
         if stage == "io":
             evidence["read_mb_per_s"] = _read_rate(ev)
+            evidence.update(reads.to_evidence() if reads is not None else {})
         if stage == "preprocess":
             evidence["collate_share_of_loading"] = x.collate_share
         findings.append(Finding(
             id=f"input.{stage}", category=stage, severity=_severity(share),
             title=f"{share:.0%} of the step goes to {_STAGE_WORDS[stage]}",
-            evidence=evidence, fixes=_stage_fixes(stage, x, frac),
+            evidence=evidence, fixes=_stage_fixes(stage, x, frac, reads),
             estimated_speedup=x.step / new_step,
         ))
     return findings
@@ -249,12 +253,13 @@ def input_handoff(ev: Evidence) -> list[Finding]:
     )]
 
 
-def _stage_fixes(stage: str, x: InputFacts, frac: float) -> tuple[Fix, ...]:
+def _stage_fixes(stage: str, x: InputFacts, frac: float, reads: ReadPattern | None = None
+                 ) -> tuple[Fix, ...]:
     if stage == "io":
         more = min(32, max(2 * x.cores, x.workers * 2, 4))
         # reads wait rather than compute: only the rest of the loading shares the cores
         more_reads = x.step / x.step_after(x.load, more, waiting=frac)
-        return (
+        return io_fixes(reads, (
             Fix(title="Keep the data close: cache it on local disk or in memory",
                 why="Reads that miss the page cache wait on storage; a local copy (or "
                     "/dev/shm for small datasets) turns waits into memory copies.",
@@ -272,7 +277,7 @@ def _stage_fixes(stage: str, x: InputFacts, frac: float) -> tuple[Fix, ...]:
                     "(WebDataset-style) are read sequentially.",
                 code="import webdataset as wds\n"
                      "dataset = wds.WebDataset('shards/train-{000000..000099}.tar')"),
-        )
+        ))
     if stage == "decode":
         return (
             Fix(title="Decode once and cache the decoded arrays",

@@ -27,8 +27,11 @@ from .safe_files import open_new, write_text_atomic
 #: ``on_cpu_s`` are its main thread's (schedstat: runnable without a core, on a core).
 #: doctor run's rate: the host and the GPUs at 2 Hz (the lead may change it, issue 32 item 11).
 SAMPLE_INTERVAL_S = 0.5
+#: ``read_bytes``: read from storage; ``read_count``/``read_chars``: read calls and the bytes
+#: they returned, the page cache's included (the kernel's per-process io counters)
 PROC_COLUMNS = ("t_s", "pid", "ppid", "cpu_s", "rss_bytes", "read_bytes", "threads",
-                "run_delay_s", "private_bytes", "comm_cpu_s", "on_cpu_s")
+                "run_delay_s", "private_bytes", "comm_cpu_s", "on_cpu_s", "read_count",
+                "read_chars")
 #: The machine, per tick.
 SYSTEM_COLUMNS = ("t_s", "cores", "runnable", "busy_cores", "iowait_cores")
 #: Per GPU, per tick (the ``gpm_*`` columns are NaN where the GPU has no GPM metrics).

@@ -225,6 +225,17 @@ def test_input_stage_is_named(tmp_path: Path, job: str, expected: str) -> None:
     assert found["input.loader"]["category"] == expected
 
 
+def test_many_small_files_get_shards_first(tmp_path: Path) -> None:
+    """4 KiB files, one per sample, their pages dropped before each read: the reads are named
+    small and many, and packing them into shards comes first."""
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "io_bound.py"),
+                      "--file-mb", "0.004", "--files", "1024", "--batch", "64", "--steps", "40",
+                      "--hidden", "128")
+    io = {f["id"]: f for f in verdict["findings"]}["input.io"]
+    assert "pack the small files into large shards" in io["fixes"][0]["title"]
+    assert io["evidence"]["mean_read_kib"] < 64 and io["evidence"]["reads_per_s"] > 200
+
+
 def test_a_bursty_loader_gets_a_deeper_queue(tmp_path: Path) -> None:
     """One batch in 11 sleeps 40 ms in a worker; two workers keep up on average: prefetch_factor
     sized from the waits, with an apply, never more workers."""

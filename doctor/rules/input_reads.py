@@ -1,0 +1,47 @@
+"""The io fixes in the order the job's reads call for (doctor.analyse.reads): reads of a few
+KiB each, many a second, are many small files (or small reads of a large one): pack them into
+shards first, with the numbers; reads that wait on storage: keep the data close first, with the
+speed storage gave; reads the page cache served: the time is the calls themselves, so fewer,
+larger reads first. Without the counters, the fixes stay in their plain order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from doctor.analyse.reads import KIB, ReadPattern
+from doctor.verdict import Fix
+
+SMALL_READ = 64 * KIB  # a mean read this small...
+MANY_READS = 200.0  # ...this many times a second: small files
+FROM_STORAGE = 0.5  # this share of the bytes read from storage: the reads wait on it
+
+CLOSE, MORE, SHARDS = 0, 1, 2  # the plain order: keep the data close, more workers, shards
+
+
+def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, Fix, Fix]) -> tuple[Fix, ...]:
+    """``plain`` (keep the data close, more concurrency, shards) ordered and worded by what the
+    reads were."""
+    if reads is None:
+        return plain
+    close, more, shards = plain[CLOSE], plain[MORE], plain[SHARDS]
+    kib = reads.mean_read_bytes / KIB
+    cached = f"{1 - reads.storage_share:.0%} of it from the page cache"
+    if reads.mean_read_bytes <= SMALL_READ and reads.reads_per_s >= MANY_READS:
+        shards = replace(shards, title=f"Reads average {kib:.1f} KiB, {reads.reads_per_s:,.0f} "
+                                       "a second: pack the small files into large shards",
+                         why="Each small file costs an open, a stat and a read call, and on "
+                             f"network or cloud storage a round trip each ({cached}). Large "
+                             "shards read sequentially (WebDataset tar files, or one "
+                             "np.memmap'ed array) turn thousands of calls into a few.")
+        return (shards, more, close)
+    if reads.storage_share >= FROM_STORAGE:
+        close = replace(close, title="Reads wait on storage "
+                                     f"({reads.storage_mb_per_s:.0f} MB/s from the device, "
+                                     f"{kib:.0f} KiB a read): keep the data close, on local "
+                                     "disk or in memory")
+        return (close, more, shards)
+    shards = replace(shards, title=f"Reads come from the page cache ({cached}, {kib:.0f} KiB "
+                                   "a read): the time is the reads' own calls; read fewer, "
+                                   "larger pieces")
+    return (shards, more, close)
