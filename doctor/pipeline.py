@@ -43,6 +43,7 @@ from doctor.analyse.steps import choice_notes
 from doctor.analyse.tables import memory_tables, report_tables
 from doctor.analyse.thread_time import sampler_note
 from doctor.analyse.verified import attach_verified
+from doctor.analyse.whole_run import whole_run, whole_run_notes
 from doctor.analyse.window_drift import drift_notes
 from doctor.rules import RuleOutcome, default_rules, run_rules
 from doctor.rules.sound import job_settings, sound_findings
@@ -69,11 +70,13 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     findings = _findings(run, stages, outcome, summary, stalls, slow,
                          compiled=evidence.compiles is not None)
     partial, notes = facts.exit_notes(run)
+    whole = whole_run(run, stages.ledger)
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, stages.ranks, stages.window_problems),
         job=facts.job_dict(run, stages.job), partial=partial,
-        notes=notes + _notes(run, stages, outcome, summary, stalls, run_s),
+        notes=notes + _notes(run, stages, outcome, summary, stalls, run_s)
+        + whole_run_notes(whole, stages.ledger),
         bottleneck_share=summary.bottleneck_share, rules_skipped=outcome.skipped,
     )
     s = stages
@@ -83,7 +86,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                                       comms=s.comms, models=s.models,
                                       # a run recorded with the GC probe (not an older one)
                                       slow_steps=slow if slow.steps and gc else None, gc=gc,
-                                      phases=phases))
+                                      phases=phases, whole_run=whole))
 
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,

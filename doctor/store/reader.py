@@ -66,7 +66,7 @@ from .readback import (
 from .records import RING_PROBES
 from .ringbuffer import ring_stop_reason
 
-RING_NAMES = ("steps", *INTERVAL_RINGS, "events")
+RING_NAMES = ("steps", *INTERVAL_RINGS, "events", "run_steps")
 ERROR_LIMIT = 1 << 20  # bytes read of a bootstrap error (its first line is reported)
 RING_LIMIT = 1 << 30  # bytes of a ring file read (doctor's are a few MB)
 
@@ -85,6 +85,7 @@ def _load_node(run_dir: Path) -> RunData:
     marks: list[pd.DataFrame] = []
     intervals: list[pd.DataFrame] = []
     events: list[pd.DataFrame] = []
+    run_steps: list[pd.DataFrame] = []
     stacks: list[dict[str, Any]] = []
     spans: list[dict[str, Any]] = []
     windows: list[pd.DataFrame] = []
@@ -114,6 +115,7 @@ def _load_node(run_dir: Path) -> RunData:
         for name in INTERVAL_RINGS:
             intervals.append(_ring(proc_dir, name, who, problems).assign(name=name))
         events.append(process_events := _ring(proc_dir, "events", who, problems))
+        run_steps.append(_ring(proc_dir, "run_steps", who, problems))
         statuses = _with_stopped_rings(statuses, proc_dir, who, problems)
         taken = read_stacks_meta(proc_dir)
         samples = read_stacks(proc_dir, taken) if taken is not None else None
@@ -167,6 +169,7 @@ def _load_node(run_dir: Path) -> RunData:
         "collectives": _concat(collectives), "ddp": ddp, "optimizers": optimizers,
         "window_events": _concat(window_events),
         "others": read_others(run_dir, problems).assign(node=0),
+        "run_steps": _concat(run_steps),
     }
     frames = empty_frames()
     for name, rows in parts.items():

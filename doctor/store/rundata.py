@@ -66,6 +66,7 @@ MARK_COLUMNS = columns(f"{WHO} t_ns kind key:int64")
 INTERVAL_COLUMNS = columns(f"{WHO} name:object t0_ns t1_ns key:int64")
 EVENT_COLUMNS = columns(f"{WHO} t_ns event value:int64")
 STACK_COLUMNS = columns(f"{WHO} stack:object count:int64")
+RUN_STEPS_COLUMNS = columns(f"{WHO} t0_ns t1_ns steps kind min_ns max_ns max_t_ns:int64")
 STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns end_ns taken:int64 "
                              "busy_threads threads:float64")
 WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object events:int64")
@@ -171,6 +172,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
     "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
+    "run_steps": RUN_STEPS_COLUMNS,
 }
 
 
@@ -241,7 +243,8 @@ class RunData:
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
     - ``window_events``: the profiler window's events on the process's clock, capped
       (doctor.trace.window_events), and ``window_status.events`` how many the trace had;
-    - ``others``: processes outside the job that took cores, per scan (doctor.probes.others).
+    - ``others``: processes outside the job that took cores, per scan (doctor.probes.others);
+    - ``run_steps``: every counted step of each process, in buckets (doctor.record.run_steps).
     """
 
     record: RunRecord
@@ -267,6 +270,7 @@ class RunData:
     ddp: pd.DataFrame
     window_events: pd.DataFrame
     others: pd.DataFrame
+    run_steps: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(
