@@ -24,7 +24,7 @@ NS = 1e-9
 #: The ledger holds the whole run when it has at least this share of the counted steps.
 WHOLE = 0.98
 #: The rings of rare intervals, which hold a whole long run, that name a stall's cause.
-TIMED = {"checkpoint": "checkpoint", "gc": "garbage collection"}
+TIMED = {"checkpoint": "checkpoint", "gc": "garbage collection", "evaluation": "evaluation"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class LostStall:
     seconds: float
     end_s: float  # when it ended (s from the run's start)
     median_s: float
-    during: str = ""  # what took most of it ("checkpoint", "garbage collection"), or ""
+    during: str = ""  # what took most of it ("checkpoint", "evaluation", ...), or ""
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ def whole_run(run: RunData, ledger: pd.DataFrame) -> WholeRun | None:
                               rows["steps"].to_numpy(np.int64),
                               rows["min_ns"].to_numpy(np.float64) * NS,
                               rows["max_ns"].to_numpy(np.float64) * NS, secs("max_t_ns"))
-        timed[rank] = {}
-        for name in TIMED:
+        timed[rank] = {"evaluation": _other_passes(run, steps.process, origin)}
+        for name in ("checkpoint", "gc"):
             t0, t1, _key = run.intervals_of(steps.process, name)
             timed[rank][name] = ((t0 - origin) * NS, (t1 - origin) * NS)
     if not ranks:
@@ -118,6 +118,29 @@ def whole_run(run: RunData, ledger: pd.DataFrame) -> WholeRun | None:
     ranks_held, counts = np.unique(held, return_counts=True)
     return WholeRun(ranks, {int(k): int(v) for k, v in zip(ranks_held, counts, strict=True)},
                     timed)
+
+
+def _other_passes(run: RunData, process: tuple[int, int, int], origin: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The passes over each DataLoader but the training one (the one whose passes took the
+    most time): from an iterator made (``loader_iter``) to that loader's exhaustion
+    (``loader_end``), in seconds from the run's start: evaluation, most often."""
+    made, _t1, made_key = run.intervals_of(process, "loader_iter")
+    _t0, ended, ended_key = run.intervals_of(process, "loader_end")
+    passes: dict[int, tuple[list[int], list[int]]] = {}
+    for key in np.unique(made_key):
+        ends = np.sort(ended[ended_key == key])
+        starts = made[made_key == key]
+        at = np.searchsorted(ends, starts)
+        ok = at < len(ends)
+        passes[int(key)] = (list(starts[ok]), list(ends[at[ok]]))
+    if len(passes) < 2:
+        return np.zeros(0), np.zeros(0)
+    train = max(passes, key=lambda k: sum(e - s for s, e in zip(*passes[k], strict=True)))
+    firsts = [s for k, (ss, _) in passes.items() if k != train for s in ss]
+    lasts = [e for k, (_, es) in passes.items() if k != train for e in es]
+    return ((np.asarray(firsts, np.float64) - origin) * NS,
+            (np.asarray(lasts, np.float64) - origin) * NS)
 
 
 def _during(whole: WholeRun, rank: int, t0: float, t1: float) -> str:
@@ -167,12 +190,12 @@ def whole_run_notes(whole: WholeRun | None, ledger: pd.DataFrame) -> list[str]:
     for s in stalls[:3]:
         notes.append(f"A long stall before the steps analysed: rank {s.rank}, about step "
                      f"{s.step:,}, {s.seconds:.1f} s ({s.seconds / s.median_s:.0f}x the median "
-                     f"step), {s.end_s / 3600:.2f} h into the run, with no checkpoint or "
-                     "garbage collection over it.")
+                     f"step), {s.end_s / 3600:.2f} h into the run, with no checkpoint, "
+                     "evaluation or garbage collection over it.")
     if len(stalls) > 3:
         notes.append(f"{len(stalls) - 3} more long stalls before the steps analysed.")
     for what in sorted({s.during for s in named}):
         these = [s for s in named if s.during == what]
-        notes.append(f"Before the steps analysed, {len(these)} long step(s) of a {what} "
+        notes.append(f"Before the steps analysed, {len(these)} long step(s) of {what} "
                      f"(the longest {max(s.seconds for s in these):.1f} s).")
     return notes

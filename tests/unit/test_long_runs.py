@@ -88,7 +88,7 @@ def test_a_stall_the_rings_lost_is_still_found_and_said(tmp_path: Path, small_ri
     assert [s.during for s in stalls if s.during] == ["checkpoint"] * 3  # named, not stalls
     notes = " ".join(analysis.verdict.notes)
     assert f"ran {steps - 1:,} steps" in notes and "about step 499," in notes
-    assert "3 long step(s) of a checkpoint" in notes
+    assert "3 long step(s) of checkpoint" in notes
     svg = charts.step_time_chart(ledger, whole)
     assert svg is not None
     for gid in ("steps-range", "steps-long-stall", "steps-analysed"):
