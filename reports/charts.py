@@ -67,7 +67,7 @@ WARMUP_LABEL = "warm-up"
 WINDOW_LABEL = "deep window (profiled)"
 SAMPLING_LABEL = "stack sampling"
 SLOWEST_LABEL = "slowest step of each bucket"
-RANGE_LABEL = "shortest to longest step"
+RANGE_LABEL = "shortest to mean step"
 ANALYSED_LABEL = "steps analysed (the newest)"
 SLOW_LABEL, STALL_LABEL = "slow step", "long stall"
 _PHASE_COLORS = {LABELS[k]: c for k, c in zip(PHASES, ("#2ca02c", "#8c564b", "#17becf"),
@@ -212,10 +212,13 @@ def _whole_run_chart(frame: pd.DataFrame, whole: WholeRun, rank: int) -> str | N
     with _chart_context("steps"):
         fig = Figure(figsize=(7.2, 2.9), layout="constrained")
         ax = fig.add_subplot()
-        band = ax.fill_between(env.step, env.low * scale, env.high * scale, color="#4e79a7",
+        band = ax.fill_between(env.step, env.low * scale, env.mid * scale, color="#4e79a7",
                                alpha=0.25, linewidth=0, label=RANGE_LABEL)
         band.set_gid("steps-range")
         ax.plot(env.step, env.mid * scale, linewidth=1.0, color="#4e79a7", label="mean step")
+        [line] = ax.plot(env.step, env.high * scale, linewidth=0.6, color="#333333",
+                         label=SLOWEST_LABEL)
+        line.set_gid("steps-slowest")
         span = ax.axvspan(offset + 0.5, float(env.step[-1]) + 1, facecolor="#888888",
                           alpha=0.08, linewidth=0, label=ANALYSED_LABEL)
         span.set_gid("steps-analysed")
@@ -228,7 +231,7 @@ def _whole_run_chart(frame: pd.DataFrame, whole: WholeRun, rank: int) -> str | N
                     ha="right", fontsize=7.5, color="#555555")
         else:
             ax.set_ylim(bottom=0)
-        ax.set_xlabel(f"step (the whole run: {int(env.step[-1]):,}+ steps)")
+        ax.set_xlabel(f"step (the whole run: {whole.ranks[rank].total:,} steps)")
         ax.set_ylabel(f"step time ({unit})")
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_thousands))
         _tidy(ax, "y")
@@ -251,7 +254,7 @@ def _mark_phases_and_spikes(ax: Axes, rows: pd.DataFrame, whole: WholeRun | None
     """Ticks along the bottom for each phase's steps, and triangles along the top for the slow
     steps and long stalls (above whatever the y limits clip), each an SVG group of its own
     (``steps-phase-evaluation``, ``steps-slow-step``, ``steps-long-stall``, ...)."""
-    phases = phase_marks(rows, offset).at
+    phases = phase_marks(rows, whole, rank, offset).at
     for label, at in phases.items():
         [ticks] = ax.plot(at, np.full(len(at), 0.02), linestyle="none", marker="|",
                           markersize=9, markeredgewidth=1.2, color=_PHASE_COLORS.get(label,

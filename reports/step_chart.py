@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from doctor.analyse.causes import SPIKE
-from doctor.analyse.phases import LABELS, PHASES, TRAIN
+from doctor.analyse.phases import CHECKPOINT, EVALUATION, LABELS, PHASES, TRAIN
 from doctor.analyse.whole_run import WholeRun, lost_stalls
 
 #: Buckets of a chart (about one per two pixel columns of the report's chart).
@@ -87,27 +87,42 @@ class Marks:
     at: dict[str, np.ndarray]
 
 
-def phase_marks(rows: pd.DataFrame, offset: int = 0, width: int = WIDTH) -> Marks:
-    """The steps of each phase in one rank's ledger rows (one mark per bucket)."""
+def phase_marks(rows: pd.DataFrame, whole: WholeRun | None = None, rank: int = 0,
+                offset: int = 0, width: int = WIDTH) -> Marks:
+    """The steps of each phase in one rank's ledger rows, and where the ledger holds only the
+    newest steps (``whole``), the evaluation passes and checkpoints before them (from the rings
+    that hold the whole run); one mark per bucket."""
     found: dict[str, np.ndarray] = {}
-    if "phase" not in rows or rows.empty:
-        return Marks(found)
-    phase = rows["phase"].fillna(TRAIN).to_numpy()
-    step = rows["step"].to_numpy(np.float64) + offset
-    for kind in PHASES:
-        at = step[phase == kind]
-        if len(at):
-            found[LABELS[kind]] = _one_per_bucket(at, step, width)
-    return Marks(found)
+    whole_span = whole is not None and whole.partial() and rank in whole.ranks
+    if whole is not None and whole_span:
+        total = whole.ranks[rank].total
+        for kind, name in ((EVALUATION, "evaluation"), (CHECKPOINT, "checkpoint")):
+            at = whole.timed_steps(rank, name)
+            at = at[at <= offset]  # the ledger's own steps say their phase below
+            if len(at):
+                found[LABELS[kind]] = at
+    if "phase" in rows and not rows.empty:
+        phase = rows["phase"].fillna(TRAIN).to_numpy()
+        step = rows["step"].to_numpy(np.float64) + offset
+        for kind in PHASES:
+            at = step[phase == kind]
+            if len(at):
+                found[LABELS[kind]] = np.concatenate([found.get(LABELS[kind], np.zeros(0)), at])
+    span = np.array([1.0, float(total)]) if whole_span else (
+        rows["step"].to_numpy(np.float64) + offset if len(rows) else np.zeros(1))
+    return Marks({k: _one_per_bucket(np.sort(v), span, width) for k, v in found.items()})
 
 
 def spike_marks(rows: pd.DataFrame, whole: WholeRun | None, rank: int, offset: int = 0,
                 width: int = WIDTH) -> Marks:
-    """The slow steps of one rank (SPIKE times its median after warm-up, or more), and the
-    long stalls among the steps its ledger lost (from the step buckets)."""
+    """The slow steps of one rank (SPIKE times its median after warm-up, or more, outside the
+    phases, which phase_marks marks), and the long stalls among the steps its ledger lost that
+    no checkpoint, evaluation or collection explains (from the step buckets)."""
     found: dict[str, np.ndarray] = {}
     if len(rows):
         steady = rows[~rows["warmup"].fillna(False).astype(bool)] if "warmup" in rows else rows
+        if "phase" in steady:
+            steady = steady[steady["phase"].fillna(TRAIN).to_numpy() == TRAIN]
         wall = steady["wall_s"].to_numpy(np.float64)
         if len(wall):
             median = float(np.median(wall))
@@ -116,7 +131,7 @@ def spike_marks(rows: pd.DataFrame, whole: WholeRun | None, rank: int, offset: i
                 found["slow step"] = _one_per_bucket(at, rows["step"].to_numpy(np.float64)
                                                      + offset, width)
     if whole is not None:
-        lost = [s.step for s in lost_stalls(whole, rows) if s.rank == rank]
+        lost = [s.step for s in lost_stalls(whole, rows) if s.rank == rank and not s.during]
         if lost:
             found["long stall"] = np.asarray(sorted(lost), dtype=np.float64)
     return Marks(found)

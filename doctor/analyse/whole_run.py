@@ -82,6 +82,12 @@ class WholeRun:
         r = self.ranks.get(rank)
         return max(0, r.total - self.ledger_steps.get(rank, 0)) if r is not None else 0
 
+    def timed_steps(self, rank: int, name: str) -> np.ndarray:
+        """The step numbers where each of ``rank``'s ``name`` intervals (TIMED) began."""
+        r = self.ranks.get(rank)
+        starts = self.timed.get(rank, {}).get(name, (np.zeros(0), np.zeros(0)))[0]
+        return np.round(r.step_at(starts)) if r is not None and len(starts) else np.zeros(0)
+
     def partial(self) -> bool:
         """Whether some rank's ledger lacks a part of its steps."""
         return any(self.ledger_steps.get(k, 0) < WHOLE * r.total for k, r in self.ranks.items())
