@@ -6,6 +6,8 @@ of ``doctor report`` (load, analysis, timeline, HTML), and the size of what it w
     python bench/long_run.py                      # 24 h at 20 steps/s: 1.73 M steps (minutes)
     python bench/long_run.py --hours 2 --rate 20  # a quicker look
     python bench/long_run.py --keep runs/long     # keep the run directory
+    python bench/long_run.py --hours 14 --capacity 2000000 --profile
+                                                  # a ledger of 1 M steps, profiled
 
 The job: a training loop (batch wait, forward, backward, optimizer step) with an evaluation pass
 every ``--eval-every`` steps over its own loader, a checkpoint every ``--ckpt-every`` steps, a
@@ -153,7 +155,7 @@ def report(run_dir: Path, profile: bool) -> dict[str, object]:
 
         prof = cProfile.Profile()
         analysis = prof.runcall(analyse, run)
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     else:
         analysis = analyse(run)
     figures["analyse_s"] = round(time.perf_counter() - t, 2)
@@ -187,12 +189,19 @@ def main() -> None:
     parser.add_argument("--epoch-steps", type=int, default=50_000)
     parser.add_argument("--gc-every", type=int, default=5_000)
     parser.add_argument("--stalls", type=int, default=3)
+    parser.add_argument("--capacity", type=int,
+                        help="records per ring (default doctor's own): a ring that holds every "
+                             "step times the analysis of a ledger of a million steps")
     parser.add_argument("--keep", type=Path, help="write the run here and keep it")
     parser.add_argument("--profile", action="store_true", help="cProfile the analysis")
     args = parser.parse_args()
     run_dir = args.keep or Path(tempfile.mkdtemp(prefix="doctor-long-")) / "run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
+    if args.capacity:
+        import doctor.record.session
+
+        doctor.record.session.RING_CAPACITY = args.capacity
     t = time.perf_counter()
     steps = synthesise(run_dir, args.hours, args.rate, args)
     figures: dict[str, object] = {"hours": args.hours, "steps": steps,

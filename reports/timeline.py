@@ -49,12 +49,13 @@ def _process_events(proc: ProcessTrack) -> Iterator[dict[str, Any]]:
         yield {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": thread.tid,
                "args": {"sort_index": order}}
         for part in thread.slices:
+            coloured = part.category != "step"  # "step N": no colour's name (a million of them)
             for i, (name, ts, dur) in enumerate(zip(part.names, part.start_us.tolist(),
                                                     part.dur_us.tolist(), strict=True)):
                 event: dict[str, Any] = {"ph": "X", "cat": part.category, "name": name,
                                          "pid": pid, "tid": thread.tid, "ts": round(ts, 3),
                                          "dur": round(max(dur, 0.0), 3)}
-                color = _color(name)
+                color = _color(name) if coloured else None
                 if color:
                     event["cname"] = color
                 if part.args is not None:
