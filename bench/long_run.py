@@ -134,6 +134,21 @@ def disk(run_dir: Path) -> dict[str, int]:
     return dict(sorted(sizes.items(), key=lambda kv: -kv[1]))
 
 
+class Stage:
+    """Wall and CPU seconds of a stage (the CPU figure is steadier on a shared machine)."""
+
+    def __init__(self, figures: dict[str, object], name: str) -> None:
+        self.figures, self.name = figures, name
+
+    def __enter__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.figures[f"{self.name}_s"] = round(time.perf_counter() - self.wall, 2)
+        self.figures[f"{self.name}_cpu_s"] = round(time.process_time() - self.cpu, 2)
+        self.figures[f"{self.name}_peak_mb"] = round(peak_mb())
+
+
 def report(run_dir: Path, profile: bool) -> dict[str, object]:
     """Time each stage of doctor report on ``run_dir``, as finalize_run runs them."""
     from doctor.analyse.timeline import run_timeline
@@ -144,36 +159,28 @@ def report(run_dir: Path, profile: bool) -> dict[str, object]:
     from doctor.store.reader import load_run
 
     figures: dict[str, object] = {}
-    t = time.perf_counter()
-    run = load_run(run_dir)
-    figures["load_s"] = round(time.perf_counter() - t, 2)
-    figures["load_peak_mb"] = round(peak_mb())
-    t = time.perf_counter()
-    if profile:
-        import cProfile
-        import pstats
+    with Stage(figures, "load"):
+        run = load_run(run_dir)
+    with Stage(figures, "analyse"):
+        if profile:
+            import cProfile
+            import pstats
 
-        prof = cProfile.Profile()
-        analysis = prof.runcall(analyse, run)
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
-    else:
-        analysis = analyse(run)
-    figures["analyse_s"] = round(time.perf_counter() - t, 2)
-    figures["analyse_peak_mb"] = round(peak_mb())
+            prof = cProfile.Profile()
+            analysis = prof.runcall(analyse, run)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        else:
+            analysis = analyse(run)
     ledger = analysis.ledger
     figures["ledger_steps"] = len(ledger)
     figures["verdict_steps"] = analysis.verdict.steps
-    t = time.perf_counter()
-    timeline = write_timeline(run_timeline(run, ledger), analysis.source,
-                              run_dir / "timeline.json.gz")
-    figures["timeline_s"] = round(time.perf_counter() - t, 2)
-    figures["timeline_peak_mb"] = round(peak_mb())
-    t = time.perf_counter()
-    html = render_html(analysis, timeline=timeline.name)
-    (run_dir / "report.html").write_text(html)
-    (run_dir / "verdict.json").write_text(render_json(analysis))
-    figures["html_s"] = round(time.perf_counter() - t, 2)
-    figures["html_peak_mb"] = round(peak_mb())
+    with Stage(figures, "timeline"):
+        timeline = write_timeline(run_timeline(run, ledger), analysis.source,
+                                  run_dir / "timeline.json.gz")
+    with Stage(figures, "html"):
+        html = render_html(analysis, timeline=timeline.name)
+        (run_dir / "report.html").write_text(html)
+        (run_dir / "verdict.json").write_text(render_json(analysis))
     figures["findings"] = [f.id for f in analysis.verdict.findings]
     return figures
 
@@ -194,7 +201,12 @@ def main() -> None:
                              "step times the analysis of a ledger of a million steps")
     parser.add_argument("--keep", type=Path, help="write the run here and keep it")
     parser.add_argument("--profile", action="store_true", help="cProfile the analysis")
+    parser.add_argument("--report-only", type=Path, metavar="RUN_DIR",
+                        help="only time doctor report on a run directory written before")
     args = parser.parse_args()
+    if args.report_only:
+        print(json.dumps(report(args.report_only, args.profile), indent=1))
+        return
     run_dir = args.keep or Path(tempfile.mkdtemp(prefix="doctor-long-")) / "run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
