@@ -121,6 +121,36 @@ def synthesise_host(run_dir: Path, seconds: float, t0: float) -> None:
     save_host(run_dir, tables.procs, tables.system)
 
 
+def parent_growth(ticks: int) -> dict[str, object]:
+    """The host sampler of doctor run's parent over ``ticks`` ticks of this process (a fake
+    clock 0.5 s a tick, the real /proc reads): the Python memory it holds after each quarter,
+    and what its tables would hold at their bound."""
+    import os
+    import tracemalloc
+
+    from doctor.probes import host
+
+    now = [0.0]
+    sampler = host.HostSampler(os.getpid(), clock=lambda: now[0])
+    tracemalloc.start()
+    held = []
+    for k in range(ticks):
+        now[0] = k * 0.5
+        sampler.sample()
+        if (k + 1) % max(1, ticks // 4) == 0:
+            held.append(tracemalloc.get_traced_memory()[0])
+    tracemalloc.stop()
+    from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS
+
+    per_tick = (held[-1] - held[0]) / max(1, ticks - ticks // 4) if len(held) > 1 else 0.0
+    return {"parent_ticks": ticks, "parent_rows": len(sampler.tables.procs["t_s"]),
+            "parent_held_kb_by_quarter": [round(h / 1024) for h in held],
+            "parent_bytes_per_tick": round(per_tick),
+            "parent_tables_bound_mb": round(host.MAX_ROWS * 8 * (len(PROC_COLUMNS)
+                                                                 + len(SYSTEM_COLUMNS)) / 2**20,
+                                            1)}
+
+
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -200,6 +230,8 @@ def main() -> None:
                         help="records per ring (default doctor's own): a ring that holds every "
                              "step times the analysis of a ledger of a million steps")
     parser.add_argument("--keep", type=Path, help="write the run here and keep it")
+    parser.add_argument("--parent-ticks", type=int, default=0,
+                        help="also run the parent's host sampler this many ticks (this process)")
     parser.add_argument("--profile", action="store_true", help="cProfile the analysis")
     parser.add_argument("--report-only", type=Path, metavar="RUN_DIR",
                         help="only time doctor report on a run directory written before")
@@ -224,6 +256,8 @@ def main() -> None:
     written = disk(run_dir)
     figures["written_bytes"] = {k: written[k] for k in ("timeline.json.gz", "report.html",
                                                         "verdict.json") if k in written}
+    if args.parent_ticks:
+        figures.update(parent_growth(args.parent_ticks))
     print(json.dumps(figures, indent=1))
     if args.keep is None:
         shutil.rmtree(run_dir.parent)

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from doctor.analyse.stalls import MIN_STALL_S, STALL_FACTOR
+from doctor.analyse.stalls import MAJOR_SHARE, MAX_FINDINGS, MIN_STALL_S, STALL_FACTOR
 from doctor.analyse.steps import training_processes
 from doctor.store.rundata import RunData
+from doctor.verdict import Finding
 
 NS = 1e-9
 #: The ledger holds the whole run when it has at least this share of the counted steps.
 WHOLE = 0.98
+#: Where a stall among the steps the ledger lost fell (a Stall's ``where``).
+LOST = "the steps before those the rings kept"
 #: The rings of rare intervals, which hold a whole long run, that name a stall's cause.
 TIMED = {"checkpoint": "checkpoint", "gc": "garbage collection", "evaluation": "evaluation"}
 
@@ -177,6 +180,31 @@ def lost_stalls(whole: WholeRun, ledger: pd.DataFrame) -> list[LostStall]:
     return sorted(found, key=lambda s: -s.seconds)
 
 
+def lost_stall_findings(whole: WholeRun | None, ledger: pd.DataFrame,
+                        run_s: float | None) -> list[Finding]:
+    """A ``steps.stall`` finding for each of the longest long stalls among the steps the
+    ledger lost that nothing explains (a checkpoint, an evaluation, a collection): it is never
+    hidden by the rings' keeping the newest steps. Steps are numbered over the whole run."""
+    if whole is None or not whole.partial():
+        return []
+    out = []
+    for s in [s for s in lost_stalls(whole, ledger) if not s.during][:MAX_FINDINGS]:
+        whole_s = run_s if run_s and run_s > 0 else float(whole.ranks[s.rank].end_s[-1])
+        share = min(1.0, s.seconds / whole_s) if whole_s > 0 else 0.0
+        times = s.seconds / s.median_s if s.median_s > 0 else float("inf")
+        out.append(Finding(
+            id="steps.stall", category="other",
+            severity="warning" if share >= MAJOR_SHARE else "info",
+            title=f"About step {s.step:,} of the run (rank {s.rank}), {s.end_s / 3600:.1f} h "
+                  f"in, a step took {s.seconds:.1f} s, {times:.0f}x the mean step "
+                  f"({s.median_s * 1e3:.0f} ms): {share:.2%} of the run",
+            evidence={"rank": s.rank, "step": s.step, "seconds": round(s.seconds, 3),
+                      "median_s": round(s.median_s, 4), "times_median": round(times, 1),
+                      "share_of_run": round(share, 4), "ended_h": round(s.end_s / 3600, 3),
+                      "where": LOST, "ranks": [s.rank]}))
+    return out
+
+
 def whole_run_notes(whole: WholeRun | None, ledger: pd.DataFrame) -> list[str]:
     """What the ledger holds of a long run, and the long stalls among the steps it lost."""
     if whole is None or not whole.partial():
@@ -192,14 +220,10 @@ def whole_run_notes(whole: WholeRun | None, ledger: pd.DataFrame) -> list[str]:
                 "of them.")
     stalls = lost_stalls(whole, ledger)
     named = [s for s in stalls if s.during]
-    stalls = [s for s in stalls if not s.during]
-    for s in stalls[:3]:
-        notes.append(f"A long stall before the steps analysed: rank {s.rank}, about step "
-                     f"{s.step:,}, {s.seconds:.1f} s ({s.seconds / s.median_s:.0f}x the median "
-                     f"step), {s.end_s / 3600:.2f} h into the run, with no checkpoint, "
-                     "evaluation or garbage collection over it.")
-    if len(stalls) > 3:
-        notes.append(f"{len(stalls) - 3} more long stalls before the steps analysed.")
+    unexplained = len(stalls) - len(named)
+    if unexplained > MAX_FINDINGS:
+        notes.append(f"{unexplained - MAX_FINDINGS} more long stalls before the steps analysed "
+                     "than the findings name.")
     for what in sorted({s.during for s in named}):
         these = [s for s in named if s.during == what]
         notes.append(f"Before the steps analysed, {len(these)} long step(s) of {what} "

@@ -87,8 +87,11 @@ def test_a_stall_the_rings_lost_is_still_found_and_said(tmp_path: Path, small_ri
     assert stall.step == 499 and stall.seconds == pytest.approx(30.05, abs=0.01)  # 499: from 1
     assert [s.during for s in stalls if s.during] == ["checkpoint"] * 3  # named, not stalls
     notes = " ".join(analysis.verdict.notes)
-    assert f"ran {steps - 1:,} steps" in notes and "about step 499," in notes
-    assert "3 long step(s) of checkpoint" in notes
+    assert f"ran {steps - 1:,} steps" in notes
+    assert "3 long step(s) of checkpoint" in notes  # named, and no finding of their own
+    [finding] = [f for f in analysis.verdict.findings if f.id == "steps.stall"]
+    assert finding.evidence["step"] == 499 and finding.evidence["seconds"] == pytest.approx(30.05)
+    assert "About step 499 of the run" in finding.title
     svg = charts.step_time_chart(ledger, whole)
     assert svg is not None
     for gid in ("steps-range", "steps-long-stall", "steps-analysed"):
