@@ -30,10 +30,10 @@ from doctor.analyse.phases import LABELS, PHASES
 from doctor.analyse.whole_run import WholeRun
 from doctor.reports.step_chart import (
     WIDTH,
-    Envelope,
-    envelope,
+    ledger_envelope,
     phase_marks,
     spike_marks,
+    thousands,
     whole_envelope,
 )
 
@@ -168,7 +168,7 @@ def step_time_chart(ledger: pd.DataFrame, whole: WholeRun | None = None) -> str 
         fig = Figure(figsize=(7.2, 2.9), layout="constrained")
         ax = fig.add_subplot()
         if stacked:
-            env = _envelope(frame, cats)
+            env = ledger_envelope(frame, cats)
             ax.stackplot(env.step, *[env.means[c] * scale for c in cats], labels=cats,
                          colors=[color_of(c) for c in cats], linewidth=0)
             if env.folded:
@@ -178,7 +178,7 @@ def step_time_chart(ledger: pd.DataFrame, whole: WholeRun | None = None) -> str 
         else:
             for i, rank in enumerate(ranks):
                 rows = frame[frame["rank"] == rank] if "rank" in frame else frame
-                env = _envelope(rows, [])
+                env = ledger_envelope(rows, [])
                 label = f"rank {int(rank)}" if len(ranks) <= MAX_LEGEND_RANKS else None
                 if len(ranks) == 1:
                     label = "wall time"
@@ -233,20 +233,9 @@ def _whole_run_chart(frame: pd.DataFrame, whole: WholeRun, rank: int) -> str | N
             ax.set_ylim(bottom=0)
         ax.set_xlabel(f"step (the whole run: {whole.ranks[rank].total:,} steps)")
         ax.set_ylabel(f"step time ({unit})")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_thousands))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(thousands))
         _tidy(ax, "y")
         return _to_svg(fig, "steps")
-
-
-def _thousands(x: float, _pos: object) -> str:
-    return f"{x / 1e6:g}M" if abs(x) >= 1e6 else f"{x / 1e3:g}k" if abs(x) >= 1e4 else f"{x:g}"
-
-
-def _envelope(rows: pd.DataFrame, cats: list[str]) -> Envelope:
-    """The rows' steps in buckets (reports.step_chart.envelope); warm-up steps stay apart."""
-    cols = {c: rows[c].fillna(0.0).to_numpy(np.float64) for c in cats}
-    return envelope(rows["step"].to_numpy(np.float64), rows["wall_s"].to_numpy(np.float64),
-                    cols)
 
 
 def _mark_phases_and_spikes(ax: Axes, rows: pd.DataFrame, whole: WholeRun | None, rank: int,

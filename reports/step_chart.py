@@ -63,6 +63,18 @@ def envelope(steps: np.ndarray, wall: np.ndarray, columns: dict[str, np.ndarray]
                     np.maximum.reduceat(wall, starts), means, True)
 
 
+def ledger_envelope(rows: pd.DataFrame, cats: list[str], width: int = WIDTH) -> Envelope:
+    """One rank's ledger rows in buckets (``envelope``), with the mean of each of ``cats``."""
+    cols = {c: rows[c].fillna(0.0).to_numpy(np.float64) for c in cats}
+    return envelope(rows["step"].to_numpy(np.float64), rows["wall_s"].to_numpy(np.float64),
+                    cols, width)
+
+
+def thousands(x: float, _pos: object = None) -> str:
+    """A step number on a long axis: 250k, 1.5M."""
+    return f"{x / 1e6:g}M" if abs(x) >= 1e6 else f"{x / 1e3:g}k" if abs(x) >= 1e4 else f"{x:g}"
+
+
 def whole_envelope(whole: WholeRun, rank: int, width: int = WIDTH) -> Envelope | None:
     """Rank ``rank``'s whole run from its step buckets: at most ``width`` chart buckets, each
     with the shortest and longest of its steps and their mean."""
@@ -147,5 +159,5 @@ def _one_per_bucket(at: np.ndarray, all_steps: np.ndarray, width: int) -> np.nda
     return at[np.sort(first)]
 
 
-__all__ = ["WIDTH", "Envelope", "Marks", "envelope", "phase_marks", "spike_marks",
-           "whole_envelope"]
+__all__ = ["WIDTH", "Envelope", "Marks", "envelope", "ledger_envelope", "phase_marks",
+           "spike_marks", "thousands", "whole_envelope"]
