@@ -34,6 +34,7 @@ from doctor.analyse.phase_steps import phase_summaries
 from doctor.analyse.phases import PHASES
 from doctor.analyse.stages import Stages, run_stages
 from doctor.analyse.stalls import (
+    MAX_FINDINGS,
     Stall,
     export_seconds,
     find_stalls,
@@ -45,6 +46,7 @@ from doctor.analyse.steps import choice_notes
 from doctor.analyse.tables import memory_tables, report_tables
 from doctor.analyse.thread_time import sampler_note
 from doctor.analyse.verified import attach_verified
+from doctor.analyse.whole_run import lost_stall_findings, whole_run, whole_run_notes
 from doctor.analyse.window_drift import drift_notes
 from doctor.rules import RuleOutcome, default_rules, run_rules
 from doctor.rules.frameworks import in_framework_words, job_framework
@@ -59,6 +61,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     """The verdict of ``run``; ``steps`` (first, last), 1-based, inclusive, either open, analyses
     only the steps in that range (the ledger keeps the others) and the samples of their span."""
     stages = run_stages(run, steps)
+    whole = whole_run(run, stages.ledger)
     run_s = run.record.duration_s if len(run.record.nodes) <= 1 else None
     slow, gc = run_slow_steps(run, stages, run_s), run_gc(run, stages, run_s)
     phases = tuple(phase_summaries(stages.table, stages.phases, stages.loaders, run_s))
@@ -71,13 +74,15 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     stalls = [s for s in find_stalls(stages.table, export_seconds(stages.ranks), run_s)
               if slow.cause_of(s.rank, s.step) not in (*PHASES, COMPILE)]
     findings = _findings(run, stages, outcome, summary, stalls, slow,
-                         compiled=evidence.compiles is not None)
+                         compiled=evidence.compiles is not None,
+                         lost=lost_stall_findings(whole, stages.ledger, run_s))
     partial, notes = facts.exit_notes(run)
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, stages.ranks, stages.window_problems),
         job={**facts.job_dict(run, stages.job), **job_framework(stages.job)}, partial=partial,
-        notes=notes + _notes(run, stages, outcome, summary, stalls, run_s),
+        notes=notes + _notes(run, stages, outcome, summary, stalls, run_s)
+        + whole_run_notes(whole, stages.ledger),
         bottleneck_share=summary.bottleneck_share, rules_skipped=outcome.skipped,
         periods=period_summaries(stages.ledger, stages.period_starts),
     )
@@ -88,16 +93,19 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                                       comms=s.comms, models=s.models,
                                       # a run recorded with the GC probe (not an older one)
                                       slow_steps=slow if slow.steps and gc else None, gc=gc,
-                                      phases=phases))
+                                      phases=phases, whole_run=whole))
 
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
-              stalls: list[Stall], slow: SlowSteps, compiled: bool) -> list[Finding]:
+              stalls: list[Stall], slow: SlowSteps, compiled: bool,
+              lost: list[Finding]) -> list[Finding]:
     """The rules' findings (no fix that doctor estimates slower, or that sets what the job has:
     doctor.rules.sound; each in the words of the job's framework too: doctor.rules.frameworks),
     then what the analysis itself finds: no steps, a long stall (a fifth
     of the run or more leads; with its cause where one is known), the job killed (first).
-    ``compiled``: the job runs torch.compile (no fix offers to compile it)."""
+    ``compiled``: the job runs torch.compile (no fix offers to compile it); ``lost``: the long
+    stalls among the steps the rings no longer hold (doctor.analyse.whole_run), the longest
+    MAX_FINDINGS of them and the ledger's stalls kept."""
     offered = in_framework_words(
         sound_findings(outcome.findings, job_settings(stages.job, stages.loaders),
                        compiled=compiled), stages.job, stages.loaders)
@@ -106,7 +114,8 @@ def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summa
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, stages.ranks),
                                             run.record.kind == TRACE,
                                             facts.no_steps_fix(run, stages.ranks)))
-    long_steps = with_causes(stall_findings(stalls), slow)
+    long_steps = sorted([*with_causes(stall_findings(stalls), slow), *lost],
+                        key=lambda f: -float(f.evidence.get("seconds", 0.0)))[:MAX_FINDINGS]
     findings[:0] = [f for f in long_steps if f.severity == "warning"]
     findings += [f for f in long_steps if f.severity != "warning"]
     killed = failure_finding(run)

@@ -11,12 +11,12 @@ counter does not cost the others.
 from __future__ import annotations
 
 import time
-from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from doctor.probes.gpm import GpmReader
+from doctor.probes.tick_tables import TickTable
 from doctor.store.samples import GPU_COLUMNS, GPU_PROC_COLUMNS, save_gpu
 from doctor.verdict import ProbeStatus
 
@@ -41,8 +41,8 @@ class GpuSampler:
         self._nvml = nvml
         self._handles: list[Any] = []
         self._status: ProbeStatus | None = None
-        self._cols: dict[str, array] = {c: array("d") for c in GPU_COLUMNS}
-        self._procs: dict[str, array] = {c: array("d") for c in GPU_PROC_COLUMNS}
+        self._cols = TickTable(GPU_COLUMNS, MAX_ROWS)  # bounded: doctor.probes.tick_tables
+        self._procs = TickTable(GPU_PROC_COLUMNS, MAX_ROWS)
         self._gpm: list[GpmReader] = []
         self._info: list[dict[str, Any]] = []
         self._procs_at = -1e18
@@ -150,15 +150,10 @@ class GpuSampler:
                    gpm.get("gpm_sm_active_pct", float("nan")),
                    gpm.get("gpm_tensor_active_pct", float("nan")),
                    gpm.get("gpm_dram_bw_pct", float("nan")))
-            for c, v in zip(GPU_COLUMNS, row, strict=True):
-                self._cols[c].append(float(v))
+            self._cols.add(row)
         if t - self._procs_at >= PROCS_EVERY_S:
             self._procs_at = t
             self._sample_processes(t)
-        if len(self._cols["t_s"]) > MAX_ROWS:
-            self._cols = _every_other_tick(self._cols)
-        if len(self._procs["t_s"]) > MAX_ROWS:
-            self._procs = _every_other_tick(self._procs)
 
     def _sample_processes(self, t: float) -> None:
         for i, h in enumerate(self._handles):
@@ -168,8 +163,7 @@ class GpuSampler:
                 if pid is None:
                     continue
                 row = (t, i, float(pid), _num(getattr(proc, "usedGpuMemory", None)))
-                for c, v in zip(GPU_PROC_COLUMNS, row, strict=True):
-                    self._procs[c].append(float(v))
+                self._procs.add(row)
 
     def start(self) -> None:
         pass  # check() opened NVML
@@ -181,19 +175,9 @@ class GpuSampler:
         for info, gpm in zip(self._info, self._gpm, strict=True):
             info.update(gpm=gpm.supported, gpm_reason=gpm.reason)
         if self.run_dir is not None:
-            save_gpu(self.run_dir, self._cols, self._procs, self._info)
+            save_gpu(self.run_dir, self._cols.columns, self._procs.columns, self._info)
         if self._status is not None and self._status.ok:
             self._query("nvmlShutdown")
-
-
-def _every_other_tick(cols: dict[str, array]) -> dict[str, array]:
-    """Half the rows, bounded whatever the run: every row of every other tick (a tick's rows,
-    one per GPU or per process, share its time), so that no GPU loses its history."""
-    times = sorted(set(cols["t_s"]))
-    kept = set(times[::2])
-    mask = [t in kept for t in cols["t_s"]]
-    return {c: array("d", (x for x, keep in zip(v, mask, strict=True) if keep))
-            for c, v in cols.items()}
 
 
 def _attr(obj: Any, name: str) -> float:

@@ -25,11 +25,12 @@ from doctor.verdict import ProbeStatus
 
 from .exits import ExitWatcher, ProcessExit, recorded_pids
 from .others import OtherProcesses
+from .tick_tables import TickTable
 
 if TYPE_CHECKING:
     from doctor.probes import ParentContext
 
-MAX_ROWS = 200_000  # per table; past it, every other row is dropped (bounded whatever the run)
+MAX_ROWS = 200_000  # per table; past it, every other tick is dropped (doctor.probes.tick_tables)
 #: Private memory (smaps_rollup) is read for every process but the job's first (its parent:
 #: forked from nothing of the job's) at most this often, and rarer when reading it costs more
 #: than 1/PRIVATE_COST_RATIO of the time between reads (it walks the page tables: ~7-12 ms for
@@ -57,8 +58,7 @@ class HostSampler:
         self.t0 = clock() if t0 is None else t0  # sample times count from the run's start
         self._procs: dict[int, psutil.Process] = {}
         self._last_scan = -1e18
-        self._proc_cols: dict[str, array] = {c: array("d") for c in PROC_COLUMNS}
-        self._sys_cols: dict[str, array] = {c: array("d") for c in SYSTEM_COLUMNS}
+        self.tables = HostTables()
         self._last_cpu: np.ndarray | None = None
         self._cores = usable_cores()
         self._status: ProbeStatus | None = None
@@ -106,7 +106,6 @@ class HostSampler:
         if self._exits is not None and self.run_dir is not None:
             self._exits.watch(recorded_pids(self.run_dir))
         t = now - self.t0
-        cols = self._proc_cols
         private = now >= self._next_private
         private_cpu = 0.0
         for pid, proc in list(self._procs.items()):
@@ -136,18 +135,12 @@ class HostSampler:
                 private_cpu += time.thread_time() - cpu0
             comm = threads_cpu_s(pid, self._comm_threads.get(pid, []))
             on_cpu, delay = main_thread_times(pid)
-            for c, v in zip(PROC_COLUMNS, (t, pid, ppid, cpu.user + cpu.system, mem.rss, read,
-                                           threads, delay, own, comm, on_cpu, calls, chars),
-                            strict=True):
-                cols[c].append(float(v))
+            self.tables.add_proc((t, pid, ppid, cpu.user + cpu.system, mem.rss, read, threads,
+                                  delay, own, comm, on_cpu, calls, chars))
         if private:  # the CPU it took, not the wall time: on a busy machine that waits too
             self._next_private = now + max(PRIVATE_MIN_S, private_cpu * PRIVATE_COST_RATIO)
         self._sample_system(t)
         self._others.sample(t, self._procs)
-        if len(cols["t_s"]) > MAX_ROWS:
-            self._proc_cols = _halve(cols)
-        if len(self._sys_cols["t_s"]) > MAX_ROWS:
-            self._sys_cols = _halve(self._sys_cols)
 
     def _sample_system(self, t: float) -> None:
         cpu, runnable = read_proc_stat(self.proc_stat)
@@ -161,9 +154,7 @@ class HostSampler:
                 cpus = os.cpu_count() or self._cores
                 busy = (total - idle) / total * cpus
                 io = iowait / total * cpus
-                for c, v in zip(SYSTEM_COLUMNS, (t, self._cores, runnable, busy, io),
-                                strict=True):
-                    self._sys_cols[c].append(float(v))
+                self.tables.add_system((t, self._cores, runnable, busy, io))
         self._last_cpu = cpu
 
     def start(self) -> None:
@@ -188,7 +179,7 @@ class HostSampler:
         if self._exits is not None:
             self._exits.stop()
         if self.run_dir is not None:
-            save_host(self.run_dir, self._proc_cols, self._sys_cols)
+            save_host(self.run_dir, self.tables.procs, self.tables.system)
             save_others(self.run_dir, self._others.rows)
 
 
@@ -255,6 +246,25 @@ def read_proc_stat(path: Path) -> tuple[np.ndarray | None, float]:
     return cpu, runnable
 
 
-def _halve(cols: dict[str, array]) -> dict[str, array]:
-    return {c: array("d", v[::2]) for c, v in cols.items()}
+class HostTables:
+    """The host sampler's two tables (doctor.probes.tick_tables): per process, and the machine,
+    per tick; each at most MAX_ROWS rows."""
+
+    def __init__(self) -> None:
+        self._procs = TickTable(PROC_COLUMNS, MAX_ROWS)
+        self._system = TickTable(SYSTEM_COLUMNS, MAX_ROWS)
+
+    def add_proc(self, row: tuple[float, ...]) -> None:
+        self._procs.add(row)
+
+    def add_system(self, row: tuple[float, ...]) -> None:
+        self._system.add(row)
+
+    @property
+    def procs(self) -> dict[str, array]:
+        return self._procs.columns
+
+    @property
+    def system(self) -> dict[str, array]:
+        return self._system.columns
 

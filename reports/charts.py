@@ -26,6 +26,16 @@ from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 
 from doctor.analyse.ledger import StepMarks, step_marks
+from doctor.analyse.phases import LABELS, PHASES
+from doctor.analyse.whole_run import WholeRun
+from doctor.reports.step_chart import (
+    WIDTH,
+    ledger_envelope,
+    phase_marks,
+    spike_marks,
+    thousands,
+    whole_envelope,
+)
 
 #: Order of the categories in charts and tables: input-side first, then the device side.
 #: ``input`` (input wait that a trace alone cannot split) sits with the input categories.
@@ -47,8 +57,8 @@ CATEGORY_COLORS: dict[str, str] = {
 _RANK_COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
                 "#ff9da7", "#9c755f", "#bab0ac")
 
-#: Most points drawn per rank; longer ledgers are averaged into this many buckets.
-MAX_POINTS = 240
+#: Most points drawn per rank; longer ledgers are folded into this many buckets.
+MAX_POINTS = WIDTH
 #: Ranks named in the legend; beyond this the lines stay unlabelled.
 MAX_LEGEND_RANKS = 8
 
@@ -56,7 +66,14 @@ MAX_LEGEND_RANKS = 8
 WARMUP_LABEL = "warm-up"
 WINDOW_LABEL = "deep window (profiled)"
 SAMPLING_LABEL = "stack sampling"
-_MARK_LABELS = (WARMUP_LABEL, WINDOW_LABEL, SAMPLING_LABEL)
+SLOWEST_LABEL = "slowest step of each bucket"
+RANGE_LABEL = "shortest to mean step"
+ANALYSED_LABEL = "steps analysed (the newest)"
+SLOW_LABEL, STALL_LABEL = "slow step", "long stall"
+_PHASE_COLORS = {LABELS[k]: c for k, c in zip(PHASES, ("#2ca02c", "#8c564b", "#17becf"),
+                                              strict=True)}
+_MARK_LABELS = (WARMUP_LABEL, WINDOW_LABEL, SAMPLING_LABEL, *_PHASE_COLORS, SLOW_LABEL,
+                STALL_LABEL, ANALYSED_LABEL)
 _WINDOW_COLOR = "#5b2a86"
 _SAMPLING_COLOR = "#e8a33d"
 
@@ -120,13 +137,16 @@ def shares_chart(shares: Mapping[str, float], bottleneck: str = "") -> str | Non
         return _to_svg(fig, "shares")
 
 
-def step_time_chart(ledger: pd.DataFrame) -> str | None:
-    """Step time over the run; warm-up steps, the deep window and stack sampling marked.
+def step_time_chart(ledger: pd.DataFrame, whole: WholeRun | None = None) -> str | None:
+    """Step time over the whole run; warm-up steps, the deep window, stack sampling, the
+    phases (evaluation, checkpoints, epoch starts) and the slow steps marked.
 
     One rank: the step stacked by category (falls back to wall time when the ledger has no
-    per-category split). Several ranks: one line of wall time per rank. Long ledgers are averaged
-    into at most MAX_POINTS buckets per rank; the marks are placed by step number (step_marks),
-    so they stay on their steps. Returns None for an empty ledger.
+    per-category split), with the longest step of each bucket drawn over it. Several ranks: one
+    line of wall time per rank. Long ledgers are folded into buckets (reports.step_chart: each
+    keeps its shortest, median and longest step, so a single spike survives); the marks are
+    placed by step number. Where the ledger holds only the newest steps of a long run, ``whole``
+    (the run's step buckets) draws all of them. Returns None for an empty ledger.
     """
     if ledger is None or ledger.empty or "wall_s" not in ledger or "step" not in ledger:
         return None
@@ -135,6 +155,8 @@ def step_time_chart(ledger: pd.DataFrame) -> str | None:
         return None
     frame = frame.sort_values(["rank", "step"] if "rank" in frame else ["step"])
     ranks = sorted(frame["rank"].dropna().unique()) if "rank" in frame else [0]
+    if whole is not None and whole.partial() and int(ranks[0]) in whole.ranks:
+        return _whole_run_chart(frame, whole, int(ranks[0]))
     warm = _bool_column(frame, "warmup")
     marks = step_marks(frame)
     scale, unit = _time_unit(frame.loc[~warm, "wall_s"] if (~warm).any() else frame["wall_s"])
@@ -146,21 +168,28 @@ def step_time_chart(ledger: pd.DataFrame) -> str | None:
         fig = Figure(figsize=(7.2, 2.9), layout="constrained")
         ax = fig.add_subplot()
         if stacked:
-            points = _decimate(frame, [*cats, "wall_s"])
-            ax.stackplot(points["step"], *[points[c] * scale for c in cats], labels=cats,
+            env = ledger_envelope(frame, cats)
+            ax.stackplot(env.step, *[env.means[c] * scale for c in cats], labels=cats,
                          colors=[color_of(c) for c in cats], linewidth=0)
+            if env.folded:
+                [line] = ax.plot(env.step, env.high * scale, linewidth=0.7, color="#333333",
+                                 label=SLOWEST_LABEL)
+                line.set_gid("steps-slowest")
         else:
             for i, rank in enumerate(ranks):
                 rows = frame[frame["rank"] == rank] if "rank" in frame else frame
-                points = _decimate(rows, ["wall_s"])
+                env = ledger_envelope(rows, [])
                 label = f"rank {int(rank)}" if len(ranks) <= MAX_LEGEND_RANKS else None
                 if len(ranks) == 1:
                     label = "wall time"
-                ax.plot(points["step"], points["wall_s"] * scale, linewidth=1.1,
-                        color=_RANK_COLORS[i % len(_RANK_COLORS)], label=label)
+                color = _RANK_COLORS[i % len(_RANK_COLORS)]
+                ax.plot(env.step, env.mid * scale, linewidth=1.1, color=color, label=label)
+                if env.folded:
+                    ax.plot(env.step, env.high * scale, linewidth=0.6, color=color, alpha=0.6)
         _mark_steps(ax, marks)
-        if stacked or 1 < len(ranks) <= MAX_LEGEND_RANKS or marks != StepMarks():
-            _legend(ax, stacked)
+        rows = frame[frame["rank"] == ranks[0]] if "rank" in frame else frame
+        _mark_phases_and_spikes(ax, rows, whole, int(ranks[0]), 0)
+        _legend(ax, stacked)
         _clip_outliers(ax, frame, warm, scale, stacked)
         ax.set_xlabel("step")
         ax.set_ylabel(f"step time ({unit})")
@@ -168,6 +197,67 @@ def step_time_chart(ledger: pd.DataFrame) -> str | None:
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         _tidy(ax, "y")
         return _to_svg(fig, "steps")
+
+
+def _whole_run_chart(frame: pd.DataFrame, whole: WholeRun, rank: int) -> str | None:
+    """The whole run of ``rank`` from its step buckets: the band from the shortest to the
+    longest step of each bucket, the mean step, and the marks (phases and slow steps of the
+    ledger's newest steps, placed after the steps it lost; the long stalls among those)."""
+    env = whole_envelope(whole, rank)
+    if env is None:
+        return None
+    rows = frame[frame["rank"] == rank] if "rank" in frame else frame
+    offset = whole.lost(rank)
+    scale, unit = _time_unit(pd.Series(env.mid))
+    with _chart_context("steps"):
+        fig = Figure(figsize=(7.2, 2.9), layout="constrained")
+        ax = fig.add_subplot()
+        band = ax.fill_between(env.step, env.low * scale, env.mid * scale, color="#4e79a7",
+                               alpha=0.25, linewidth=0, label=RANGE_LABEL)
+        band.set_gid("steps-range")
+        ax.plot(env.step, env.mid * scale, linewidth=1.0, color="#4e79a7", label="mean step")
+        [line] = ax.plot(env.step, env.high * scale, linewidth=0.6, color="#333333",
+                         label=SLOWEST_LABEL)
+        line.set_gid("steps-slowest")
+        span = ax.axvspan(offset + 0.5, float(env.step[-1]) + 1, facecolor="#888888",
+                          alpha=0.08, linewidth=0, label=ANALYSED_LABEL)
+        span.set_gid("steps-analysed")
+        _mark_phases_and_spikes(ax, rows, whole, rank, offset)
+        _legend(ax, False)
+        limit = _finite(np.quantile(env.mid, 0.99)) * 3
+        if limit > 0 and _finite(env.high.max()) > limit * 1.5:
+            ax.set_ylim(0, limit * scale)
+            ax.text(1.0, 1.0, "slower steps clipped ", transform=ax.transAxes, va="top",
+                    ha="right", fontsize=7.5, color="#555555")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel(f"step (the whole run: {whole.ranks[rank].total:,} steps)")
+        ax.set_ylabel(f"step time ({unit})")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(thousands))
+        _tidy(ax, "y")
+        return _to_svg(fig, "steps")
+
+
+def _mark_phases_and_spikes(ax: Axes, rows: pd.DataFrame, whole: WholeRun | None, rank: int,
+                            offset: int) -> None:
+    """Ticks along the bottom for each phase's steps, and triangles along the top for the slow
+    steps and long stalls (above whatever the y limits clip), each an SVG group of its own
+    (``steps-phase-evaluation``, ``steps-slow-step``, ``steps-long-stall``, ...)."""
+    phases = phase_marks(rows, whole, rank, offset).at
+    for label, at in phases.items():
+        [ticks] = ax.plot(at, np.full(len(at), 0.02), linestyle="none", marker="|",
+                          markersize=9, markeredgewidth=1.2, color=_PHASE_COLORS.get(label,
+                                                                                    "#444444"),
+                          transform=ax.get_xaxis_transform(), clip_on=False, label=label,
+                          zorder=5)
+        ticks.set_gid(f"steps-phase-{label.replace(' ', '-')}")
+    for label, at in spike_marks(rows, whole, rank, offset).at.items():
+        [tri] = ax.plot(at, np.full(len(at), 0.95), linestyle="none", marker="v",
+                        markersize=5 if label == SLOW_LABEL else 7,
+                        color="#d62728" if label != SLOW_LABEL else "#ff9da7",
+                        transform=ax.get_xaxis_transform(), clip_on=False, label=label,
+                        zorder=5)
+        tri.set_gid(f"steps-{label.replace(' ', '-')}")
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -203,7 +293,7 @@ def _tidy(ax: Axes, grid: Literal["x", "y"]) -> None:
 
 
 def is_decimated(ledger: pd.DataFrame) -> bool:
-    """Whether step_time_chart averages this ledger into buckets (some rank has too many steps)."""
+    """Whether step_time_chart folds this ledger into buckets (some rank has too many steps)."""
     if ledger is None or ledger.empty or "step" not in ledger:
         return False
     per_rank = ledger.groupby("rank").size() if "rank" in ledger else pd.Series([len(ledger)])
@@ -238,19 +328,6 @@ def _split_covers_wall(frame: pd.DataFrame, cats: list[str]) -> bool:
     total = _finite(frame["wall_s"].sum())
     split = _finite(frame[cats].fillna(0).sum(axis=1).sum())
     return total > 0 and split >= 0.5 * total
-
-
-def _decimate(rows: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """At most MAX_POINTS rows: warm-up steps kept as they are, the rest averaged in buckets."""
-    rows = rows[["step", *columns, *(["warmup"] if "warmup" in rows else [])]]
-    warm = _bool_column(rows, "warmup")
-    head, rest = rows[warm], rows[~warm]
-    budget = max(MAX_POINTS - len(head), 16)
-    if len(rest) > budget:
-        bucket = np.arange(len(rest)) * budget // len(rest)
-        rest = rest[["step", *columns]].astype(float).groupby(bucket).mean()
-    parts = [p[["step", *columns]].astype(float) for p in (head, rest) if len(p)]
-    return pd.concat(parts, ignore_index=True).fillna(0.0)
 
 
 def _mark_steps(ax: Axes, marks: StepMarks) -> None:

@@ -115,7 +115,7 @@ def _timeline_context(analysis: Analysis, timeline: str | None) -> dict[str, Any
 def _context(analysis: Analysis) -> dict[str, Any]:
     verdict = analysis.verdict
     shares_svg = charts.shares_chart(verdict.shares, verdict.bottleneck)
-    steps_svg = charts.step_time_chart(analysis.ledger)
+    steps_svg = charts.step_time_chart(analysis.ledger, analysis.sections.whole_run)
     return {
         "schema": SCHEMA,
         "headline": headline(verdict),

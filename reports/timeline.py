@@ -49,12 +49,13 @@ def _process_events(proc: ProcessTrack) -> Iterator[dict[str, Any]]:
         yield {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": thread.tid,
                "args": {"sort_index": order}}
         for part in thread.slices:
+            coloured = part.category != "step"  # "step N": no colour's name (a million of them)
             for i, (name, ts, dur) in enumerate(zip(part.names, part.start_us.tolist(),
                                                     part.dur_us.tolist(), strict=True)):
                 event: dict[str, Any] = {"ph": "X", "cat": part.category, "name": name,
                                          "pid": pid, "tid": thread.tid, "ts": round(ts, 3),
                                          "dur": round(max(dur, 0.0), 3)}
-                color = _color(name)
+                color = _color(name) if coloured else None
                 if color:
                     event["cname"] = color
                 if part.args is not None:
@@ -78,10 +79,9 @@ def _color(name: str) -> str | None:
     return None
 
 
-def render_timeline(timeline: RunTimeline, source: str) -> dict[str, Any]:
-    """The whole file as one JSON object."""
-    return {
-        "traceEvents": list(timeline_events(timeline)),
+def render_timeline(timeline: RunTimeline, source: str, events: bool = True) -> dict[str, Any]:
+    """The whole file as one JSON object (without its events: ``events=False``)."""
+    rest = {
         "displayTimeUnit": "ms",
         "otherData": {
             "format": FORMAT, "doctor_version": __version__, "source": source,
@@ -97,17 +97,39 @@ def render_timeline(timeline: RunTimeline, source: str) -> dict[str, Any]:
             "how_to_open": HOW_TO_OPEN,
         },
     }
+    return {"traceEvents": list(timeline_events(timeline)), **rest} if events else rest
+
+
+def _json_parts(timeline: RunTimeline, source: str, batch: int = 20_000) -> Iterator[bytes]:
+    """The file's JSON (render_timeline's object) in parts: the events a batch at a time, each
+    through json's C encoder."""
+    whole = render_timeline(timeline, source, events=False)
+    head = _dumps(whole)
+    yield b'{"traceEvents":['
+    pending: list[dict[str, Any]] = []
+    first = True
+    for event in timeline_events(timeline):
+        pending.append(event)
+        if len(pending) >= batch:
+            yield (b"" if first else b",") + _dumps(pending)[1:-1]
+            pending, first = [], False
+    if pending:
+        yield (b"" if first else b",") + _dumps(pending)[1:-1]
+    yield b"]," + head[1:]  # the rest of the object, after its emptied traceEvents
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
 def write_timeline(timeline: RunTimeline, source: str, path: Path) -> Path:
     """Write the gzipped file (plain JSON when ``path`` does not end in .gz) through a new file
     renamed over ``path``: a link there is replaced, never written through."""
-    data = json.dumps(render_timeline(timeline, source), separators=(",", ":"),
-                      allow_nan=False).encode()
-    if path.name.endswith(".gz"):
+    if path.name.endswith(".gz"):  # streamed: a timeline of a million steps is never whole text
         with open_new(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6,
                                                   filename="") as out:
-            out.write(data)
+            for part in _json_parts(timeline, source):
+                out.write(part)
     else:
-        write_atomic(path, data)
+        write_atomic(path, b"".join(_json_parts(timeline, source)))
     return path

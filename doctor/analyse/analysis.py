@@ -18,6 +18,7 @@ from doctor.analyse.ledger import StepMarks, step_marks
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
 from doctor.analyse.phase_steps import PhaseSummary
+from doctor.analyse.whole_run import WholeRun
 from doctor.verdict import Verdict
 
 
@@ -35,6 +36,7 @@ class Sections:
     slow_steps: SlowSteps | None = None  # each slow step's cause, grouped by cause
     gc: Mapping[int, GcSummary] = field(default_factory=dict)  # each rank's collections
     phases: tuple[PhaseSummary, ...] = ()  # evaluation, checkpoints, epoch starts per rank
+    whole_run: WholeRun | None = None  # every step of a long run, in buckets (the step chart)
 
     def first_ops(self) -> RankOps | None:
         """The lowest rank's ops (the report shows that rank's)."""

@@ -9,6 +9,7 @@ that wait is their cost too (the ledger counts it as input, or as communication)
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from doctor.analyse.steps import RankSteps
@@ -90,8 +91,8 @@ def per_wall(host: pd.DataFrame, procs: list[tuple[int, int]], span: Span | None
     without two samples of one."""
     if host.empty or not procs:
         return None
-    wanted = set(procs)
-    mask = [(int(n), int(p)) in wanted for n, p in zip(host["node"], host["pid"], strict=True)]
+    keys = host["node"].to_numpy(np.int64) * (1 << 32) + host["pid"].to_numpy(np.int64)
+    mask = np.isin(keys, [int(n) * (1 << 32) + int(p) for n, p in procs])
     rows = within(host[mask].dropna(subset=[counter]), span)
     per_pid = []
     for _key, g in rows.groupby(["node", "pid"]):

@@ -30,7 +30,8 @@ BLOCKED, RUNNING, RUNNABLE = "blocked", "running", "runnable"
 MOSTLY = 0.6  # a state that took this share of the spikes' extra time names it
 REGULAR = 0.6  # spikes this often a fixed number of steps apart come every N steps
 MIN_SPIKES = 3  # fewer spikes have no period to speak of
-LAGS = 3  # periods tried: the steps between a spike and the next three
+LAGS = 3  # periods tried: the steps between a spike and the next three...
+PERIODS = 5  # ...the most common of them
 OWN_TICKS = 2  # a spike this many of the parent's ticks long has its own thread times
 
 
@@ -92,13 +93,16 @@ def _period(ledger: pd.DataFrame, spikes: np.ndarray) -> int | None:
             continue
         ordered = np.sort(steps)
         gaps = np.concatenate([ordered[lag:] - ordered[:-lag] for lag in range(1, LAGS + 1)])
-        for n in np.unique(gaps[gaps > 1]):
-            for r in np.unique(steps % n):
-                on = steps % n == r
-                slots = (steps[on].max() - steps[on].min()) // n + 1
-                weight = float(weights[on].sum())
-                if on.sum() >= MIN_SPIKES and on.sum() >= REGULAR * slots and \
-                        weight >= REGULAR * float(weights.sum()) and \
-                        (best is None or weight > best[0]):
-                    best = (weight, int(n))
+        values, counts = np.unique(gaps[gaps > 1], return_counts=True)
+        for n in values[np.argsort(-counts, kind="stable")[:PERIODS]]:
+            # the progression (a residue of n) that holds most of the spikes' extra time
+            by_residue = np.bincount(steps % n, weights=weights)
+            r = int(np.argmax(by_residue))
+            on = steps % n == r
+            slots = (steps[on].max() - steps[on].min()) // n + 1
+            weight = float(by_residue[r])
+            if on.sum() >= MIN_SPIKES and on.sum() >= REGULAR * slots and \
+                    weight >= REGULAR * float(weights.sum()) and \
+                    (best is None or weight > best[0] or (weight == best[0] and n < best[1])):
+                best = (weight, int(n))
     return best[1] if best is not None else None

@@ -70,13 +70,18 @@ def rank_walls(table: pd.DataFrame, exports: Mapping[int, np.ndarray] | None = N
     """Per rank, its steps in the range (rows of the step table, renumbered from 0) and their
     wall times less doctor's own trace export in them (``exports``: export_seconds)."""
     inside = table[table["in_range"]]
-    for rank in sorted({int(r) for r in inside["rank"]}):
+    for rank in np.unique(inside["rank"].to_numpy(np.int64)).tolist():
         rows = inside[inside["rank"] == rank].reset_index(drop=True)
         wall = rows["wall_s"].to_numpy(np.float64).copy()
         own = (exports or {}).get(rank)
         if own is not None and len(own) == len(table[table["rank"] == rank]):
-            by_step = dict(zip(table.loc[table["rank"] == rank, "step"], own, strict=True))
-            wall -= np.array([by_step.get(s, 0.0) for s in rows["step"]])
+            steps = table.loc[table["rank"] == rank, "step"].to_numpy(np.int64)
+            order = np.argsort(steps, kind="stable")
+            wanted = rows["step"].to_numpy(np.int64)
+            at = np.clip(np.searchsorted(steps[order], wanted), 0, max(len(steps) - 1, 0))
+            found = len(steps) > 0
+            hit = steps[order][at] == wanted if found else np.zeros(len(wanted), dtype=bool)
+            wall -= np.where(hit, own[order][at], 0.0) if found else 0.0
         yield rank, rows, wall
 
 

@@ -45,6 +45,7 @@ from ..store.records import (  # noqa: F401  (the step kinds and events probes r
     EVENT_WINDOW_STOP_END,
     INTERVAL_RECORD,
     RING_PROBES,
+    RUN_STEPS_RECORD,
     STEP_BACKWARD,
     STEP_DATALOADER,
     STEP_GRAPH,
@@ -57,6 +58,7 @@ from ..store.ringbuffer import RingWriter
 from ..verdict import ProbeStatus
 from .guard import degraded
 from .process_facts import cuda_device, env_int, torch_facts
+from .run_steps import RunSteps
 from .step_count import StepCounter
 from .tracer import allow_parent_tracer
 from .window import DEFAULT_WINDOW
@@ -148,6 +150,7 @@ class Session:
         self._loaders: dict[tuple[Any, ...], int] = {}
         # Counting steps for the deep window (doctor.record.step_count)
         self._counter = StepCounter()
+        self._run_steps = RunSteps(self._write_run_steps)  # every step, bucketed
         self._step_listeners: tuple[Callable[[int], None], ...] = ()
         self._listeners: dict[str, list[Callable[[], None]]] = {}
         self._opt_t0 = 0
@@ -307,8 +310,12 @@ class Session:
         count = self._counter.saw(kind, key)
         if count is None:
             return
+        self._run_steps.saw(self.clock(), self._counter.kind, count == 1)
         for listener in self._step_listeners:
             listener(count)
+
+    def _write_run_steps(self, *values: int) -> None:
+        self.ring("run_steps", *RUN_STEPS_RECORD).write(*values)
 
     # ----- listeners ----------------------------------------------------------------------
     def on_step(self, callback: Callable[[int], None]) -> None:
@@ -371,6 +378,7 @@ class Session:
         if self.closed:
             return
         self.emit(CLOSE)
+        self._run_steps.flush()
         self.closed = True
         if self._writer is not None:
             self._meta["ended_ns"] = self.clock()

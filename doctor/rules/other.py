@@ -41,8 +41,8 @@ def other_time(ev: Evidence) -> list[Finding]:
         ))
     # the spikes with a known cause are that cause's (doctor.rules.causes); the rest are here
     known = ev.slow_steps.explained() if ev.slow_steps is not None else set()
-    caused = np.array([(int(r), int(s)) in known for r, s in
-                       zip(ledger["rank"], ledger["step"], strict=True)], dtype=bool)
+    caused = _pairs_in(ledger["rank"].to_numpy(np.int64), ledger["step"].to_numpy(np.int64),
+                       known)
     unknown = spikes & ~caused
     unknown_share = float((wall[unknown] - median).sum()) / total
     if unknown_share >= 0.1:
@@ -65,6 +65,18 @@ def other_time(ev: Evidence) -> list[Finding]:
             estimated_speedup=1.0 / max(1e-9, 1.0 - unknown_share),
         ))
     return findings
+
+
+def _pairs_in(ranks: np.ndarray, steps: np.ndarray, known: set[tuple[int, int]]) -> np.ndarray:
+    """Whether each (rank, step) is one of ``known`` (vectorised: a ledger of millions)."""
+    if not known:
+        return np.zeros(len(ranks), dtype=bool)
+    pairs = np.array(sorted(known), dtype=np.int64)
+    out = np.zeros(len(ranks), dtype=bool)
+    for rank in np.unique(pairs[:, 0]):
+        mine = ranks == rank
+        out[mine] = np.isin(steps[mine], pairs[pairs[:, 0] == rank, 1])
+    return out
 
 
 PERIODIC = Fix(

@@ -72,7 +72,7 @@ from .readback import (
 from .records import RING_PROBES
 from .ringbuffer import ring_stop_reason
 
-RING_NAMES = ("steps", *INTERVAL_RINGS, "events")
+RING_NAMES = ("steps", *INTERVAL_RINGS, "events", "run_steps")
 ERROR_LIMIT = 1 << 20  # bytes read of a bootstrap error (its first line is reported)
 RING_LIMIT = 1 << 30  # bytes of a ring file read (doctor's are a few MB)
 
@@ -91,6 +91,7 @@ def _load_node(run_dir: Path) -> RunData:
     marks: list[pd.DataFrame] = []
     intervals: list[pd.DataFrame] = []
     events: list[pd.DataFrame] = []
+    run_steps: list[pd.DataFrame] = []
     stacks: list[dict[str, Any]] = []
     spans: list[dict[str, Any]] = []
     later_stacks: list[dict[str, Any]] = []
@@ -123,6 +124,7 @@ def _load_node(run_dir: Path) -> RunData:
         for name in INTERVAL_RINGS:
             intervals.append(_ring(proc_dir, name, who, problems).assign(name=name))
         events.append(process_events := _ring(proc_dir, "events", who, problems))
+        run_steps.append(_ring(proc_dir, "run_steps", who, problems))
         statuses = _with_stopped_rings(statuses, proc_dir, who, problems)
         for n in (1, *layout.later_stacks(proc_dir)):
             rows, span = _stacks(proc_dir, who, n, problems)
@@ -169,6 +171,7 @@ def _load_node(run_dir: Path) -> RunData:
         "window_events": _concat(window_events), "later_windows": _concat(later),
         "later_stacks": later_stacks, "later_stack_spans": later_spans,
         "others": read_others(run_dir, problems).assign(node=0),
+        "run_steps": _concat(run_steps),
     }
     frames = empty_frames()
     for name, rows in parts.items():

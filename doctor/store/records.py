@@ -27,6 +27,11 @@ EVENT_WINDOW_STOP_END = 3
 STEPS_RECORD = ("<qii", ("t_ns", "kind", "key"))
 INTERVAL_RECORD = ("<qqi", ("t0_ns", "t1_ns", "key"))
 EVENT_RECORD = ("<qii", ("t_ns", "event", "value"))
+#: The ``run_steps`` ring: a bucket of counted steps (doctor.record.run_steps): the first's start,
+#: the last's end, the steps, the kind of boundary counted, the shortest and longest step (ns) and
+#: when the longest ended.
+RUN_STEPS_RECORD = ("<qqiiqqq", ("t0_ns", "t1_ns", "steps", "kind", "min_ns", "max_ns",
+                                 "max_t_ns"))
 #: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
 #: profiler window: doctor.probes.page_faults, the garbage collector's pauses: doctor.probes.gc,
 #: checkpoints written: doctor.probes.checkpoints; ``loader_iter``: a DataLoader iterator made
@@ -35,7 +40,7 @@ INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "p
                   "gc", "graph_replay", "scaler", "compile", "checkpoint", "loader_iter",
                   "loader_end")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
-RING_PROBES = {"steps": "steps", "optimizer": "steps", "backward": "steps",
+RING_PROBES = {"steps": "steps", "optimizer": "steps", "run_steps": "steps", "backward": "steps",
                "graph_replay": "steps", "scaler": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
                "loader_iter": "dataloader", "loader_end": "dataloader",

@@ -68,6 +68,7 @@ INTERVAL_COLUMNS = columns(f"{WHO} name:object t0_ns t1_ns key:int64")
 EVENT_COLUMNS = columns(f"{WHO} t_ns event value:int64")
 #: ``thread``: "main" (the process's main thread) or "producer" (threads feeding it a queue)
 STACK_COLUMNS = columns(f"{WHO} stack:object count:int64 thread:object")
+RUN_STEPS_COLUMNS = columns(f"{WHO} t0_ns t1_ns steps kind min_ns max_ns max_t_ns:int64")
 STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns end_ns taken:int64 "
                              "busy_threads threads:float64")
 WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object events:int64")
@@ -179,6 +180,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
     "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
+    "run_steps": RUN_STEPS_COLUMNS,
 }
 
 
@@ -253,6 +255,7 @@ class RunData:
     - ``later_windows``: the steps of each later profiler window (opened where the run slowed
       down: ``trace-N.json``), as ``window``'s, with the window's number N; ``later_stacks``
       and ``later_stack_spans`` the stacks sampled beside each (``stacks-N.txt``), with N.
+    - ``run_steps``: every counted step of each process, in buckets (doctor.record.run_steps).
     """
 
     record: RunRecord
@@ -281,6 +284,7 @@ class RunData:
     later_windows: pd.DataFrame
     later_stacks: pd.DataFrame
     later_stack_spans: pd.DataFrame
+    run_steps: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _by_ring: dict[tuple[int, int, int, str], pd.DataFrame] = field(
