@@ -21,6 +21,7 @@ from doctor.rules import (
     host,
     idle_gpus,
     input,
+    input_outside,
     iterations,
     memory,
     memory_fit,
@@ -34,7 +35,8 @@ from doctor.rules import (
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 
 MODULES = (compute, compiles, optimizer, ops, distributed, gpu, gpu_counters, idle_gpus,
-           communication, memory, memory_fit, memory_growth, allocator, host, input, iterations,
+           communication, memory, memory_fit, memory_growth, allocator, host, input, input_outside,
+           iterations,
            other, causes, phases, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",

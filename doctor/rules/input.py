@@ -25,7 +25,7 @@ STAGES = INPUT_STAGES
 KEEP_UP_HANDOFF = 0.3
 
 
-def _severity(share: float) -> str:
+def input_severity(share: float) -> str:
     return "critical" if share >= 0.5 else "warning" if share >= 0.2 else "info"
 
 
@@ -117,7 +117,7 @@ def input_loader(ev: Evidence) -> list[Finding]:
         ))
     category = x.dominant()
     return [Finding(
-        id="input.loader", category=category, severity=_severity(x.share),
+        id="input.loader", category=category, severity=input_severity(x.share),
         title=(f"The training loop waits for input {x.wait_share:.0%} of the time"
                + (f", and for cores its workers hold {x.share - x.wait_share:.0%}"
                   if x.share - x.wait_share >= 0.01 else "")),
@@ -196,7 +196,7 @@ def input_stage(ev: Evidence) -> list[Finding]:
         if stage == "preprocess":
             evidence["collate_share_of_loading"] = x.collate_share
         findings.append(Finding(
-            id=f"input.{stage}", category=stage, severity=_severity(share),
+            id=f"input.{stage}", category=stage, severity=input_severity(share),
             title=f"{share:.0%} of the step goes to {_STAGE_WORDS[stage]}",
             evidence=evidence, fixes=_stage_fixes(stage, x, frac, reads),
             estimated_speedup=x.step / new_step,
@@ -242,7 +242,7 @@ def input_handoff(ev: Evidence) -> list[Finding]:
             code=f"DataLoader(dataset, {x.batch}, num_workers={x.workers}, pin_memory=True)",
             apply={"dataloader": {"pin_memory": True}}, estimated_speedup=off_thread))
     return [Finding(
-        id="input.handoff", category=x.dominant(), severity=_severity(share),
+        id="input.handoff", category=x.dominant(), severity=input_severity(share),
         title=f"{share:.0%} of the step takes batches from the workers: {tensors} tensors, "
               "a round trip to the worker each",
         evidence={"share_of_step": share, "batch_handoff_s": x.handoff,
@@ -339,68 +339,3 @@ def _read_rate(ev: Evidence) -> float | None:
     read = (g["read_bytes"].max() - g["read_bytes"].min()).sum()
     span = float(host["t_s"].max() - host["t_s"].min())
     return float(read) / span / 1e6 if span > 0 else None
-
-
-@rule("input.outside_loader", needs=("ledger", "outside_loader"))
-def input_outside_loader(ev: Evidence) -> list[Finding]:
-    """Batches built in the training loop itself (no DataLoader): nothing overlaps them; or
-    batches the loop waits for on a queue a thread of its own fills."""
-    assert ev.outside_loader is not None
-    shares: dict[str, float] = dict(ev.outside_loader.stage_shares_of_step)
-    share = sum(shares.values())
-    if share < MIN_SHARE:
-        return []
-    stage = max(shares, key=lambda s: shares[s])
-    top = list(ev.outside_loader.top)
-    queued = ev.outside_loader.queue_share_of_step
-    evidence = {"share_of_step": share, **{f"{s}_share": v for s, v in shares.items()},
-                "top_functions": top, "queue_wait_share": queued}
-    if queued >= share / 2:
-        return [Finding(
-            id="input.outside_loader", category=stage, severity=_severity(share),
-            title=f"The training loop waits {queued:.0%} of the step on a queue that a thread "
-                  f"of the job fills ({stage}, mostly)",
-            evidence=evidence, fixes=QUEUE_FIXES,
-            estimated_speedup=1.0 / max(1.0 - queued, 0.05))]
-    return [Finding(
-        id="input.outside_loader", category=stage, severity=_severity(share),
-        title=f"{share:.0%} of the step builds batches in the training loop, outside a "
-              "DataLoader",
-        evidence=evidence,
-        fixes=(
-            Fix(title="Build batches in DataLoader workers so they overlap training",
-                why=f"{top[0] if top else 'The batch builder'} runs on the training thread: "
-                    "nothing else happens meanwhile.",
-                code="class Batches(torch.utils.data.IterableDataset):\n"
-                     "    def __iter__(self):\n        while True:\n"
-                     "            yield get_batch('train')\n\n"
-                     "loader = DataLoader(Batches(), batch_size=None, num_workers=2"
-                     + (", pin_memory=True)" if ev.job.device == "cuda" else ")")),
-            Fix(title="Or prefetch the next batch in a background thread",
-                why="Slicing memory-mapped arrays and numpy work release the GIL for much of "
-                    "their time.",
-                code="from concurrent.futures import ThreadPoolExecutor\n"
-                     "pool = ThreadPoolExecutor(1)\nnext_batch = pool.submit(get_batch, 'train')\n"
-                     "for step in range(steps):\n    x, y = next_batch.result()\n"
-                     "    next_batch = pool.submit(get_batch, 'train')"),
-        ),
-        estimated_speedup=1.0 / max(1.0 - share, 0.05),
-    )]
-
-
-QUEUE_FIXES = (
-    Fix(title="Build the batches in DataLoader worker processes",
-        why="A thread of the training process shares its interpreter lock: Python work in it "
-            "(decoding, transforms) runs one piece at a time with the loop's own, and one "
-            "producer thread cannot build batches faster than it does alone. Worker processes "
-            "build several batches at once, beside the loop.",
-        code="class Batches(torch.utils.data.IterableDataset):\n"
-             "    def __iter__(self):\n        while True:\n"
-             "            yield make_batch()   # what the thread did\n\n"
-             "loader = DataLoader(Batches(), batch_size=None, num_workers=4,\n"
-             "                    persistent_workers=True, prefetch_factor=4)"),
-    Fix(title="Or more producer threads, where the loading waits on storage or the network",
-        why="Reads and most C decoders release the lock: several threads overlap their waits.",
-        code="threads = [threading.Thread(target=producer, args=(queue,), daemon=True)\n"
-             "           for _ in range(4)]\nfor t in threads:\n    t.start()"),
-)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from doctor.analyse.frames import waits_on_queue
 from doctor.analyse.split import OutsideLoader, outside_loader_shares
-from doctor.rules.input import QUEUE_FIXES, input_outside_loader
+from doctor.rules.input_outside import QUEUE_FIXES, input_outside_loader
 from doctor.store.stacks import StackSamples, parse_producers, parse_raw
 from doctor.verdict import CATEGORIES
 from tests.support import evidence
