@@ -93,7 +93,7 @@ def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summa
     of the run or more leads; with its cause where one is known), the job killed (first).
     ``compiled``: the job runs torch.compile (no fix offers to compile it)."""
     offered = sound_findings(outcome.findings, job_settings(stages.job, stages.loaders),
-                             compiled=compiled)
+                             compiled=compiled, autocasts=stages.job.autocast)
     findings = attach_verified(offered, run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, stages.ranks),

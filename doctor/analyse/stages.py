@@ -64,6 +64,12 @@ class JobFacts:
     rank_pids: Mapping[int, int] = field(default_factory=dict)  # rank -> training process
     # the 16-bit type the device runs fast (doctor.analyse.precision)
     precision: Precision = field(default_factory=lambda: Precision(None, "not known"))
+    # (device, dtype) of each autocast the training processes entered (doctor.probes.amp)
+    autocast: tuple[tuple[str, str], ...] = ()
+
+    def autocasts_on(self, device: str) -> str | None:
+        """The 16-bit type the job autocasts to on ``device`` already (None: none)."""
+        return next((dtype for dev, dtype in self.autocast if dev == device), None)
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,15 @@ def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -
         ranks_here=max(Counter(r.node for r in ranks.values()).values(), default=1),
         worker_processes=len(workers), rank_pids={rank: r.pid for rank, r in ranks.items()},
         precision=job_precision(run, "cuda" if cuda else "cpu", window),
+        autocast=_autocasts(of_processes(run.amp, (r.process for r in ranks.values()))),
     )
+
+
+def _autocasts(amp: pd.DataFrame) -> tuple[tuple[str, str], ...]:
+    """Each enabled autocast's (device, dtype), in the order first entered."""
+    on = amp[(amp["kind"] == "autocast") & (amp["enabled"] == True)]  # noqa: E712
+    return tuple(dict.fromkeys(zip(on["device"].astype(str), on["dtype"].astype(str),
+                                   strict=True)))
 
 
 def used_cuda(run: RunData, mains: pd.DataFrame) -> bool:

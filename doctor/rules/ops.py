@@ -135,7 +135,8 @@ def fp32_gemm(ev: Evidence) -> list[Finding]:
     saved = share * (1.0 - fp32 / half)
     fixes = []
     low = r.roofs.flops.get(precision.short, 0.0)
-    if precision.dtype is not None and low > 1.2 * fp32:
+    if precision.dtype is not None and low > 1.2 * fp32 \
+            and ev.job.autocasts_on("cuda" if gpu else "cpu") is None:
         fixes.append(Fix(title=f"Autocast to {precision.dtype}",
                          why=f"the GEMMs do {flops_share:.0%} of the operations, in fp32; this "
                              f"machine's {precision.short} roof is {low / fp32:.1f}x its fp32 "
