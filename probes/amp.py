@@ -3,7 +3,8 @@
 update, and every backward() whose loss was inf or NaN.
 
 Costs a step: a set lookup per ``autocast.__enter__``; per update, on a CPU, one ``item()`` of
-the scale (0.2 us), on a GPU one non-blocking copy read a step late (doctor.record.late_reads);
+the scale (0.2 us), on a GPU one non-blocking copy read a step late (doctor.record.late_reads),
+and a record only where the scale changed;
 per backward() of a one-element loss, the same. Nothing here waits for the GPU or raises into
 the job: a failure stops that reading and says so once in the probe's status.
 """
@@ -31,7 +32,7 @@ class AmpWatch:
         self._casts: set[tuple[Any, Any, Any]] = set()
         self.autocasts: list[dict[str, Any]] = []  # each (device, dtype, enabled) as first seen
         self.scalers: list[dict[str, Any]] = []  # each scaler's settings as it first updated
-        self._scaler_ids: set[int] = set()
+        self._scales_seen: dict[int, float] = {}  # scaler id -> the last scale recorded
         self._scales = LateReads(torch)
         self._losses = LateReads(torch)
 
@@ -69,10 +70,10 @@ class AmpWatch:
     def updating(self, scaler: Any, t0: int) -> None:
         """Before a GradScaler update that began at ``t0``: its settings and the scale it began
         with, the first time this scaler updates."""
-        if id(scaler) in self._scaler_ids:
+        if id(scaler) in self._scales_seen:
             return
         try:
-            self._scaler_ids.add(id(scaler))
+            self._scales_seen[id(scaler)] = float("nan")
             facts = {"class": type(scaler).__name__,
                      "device": str(getattr(scaler, "_device", "")),
                      "enabled": bool(scaler.is_enabled())}
@@ -86,17 +87,24 @@ class AmpWatch:
             begun = scale.item() if scale is not None and scale.is_cpu else facts.get(
                 "init_scale")
             if isinstance(begun, int | float):
-                self.session.record_interval("scale", t0, t0, scale_key(float(begun)))
+                self._scale_read(id(scaler), t0, float(begun))
         except Exception as err:  # a scaler of another shape: its scale is not followed
             self.session.swallowed("steps", "reading a GradScaler's settings", err)
 
     def updated(self, scaler: Any, t1: int) -> None:
         """After a GradScaler update that ended at ``t1``: its scale, now or a step late."""
         scale = getattr(scaler, "_scale", None)
-        ready = self._scales.ready() if scale is None else self._scales.put(scale, t1)
-        record = self.session.record_interval
-        for t, value in ready:
-            record("scale", t, self.session.clock(), scale_key(value))
+        ready = self._scales.ready() if scale is None else self._scales.put(scale, (id(scaler),
+                                                                                     t1))
+        for (who, t), value in ready:
+            self._scale_read(who, t, value)
+
+    def _scale_read(self, who: int, t: int, value: float) -> None:
+        """Scaler ``who``'s scale from ``t`` on, recorded where it changed (a scale that
+        stays keeps the ring for the changes: doctor.analyse.scaler carries it forward)."""
+        if value != self._scales_seen.get(who):
+            self._scales_seen[who] = value
+            self.session.record_interval("scale", t, self.session.clock(), scale_key(value))
 
     # ----- losses ---------------------------------------------------------------------------
     def backward_ended(self, loss: Any, t0: int, t1: int) -> None:
@@ -118,5 +126,5 @@ class AmpWatch:
             if not math.isfinite(value):
                 self.session.record_interval("nonfinite", b0, b1,
                                              LOSS_NAN if value != value else LOSS_INF)
-        for t, value in self._scales.ready():
-            self.session.record_interval("scale", t, self.session.clock(), scale_key(value))
+        for (who, t), value in self._scales.ready():
+            self._scale_read(who, t, value)

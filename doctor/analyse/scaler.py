@@ -6,7 +6,9 @@ An iteration was skipped where no optimizer stepped since the last update (the s
 inf/NaN gradients and did not call ``optimizer.step()``), or where the update lowered the scale:
 an optimizer that handles the scaler itself (``fused=True`` Adam under a scaler) is called
 every iteration and skips inside its kernel, so only the scale says so. A scale set by hand
-(``update(new_scale)``) lower than the last reads as a skip too.
+(``update(new_scale)``) lower than the last reads as a skip too. The probe records the scale
+where it changed; it holds until the next reading. On a GPU a reading is late and may be dropped
+(doctor.record.late_reads): a change whose reading was dropped shows at the next one read.
 """
 
 from __future__ import annotations
@@ -40,9 +42,13 @@ def scaler_updates(run: RunData, process: Process) -> Updates | None:
     order = np.argsort(t1, kind="stable")
     starts, ends, stepped = t0[order], t1[order], stepped[order]
     s0, _s1, keys = run.intervals_of(process, "scale")
-    read = dict(zip(s0.tolist(), (scale_of_key(int(k)) for k in keys.tolist()), strict=True))
-    after = np.array([read.get(int(t), np.nan) for t in ends], dtype=np.float64)
-    before = np.concatenate(([read.get(int(starts[0]), np.nan)], after[:-1]))
+    by_time = np.argsort(s0, kind="stable")
+    times = s0[by_time]
+    values = np.array([scale_of_key(int(k)) for k in keys[by_time]] + [np.nan], np.float64)
+    # the scale holds from each reading on (the probe records the changes only); -1: none yet
+    after = values[np.searchsorted(times, ends, "right") - 1]
+    first = values[np.searchsorted(times, starts[:1], "right") - 1]
+    before = np.concatenate((first, after[:-1]))
     with np.errstate(invalid="ignore"):
         lowered = after < before
     return Updates(ends_ns=ends, skipped=(stepped == 0) | lowered, scale_before=before,

@@ -40,11 +40,12 @@ class LateReads:
             return []
         try:
             if tensor.is_cuda:
-                ready = self.ready()
+                ready = self.ready() if self._pending else []
                 self._copy(tensor, tag)
                 return ready
-            if tensor.is_cpu:
-                return [*self.ready(), (tag, float(tensor.item()))]
+            if tensor.is_cpu:  # nothing in flight: the CPU's values are read at once
+                value = float(tensor.item())
+                return [*self.ready(), (tag, value)] if self._pending else [(tag, value)]
             return self.ready()
         except Exception:  # never into the job: an odd tensor, a CUDA error
             self.off = True

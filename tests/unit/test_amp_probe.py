@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from doctor.analyse.scaler import scaler_updates
 from doctor.probes.steps import StepsProbe
 from doctor.record.late_reads import SLOTS, LateReads
 from doctor.record.session import Session
@@ -22,10 +23,18 @@ from doctor.store.records import LOSS_INF, scale_of_key
 from tests.support import FakeClock, write_record
 
 
+class Ticking(FakeClock):
+    """A clock a microsecond later at each reading: each record has its own time."""
+
+    def __call__(self) -> int:
+        self.now += 1000
+        return self.now
+
+
 def train(tmp_path: Path, overflow: set[int], iterations: int = 12) -> dict[str, Any]:
     """A CPU loop under bf16 autocast and a GradScaler, an inf loss at ``overflow``; the
     process's meta."""
-    s = Session(tmp_path, clock=FakeClock(), window_start=10**9)
+    s = Session(tmp_path, clock=Ticking(), window_start=10**9)
     probe = StepsProbe(s)
     probe.start()
     try:
@@ -60,8 +69,11 @@ def test_the_autocast_the_scaler_and_its_scale_are_recorded(tmp_path: Path) -> N
                  run.intervals[["node", "rank", "pid"]].itertuples(index=False)}
     t0, _t1, keys = run.intervals_of(process, "scale")
     scales = [scale_of_key(int(k)) for k in keys[t0.argsort()]]
-    # the first before the first update, then one after each: halved at iterations 3 and 7
-    assert scales == [2.0**10] * 4 + [2.0**9] * 4 + [2.0**8] * 5
+    # the first before the first update, then each change: halved at iterations 3 and 7
+    assert scales == [2.0**10, 2.0**9, 2.0**8]
+    updates = scaler_updates(run, process)
+    assert updates is not None and list(updates.skipped.nonzero()[0]) == [3, 7]
+    assert list(updates.scale_after[[2, 3, 7, 11]]) == [2.0**10, 2.0**9, 2.0**8, 2.0**8]
     _b0, _b1, bad = run.intervals_of(process, "nonfinite")
     assert list(bad) == [LOSS_INF, LOSS_INF]
 
