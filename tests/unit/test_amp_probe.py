@@ -175,3 +175,25 @@ def test_a_failing_read_turns_the_reader_off_and_never_raises() -> None:
 def test_a_cpu_value_is_read_at_once(value: float) -> None:
     [(tag, got)] = LateReads(torch).put(torch.tensor(value, requires_grad=True) * 1, "t")
     assert tag == "t" and (got == value or (got != got and value != value))
+
+
+def test_an_autocast_inside_a_compiled_function_breaks_no_graph(tmp_path: Path) -> None:
+    """Dynamo knows torch.autocast by its class, not its __enter__: the wrapper changes nothing
+    for a compiled region that autocasts."""
+    from torch._dynamo.utils import counters
+
+    s = Session(tmp_path, clock=Ticking(), window_start=10**9)
+    probe = StepsProbe(s)
+    probe.start()
+    try:
+        def f(x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return (x @ x).sum()
+
+        counters.clear()
+        out = torch.compile(f, backend="eager")(torch.randn(8, 8))
+        assert out.dtype == torch.bfloat16
+        assert not counters["graph_break"] and counters["frames"]["ok"] == 1
+    finally:
+        probe.stop()
+        s.close()
