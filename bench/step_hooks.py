@@ -5,13 +5,17 @@
     python bench/step_hooks.py --after-window     # the loop's steps after the window
     python bench/step_hooks.py --hooks-after-window   # the hook path after the window: with
                                                   # the drift detector (DOCTOR_REWINDOW=off: none)
+    python bench/step_hooks.py --amp              # with bf16 autocast and a GradScaler
 
 By default, one step's hook path alone: the DataLoader's ``__next__``, the fetch and the collate,
 ``backward()`` and the optimizer's global step hooks, each called once around a stand-in that does
 nothing, so that what is timed is the probes' own work (and the stand-ins', the ``bare`` line).
 With ``--loop``, whole steps of a tiny model (a step of ~100-300 us) through a DataLoader,
 ``zero_grad``, ``backward`` and ``optimizer.step``: the probes' cost with torch's around it,
-noisier. Either runs in this one process, in blocks of ``--steps`` steps, each block under one
+noisier. With ``--amp``, each step also enters a bf16 autocast and updates a CPU GradScaler
+(the steps probe notes the autocast, reads the scale and the loss: probes/amp.py); the
+hook path's update is a stand-in, its scale a real CPU tensor. Either runs in this one
+process, in blocks of ``--steps`` steps, each block under one
 configuration:
 
 * ``bare``: no doctor at all;
@@ -48,8 +52,9 @@ JOB_PROBES = ("steps", "dataloader", "page_faults", "torch_ops", "memory", "mode
               "gc")
 
 
-def loop() -> Callable[[int], int]:
-    """A tiny training loop: ``run(n)`` trains n steps and returns their CPU ns."""
+def loop(amp: bool = False) -> Callable[[int], int]:
+    """A tiny training loop: ``run(n)`` trains n steps and returns their CPU ns (``amp``: under
+    bf16 autocast and a GradScaler)."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -61,15 +66,18 @@ def loop() -> Callable[[int], int]:
     # an epoch of 8192 steps: a new iterator (its settings read once) is rare, as in a real job
     data = TensorDataset(torch.randn(65536, 8), torch.randint(0, 2, (65536,)))
     loader = DataLoader(data, batch_size=8, shuffle=False)
+    scaler = torch.amp.GradScaler("cpu", enabled=amp)
 
     def run(n: int) -> int:
         done, t0 = 0, time.thread_time_ns()
         while done < n:
             for x, y in loader:
-                loss = nn.functional.cross_entropy(model(x), y)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                    loss = nn.functional.cross_entropy(model(x), y)
                 opt.zero_grad()
-                loss.backward()
-                opt.step()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
                 done += 1
                 if done >= n:
                     break
@@ -78,12 +86,13 @@ def loop() -> Callable[[int], int]:
     return run
 
 
-def hook_path() -> Callable[[int], int]:
+def hook_path(amp: bool = False) -> Callable[[int], int]:
     """One step's hook path alone: the DataLoader's ``__next__``, the fetch and the collate,
-    ``backward()`` and the optimizer's global step hooks, each around a stand-in that does
-    nothing (installed before the probes, so that they wrap it). ``run(n)`` makes n such steps and
-    returns their CPU ns: the calls are the probes' and the stand-ins' only, so other work on the
-    machine shows far less than in a training step."""
+    ``backward()`` (of a one-element loss) and the optimizer's global step hooks, each around a
+    stand-in that does nothing (installed before the probes, so that they wrap it); with
+    ``amp``, a bf16 autocast entered and a GradScaler's ``update`` (a stand-in). ``run(n)``
+    makes n such steps and returns their CPU ns: the calls are the probes' and the stand-ins'
+    only, so other work on the machine shows far less than in a training step."""
     import torch
     from torch.optim import optimizer as optim
     from torch.utils.data import DataLoader, TensorDataset
@@ -98,14 +107,20 @@ def hook_path() -> Callable[[int], int]:
     for (owner, name), fake in fakes.items():
         setattr(owner, name, fake)
     torch.autograd.backward = lambda *args, **kwargs: None
+    torch.amp.GradScaler.update = lambda self, new_scale=None: None  # type: ignore[method-assign]
     loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2)
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    loss = torch.zeros((), requires_grad=True)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler._scale = torch.full((), 1024.0)
+    cast = torch.autocast("cpu", dtype=torch.bfloat16)
 
     def run(n: int) -> int:
         it = iter(loader)  # the probes' wrappers of this moment
         fetcher = fetch._MapDatasetFetcher(loader.dataset, True, lambda b: b, False)
         nxt, fetch_one, collate = type(it).__next__, type(fetcher).fetch, fetcher.collate_fn
         backward = torch.autograd.backward
+        update = type(scaler).update
         pre = list(optim._global_optimizer_pre_hooks.values())
         post = list(optim._global_optimizer_post_hooks.values())
         t0 = time.thread_time_ns()
@@ -113,11 +128,16 @@ def hook_path() -> Callable[[int], int]:
             nxt(it)
             fetch_one(fetcher, [0, 1])
             collate(batch)
-            backward(batch[0])
+            if amp:
+                with cast:
+                    pass
+            backward(loss)
             for hook in pre:
                 hook(opt, (), {})
             for hook in post:
                 hook(opt, (), {})
+            if amp:
+                update(scaler)
         return time.thread_time_ns() - t0
 
     return run
@@ -162,11 +182,13 @@ def main() -> None:
                     help="open the window at step 8 and time the steps after it")
     ap.add_argument("--hooks-after-window", action="store_true",
                     help="the hook path alone, timed after the window (the drift detector on)")
+    ap.add_argument("--amp", action="store_true",
+                    help="each step under bf16 autocast with a GradScaler update")
     args = ap.parse_args()
     configs = ["bare", "all", *(f"all - {p}" for p in JOB_PROBES)]
     whole_steps = args.loop or args.after_window
     args.steps = args.steps or (100 if whole_steps else 2000)
-    run = loop() if whole_steps else hook_path()
+    run = loop(args.amp) if whole_steps else hook_path(args.amp)
     run(200)  # warm-up: lazy imports, the allocator's first growth
     best: dict[str, float] = {}
     for r in range(args.rounds):
@@ -178,7 +200,8 @@ def main() -> None:
     when = ("after the window" if args.after_window or args.hooks_after_window
             else "window never opens") + (
         ", whole steps of a tiny loop" if args.loop or args.after_window else
-        ", the hook path of a step alone")
+        ", the hook path of a step alone") + (", bf16 autocast and a GradScaler" if args.amp
+                                               else "")
     print(f"load average {os.getloadavg()[0]:.2f}; CPU us per step of the training thread "
           f"(smallest block of {args.rounds} rounds), {when}")
     bare, whole = best["bare"], best["all"]

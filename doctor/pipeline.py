@@ -108,7 +108,8 @@ def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summa
     MAX_FINDINGS of them and the ledger's stalls kept."""
     offered = in_framework_words(
         sound_findings(outcome.findings, job_settings(stages.job, stages.loaders),
-                       compiled=compiled), stages.job, stages.loaders)
+                       compiled=compiled, autocasts=stages.job.autocast),
+        stages.job, stages.loaders)
     findings = attach_verified(offered, run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, stages.ranks),

@@ -1,8 +1,9 @@
 """Steps probe: step boundaries from torch.optim global hooks, ``backward()`` calls and CUDA graph
 replays (``doctor.step()`` marks its own), and each GradScaler ``update()`` with whether the
 optimizer stepped since the last one (a scaler that found inf/NaN gradients skips the optimizer
-step: no hook fires, yet the iteration ran). Runs inside the job; writes intervals through the
-Session.
+step: no hook fires, yet the iteration ran). With them, mixed precision (probes/amp.py): the
+autocasts entered, each scaler's settings and scale, the losses that were not finite. Runs
+inside the job; writes intervals through the Session.
 
 The optimizer's interval is its own work: a closure passed to ``step`` (Lightning runs the
 forward and backward of every step in one: ``optimizer.step(closure)``; LBFGS) is timed apart,
@@ -21,6 +22,7 @@ from ..record.patches import Patches
 from ..record.process_facts import framework_facts
 from ..record.session import STEP_BACKWARD, Session
 from ..verdict import ProbeStatus
+from .amp import AmpWatch
 
 
 class StepsProbe:
@@ -33,6 +35,7 @@ class StepsProbe:
         self._stepped = False  # an optimizer stepped since the last GradScaler update()
         self._optimizers: list[dict[str, Any]] = []  # each optimizer's facts, as it first stepped
         self._keys: dict[int, int] = {}
+        self._amp: AmpWatch | None = None
 
     def check(self) -> ProbeStatus:
         try:
@@ -72,41 +75,54 @@ class StepsProbe:
         self._handles = [register_optimizer_step_pre_hook(pre),
                          register_optimizer_step_post_hook(post)]
 
-        def backward_ended(t0: int) -> None:
-            session.record_interval("backward", t0, session.clock())
+        amp = self._amp = AmpWatch(session, torch)
+
+        def backward_ended(t0: int, args: tuple[Any, ...]) -> None:
+            t1 = session.clock()
+            session.record_interval("backward", t0, t1)
             session.count_step(STEP_BACKWARD)
+            if args:
+                amp.backward_ended(args[0], t0, t1)
 
         # Tensor.backward looks torch.autograd.backward up at call time
         self._wrap(torch.autograd, "backward", backward_ended)
         self._wrap_graph_replay(torch)
         self._wrap_scaler_update(torch)
+        amp.wrap_autocast(self._patches)
 
     def _wrap_graph_replay(self, torch: Any) -> None:
         """A training step captured whole as a CUDA graph replays with no optimizer step or
         backward() in Python: each replay is recorded (the Session decides when they are the
         steps). Never touches CUDA: the class is patched, not a graph made."""
+        record = self.session.record_graph_replay
         self._wrap(getattr(getattr(torch, "cuda", None), "CUDAGraph", None), "replay",
-                   self.session.record_graph_replay)
+                   lambda t0, args: record(t0))
 
     def _wrap_scaler_update(self, torch: Any) -> None:
         """Each GradScaler ``update()`` (once per iteration, stepped or skipped): recorded with
-        key 1 where an optimizer stepped since the last one, 0 where the scaler skipped it.
-        Reads no tensor: nothing waits for the GPU."""
+        key 1 where an optimizer stepped since the last one, 0 where the scaler skipped it; and
+        its scale (probes/amp.py: nothing waits for the GPU)."""
         session = self.session
+        amp = self._amp
 
-        def updated(t0: int) -> None:
-            session.record_interval("scaler", t0, session.clock(), 1 if self._stepped else 0)
+        def updated(t0: int, args: tuple[Any, ...]) -> None:
+            t1 = session.clock()
+            session.record_interval("scaler", t0, t1, 1 if self._stepped else 0)
             self._stepped = False
+            if amp is not None and args:
+                amp.updated(args[0], t1)
 
-        amp = getattr(torch, "amp", None)
+        torch_amp = getattr(torch, "amp", None)
         cuda_amp = getattr(getattr(torch, "cuda", None), "amp", None)
-        for cls in {getattr(amp, "GradScaler", None), getattr(cuda_amp, "GradScaler", None)}:
+        for cls in {getattr(torch_amp, "GradScaler", None), getattr(cuda_amp, "GradScaler", None)}:
             if cls is not None and "update" in vars(cls):  # a subclass inherits the patch
-                self._wrap(cls, "update", updated)
+                self._wrap(cls, "update", updated, amp.updating if amp is not None else None)
 
-    def _wrap(self, cls: Any, name: str, then: Callable[[int], None]) -> None:
-        """``cls.name`` replaced by itself timed: ``then(t0)`` as each call ends (raised or
-        not), with the Session's clock when it began; restored at stop."""
+    def _wrap(self, cls: Any, name: str, then: Callable[[int, tuple[Any, ...]], None],
+              before: Callable[[Any, int], None] | None = None) -> None:
+        """``cls.name`` replaced by itself timed: ``then(t0, args)`` as each call ends (raised
+        or not), with the Session's clock when it began and the call's positional arguments
+        (``before(args[0], t0)`` as it begins, where given); restored at stop."""
         orig = getattr(cls, name, None)
         if cls is None or orig is None:
             return
@@ -115,10 +131,12 @@ class StepsProbe:
         @functools.wraps(orig)
         def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
+            if before is not None and args:
+                before(args[0], t0)
             try:
                 return orig(*args, **kwargs)
             finally:
-                then(t0)
+                then(t0, args)
 
         self._patches.put(cls, name, timed)
 
@@ -130,6 +148,8 @@ class StepsProbe:
             h.remove()
         self._handles = []
         self._patches.restore()
+        if self._amp is not None:
+            self._amp.stop()
 
 
 def optimizer_facts(opt: Any) -> dict[str, Any]:

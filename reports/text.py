@@ -94,6 +94,12 @@ def steps_line(verdict: Verdict) -> str:
         parts.append(f"{_int(analyzed)} of {_int(count)} steps analysed")
     elif _is_number(count):
         parts.append(f"{_int(count)} steps")
+    skipped: Any = steps.get("skipped")
+    micro: Any = steps.get("micro_batches")
+    if _is_number(skipped) and _int(skipped) > 0:
+        parts.append(f"{_int(skipped)} skipped by the GradScaler")
+    if _is_number(micro) and float(micro) > 1:
+        parts.append(f"{float(micro):g} micro-batches (backward() calls) a step")
     ranks = verdict.job.get("ranks")
     if _is_number(ranks) and _int(ranks) > 1:
         parts.append(f"{_int(ranks)} ranks")

@@ -1,18 +1,25 @@
-"""A CPU job under a GradScaler whose gradients overflow every few iterations: the scaler skips
-those iterations' optimizer step, and their forward and backward are wasted.
+"""A CPU job under autocast and a GradScaler whose gradients overflow every few iterations: the
+scaler skips those iterations' optimizer step, and their forward and backward are wasted.
 
-Every ``--skip-every``-th iteration's loss is multiplied by inf (standing in for an op that
-overflows the 16-bit range), so its gradients are not finite and ``scaler.step`` does not step.
-The job counts the iterations it skipped itself (the scale drops at each one) and prints them.
+Every ``--skip-every``-th iteration, a gradient in the backward pass is multiplied by inf
+(standing in for an op whose gradient overflows the 16-bit range; ``--overflow loss``: the loss
+itself, standing in for a forward pass that overflows), so the scaler finds inf/NaN gradients and
+``scaler.step`` does not step. The forward runs under ``torch.autocast("cpu", dtype=...)``
+(``--autocast fp16``, the default, ``bf16`` or ``off``); ``--accumulate N`` runs N micro-batches
+(backward() calls) per iteration. The job counts its iterations, the ones it skipped (the scale
+drops at each one), their share of the loop's time, and its non-finite losses, and prints them.
 
-Switch: ``--skip-every 0`` removes the overflow: no iteration is skipped.
+Switches: ``--skip-every 0`` removes the overflow (no iteration is skipped); ``--autocast off``
+removes autocast's casts.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -20,11 +27,17 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import StepTimer
 
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=90, help="iterations")
     ap.add_argument("--skip-every", type=int, default=3, help="overflow every N-th (0: never)")
+    ap.add_argument("--overflow", choices=("grad", "loss"), default="grad",
+                    help="what overflows: a gradient in backward, or the loss itself")
+    ap.add_argument("--autocast", choices=("fp16", "bf16", "off"), default="fp16")
+    ap.add_argument("--accumulate", type=int, default=1, help="micro-batches per iteration")
     ap.add_argument("--width", type=int, default=512)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -34,20 +47,37 @@ def main() -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=10**6)
     x, y = torch.randn(128, 256), torch.randint(0, 10, (128,))
     timer = StepTimer()
-    skipped = 0
+    skipped = nonfinite = 0
+    skipped_s = loop_s = 0.0
     for i in range(args.steps):
-        loss = nn.functional.cross_entropy(model(x), y)
-        if args.skip_every and i % args.skip_every == args.skip_every - 1:
-            loss = loss * float("inf")
+        t0 = time.perf_counter()
+        overflow = bool(args.skip_every) and i % args.skip_every == args.skip_every - 1
         opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
+        for _ in range(args.accumulate):
+            with torch.autocast("cpu", dtype=DTYPES.get(args.autocast, torch.float32),
+                                enabled=args.autocast != "off"):
+                hidden = model[1](model[0](x))
+                if overflow and args.overflow == "grad":
+                    hidden.register_hook(lambda g: g * float("inf"))
+                loss = nn.functional.cross_entropy(model[2](hidden), y) / args.accumulate
+            if overflow and args.overflow == "loss":
+                loss = loss * float("inf")
+            nonfinite += not math.isfinite(loss.item())
+            scaler.scale(loss).backward()
         before = scaler.get_scale()
         scaler.step(opt)
         scaler.update()
-        skipped += scaler.get_scale() < before
+        skip = scaler.get_scale() < before
+        skipped += skip
         timer.step()
-    timer.report(job="amp_skips", skip_every=args.skip_every, iterations=args.steps,
-                 skipped=skipped)
+        spent = time.perf_counter() - t0
+        loop_s += spent
+        skipped_s += spent if skip else 0.0
+    timer.report(job="amp_skips", skip_every=args.skip_every, autocast=args.autocast,
+                 overflow=args.overflow, iterations=args.steps, skipped=skipped,
+                 skipped_share=skipped_s / loop_s if loop_s else 0.0,
+                 nonfinite_losses=nonfinite, micro_batches=args.accumulate,
+                 final_scale=scaler.get_scale())
 
 
 if __name__ == "__main__":

@@ -31,11 +31,13 @@ from doctor.record.session import (
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
     EVENT_WINDOW_STOP_END,
+    STEP_BACKWARD,
     STEP_DATALOADER,
     STEP_MANUAL,
     Session,
 )
 from doctor.store import layout
+from doctor.store.records import LOSS_INF, scale_key
 from doctor.store.rundir import write_node_record, write_run_record
 from doctor.trace.steps import STEP_COLUMNS
 
@@ -170,6 +172,57 @@ def record_loop(run_dir: Path, steps: int, *, wait_s: float = 0.0, compute_s: fl
             session.mark_step(STEP_MANUAL)
     session.close()
     return session
+
+
+def scaled_loop(run_dir: Path, iterations: int, skip: set[int], micro_batches: int = 1,
+                step_s: float = 0.03, *, scale: float | None = None,
+                fused: bool = False, nonfinite: set[int] = frozenset(),  # type: ignore[assignment]
+                growth_interval: int = 2000, autocast: tuple[str, str] | None = None,
+                peaks: dict[str, Any] | None = None) -> None:
+    """A loop under a GradScaler: ``skip`` holds the iterations (from 0) whose optimizer step
+    the scaler skipped; each runs ``micro_batches`` backward() calls. With ``scale``, the
+    scaler's scale is recorded as the probe does (its start, halved at each skip, doubled after
+    ``growth_interval`` clean iterations) with its settings in the meta; ``fused``: the
+    optimizer steps every iteration (it skips inside its kernel: only the scale says so);
+    ``nonfinite``: the iterations whose losses were inf; ``autocast``: the (device, dtype) the
+    process entered; ``peaks``: the machine's measured roofs (run.json)."""
+    clock = FakeClock()
+    s = Session(run_dir, clock=clock, window_start=10**9)
+    if autocast is not None:
+        s.update_meta(autocast=[{"device": autocast[0], "dtype": autocast[1], "enabled": True}])
+    if scale is not None:
+        s.update_meta(scalers=[{"class": "GradScaler", "device": "cpu", "enabled": True,
+                                "init_scale": scale, "growth_factor": 2.0,
+                                "backoff_factor": 0.5, "growth_interval": growth_interval}])
+    clean = 0
+    for i in range(iterations):
+        for _ in range(micro_batches):
+            s.count_step(STEP_DATALOADER)
+            clock.tick(step_s * 0.4 / micro_batches)
+            b0 = clock()
+            clock.tick(step_s * 0.4 / micro_batches)
+            s.record_interval("backward", b0, clock())
+            if i in nonfinite:
+                s.record_interval("nonfinite", b0, clock(), LOSS_INF)
+            s.count_step(STEP_BACKWARD)
+        stepped = i not in skip
+        if stepped or fused:
+            s.record_optimizer_start()
+            clock.tick(step_s * 0.1)
+            s.record_optimizer_end(0)
+        u0 = clock()
+        if scale is not None and i == 0:
+            s.record_interval("scale", u0, u0, scale_key(scale))
+        clock.tick(step_s * 0.1)
+        s.record_interval("scaler", u0, clock(), 1 if stepped or fused else 0)
+        if scale is not None:
+            clean = 0 if not stepped else clean + 1
+            scale = scale * 0.5 if not stepped else scale * 2 if clean == growth_interval \
+                else scale
+            clean = 0 if clean == growth_interval else clean
+            s.record_interval("scale", clock(), clock(), scale_key(scale))
+    s.close()
+    write_record(run_dir, **({"peaks": peaks} if peaks else {}))
 
 
 def write_record(run_dir: Path, exit_code: int | None = 0, cores: int = 2, **extra: object

@@ -83,6 +83,11 @@ def summarise(ledger: pd.DataFrame) -> Summary:
     steps: dict[str, Any] = {
         "count": count, "analyzed": len(steady),
         "median_s": float(steady["wall_s"].median()) if len(steady) else None}
+    if "micro_batches" in steady and steady["micro_batches"].notna().any():
+        # backward() calls per step: more than one is gradient accumulation
+        steps["micro_batches"] = float(steady["micro_batches"].median())
+    if "skipped" in ledger and ledger["skipped"].any():  # a GradScaler's, all steps
+        steps["skipped"] = int(ledger["skipped"].sum())
     if count and not ledger["in_range"].all():
         inside = ledger.loc[ledger["in_range"], "step"]
         steps["range"] = [int(inside.min()), int(inside.max())]

@@ -25,6 +25,7 @@ from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.idle_gpus import IdleGpus, idle_gpus
 from doctor.analyse.iterations import Iterations, iterations
 from doctor.analyse.memory import MemoryEvidence
+from doctor.analyse.mixed import RankPrecision, precision_evidence
 from doctor.analyse.ops import RankOps
 from doctor.analyse.phase_steps import PhaseSummary
 from doctor.analyse.split import (
@@ -74,6 +75,8 @@ class Evidence:
     - ``iterations``: each rank's iterations under a GradScaler, the skipped ones and the
       micro-batches per iteration (doctor.analyse.iterations), where a scaler updated;
       ``compiles``: each rank's torch.compile compilations (doctor.analyse.compiles);
+    - ``precision``: each rank's mixed precision (its autocasts, scaler, losses not finite, the
+      casts' cost: doctor.analyse.mixed), where it recorded any;
     - ``optimizers``: each training process's optimizers as they first stepped (class,
       foreach, fused, parameter tensors, device);
     - ``phases``: each rank's evaluation passes, checkpoints and epoch starts
@@ -106,6 +109,7 @@ class Evidence:
     gc: Mapping[int, GcSummary] | None = None
     iterations: Mapping[int, Iterations] | None = None
     compiles: Mapping[int, Compiles] | None = None
+    precision: Mapping[int, RankPrecision] | None = None
     optimizers: pd.DataFrame | None = None
     phases: tuple[PhaseSummary, ...] | None = None
 
@@ -147,6 +151,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         idle_gpus=idle_gpus(run, stages.job, ranks),
         iterations=iterations(run, ranks) or None,
         compiles=compiles(run, ranks, stages.table) or None,
+        precision=precision_evidence(run, ranks, stages.ledger, stages.ops) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
     )
 

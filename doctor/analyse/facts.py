@@ -165,6 +165,8 @@ def job_dict(run: RunData, job: JobFacts) -> dict[str, Any]:
     }
     if len(r.nodes) > 1:
         out["nodes"] = list(r.nodes)
+    if job.autocast:  # the autocasts the training processes entered (doctor.probes.amp)
+        out["autocast"] = [f"{device}:{dtype}" for device, dtype in job.autocast]
     if not run.window_status.empty:  # which decoder and gunzip read the traces
         from doctor.trace.reader import GUNZIP
         from doctor.trace.scan import READER

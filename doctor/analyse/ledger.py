@@ -47,7 +47,10 @@ from doctor.verdict import LEDGER_COLUMNS
 EVIDENCE_COLUMNS = (UNSPLIT_INPUT, "wait_s", "contention_s", "comm_contention_s", "backward_s",
                     "optimizer_s", "fetch_s", "device_compute_s", *THREAD_COLUMNS,
                     "blocked_other_s")
-FLAGS = ("window_close", "in_window", "sampled", "in_range", "compiling")
+FLAGS = ("window_close", "in_window", "sampled", "in_range", "compiling", "skipped")
+#: Counts the ledger keeps beside: ``micro_batches``, the backward() calls in the step (more than
+#: one: gradient accumulation; nan where none was recorded).
+COUNT_COLUMNS = ("micro_batches",)
 #: A job whose ordinary step's thread is on a core less than this part of its time outside the
 #: input wait: its window's compute is not the thread's own (intra-op threads, say); kept.
 MIN_USUAL_ON_CORE = 0.05
@@ -78,7 +81,7 @@ def build_ledger(table: pd.DataFrame, windows: Mapping[int, WindowSplit] | None 
 
 def empty_ledger() -> pd.DataFrame:
     cols: dict[str, pd.Series] = {}
-    for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS):
+    for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS, *COUNT_COLUMNS):
         dtype = "bool" if c in (*FLAGS, "warmup", "analyzed") else "int64" \
             if c in ("rank", "step") else "float64"
         cols[c] = pd.Series(dtype=dtype)
@@ -130,7 +133,7 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
         if window and window.device == "cuda" else data["compute"]
     out = {c: rows[c].to_numpy() for c in ("rank", "step", "start_s", "wait_s",
                                            "backward_s", "optimizer_s", "fetch_s", "warmup",
-                                           "analyzed", *FLAGS)}
+                                           "analyzed", *FLAGS, *COUNT_COLUMNS)}
     out.update(data)
     out["wall_s"] = wall
     for col in THREAD_COLUMNS:
@@ -140,7 +143,8 @@ def _rank_ledger(rows: pd.DataFrame, window: WindowSplit | None,
     out["contention_s"] = contended
     out["comm_contention_s"] = np.where(has_own, 0.0, comm_contended)
     out["device_compute_s"] = np.where(has_own, own[:, -1], on_device)
-    frame = pd.DataFrame({c: out[c] for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS)})
+    frame = pd.DataFrame({c: out[c] for c in (*LEDGER_COLUMNS, *EVIDENCE_COLUMNS, *FLAGS,
+                                              *COUNT_COLUMNS)})
     # each step's phase (doctor.analyse.phase_steps): only training steps are analysed
     return frame.assign(phase=rows["phase"].to_numpy() if "phase" in rows else TRAIN)
 

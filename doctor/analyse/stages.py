@@ -76,6 +76,12 @@ class JobFacts:
     # fabric, accelerate, deepspeed), and its package's version; None: a loop of the job's own
     framework: str | None = None
     framework_version: str | None = None
+    # (device, dtype) of each autocast the training processes entered (doctor.probes.amp)
+    autocast: tuple[tuple[str, str], ...] = ()
+
+    def autocasts_on(self, device: str) -> str | None:
+        """The 16-bit type the job autocasts to on ``device`` already (None: none)."""
+        return next((dtype for dev, dtype in self.autocast if dev == device), None)
 
 
 @dataclass(frozen=True)
@@ -195,12 +201,20 @@ def job_facts(run: RunData, ranks: dict[int, RankSteps], window: pd.DataFrame) -
         worker_processes=len(workers), rank_pids={rank: r.pid for rank, r in ranks.items()},
         precision=job_precision(run, "cuda" if cuda else "cpu", window),
         framework=_text(first, "framework"), framework_version=_text(first, "framework_version"),
+        autocast=_autocasts(of_processes(run.amp, (r.process for r in ranks.values()))),
     )
 
 
 def _text(row: pd.Series | None, column: str) -> str | None:
     value = row.get(column) if row is not None else None
     return value if isinstance(value, str) and value else None
+
+
+def _autocasts(amp: pd.DataFrame) -> tuple[tuple[str, str], ...]:
+    """Each enabled autocast's (device, dtype), in the order first entered."""
+    on = amp[(amp["kind"] == "autocast") & (amp["enabled"] == True)]  # noqa: E712
+    return tuple(dict.fromkeys(zip(on["device"].astype(str), on["dtype"].astype(str),
+                                   strict=True)))
 
 
 def used_cuda(run: RunData, mains: pd.DataFrame) -> bool:

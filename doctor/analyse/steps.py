@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from doctor.analyse.scaler import scaler_updates
 from doctor.analyse.thread_time import (
     SAMPLER_MEASURED,
     THREAD_COLUMNS,
@@ -63,7 +64,7 @@ OWN_COLUMNS = (*(f"own_{c}_s" for c in EXCLUSIVE_COLUMNS), "own_device_compute_s
 STEP_TABLE_COLUMNS = (
     "rank", "step", "start_s", "wall_s", "wait_s", "backward_s", "optimizer_s", "fetch_s",
     "warmup", "window_close", "in_window", "sampled", "in_range", "analyzed", "compiling",
-    *OWN_COLUMNS, *THREAD_COLUMNS, SAMPLER_MEASURED,
+    "skipped", "micro_batches", *OWN_COLUMNS, *THREAD_COLUMNS, SAMPLER_MEASURED,
 )
 
 
@@ -294,7 +295,7 @@ def step_table(run: RunData, ranks: dict[int, RankSteps],
 
 def empty_step_table() -> pd.DataFrame:
     flags = ("warmup", "window_close", "in_window", "sampled", "in_range", "analyzed",
-             "compiling", SAMPLER_MEASURED)
+             "compiling", "skipped", SAMPLER_MEASURED)
     return pd.DataFrame({c: pd.Series(dtype="bool" if c in flags else "int64"
                                       if c in ("rank", "step") else "float64")
                          for c in STEP_TABLE_COLUMNS})
@@ -326,11 +327,14 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
         out["wait_s"] = out["own_input_s"]
         for col in ("backward_s", "optimizer_s", "fetch_s"):
             out[col] = np.zeros(n)
+        out["micro_batches"] = np.full(n, np.nan)
+        out["skipped"] = np.zeros(n, dtype=bool)
     else:
         out["wait_s"] = np.minimum(overlap("loader_wait"), wall)
         out["backward_s"] = overlap("backward")
         out["optimizer_s"] = overlap("optimizer")
         out["fetch_s"] = overlap("fetch")
+        out["micro_batches"], out["skipped"] = _iteration_columns(run, r)
         for col in OWN_COLUMNS:
             out[col] = np.full(n, np.nan)
     first, last = in_range or (1, n)
@@ -373,6 +377,23 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
     out.update(warmup=warm, window_close=closing, in_window=inside, sampled=sampled,
                in_range=inside_range, analyzed=analyzed, compiling=compiling)
     return pd.DataFrame({c: out[c] for c in STEP_TABLE_COLUMNS})
+
+
+def _iteration_columns(run: RunData, r: RankSteps) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's micro-batches (the backward() calls that ended in it: gradient accumulation
+    where more than one; nan where the process recorded none) and whether a GradScaler skipped
+    its optimizer step (doctor.analyse.scaler)."""
+    _b0, b1, _ = run.intervals_of(r.process, "backward")
+    if len(b1):
+        b1 = np.sort(b1)
+        micro = (np.searchsorted(b1, r.ends_ns, "right")
+                 - np.searchsorted(b1, r.starts_ns, "right")).astype(np.float64)
+    else:
+        micro = np.full(len(r.ends_ns), np.nan)
+    updates = scaler_updates(run, r.process)
+    skipped = np.isin(r.ends_ns, updates.ends_ns[updates.skipped]) if updates is not None \
+        else np.zeros(len(r.ends_ns), dtype=bool)
+    return micro, skipped
 
 
 def warmup_steps(wall: np.ndarray) -> int:

@@ -30,14 +30,14 @@ from doctor.rules import (
     optimizer,
     other,
     phases,
+    precision,
     trace,
 )
 from doctor.rules.base import Rule, RuleOutcome, RuleSkipped, rule, run_rules
 
 MODULES = (compute, compiles, optimizer, ops, distributed, gpu, gpu_counters, idle_gpus,
            communication, memory, memory_fit, memory_growth, allocator, host, input, input_outside,
-           iterations,
-           other, causes, phases, trace)
+           iterations, precision, other, causes, phases, trace)
 
 __all__ = ["Evidence", "JobFacts", "Rule", "RuleOutcome", "RuleSkipped", "default_rules", "rule",
            "run_rules"]

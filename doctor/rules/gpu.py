@@ -11,6 +11,7 @@ from dataclasses import replace
 import pandas as pd
 
 from doctor.analyse.evidence import Evidence
+from doctor.analyse.precision import gpu_precision
 from doctor.rules.base import rule
 from doctor.rules.input_model import main_loader
 from doctor.rules.window import mean, means, window_finding, window_steps
@@ -249,29 +250,13 @@ def no_tensor_cores(ev: Evidence) -> list[Finding]:
     tf32 = math.isnan(cc) or cc >= 8.0
     # Tensor Cores run fp32-shaped GEMMs 2x-8x faster: count on halving GEMM time.
     gained = 0.5 * min(gemm, mean(f, "kernel_s") or gemm)
-    fixes = [
-        Fix(
-            title="Mixed precision (bf16 autocast)" if tf32 else "Mixed precision (fp16 autocast)",
-            why=(
-                "matrix multiplies and convolutions in bf16 run on Tensor Cores"
-                if tf32 else
-                f"this GPU (compute capability {cc:.1f}) has fp16 Tensor Cores but no TF32; "
-                "fp16 needs a GradScaler"
-            ),
-            code=(
-                "with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16):\n"
-                "    loss = loss_fn(model(inputs), targets)\n"
-                "loss.backward()"
-                if tf32 else
-                "scaler = torch.amp.GradScaler(\"cuda\")\n"
-                "with torch.autocast(device_type=\"cuda\", dtype=torch.float16):\n"
-                "    loss = loss_fn(model(inputs), targets)\n"
-                "scaler.scale(loss).backward()\n"
-                "scaler.step(optimizer)\n"
-                "scaler.update()"
-            ),
-        ),
-    ]
+    # the 16-bit type this GPU runs fast (tf32: compute capability 8.0 or newer, or unknown)
+    precision = gpu_precision(None if math.isnan(cc) else cc)
+    fixes = [] if ev.job.autocasts_on("cuda") is not None or precision.dtype is None else [
+        Fix(title=f"Mixed precision ({precision.short} autocast)",
+            why=f"matrix multiplies and convolutions in {precision.short} run on Tensor Cores "
+                f"({precision.why})",
+            code=precision.autocast_code("loss = loss_fn(model(inputs), targets)"))]
     if tf32:
         fixes.append(replace(ALLOW_TF32, estimated_speedup=step / max(step - gained, 1e-9)))
     return [window_finding(

@@ -1,12 +1,18 @@
 """Iterations a GradScaler skipped (doctor.analyse.iterations): the forward and backward of each
 ran for nothing. A few at the start are the scaler calibrating and a rare one each time the scale
 grows are its design; a steady share past that means gradients overflow fp16 (or are inf/NaN
-whatever the scale), and the fix depends on what the device runs fast.
+whatever the scale: then the scale collapses below 1), and a long calibration means a starting
+scale far too high. The fix depends on which it is and on what the device runs fast: bf16 (no
+scaler at all) only where the device runs it fast, a lower ``init_scale`` where the skips are all
+at the start, a longer ``growth_interval`` where they recur as the scale grows back.
 """
 
 from __future__ import annotations
 
+import math
+
 from doctor.analyse.evidence import Evidence
+from doctor.analyse.iterations import Iterations, scale_words
 from doctor.analyse.precision import BF16
 from doctor.rules.base import rule
 from doctor.verdict import Finding, Fix
@@ -14,6 +20,8 @@ from doctor.verdict import Finding, Fix
 MIN_SKIPPED = 3  # skipped iterations past the calibration before a word is said
 MIN_SHARE = 0.02  # ... and their share of the iterations (the scaler's own growth costs ~1/2000)
 WARN_SHARE = 0.10
+MIN_CALIBRATING = 8  # a calibration this long (2^16 settling at 2^8) is too high a start
+MIN_CALIBRATING_SHARE = 0.05  # ... where it takes this much of the run
 
 FIND_OVERFLOW = Fix(
     title="Find what overflows",
@@ -26,43 +34,118 @@ FIND_OVERFLOW = Fix(
          "scaler.unscale_(optimizer)\n"
          "bad = [n for n, p in model.named_parameters()\n"
          "       if p.grad is not None and not torch.isfinite(p.grad).all()]")
-GROW_SLOWER = Fix(
-    title="Let the scale grow less often",
-    why="each time the scale doubles (every growth_interval clean iterations) and overflows "
-        "again, an iteration is skipped: a lower starting scale and a longer interval skip "
-        "fewer",
-    code="scaler = torch.amp.GradScaler(init_scale=2.0**10, growth_interval=4000)")
+
+
+def _grow_slower(it: Iterations, interval: float | None) -> Fix:
+    longer = int(max(2 * (interval or 2000), 4000))
+    start = it.scale_settled if it.scale_settled == it.scale_settled else 2.0**10
+    return Fix(
+        title="Let the scale grow less often",
+        why="each time the scale doubles (every growth_interval clean iterations) and overflows "
+            "again, an iteration is skipped: starting where it settled "
+            f"({scale_words(start)}) and growing half as often skips fewer",
+        code=f"scaler = torch.amp.GradScaler(init_scale={_power(start)}, "
+             f"growth_interval={longer})")
+
+
+def _power(scale: float) -> str:
+    exponent = math.log2(scale) if scale > 0 and math.isfinite(scale) else 10.0
+    return f"2.0**{round(exponent)}"
 
 
 @rule("steps.skipped", needs=("iterations",))
 def skipped(ev: Evidence) -> list[Finding]:
     its = ev.iterations
     assert its is not None  # guaranteed by needs
-    worst = max(its.values(), key=lambda i: i.skipped_later)
+    worst = max(its.values(), key=lambda i: (i.skipped_later, i.calibrating))
     later = worst.skipped_later
-    if later < MIN_SKIPPED or later < MIN_SHARE * worst.count:
-        return []
-    share = worst.wasted_share
-    speedup = 1.0 / max(1e-9, 1.0 - share) if share > 0 else None
-    fixes = [FIND_OVERFLOW, GROW_SLOWER]
+    if later >= MIN_SKIPPED and later >= MIN_SHARE * worst.count:
+        return [_recurring(ev, worst)]
+    if worst.calibrating >= MIN_CALIBRATING \
+            and worst.calibrating_share >= MIN_CALIBRATING_SHARE:
+        return [_calibration(ev, worst)]
+    return []
+
+
+def _scaler_setting(ev: Evidence, rank: int, name: str) -> float | None:
+    found = (ev.precision or {}).get(rank)
+    return (found.scaler or {}).get(name) if found is not None else None
+
+
+def _evidence(ev: Evidence, it: Iterations) -> dict[str, object]:
+    found = (ev.precision or {}).get(it.rank)
+    micro = it.micro_batches
+    # as powers of two: a collapsed scale (2^-22) is no number a verdict's 6 decimals keep
+    scales = {f"{k}_log2": round(math.log2(v), 2) if v > 0 else float("-inf")
+              for k, v in (("scale_first", it.scale_first), ("scale_settled", it.scale_settled),
+                           ("scale_last", it.scale_last), ("scale_lowest", it.scale_lowest))
+              if v == v and not math.isinf(v)}
+    return {"rank": it.rank, "iterations": it.count, "skipped": it.skipped,
+            "calibrating": it.calibrating, "skipped_later": it.skipped_later,
+            "wasted_s": it.wasted_s, "wasted_share": it.wasted_share,
+            "calibrating_share": it.calibrating_share, **scales,
+            **({"collapsed_at": it.collapsed_at} if it.collapsed_at else {}),
+            **({"micro_batches": micro} if micro == micro else {}),
+            **({"nonfinite_losses": found.nonfinite} if found is not None else {}),
+            **({f"scaler_{k}": v for k, v in (found.scaler or {}).items()}
+               if found is not None else {})}
+
+
+def _bf16(ev: Evidence, speedup: float | None) -> list[Fix]:
+    """bf16 without the scaler, where the device runs bf16 fast and the job is not in it."""
     precision = ev.job.precision
-    if precision.dtype == BF16:
-        fixes.insert(0, Fix(
-            title="Train in bfloat16, without the scaler",
-            why=f"bf16 has fp32's range: no overflow, no scaler, no skipped iteration "
-                f"({precision.why})",
-            code=f"with torch.autocast(\"{precision.device}\", dtype=torch.bfloat16):\n"
-                 "    loss = loss_fn(model(x), y)\nloss.backward()\noptimizer.step()",
-            estimated_speedup=speedup))
-    micro = worst.micro_batches
-    return [Finding(
+    if precision.dtype != BF16 or ev.job.autocasts_on(precision.device) == BF16:
+        return []
+    return [Fix(
+        title="Train in bfloat16, without the scaler",
+        why=f"bf16 has fp32's range: no overflow, no scaler, no skipped iteration "
+            f"({precision.why})",
+        code=precision.autocast_code(), estimated_speedup=speedup)]
+
+
+def _recurring(ev: Evidence, it: Iterations) -> Finding:
+    later, share = it.skipped_later, it.wasted_share
+    speedup = 1.0 / max(1e-9, 1.0 - share) if share > 0 else None
+    found = (ev.precision or {}).get(it.rank)
+    forward = found is not None and found.nonfinite > 0
+    collapsed = it.collapsed_at is not None
+    fixes = [*_bf16(ev, speedup), FIND_OVERFLOW]
+    if forward or collapsed:
+        fixes.reverse()  # no type or scale helps a value that is not finite: find it first
+    else:
+        fixes.append(_grow_slower(it, _scaler_setting(ev, it.rank, "growth_interval")))
+    why = ""
+    if collapsed:
+        why = f"; the scale fell below 1 (to {scale_words(it.scale_lowest)}): inf/NaN " \
+              "whatever the scale"
+    if forward:
+        why += f"; {found.nonfinite if found else 0} losses were already inf/NaN: the forward " \
+               "pass overflows"
+    calibrating = f" ({it.calibrating} calibrating at the start)" if it.calibrating else ""
+    return Finding(
         id="steps.skipped", category="compute",
-        severity="warning" if later >= WARN_SHARE * worst.count else "info",
-        title=f"The GradScaler skipped {worst.skipped} of {worst.count} iterations"
-              f"{f' ({worst.calibrating} calibrating at the start)' if worst.calibrating else ''}"
-              f": {later} later ones wasted their forward and backward, {share:.0%} of the run",
-        evidence={"rank": worst.rank, "iterations": worst.count, "skipped": worst.skipped,
-                  "calibrating": worst.calibrating, "skipped_later": later,
-                  "wasted_s": worst.wasted_s, "wasted_share": share,
-                  **({"micro_batches": micro} if micro == micro else {})},
-        fixes=tuple(fixes), estimated_speedup=speedup)]
+        severity="warning" if later >= WARN_SHARE * it.count else "info",
+        title=f"The GradScaler skipped {it.skipped} of {it.count} iterations{calibrating}: "
+              f"{later} later ones wasted their forward and backward, {share:.0%} of the run"
+              f"{why}",
+        evidence=_evidence(ev, it), fixes=tuple(fixes), estimated_speedup=speedup)
+
+
+def _calibration(ev: Evidence, it: Iterations) -> Finding:
+    share = it.calibrating_share
+    speedup = 1.0 / max(1e-9, 1.0 - share) if share > 0 else None
+    start, settled = it.scale_first, it.scale_settled
+    scales = f", from a scale of {scale_words(start)} down to {scale_words(settled)}" \
+        if start == start and settled == settled else ""
+    fix = Fix(
+        title=f"Start the scale where it settled: init_scale={_power(settled)}",
+        why="the scaler halves its scale at each overflow until gradients fit: a start near the "
+            "scale it settles at skips none of the first iterations",
+        code=f"scaler = torch.amp.GradScaler(init_scale={_power(settled)})",
+        estimated_speedup=speedup)
+    return Finding(
+        id="steps.skipped", category="compute", severity="info",
+        title=f"The GradScaler skipped its first {it.calibrating} of {it.count} iterations "
+              f"calibrating{scales}: {share:.0%} of the run",
+        evidence=_evidence(ev, it), fixes=(fix, *_bf16(ev, speedup)),
+        estimated_speedup=speedup)

@@ -40,8 +40,9 @@ CODE_KNOBS: tuple[tuple[str, re.Pattern[str], Reader], ...] = (
      lambda m: {"micro_batch": int(m[2]), "accumulation": int(m[3])}),
     ("code", re.compile(r"checkpoint_sequential\(|torch\.utils\.checkpoint\b"),
      lambda m: {"checkpointing": True}),
-    ("code", re.compile(r"GradScaler\([^)]*init_scale=2\.0\*\*(\d+), growth_interval=(\d+)"),
-     lambda m: {"scale_power": int(m[1]), "growth_interval": int(m[2])}),
+    ("code", re.compile(r"GradScaler\([^)]*init_scale=2\.0\*\*(-?\d+)(?:, growth_interval=(\d+))?"),
+     lambda m: {"scale_power": int(m[1]),
+                **({"growth_interval": int(m[2])} if m[2] else {})}),
 )
 
 

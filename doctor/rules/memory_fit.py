@@ -44,10 +44,12 @@ def _fp32_activations(m: RankMemory) -> float:
     return act if fp32_model else 0.0  # activations' dtypes not measured: those of the model
 
 
-def memory_fixes(m: RankMemory, world: int, precision: Precision | None = None) -> list[Fix]:
+def memory_fixes(m: RankMemory, world: int, precision: Precision | None = None,
+                 autocast: str | None = None) -> list[Fix]:
     """Each fix that fits this rank, with the bytes it frees, the most first. ``precision``:
     the 16-bit type its device runs fast (doctor.analyse.precision; None, or one of another
-    device: a GPU's of unknown generation, none on a CPU)."""
+    device: a GPU's of unknown generation, none on a CPU); ``autocast``: the 16-bit type the
+    job autocasts to on that device already (then no autocast is offered)."""
     fixes: list[Fix] = []
     act = m.parts.get("activations", 0.0)
     state = m.parts.get("optimizer_state", 0.0)
@@ -55,7 +57,7 @@ def memory_fixes(m: RankMemory, world: int, precision: Precision | None = None) 
     device = "cuda" if m.device == "cuda" else "cpu"
     if precision is None or precision.device != device:
         precision = gpu_precision(None) if device == "cuda" else Precision(None, "not measured")
-    if fp32 > 0 and precision.dtype is not None:
+    if fp32 > 0 and precision.dtype is not None and autocast is None:
         fixes.append(Fix(
             title=f"Autocast the forward pass to {precision.dtype}",
             why=f"{human_bytes(fp32)} of the activations saved for backward are fp32; in 16 bits "
@@ -168,7 +170,8 @@ def near_limit(ev: Evidence) -> list[Finding]:
                   "used_share": share, "num_ooms": int(ooms), "largest_part": largest,
                   **{f"{k}_bytes": v for k, v in m.parts.items()},
                   "ranks_near_limit": len(tight)},
-        fixes=tuple(memory_fixes(m, mem.world_size, ev.job.precision)),
+        fixes=tuple(memory_fixes(m, mem.world_size, ev.job.precision,
+                                 ev.job.autocasts_on("cuda" if m.device == "cuda" else "cpu"))),
     )]
 
 

@@ -56,7 +56,7 @@ def _gpu_busy_share(ev: Evidence) -> float | None:
     return min(1.0, float(frame["gpu_busy_s"].sum()) / step) if step > 0 else None
 
 
-def _speedup(ev: Evidence, share_of_ops: float, r: RankOps) -> float | None:
+def ops_speedup(ev: Evidence, share_of_ops: float, r: RankOps) -> float | None:
     """The step's speedup with ``share_of_ops`` of the ops' time taken out.
 
     On a CPU the ops run on the training thread: the ledger's compute share of the step, times
@@ -107,7 +107,7 @@ def memory_bound(ev: Evidence) -> list[Finding]:
                        f"registers. Fused in pairs, half of their {share:.0%} of the ops' time "
                        "goes away.",
                    code=PLAIN_COMPILE),),
-        estimated_speedup=_speedup(ev, share * FUSED_SAVING, r),
+        estimated_speedup=ops_speedup(ev, share * FUSED_SAVING, r),
     )]
 
 
@@ -136,7 +136,8 @@ def fp32_gemm(ev: Evidence) -> list[Finding]:
     saved = share * (1.0 - fp32 / half)
     fixes = []
     low = r.roofs.flops.get(precision.short, 0.0)
-    if precision.dtype is not None and low > 1.2 * fp32:
+    if precision.dtype is not None and low > 1.2 * fp32 \
+            and ev.job.autocasts_on("cuda" if gpu else "cpu") is None:
         fixes.append(Fix(title=f"Autocast to {precision.dtype}",
                          why=f"the GEMMs do {flops_share:.0%} of the operations, in fp32; this "
                              f"machine's {precision.short} roof is {low / fp32:.1f}x its fp32 "
@@ -155,7 +156,7 @@ def fp32_gemm(ev: Evidence) -> list[Finding]:
                "bits"),
         evidence={"rank": r.rank, "gemm_flops_share": flops_share, "share_of_ops": share,
                   "fp32_peak_flops": fp32, "half_peak_flops": half, "roofs": r.roofs.source},
-        fixes=tuple(fixes), estimated_speedup=_speedup(ev, saved, r),
+        fixes=tuple(fixes), estimated_speedup=ops_speedup(ev, saved, r),
     )]
 
 
@@ -182,7 +183,7 @@ def launch_bound(ev: Evidence) -> list[Finding]:
         title=f"Ops too small to pay for their launch take {share:.0%} of the ops' time",
         evidence={"rank": r.rank, "share_of_ops": share, "calls": int(tiny["calls"].sum()),
                   "ops": list(tiny["op"].head(8))},
-        fixes=tuple(fixes), estimated_speedup=_speedup(ev, share * LAUNCH_SAVING, r),
+        fixes=tuple(fixes), estimated_speedup=ops_speedup(ev, share * LAUNCH_SAVING, r),
     )]
 
 
@@ -228,7 +229,7 @@ def channels_last(ev: Evidence) -> list[Finding]:
                  f"({nchw} of {nchw + nhwc} calls), where the Tensor Cores work NHWC")
         why = ("no transposes show in the trace, so there is no measured gain: cuDNN picks "
                "other kernels for NHWC tensors, often faster ones; try it")
-    speedup = _speedup(ev, share, r) if measured else None
+    speedup = ops_speedup(ev, share, r) if measured else None
     return [Finding(
         id="ops.channels_last", category="compute",
         severity="warning" if speedup and speedup >= WORTH_A_WARNING else "info", title=title,

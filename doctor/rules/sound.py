@@ -1,14 +1,16 @@
 """The last check on the rules' findings, before the verdict numbers their fixes: no fix is
 offered that doctor itself estimates to make the job slower (its estimate below 1.0x), and none
 whose settings are all what the job already has (``num_workers=2`` to loaders that have 2, one
-thread to a job on one), nor ``torch.compile(model)`` to a job that compiles already: a fix
-that changes nothing would be tried by ``doctor try`` and measured as noise. A finding's own
+thread to a job on one), nor ``torch.compile(model)`` to a job that compiles already, nor an
+autocast to the (device, dtype) the job autocasts to already: a fix that changes nothing would
+be tried by ``doctor try`` and measured as noise. A finding's own
 estimate below 1.0x is left out too. The findings themselves stay: what they found is still so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -48,16 +50,23 @@ def job_settings(job: JobFacts, loaders: pd.DataFrame | None) -> dict[str, dict[
 #: The code of every fix that compiles the model as it stands (doctor.rules.compute, ops);
 #: other modes than the default stay: reduce-overhead is a change for a compiled model too
 PLAIN_COMPILE = "model = torch.compile(model)"
+#: An autocast in a fix's code (doctor.analyse.precision.Precision.autocast_code writes them):
+#: its device and dtype.
+AUTOCAST = re.compile(r"torch\.autocast\(\s*(?:device_type=)?[\"'](\w+)[\"']\s*,\s*"
+                      r"dtype=torch\.(\w+)")
 
 
 def sound_findings(findings: Iterable[Finding], current: Settings,
-                   compiled: bool = False) -> list[Finding]:
+                   compiled: bool = False,
+                   autocasts: Collection[tuple[str, str]] = ()) -> list[Finding]:
     """``findings`` without the fixes of the module docstring (``compiled``: the job runs
-    torch.compile already), and without an estimate below 1.0x."""
+    torch.compile already; ``autocasts``: the (device, dtype) it autocasts to), and without an
+    estimate below 1.0x."""
     out = []
     for f in findings:
         fixes = tuple(x for x in f.fixes if not _slower(x) and not already_set(x, current)
-                      and not (compiled and PLAIN_COMPILE in x.code))
+                      and not (compiled and PLAIN_COMPILE in x.code)
+                      and not _autocasts_already(x, autocasts))
         speedup = f.estimated_speedup
         if speedup is not None and speedup < 1.0:
             speedup = None
@@ -75,6 +84,11 @@ def already_set(fix: Fix, current: Settings) -> bool:
     return bool(wanted) and all(section in current and name in current[section]
                                 and current[section][name] == _plain(value)
                                 for section, name, value in wanted)
+
+
+def _autocasts_already(fix: Fix, autocasts: Collection[tuple[str, str]]) -> bool:
+    """Whether ``fix``'s code autocasts to a (device, dtype) the job autocasts to already."""
+    return any((m.group(1), m.group(2)) in autocasts for m in AUTOCAST.finditer(fix.code or ""))
 
 
 def _slower(fix: Fix) -> bool:

@@ -50,6 +50,22 @@ def optimizer_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any
             for o in meta.optimizers]
 
 
+def amp_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
+    """The autocasts the process entered and its GradScalers (doctor.probes.amp): kind
+    "autocast" with device, dtype and enabled; kind "scaler" with its class as the dtype, its
+    device, whether enabled and its settings (None: not read)."""
+    rows = [{**who, "kind": "autocast", "device": as_str(a.get("device")) or "",
+             "dtype": as_str(a.get("dtype")) or "", "enabled": as_bool(a.get("enabled"))}
+            for a in meta.autocast]
+    for s in meta.scalers:
+        rows.append({**who, "kind": "scaler", "device": as_str(s.get("device")) or "",
+                     "dtype": as_str(s.get("class")) or "GradScaler",
+                     "enabled": as_bool(s.get("enabled")),
+                     **{k: as_float(s.get(k)) for k in ("init_scale", "growth_factor",
+                                                         "backoff_factor", "growth_interval")}})
+    return rows
+
+
 def model_state_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     """The model-state probe's rows of one process (doctor.probes.model_state), with its tag;
     each optimizer's class a row of kind "optimizer" (its name as the dtype, no bytes)."""

@@ -71,6 +71,8 @@ class ProcessMeta:
     window: Mapping[str, Any] = field(default_factory=dict)
     ddp: tuple[Mapping[str, Any], ...] = ()
     optimizers: tuple[Mapping[str, Any], ...] = ()  # each as it first stepped (probes/steps.py)
+    autocast: tuple[Mapping[str, Any], ...] = ()  # each autocast entered (probes/amp.py)
+    scalers: tuple[Mapping[str, Any], ...] = ()  # each GradScaler as it first updated
     model_state: Mapping[str, Any] = field(default_factory=dict)  # tag -> rows, optimizers
     saved_tensors: Mapping[str, Any] = field(default_factory=dict)
     memory_at_start: Mapping[str, Any] = field(default_factory=dict)
@@ -109,6 +111,7 @@ class ProcessMeta:
             probe_error=text("probe_error"), loaders=_records(meta.get("loaders")),
             batch_tensors=record("batch_tensors"), window=record("window"),
             ddp=_records(meta.get("ddp")), optimizers=_records(meta.get("optimizers")),
+            autocast=_records(meta.get("autocast")), scalers=_records(meta.get("scalers")),
             model_state=record("model_state"),
             saved_tensors=record("saved_tensors"), memory_at_start=record("memory_at_start"),
             memory_at_end=record("memory_at_end"), gc=record("gc"), tried=record("tried"),

@@ -56,7 +56,14 @@ from doctor.store.stacks import (
 from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 
-from .meta_rows import ddp_rows, gc_totals, loader_rows, model_state_rows, optimizer_rows
+from .meta_rows import (
+    amp_rows,
+    ddp_rows,
+    gc_totals,
+    loader_rows,
+    model_state_rows,
+    optimizer_rows,
+)
 from .process_meta import ProcessMeta, read_meta
 from .readback import (
     Unreadable,
@@ -106,6 +113,7 @@ def _load_node(run_dir: Path) -> RunData:
     window_events: list[pd.DataFrame] = []
     ddp: list[dict[str, Any]] = []
     optimizers: list[dict[str, Any]] = []
+    amp: list[dict[str, Any]] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
         if not real_dir_inside(proc_dir, run_dir):
@@ -119,6 +127,7 @@ def _load_node(run_dir: Path) -> RunData:
         model_states += model_state_rows(who, meta)
         ddp += ddp_rows(who, meta)
         optimizers += optimizer_rows(who, meta)
+        amp += amp_rows(who, meta)
         loaders += loader_rows(who, meta)
         marks.append(_ring(proc_dir, "steps", who, problems))
         for name in INTERVAL_RINGS:
@@ -167,7 +176,7 @@ def _load_node(run_dir: Path) -> RunData:
         "gpu_procs": read_gpu_procs(run_dir).assign(node=0),
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
-        "collectives": _concat(collectives), "ddp": ddp, "optimizers": optimizers,
+        "collectives": _concat(collectives), "ddp": ddp, "optimizers": optimizers, "amp": amp,
         "window_events": _concat(window_events), "later_windows": _concat(later),
         "later_stacks": later_stacks, "later_stack_spans": later_spans,
         "others": read_others(run_dir, problems).assign(node=0),

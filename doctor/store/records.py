@@ -6,6 +6,8 @@ them into frames and the analysis reads the codes back.
 
 from __future__ import annotations
 
+import math
+
 # Step kinds in the ``steps`` ring, from the weakest evidence of a step boundary to the strongest.
 STEP_DATALOADER = 0
 STEP_BACKWARD = 1
@@ -35,13 +37,16 @@ RUN_STEPS_RECORD = ("<qqiiqqq", ("t0_ns", "t1_ns", "steps", "kind", "min_ns", "m
 #: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
 #: profiler window: doctor.probes.page_faults, the garbage collector's pauses: doctor.probes.gc,
 #: checkpoints written: doctor.probes.checkpoints; ``loader_iter``: a DataLoader iterator made
-#: or reset, its epoch's start; ``loader_end``: the call that found the loader exhausted).
+#: or reset, its epoch's start; ``loader_end``: the call that found the loader exhausted;
+#: ``scale``: a GradScaler's scale as each update left it, ``nonfinite``: a backward() whose
+#: loss was inf or NaN, both read late: see below).
 INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults",
                   "gc", "graph_replay", "scaler", "compile", "checkpoint", "loader_iter",
-                  "loader_end")
+                  "loader_end", "scale", "nonfinite")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
 RING_PROBES = {"steps": "steps", "optimizer": "steps", "run_steps": "steps", "backward": "steps",
-               "graph_replay": "steps", "scaler": "steps",
+               "graph_replay": "steps", "scaler": "steps", "scale": "steps",
+               "nonfinite": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
                "loader_iter": "dataloader", "loader_end": "dataloader",
                "checkpoint": "checkpoints",
@@ -114,3 +119,35 @@ def checkpoint_key_parts(key: int) -> tuple[int, int | None]:
     the KiB)."""
     kib = key >> CHECKPOINT_KIND_BITS
     return key & 3, None if kib <= 0 else (kib - 1) * 1024
+
+
+# The ``scale`` ring (probes/steps.py): a GradScaler's scale from the interval's start on (the
+# end of the update() that set it; the first update's start for the scale it began with), its
+# key the scale's log2 in 1/SCALE_STEPS of an octave (0.3 % apart); a scale of 0 or one not
+# finite has a key of its own. Read late on a GPU (doctor.record.late_reads): the interval ends
+# when it was read.
+SCALE_STEPS = 256
+SCALE_ZERO, SCALE_NOT_FINITE = -(2**31), 2**31 - 1
+_SCALE_KEY_MAX = 2**31 - 2
+
+
+def scale_key(scale: float) -> int:
+    """The ``scale`` ring's key of ``scale``."""
+    if not math.isfinite(scale):
+        return SCALE_NOT_FINITE
+    if scale <= 0:
+        return SCALE_ZERO
+    return max(-_SCALE_KEY_MAX, min(_SCALE_KEY_MAX, round(math.log2(scale) * SCALE_STEPS)))
+
+
+def scale_of_key(key: int) -> float:
+    """The scale a ``scale`` ring's key stands for (inf: not finite)."""
+    if key == SCALE_NOT_FINITE:
+        return float("inf")
+    if key == SCALE_ZERO:
+        return 0.0
+    return float(2.0 ** (key / SCALE_STEPS))
+
+
+# The ``nonfinite`` ring's key: what the loss of the backward() in the interval was.
+LOSS_INF, LOSS_NAN = 1, 2

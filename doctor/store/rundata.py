@@ -74,6 +74,11 @@ STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns en
 WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object events:int64")
 MODEL_STATE_COLUMNS = columns(f"{WHO} tag kind device dtype:object bytes tensors:int64")
 OPTIMIZER_COLUMNS = columns(f"{WHO} optimizer foreach fused:object tensors:int64 device:object")
+#: Mixed precision as each process ran it (doctor.probes.amp): one row per autocast (device,
+#: dtype, enabled) entered and per GradScaler (kind "scaler": its class as the dtype, its
+#: settings as it first updated).
+AMP_COLUMNS = columns(f"{WHO} kind device dtype enabled:object init_scale growth_factor "
+                      "backoff_factor growth_interval:float64")
 #: The ops of each process's profiler window (doctor.trace.ops.OP_COLUMNS).
 OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
                       "kernels:int64 flops bytes:float64 costed_calls:int64 layout_s:float64 "
@@ -176,7 +181,8 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "later_windows": LATER_WINDOW_COLUMNS,
     "later_stacks": {**STACK_COLUMNS, "window": "int64"},
     "later_stack_spans": {**STACK_SPAN_COLUMNS, "window": "int64"},
-    "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "ops": OPS_COLUMNS,
+    "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "amp": AMP_COLUMNS,
+    "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
     "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
@@ -246,6 +252,8 @@ class RunData:
     - ``model_state``: bytes of parameters, gradients and optimizer state by device and dtype,
       at the window's start and at exit (doctor.probes.model_state); ``optimizers``: each
       optimizer's class and foreach/fused settings, as it first stepped (doctor.probes.steps);
+      ``amp``: the autocasts each process entered and its GradScalers' settings
+      (doctor.probes.amp);
     - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops);
     - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
@@ -276,6 +284,7 @@ class RunData:
     window_status: pd.DataFrame
     model_state: pd.DataFrame
     optimizers: pd.DataFrame
+    amp: pd.DataFrame
     ops: pd.DataFrame
     collectives: pd.DataFrame
     ddp: pd.DataFrame

@@ -32,3 +32,17 @@ def test_no_skips_no_word(tmp_path: Path) -> None:
     assert job["skipped"] == 0
     assert verdict["steps"]["count"] == job["iterations"] - 1
     assert "steps.skipped" not in {f["id"] for f in verdict["findings"]}
+
+
+def test_mixed_precision_as_the_job_ran_it(tmp_path: Path) -> None:
+    """fp16 autocast on the CPU, inf losses every third iteration, 3 micro-batches each: the
+    autocast named, the losses counted as the job counted them, the micro-batches its own."""
+    job, verdict = run_sample_job(tmp_path / "run", "amp_skips.py", "--steps", "45",
+                                  "--overflow", "loss", "--accumulate", "3")
+    assert verdict["job"]["autocast"] == ["cpu:float16"]
+    assert verdict["steps"]["micro_batches"] == job["micro_batches"] == 3
+    assert verdict["steps"]["skipped"] == job["skipped"] == 15
+    [found] = [f for f in verdict["findings"] if f["id"] == "steps.skipped"]
+    assert found["evidence"]["nonfinite_losses"] == job["nonfinite_losses"] == 45
+    assert found["evidence"]["scale_lowest_log2"] == -7  # 2^8 halved 15 times
+    assert "loss.nonfinite" not in {f["id"] for f in verdict["findings"]}

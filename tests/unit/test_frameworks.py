@@ -20,7 +20,6 @@ from doctor.analyse.stages import JobFacts
 from doctor.pipeline import analyze_run
 from doctor.record.session import STEP_BACKWARD, Session
 from doctor.rules.frameworks import FRAMEWORKS, in_framework_words, worded
-from doctor.rules.iterations import GROW_SLOWER
 from doctor.rules.knobs import fix_knobs
 from doctor.rules.memory_fit import memory_fixes
 from doctor.rules.sound import PLAIN_COMPILE
@@ -35,6 +34,10 @@ TRAINER_LOADER = {"num_workers": 0, "batch_size": 16, "batched": True, "pin_memo
                   "collate_fn": "RemoveColumnsCollator"}
 TRAINER = {"framework": "hf_trainer", "framework_version": "5.25.0"}
 
+
+#: What doctor.rules.iterations writes for a scaler that should grow less often
+GROW_SLOWER = Fix("Let the scale grow less often", "",
+                  "scaler = torch.amp.GradScaler(init_scale=2.0**10, growth_interval=4000)")
 
 def verdict_of(run_dir: Path, loader: dict[str, Any], meta: dict[str, Any] | None,
                optimizer_share: float = 0.1) -> dict[str, Any]:
@@ -133,6 +136,8 @@ def test_the_rules_snippets_read_back_as_their_knobs() -> None:
     assert fix_knobs(Fix("", "", 'model = torch.compile(model, mode="reduce-overhead")')) == \
         {"compile": True, "compile_mode": "reduce-overhead"}
     assert fix_knobs(GROW_SLOWER) == {"scale_power": 10, "growth_interval": 4000}
+    assert fix_knobs(Fix("", "", "scaler = torch.amp.GradScaler(init_scale=2.0**8)")) == \
+        {"scale_power": 8}
     memory = RankMemory(0, 0, "cuda", {"activations": 4e9, "parameters": 1e8},
                         by_dtype={"activations": {"cuda:float32": 4e9}}, batch_size=32)
     knobs = [fix_knobs(f) for f in memory_fixes(memory, 1)]

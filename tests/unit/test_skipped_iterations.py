@@ -12,34 +12,8 @@ import pytest
 
 from doctor.pipeline import analyze_run
 from doctor.probes.steps import StepsProbe
-from doctor.record.session import STEP_BACKWARD, STEP_DATALOADER, Session
-from tests.support import FakeClock, write_record
-
-
-def scaled_loop(run_dir: Path, iterations: int, skip: set[int], micro_batches: int = 1,
-                step_s: float = 0.03) -> None:
-    """A loop under a GradScaler: ``skip`` holds the iterations (from 0) whose optimizer step
-    the scaler skipped; each runs ``micro_batches`` backward() calls."""
-    clock = FakeClock()
-    s = Session(run_dir, clock=clock, window_start=10**9)
-    for i in range(iterations):
-        for _ in range(micro_batches):
-            s.count_step(STEP_DATALOADER)
-            clock.tick(step_s * 0.4 / micro_batches)
-            b0 = clock()
-            clock.tick(step_s * 0.4 / micro_batches)
-            s.record_interval("backward", b0, clock())
-            s.count_step(STEP_BACKWARD)
-        stepped = i not in skip
-        if stepped:
-            s.record_optimizer_start()
-            clock.tick(step_s * 0.1)
-            s.record_optimizer_end(0)
-        u0 = clock()
-        clock.tick(step_s * 0.1)
-        s.record_interval("scaler", u0, clock(), 1 if stepped else 0)
-    s.close()
-    write_record(run_dir)
+from doctor.record.session import Session
+from tests.support import FakeClock, scaled_loop
 
 
 def finding(tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:

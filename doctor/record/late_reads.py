@@ -1,0 +1,79 @@
+"""One-element tensors read without making the job wait: the loss of each backward() (is it
+finite?) and a GradScaler's scale after each update (probes/steps.py).
+
+On a CPU the value is read at once (``item()``: a fraction of a microsecond, nothing to wait
+for). On a GPU it is copied, non-blocking, into a pinned host buffer behind a CUDA event, and
+read at a later call once that event has passed (``query()`` never waits): a step late, as the
+GPU gets there. At most SLOTS copies are in flight; a value whose slot is not free is not read
+(counted in ``dropped``), and a copy is never made while the stream is being captured into a
+CUDA graph. torch is imported by the caller; nothing here raises: a failure turns the reader off.
+
+Measured on an H200 (gVisor, torch 2.11): a put on the GPU costs about 10 us of host time
+(the event's record 5, the copy's launch 3.5, the detach 1, the rest under a microsecond); with
+torch's sync debug mode set to "error" nothing synchronised, and 200 values put were read back
+right; with the GPU busy (4096-square matmuls) the host ran ahead and the values beyond SLOTS in
+flight were dropped, none waited for.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+SLOTS = 4  # copies in flight on a GPU: a step late, or a few where the host runs ahead
+
+
+class LateReads:
+    """Values of one-element tensors, each with the tag it was put with, in the order put."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+        self._pending: deque[tuple[Any, Any, Any]] = deque()  # (tag, buffer, event) in flight
+        self._free: dict[Any, list[tuple[Any, Any]]] = {}  # (dtype, shape) -> (buffer, event)
+        self.off = False  # a failure turned the reader off
+        self.dropped = 0  # values not read: every slot in flight, or the stream capturing
+
+    def put(self, tensor: Any, tag: Any) -> list[tuple[Any, float]]:
+        """Read ``tensor`` (one element) with ``tag``: the (tag, value) pairs ready now, in the
+        order they were put (``tensor``'s own among them on a CPU)."""
+        if self.off:
+            return []
+        try:
+            if tensor.is_cuda:
+                ready = self.ready() if self._pending else []
+                self._copy(tensor, tag)
+                return ready
+            if tensor.is_cpu:  # nothing in flight: the CPU's values are read at once
+                value = float(tensor.item())
+                return [*self.ready(), (tag, value)] if self._pending else [(tag, value)]
+            return self.ready()
+        except Exception:  # never into the job: an odd tensor, a CUDA error
+            self.off = True
+            return []
+
+    def ready(self) -> list[tuple[Any, float]]:
+        """The values whose copies have landed, in the order put; none waits."""
+        out = []
+        try:
+            while self._pending and self._pending[0][2].query():
+                tag, buf, event = self._pending.popleft()
+                out.append((tag, float(buf.item())))
+                self._free.setdefault((buf.dtype, buf.shape), []).append((buf, event))
+        except Exception:
+            self.off = True
+        return out
+
+    def _copy(self, tensor: Any, tag: Any) -> None:
+        cuda = self._torch.cuda
+        if len(self._pending) >= SLOTS or cuda.is_current_stream_capturing():
+            self.dropped += 1
+            return
+        free = self._free.get((tensor.dtype, tensor.shape))
+        if free:
+            buf, event = free.pop()
+        else:
+            buf = self._torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            event = cuda.Event()
+        buf.copy_(tensor.detach(), non_blocking=True)
+        event.record()
+        self._pending.append((tag, buf, event))
