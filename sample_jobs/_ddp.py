@@ -51,24 +51,31 @@ def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
         print(json.dumps({"settings": {
             "bucket_cap_mb": wrapped.bucket_bytes_cap / 2**20,
             "gradient_as_bucket_view": wrapped.gradient_as_bucket_view}}), flush=True)
-    opt = torch.optim.SGD([p for p in wrapped.parameters() if p.requires_grad], lr=0.01)
-    data = batches(rank)
+    train(job, wrapped, batches(rank), args.steps, nn.functional.cross_entropy,
+          no_allreduce=args.no_allreduce, skip_allreduce=args.skip_allreduce, **extra)
+
+
+def train(job: str, model: nn.Module, data: list[Batch], steps: int,
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], **extra: object) -> None:
+    """Train ``model`` (already wrapped, in an initialised process group) for ``steps`` steps on
+    ``data``; rank 0 prints the job's timing with ``extra``; the process group is destroyed."""
+    rank = dist.get_rank()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
     timer = StepTimer()
-    for step in range(args.steps):
+    for step in range(steps):
         x, y = data[step % len(data)]
-        loss = nn.functional.cross_entropy(wrapped(x), y)
+        loss = loss_fn(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         timer.step()
-    # without the all-reduce the ranks no longer wait for each other: the job goes at the pace
+    # without the collectives the ranks no longer wait for each other: the job goes at the pace
     # of its slowest rank, which is what an ablation compares
     steady = timer.steps[len(timer.steps) // 5:] or timer.steps
     medians: list[float | None] = [None] * dist.get_world_size()
     dist.all_gather_object(medians, statistics.median(steady) if steady else None)
     if rank == 0:
-        timer.report(job=job, no_allreduce=args.no_allreduce,
-                     skip_allreduce=args.skip_allreduce, world_size=dist.get_world_size(),
+        timer.report(job=job, world_size=dist.get_world_size(),
                      slowest_median_step_s=max(m for m in medians if m is not None), **extra)
     dist.destroy_process_group()
 
