@@ -4,6 +4,8 @@ the host ops' time outside communication (what can hide a collective)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from doctor.trace.events import EventArrays
@@ -26,3 +28,111 @@ def outside_comm(ho: EventArrays, comm: EventArrays) -> Spans:
         parts.append(difference(ops, union(comm.start[theirs], comm.end[theirs]))
                      if theirs.any() else ops)
     return union_of(*parts) if parts else union(ho.start[plain], ho.end[plain])
+
+
+#: Host ops of backward (the autograd engine's own, around each node it runs).
+BACKWARD_OP = "autograd::engine::evaluate_function"
+FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+#: How far back among the sharding ops that start before a call to look for one around it.
+NESTING = 64
+
+
+def named(ops: EventArrays, names: list[str], test: Callable[[str], bool]) -> np.ndarray:
+    """A mask of the ops of ``ops`` (with a ``name`` column of codes into ``names``) whose name
+    passes ``test`` (each distinct name tested once)."""
+    if not len(ops) or "name" not in ops.attrs:
+        return np.zeros(len(ops), dtype=bool)
+    codes = ops.attrs["name"]
+    distinct = np.unique(codes)
+    passing = distinct[[test(names[int(c)]) for c in distinct]]
+    return np.isin(codes, passing)
+
+
+def issued(work: EventArrays, calls: EventArrays) -> np.ndarray:
+    """For each backend's work (gloo's thread reducing), the index in ``calls`` of the c10d
+    call that enqueued it (-1: none before it): the calls and the work pair in order where
+    their counts match, else each work goes with the last call that started before it."""
+    if not len(calls):
+        return np.full(len(work), -1, np.int64)
+    if len(calls) == len(work):
+        return np.arange(len(work), dtype=np.int64)
+    return (np.searchsorted(calls.start, work.start, side="right") - 1).astype(np.int64)
+
+
+def phases(at: np.ndarray, backward: Spans, optimizer: Spans) -> list[str]:
+    """The phase of the step at each host time: in the optimizer's step; in backward: from the
+    first autograd node a step evaluates (``backward``: their spans) to its optimizer's step
+    (the engine's final callbacks, where DDP and FSDP finish their reductions, included; to
+    the node's end where no optimizer step follows); else forward."""
+    regions = backward_regions(backward, optimizer)
+    out = []
+    for t in at.tolist():
+        if _inside(optimizer, t):
+            out.append(OPTIMIZER)
+        elif _inside(regions, t):
+            out.append(BACKWARD)
+        else:
+            out.append(FORWARD)
+    return out
+
+
+def backward_regions(backward: Spans, optimizer: Spans) -> Spans:
+    """From each first autograd node after an optimizer step (or the trace's start) to the
+    next optimizer step's start (or the last node's end)."""
+    b_start, b_end = backward
+    if not b_start.size:
+        return backward
+    o_start, o_end = optimizer
+    cuts = np.concatenate(([-np.inf], o_end))  # a region starts after each optimizer step
+    starts, ends = [], []
+    for lo, hi in zip(cuts.tolist(), [*o_start.tolist(), np.inf], strict=True):
+        inside = (b_start >= lo) & (b_start < hi)
+        if inside.any():
+            starts.append(float(b_start[inside].min()))
+            ends.append(hi if np.isfinite(hi) else float(b_end[inside].max()))
+    return union(np.array(starts), np.array(ends))
+
+
+def _inside(spans: Spans, t: float) -> bool:
+    s, e = spans
+    i = int(np.searchsorted(s, t, side="right")) - 1
+    return i >= 0 and bool(e[i] >= t)
+
+
+def units(at: np.ndarray, sharding: EventArrays, names: list[str]) -> tuple[list[str], list[str]]:
+    """At each host time, the sharding library whose hook was running (``FSDP2``, ``FSDP``, or
+    "" for none) and the unit it named (``FSDP::all_gather (layers.3)``: ``layers.3``; "")."""
+    owners, unit_names = [], []
+    starts, ends = sharding.start, sharding.end
+    codes = sharding.attrs.get("name", np.empty(0, np.int64))
+    for t in at.tolist():
+        k = int(np.searchsorted(starts, t, side="right")) - 1
+        found = ""
+        for j in range(k, max(k - NESTING, -1), -1):  # the innermost around it: latest start
+            if ends[j] >= t:
+                found = names[int(codes[j])]
+                break
+        owners.append(owner(found))
+        unit_names.append(unit_of(found))
+    return owners, unit_names
+
+
+def owner(name: str) -> str:
+    """The sharding library of one of its annotations (kinds.SHARDING_OP): FSDP2's are
+    ``FSDP::...``/``fsdp::...``, FSDP1's ``FullyShardedDataParallel._...``."""
+    low = name.lower()
+    if low.startswith("fsdp::"):
+        return "FSDP2"
+    return "FSDP" if low.startswith("fullyshardeddataparallel.") else ""
+
+
+def unit_of(name: str) -> str:
+    """The unit an FSDP2 annotation names (``FSDP::pre_forward (layers.3)``: ``layers.3``;
+    ``FSDP::all_gather (0) [pg=2]``: ``0``); the root's has none: "(root)" where the annotation
+    is a unit's (``FSDP::all_gather``), else ""."""
+    if name.endswith("]") and " [" in name:
+        name = name[:name.rindex(" [")]
+    if name.endswith(")") and " (" in name:
+        return name[name.rindex(" (") + 2:-1]
+    return "(root)" if name.startswith(("FSDP::all_gather", "FSDP::post_backward_reduce",
+                                        "FSDP::pre_", "FSDP::post_")) else ""
