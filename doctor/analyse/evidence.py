@@ -26,6 +26,7 @@ from doctor.analyse.idle_gpus import IdleGpus, idle_gpus
 from doctor.analyse.iterations import Iterations, iterations
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
+from doctor.analyse.parallelism import Parallelism
 from doctor.analyse.phase_steps import PhaseSummary
 from doctor.analyse.split import (
     InputSplit,
@@ -105,6 +106,7 @@ class Evidence:
     compiles: Mapping[int, Compiles] | None = None
     optimizers: pd.DataFrame | None = None
     phases: tuple[PhaseSummary, ...] | None = None
+    parallelism: Parallelism | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -144,4 +146,5 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         iterations=iterations(run, ranks) or None,
         compiles=compiles(run, ranks, stages.table) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
+        parallelism=stages.parallelism,
     )

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from doctor.analyse.comms import CommModel, RankComms, comm_models, comms_evidence, inter_node_link
+from doctor.analyse.comms import (
+    CommModel,
+    RankComms,
+    comm_models,
+    comms_evidence,
+    comms_parallelism,
+    inter_node_link,
+)
 from doctor.analyse.contention import (
     COMMUNICATION,
     INPUT,
@@ -30,6 +37,7 @@ from doctor.analyse.gpus import GpuCounters, gpu_counters, said_cuda
 from doctor.analyse.ledger import build_ledger
 from doctor.analyse.memory import MemoryEvidence, memory_evidence
 from doctor.analyse.ops import RankOps, ops_evidence
+from doctor.analyse.parallelism import Parallelism
 from doctor.analyse.phase_steps import mark_phases
 from doctor.analyse.phases import RankPhases, find_phases, on_ledger
 from doctor.analyse.precision import Precision, job_precision
@@ -96,6 +104,7 @@ class Stages:
     drifts: tuple[WindowDrift, ...]  # each rank's median step before the window and after it
     phases: dict[int, RankPhases] = field(default_factory=dict)  # evaluation, checkpoints,
     # epoch starts of each rank, on the ledger's clock (doctor.analyse.phases)
+    parallelism: Parallelism | None = None  # what the collectives serve (analyse.parallelism)
 
 
 def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None) -> Stages:
@@ -136,7 +145,9 @@ def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None)
         coarse_notes=coarse_notes, workers=workers, splits=splits, outside=outside,
         contention=contention, comm_contention=comm_contention, ledger=ledger, window=window,
         loaders=loaders, memory=memory, ops=ops, comms=comms, models=models, drifts=drifts,
-        phases=phases)
+        phases=phases,
+        parallelism=comms_parallelism(comms, job.world_size, not run.ddp.empty) if comms
+        else None)
 
 
 def run_phases(run: RunData, ranks: dict[int, RankSteps]) -> dict[int, RankPhases]:
