@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 import pandas as pd
 
 from doctor.analyse.causes import SlowSteps
-from doctor.analyse.comms import CommModel
+from doctor.analyse.comms import CommModel, RankComms
 from doctor.analyse.compiles import Compiles, compiles
 from doctor.analyse.contention import cores_used, within
 from doctor.analyse.distributed import StragglerSearch, search_stragglers
@@ -107,6 +107,7 @@ class Evidence:
     optimizers: pd.DataFrame | None = None
     phases: tuple[PhaseSummary, ...] | None = None
     parallelism: Parallelism | None = None
+    comms: Mapping[int, RankComms] | None = None  # each rank's collectives, with their roles
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -146,5 +147,5 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         iterations=iterations(run, ranks) or None,
         compiles=compiles(run, ranks, stages.table) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
-        parallelism=stages.parallelism,
+        parallelism=stages.parallelism, comms=stages.comms or None,
     )
