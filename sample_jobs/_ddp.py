@@ -39,9 +39,7 @@ def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
         args: argparse.Namespace, bucket_cap_mb: float | None = None, **extra: object) -> None:
     """Train ``model`` for ``args.steps`` steps on the rank's batches (``batches(rank)``), in
     DDP with ``bucket_cap_mb`` unless ``--no-allreduce``; rank 0 prints the job's timing."""
-    torch.set_num_threads(1)  # 2 ranks on a small machine: one thread each
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank = start_gloo()
     kwargs = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb is not None else {}
     wrapped: nn.Module = model if args.no_allreduce else DistributedDataParallel(
         model, gradient_as_bucket_view=True, **kwargs)
@@ -53,6 +51,15 @@ def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
             "gradient_as_bucket_view": wrapped.gradient_as_bucket_view}}), flush=True)
     train(job, wrapped, batches(rank), args.steps, nn.functional.cross_entropy,
           no_allreduce=args.no_allreduce, skip_allreduce=args.skip_allreduce, **extra)
+
+
+def start_gloo() -> int:
+    """One thread for torch (2 ranks on a small machine), the gloo process group, the same
+    model's seed on every rank; this rank."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    return dist.get_rank()
 
 
 def train(job: str, model: nn.Module, data: list[Batch], steps: int,

@@ -19,11 +19,10 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _ddp import train
+from _ddp import start_gloo, train
 
 
 def main() -> None:
@@ -36,10 +35,7 @@ def main() -> None:
     ap.add_argument("--no-reshard", action="store_true",
                     help="reshard_after_forward=False: no all-gather before backward")
     args = ap.parse_args()
-    torch.set_num_threads(1)  # 2 ranks on a small machine: one thread each
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(0)
+    rank = start_gloo()
     model = nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU())
                             for _ in range(args.layers)])
     if not args.no_shard:

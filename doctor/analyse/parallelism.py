@@ -54,7 +54,12 @@ def roles(calls: pd.DataFrame) -> pd.Series:
     out[owned | (shard_kinds & nbytes.notna() & ~small)] = SHARDED
     forward = ~owned & small & (phase == "forward") & kind.isin(("allgather", "allreduce"))
     if _per_rank_steps(calls, forward) >= MIN_STATS_CALLS:
+        # each one's gradient: of the statistics (an all-reduce's), or of every rank's
+        # gathered (an all-gather's output: the group times what one rank gave)
+        groups = calls["group"][calls["group"] > 1].unique().tolist() if "group" in calls \
+            else []
         sizes = set(nbytes[forward].tolist())
+        sizes |= {s * g for s in sizes for g in groups}
         back = ~owned & small & (phase == "backward") & (kind == "allreduce") & \
             nbytes.isin(sizes)
         out[forward | back] = STATS

@@ -7,14 +7,21 @@ import numpy as np
 import pandas as pd
 
 from doctor.trace.collectives import COLLECTIVES, OTHER, SENDRECV, bandwidths
-from doctor.trace.comm_context import BACKWARD_OP, issued, named, outside_comm, phases, units
+from doctor.trace.comm_context import (
+    BACKWARD_OP,
+    backend_pairs,
+    named,
+    outside_comm,
+    phases,
+    units,
+    where,
+    with_waits,
+)
 from doctor.trace.events import EventArrays, Timeline
 from doctor.trace.intervals import overlap_per_span, union
 from doctor.trace.kinds import K_COMM, SHARDING_OP
 from doctor.trace.ops import last_of, look_up
 
-#: Host ops that are a backend's own work on its threads.
-BACKEND_WORK = ("gloo:", "mpi:", "ucc:")
 CALL_COLUMNS = ("kind", "start_us", "end_us", "seconds", "bytes", "group", "exposed_s",
                 "alg_bytes_s", "bus_bytes_s", "on_gpu", "phase", "owner", "unit")
 
@@ -30,7 +37,8 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     that op launched them; compute is the other kernels. On a CPU trace they are the host's
     communication ops (a backend's work on its own thread, of the kind the c10d call that
     enqueued it names: gloo reduce-scatters by all-reducing), compute the other host ops outside
-    the communication ops of their own thread (FSDP's hooks are communication's)."""
+    the communication ops of their own thread (FSDP's hooks are communication's) and outside
+    its waits for them (doctor.trace.comm_context.waits)."""
     gpu = len(t.comm_kernels) > 0
     sharding = named(t.comm_ops, t.names, lambda n: n.lower().startswith(SHARDING_OP))
     if gpu:
@@ -40,9 +48,9 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
         k = t.kernels
         compute = union(k.start[k.attrs["kind"] != K_COMM], k.end[k.attrs["kind"] != K_COMM])
     else:
-        c, at = _backend_work(t, sharding)
+        c, at = _backend_work(t)
         kind, nbytes, group = (c.attrs[k] for k in ("coll", "bytes", "group"))
-        compute = outside_comm(t.host_ops, t.comm_ops)
+        compute = outside_comm(t.host_ops, with_waits(t))
     if not len(c):
         return pd.DataFrame({col: pd.Series(dtype=float) for col in CALL_COLUMNS})
     world = t.meta.world_size
@@ -53,7 +61,7 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     bw = bandwidths(kind.tolist(), sizes.tolist(), seconds.tolist(), group.tolist())
     backward = named(t.host_ops, t.names, lambda n: n.startswith(BACKWARD_OP))
     opt = t.optimizer_steps
-    owners, unit_names = units(at, _where(t.comm_ops, sharding), t.names)
+    owners, unit_names = units(at, where(t.comm_ops, sharding), t.names)
     return pd.DataFrame({
         "kind": [COLLECTIVES[int(x)] for x in kind], "start_us": c.start, "end_us": c.end,
         "seconds": seconds, "bytes": sizes, "group": group,
@@ -65,21 +73,14 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     })
 
 
-def _backend_work(t: Timeline, sharding: np.ndarray) -> tuple[EventArrays, np.ndarray]:
+def _backend_work(t: Timeline) -> tuple[EventArrays, np.ndarray]:
     """The host's collectives that do the work, and the host time each was issued at: a
     backend's own work (``gloo:all_reduce`` on its threads) where the trace has it, of the kind
     of the c10d call that enqueued it on the training thread (issued when that call started);
     else every communication op that names a collective, issued when it started."""
-    ops = t.comm_ops
-    names = [t.names[n] for n in ops.attrs.get("name", np.empty(0, np.int64))]
-    work = np.array([n.startswith(BACKEND_WORK) for n in names], dtype=bool)
-    calls = _outermost(_where(ops, ~work & ~sharding))
-    calls = _where(calls, calls.attrs["coll"] != OTHER)  # c10d's wait() and the like move nothing
-    if not work.any():
+    calls, done, by = backend_pairs(t)
+    if not len(done):
         return calls, calls.start
-    done = _where(ops, work)
-    done = _where(done, done.attrs["coll"] != OTHER)
-    by = issued(done, calls)
     found = by >= 0
     at = np.where(found, calls.start[np.maximum(by, 0)], done.start)
     first = np.maximum(by, 0)
@@ -91,29 +92,6 @@ def _backend_work(t: Timeline, sharding: np.ndarray) -> tuple[EventArrays, np.nd
     done.attrs["bytes"][:] = np.where(found, np.maximum(sized, done.attrs["bytes"]),
                                       done.attrs["bytes"])
     return done, at
-
-
-def _where(ops: EventArrays, mask: np.ndarray) -> EventArrays:
-    return EventArrays(ops.start[mask], ops.end[mask], {k: v[mask] for k, v in ops.attrs.items()})
-
-
-def _outermost(ops: EventArrays) -> EventArrays:
-    """The communication ops not inside another on the same thread (``record_param_comms``
-    around ``gloo:all_reduce`` is one collective), keeping what the inner one knows."""
-    tid = ops.attrs["tid"]
-    keep = np.ones(len(ops), dtype=bool)
-    attrs = {k: v.copy() for k, v in ops.attrs.items()}
-    open_at: dict[int, int] = {}
-    for i in range(len(ops)):
-        j = open_at.get(int(tid[i]))
-        if j is not None and ops.end[j] >= ops.end[i]:
-            keep[i] = False
-            for name in ("coll", "bytes", "group"):
-                if attrs[name][j] <= 0 < attrs[name][i]:
-                    attrs[name][j] = attrs[name][i]
-            continue
-        open_at[int(tid[i])] = i
-    return _where(EventArrays(ops.start, ops.end, attrs), keep)
 
 
 def _bytes_from_launchers(t: Timeline, kind: np.ndarray, nbytes: np.ndarray,

@@ -8,8 +8,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from doctor.trace.events import EventArrays
+from doctor.trace.collectives import OTHER
+from doctor.trace.events import EventArrays, Timeline
 from doctor.trace.intervals import Spans, difference, union, union_of
+from doctor.trace.kinds import SHARDING_OP
 
 
 def outside_comm(ho: EventArrays, comm: EventArrays) -> Spans:
@@ -30,6 +32,11 @@ def outside_comm(ho: EventArrays, comm: EventArrays) -> Spans:
     return union_of(*parts) if parts else union(ho.start[plain], ho.end[plain])
 
 
+#: Host ops that are a backend's own work on its threads.
+BACKEND_WORK = ("gloo:", "mpi:", "ucc:")
+#: A gap this long (us) with no op of its own on the thread that issued a collective still in
+#: flight is the thread waiting for it (shorter ones: Python between ops).
+WAIT_US = 50.0
 #: Host ops of backward (the autograd engine's own, around each node it runs).
 BACKWARD_OP = "autograd::engine::evaluate_function"
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
@@ -136,3 +143,89 @@ def unit_of(name: str) -> str:
         return name[name.rindex(" (") + 2:-1]
     return "(root)" if name.startswith(("FSDP::all_gather", "FSDP::post_backward_reduce",
                                         "FSDP::pre_", "FSDP::post_")) else ""
+
+
+def where(ops: EventArrays, mask: np.ndarray) -> EventArrays:
+    """The events of ``ops`` where ``mask`` holds."""
+    return EventArrays(ops.start[mask], ops.end[mask], {k: v[mask] for k, v in ops.attrs.items()})
+
+
+def outermost(ops: EventArrays) -> EventArrays:
+    """The communication ops not inside another on the same thread (``record_param_comms``
+    around ``gloo:all_reduce`` is one collective), keeping what the inner one knows."""
+    tid = ops.attrs["tid"]
+    keep = np.ones(len(ops), dtype=bool)
+    attrs = {k: v.copy() for k, v in ops.attrs.items()}
+    open_at: dict[int, int] = {}
+    for i in range(len(ops)):
+        j = open_at.get(int(tid[i]))
+        if j is not None and ops.end[j] >= ops.end[i]:
+            keep[i] = False
+            for name in ("coll", "bytes", "group"):
+                if attrs[name][j] <= 0 < attrs[name][i]:
+                    attrs[name][j] = attrs[name][i]
+            continue
+        open_at[int(tid[i])] = i
+    return where(EventArrays(ops.start, ops.end, attrs), keep)
+
+
+def backend_pairs(t: Timeline) -> tuple[EventArrays, EventArrays, np.ndarray]:
+    """The c10d calls that name a collective (outermost, not FSDP's hooks), the backends'
+    work (``gloo:all_reduce`` on its threads) that names one, and for each work the index of
+    the call that enqueued it (-1: none; doctor.trace.comm_context.issued)."""
+    ops = t.comm_ops
+    names = [t.names[n] for n in ops.attrs.get("name", np.empty(0, np.int64))]
+    work = np.array([n.startswith(BACKEND_WORK) for n in names], dtype=bool)
+    sharding = np.array([n.lower().startswith(SHARDING_OP) for n in names], dtype=bool)
+    calls = outermost(where(ops, ~work & ~sharding))
+    calls = where(calls, calls.attrs["coll"] != OTHER)  # c10d's wait() and the like move nothing
+    done = where(ops, work)
+    done = where(done, done.attrs["coll"] != OTHER)
+    return calls, done, issued(done, calls)
+
+
+def waits(t: Timeline) -> EventArrays:
+    """The issuing thread waiting for its collectives: from each c10d call's end to the end of
+    the backend's work it enqueued, the gaps of ``WAIT_US`` or more in which that thread runs
+    no op of its own (``work.wait()``, a synchronous collective: time that an op around the
+    call, an autograd node's or a custom Function's, would otherwise count as compute)."""
+    calls, done, by = backend_pairs(t)
+    found = by >= 0
+    if not found.any():
+        return EventArrays(np.empty(0), np.empty(0), {"tid": np.empty(0, np.int64)})
+    tids = calls.attrs["tid"][by[found]]
+    lo, hi = calls.end[by[found]], done.end[found]
+    ho = t.host_ops
+    starts, ends, out_tid = [], [], []
+    for tid in np.unique(tids).tolist():
+        mine = tids == tid
+        flight = union(lo[mine], np.maximum(hi[mine], lo[mine]))
+        gaps = difference(flight, leaves(ho, tid))
+        long = (gaps[1] - gaps[0]) >= WAIT_US
+        starts.append(gaps[0][long])
+        ends.append(gaps[1][long])
+        out_tid.append(np.full(int(long.sum()), tid, np.int64))
+    order = np.argsort(np.concatenate(starts), kind="stable")
+    return EventArrays(np.concatenate(starts)[order], np.concatenate(ends)[order],
+                       {"tid": np.concatenate(out_tid)[order]})
+
+
+def leaves(ho: EventArrays, tid: int) -> Spans:
+    """The spans of the ops of thread ``tid`` that hold no other op but communication's (the
+    work itself, not the ops around it: an op that issued a collective and did nothing else is
+    taken as working beside it, one that holds other ops too as waiting between them)."""
+    mine = np.flatnonzero((ho.attrs["tid"] == tid) & (ho.attrs["comm"] == 0))
+    s, e = ho.start[mine], ho.end[mine]
+    leaf = np.ones(len(mine), dtype=bool)
+    leaf[:-1] = s[1:] >= e[:-1]  # sorted by start: the next op is inside, or after it
+    return union(s[leaf], e[leaf])
+
+
+def with_waits(t: Timeline) -> EventArrays:
+    """The communication ops and the waits for them (``waits``), by start, with their thread."""
+    w = waits(t)
+    ops = t.comm_ops
+    start = np.concatenate([ops.start, w.start])
+    order = np.argsort(start, kind="stable")
+    return EventArrays(start[order], np.concatenate([ops.end, w.end])[order],
+                       {"tid": np.concatenate([ops.attrs["tid"], w.attrs["tid"]])[order]})

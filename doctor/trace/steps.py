@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from doctor.trace import kinds as ev
-from doctor.trace.comm_context import outside_comm
+from doctor.trace.comm_context import outside_comm, with_waits
 from doctor.trace.events import EventArrays, Timeline, build_timeline, load_timeline
 from doctor.trace.intervals import (
     Spans,
@@ -176,8 +176,9 @@ def step_frame_from_timeline(t: Timeline, rank: int | None = None) -> pd.DataFra
     all_gpu = union_of(compute, comm_k, copies)
     dataloader = _spans(t.dataloader)
     host = _spans(ho)
-    host_not_comm = outside_comm(ho, t.comm_ops)
-    host_comm = _spans(t.comm_ops)
+    comm_ops = with_waits(t)  # the collectives, and the threads waiting for them
+    host_not_comm = outside_comm(ho, comm_ops)
+    host_comm = _spans(comm_ops)
     sync_rt = job_syncs(t)  # the profiler's own closing sync left out
     syncs = _spans(rt, sync_rt)
     launches = rt.start[rt.attrs["kind"] == ev.RT_LAUNCH]
