@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import StepTimer
+from _timing import StepTimer, plan
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -63,19 +63,34 @@ def start_gloo() -> int:
 
 
 def train(job: str, model: nn.Module, data: list[Batch], steps: int,
-          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], **extra: object) -> None:
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *, ablate: int = 0,
+          switched: nn.Module | None = None, **extra: object) -> None:
     """Train ``model`` (already wrapped, in an initialised process group) for ``steps`` steps on
-    ``data``; rank 0 prints the job's timing with ``extra``; the process group is destroyed."""
+    ``data``; rank 0 prints the job's timing with ``extra``; the process group is destroyed.
+    ``ablate`` N > 0: blocks of N steps alternate between ``model`` and ``switched`` (the job
+    with its switch), both timed in one process (_timing.AblationTimer)."""
     rank = dist.get_rank()
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
-    timer = StepTimer()
-    for step in range(steps):
-        x, y = data[step % len(data)]
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        timer.step()
+    models = {False: model, True: switched if switched is not None else model}
+    opts = {side: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01)
+            for side, m in models.items()}
+    timer, blocks = plan(steps, ablate, False)
+    step = 0
+    for side, length in blocks:
+        timer.start_block(side)
+        for _ in range(length):
+            x, y = data[step % len(data)]
+            loss = loss_fn(models[side](x), y)
+            opts[side].zero_grad()
+            loss.backward()
+            opts[side].step()
+            timer.step()
+            step += 1
+    if ablate > 0:
+        if rank == 0:
+            timer.report(job=job, world_size=dist.get_world_size(), **extra)
+        dist.destroy_process_group()
+        return
+    assert isinstance(timer, StepTimer)
     # without the collectives the ranks no longer wait for each other: the job goes at the pace
     # of its slowest rank, which is what an ablation compares
     steady = timer.steps[len(timer.steps) // 5:] or timer.steps

@@ -9,7 +9,8 @@ Switches: ``--no-shard`` trains the same model on each rank without FSDP (no col
 per-rank work alone, which is what the communication's share is measured against);
 ``--no-reshard`` keeps each unit's parameters gathered after forward
 (``reshard_after_forward=False``): the all-gathers before backward are gone, for the memory of
-the gathered parameters.
+the gathered parameters. ``--ablate N`` times both sides in one process, in alternating
+blocks of N steps (with ``--no-shard`` or ``--no-reshard`` naming the switched side).
 """
 
 from __future__ import annotations
@@ -34,21 +35,37 @@ def main() -> None:
     ap.add_argument("--no-shard", action="store_true", help="no FSDP: each rank trains alone")
     ap.add_argument("--no-reshard", action="store_true",
                     help="reshard_after_forward=False: no all-gather before backward")
+    ap.add_argument("--ablate", type=int, default=0,
+                    help="alternate blocks of N steps without and with the switch")
     args = ap.parse_args()
     rank = start_gloo()
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU())
-                            for _ in range(args.layers)])
-    if not args.no_shard:
-        from torch.distributed.fsdp import fully_shard
-
-        for unit in model:
-            fully_shard(unit, reshard_after_forward=not args.no_reshard)
-        fully_shard(model, reshard_after_forward=not args.no_reshard)
     gen = torch.Generator().manual_seed(rank)
     data = [(torch.randn(args.batch, args.width, generator=gen),
              torch.randn(args.batch, args.width, generator=gen)) for _ in range(8)]
-    train("fsdp_sharded", model, data, args.steps, nn.functional.mse_loss,
-          no_shard=args.no_shard, no_reshard=args.no_reshard)
+    if args.ablate > 0:  # the job as it is and with its switch, in alternating blocks
+        train("fsdp_sharded", build(args, False, False), data, args.steps,
+              nn.functional.mse_loss, ablate=args.ablate,
+              switched=build(args, args.no_shard, args.no_reshard),
+              no_shard=args.no_shard, no_reshard=args.no_reshard)
+        return
+    train("fsdp_sharded", build(args, args.no_shard, args.no_reshard), data, args.steps,
+          nn.functional.mse_loss, no_shard=args.no_shard, no_reshard=args.no_reshard)
+
+
+def build(args: argparse.Namespace, no_shard: bool, no_reshard: bool) -> nn.Module:
+    """The model: each layer an FSDP2 unit (``reshard_after_forward`` unless ``no_reshard``),
+    or, with ``no_shard``, a plain local module."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU())
+                            for _ in range(args.layers)])
+    if not no_shard:
+        from torch.distributed.fsdp import fully_shard
+
+        for unit in model:
+            fully_shard(unit, reshard_after_forward=not no_reshard)
+        fully_shard(model, reshard_after_forward=not no_reshard)
+    return model
+
 
 if __name__ == "__main__":
     main()

@@ -7,12 +7,14 @@ much of the step.
 Run it under torchrun: ``torchrun --nproc-per-node 2 sample_jobs/sync_stats.py``.
 
 Switch: ``--plain-norm`` normalises with each rank's own statistics (plain BatchNorm): the same
-work, without the statistics' collectives (DDP's gradient all-reduce stays).
+work, without the statistics' collectives (DDP's gradient all-reduce stays). ``--ablate N``
+times both in one process, in alternating blocks of N steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from typing import Any
@@ -69,6 +71,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2, help="samples a rank")
     ap.add_argument("--plain-norm", action="store_true",
                     help="each rank's own statistics: no collective for them")
+    ap.add_argument("--ablate", type=int, default=0,
+                    help="alternate blocks of N steps with and without --plain-norm")
     args = ap.parse_args()
     rank = start_gloo()
     layers: list[nn.Module] = []
@@ -79,9 +83,14 @@ def main() -> None:
     gen = torch.Generator().manual_seed(rank)
     data = [(torch.randn(args.batch, args.width, generator=gen),
              torch.randint(0, 10, (args.batch,), generator=gen)) for _ in range(8)]
+    switched = None
+    if args.ablate > 0:  # the same layers with their own statistics, in alternating blocks
+        switched = copy.deepcopy(model)
+        for m in switched.modules():
+            if isinstance(m, SyncStatsNorm):
+                m.sync = False
     train("sync_stats", model, data, args.steps, nn.functional.cross_entropy,
-          plain_norm=args.plain_norm)
-
+          ablate=args.ablate, switched=switched, plain_norm=args.plain_norm)
 
 if __name__ == "__main__":
     main()
