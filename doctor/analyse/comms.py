@@ -213,12 +213,13 @@ def comms_evidence(run: RunData, ranks: Mapping[int, RankSteps], window: pd.Data
     return out
 
 
-def comms_parallelism(comms: Mapping[int, RankComms], world: int | None, ddp_seen: bool
-                      ) -> Parallelism:
-    """The job's parallelism (doctor.analyse.parallelism) from every rank's collectives."""
+def comms_parallelism(comms: Mapping[int, RankComms], world: int | None, ddp_seen: bool,
+                      probe: pd.DataFrame | None = None) -> Parallelism:
+    """The job's parallelism (doctor.analyse.parallelism) from every rank's collectives and
+    the FSDP modules the job built (``probe``: RunData.sharding)."""
     calls = pd.concat([c.calls for c in comms.values()], ignore_index=True) if comms else \
         pd.DataFrame()
-    return parallelism(calls, {r: c.steps for r, c in comms.items()}, world, ddp_seen)
+    return parallelism(calls, {r: c.steps for r, c in comms.items()}, world, ddp_seen, probe)
 
 
 def comms_table(comms: Mapping[int, RankComms]) -> dict[str, pd.DataFrame]:

@@ -22,7 +22,7 @@ is fitted to them alone, and DDP's fixes are for them alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -115,6 +115,7 @@ class Parallelism:
     reshard_after_forward: bool | None  # units all-gathered again before backward
     stats_calls: float  # collectives of batch statistics a step (forward and backward)
     pipeline_calls: float  # sends and receives a step
+    settings: str = ""  # the sharded modules' own settings, as the job set them (probe)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -136,6 +137,8 @@ class Parallelism:
                     ", no reshard after forward"
             if self.units:
                 words += f"; {self.units} unit{'s' if self.units != 1 else ''}"
+            if self.settings:
+                words += f" ({self.settings})"
             parts.append(words)
         if self.ddp:
             parts.append(f"DDP{over}")
@@ -148,9 +151,24 @@ class Parallelism:
 
 
 def parallelism(calls: pd.DataFrame, steps: Mapping[int, int], world: int | None,
-                ddp_seen: bool) -> Parallelism:
+                ddp_seen: bool, probe: pd.DataFrame | None = None) -> Parallelism:
     """The job's parallelism from every rank's collectives (with a ``role`` column) and each
-    rank's window steps; ``ddp_seen``: the DDP probe saw a DistributedDataParallel."""
+    rank's window steps; ``ddp_seen``: the DDP probe saw a DistributedDataParallel; ``probe``:
+    the FSDP modules the job built (doctor.probes.sharding: RunData.sharding), whose API, count
+    and settings come first."""
+    found = _from_collectives(calls, steps, world, ddp_seen)
+    if probe is None or probe.empty:
+        return found
+    row = probe.sort_values("units").iloc[-1]  # the rank that built the most
+    api = "FSDP2" if row["api"] == "fully_shard" else "FSDP"
+    settings = [f"{k}={row[k]}" for k in ("sharding_strategy", "forward_prefetch",
+                                          "backward_prefetch") if isinstance(row[k], str)]
+    return replace(found, sharded=api, units=int(row["units"]), settings=", ".join(settings),
+                   reshard_after_forward=found.reshard_after_forward if found.sharded else None)
+
+
+def _from_collectives(calls: pd.DataFrame, steps: Mapping[int, int], world: int | None,
+                      ddp_seen: bool) -> Parallelism:
     if calls.empty or "role" not in calls:
         return Parallelism(world, ddp_seen, "", 0, None, 0.0, 0.0)
     role = calls["role"]

@@ -67,6 +67,7 @@ class ProcessMeta:
     batch_tensors: Mapping[str, Any] = field(default_factory=dict)  # loader id -> tensors
     window: Mapping[str, Any] = field(default_factory=dict)
     ddp: tuple[Mapping[str, Any], ...] = ()
+    sharding: Mapping[str, Any] = field(default_factory=dict)  # FSDP (probes/sharding.py)
     optimizers: tuple[Mapping[str, Any], ...] = ()  # each as it first stepped (probes/steps.py)
     model_state: Mapping[str, Any] = field(default_factory=dict)  # tag -> rows, optimizers
     saved_tensors: Mapping[str, Any] = field(default_factory=dict)
@@ -104,8 +105,8 @@ class ProcessMeta:
             stopped=record("stopped"), crashed=text("crashed"), crashed_ns=number("crashed_ns"),
             probe_error=text("probe_error"), loaders=_records(meta.get("loaders")),
             batch_tensors=record("batch_tensors"), window=record("window"),
-            ddp=_records(meta.get("ddp")), optimizers=_records(meta.get("optimizers")),
-            model_state=record("model_state"),
+            ddp=_records(meta.get("ddp")), sharding=record("sharding"),
+            optimizers=_records(meta.get("optimizers")), model_state=record("model_state"),
             saved_tensors=record("saved_tensors"), memory_at_start=record("memory_at_start"),
             memory_at_end=record("memory_at_end"), gc=record("gc"), tried=record("tried"),
             tried_errors=tuple(e for e in as_list(meta.get("tried_errors"))

@@ -50,7 +50,14 @@ from doctor.store.stacks import DEFAULT_RATE_HZ, read_stacks, read_stacks_meta
 from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 
-from .meta_rows import ddp_rows, gc_totals, loader_rows, model_state_rows, optimizer_rows
+from .meta_rows import (
+    ddp_rows,
+    gc_totals,
+    loader_rows,
+    model_state_rows,
+    optimizer_rows,
+    sharding_rows,
+)
 from .process_meta import ProcessMeta, read_meta
 from .readback import (
     Unreadable,
@@ -95,6 +102,7 @@ def _load_node(run_dir: Path) -> RunData:
     collectives: list[pd.DataFrame] = []
     window_events: list[pd.DataFrame] = []
     ddp: list[dict[str, Any]] = []
+    sharding: list[dict[str, Any]] = []
     optimizers: list[dict[str, Any]] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
@@ -108,6 +116,7 @@ def _load_node(run_dir: Path) -> RunData:
                      for name, s in meta.probes.items()]
         model_states += model_state_rows(who, meta)
         ddp += ddp_rows(who, meta)
+        sharding += sharding_rows(who, meta)
         optimizers += optimizer_rows(who, meta)
         loaders += loader_rows(who, meta)
         marks.append(_ring(proc_dir, "steps", who, problems))
@@ -164,7 +173,8 @@ def _load_node(run_dir: Path) -> RunData:
         "gpu_procs": read_gpu_procs(run_dir).assign(node=0),
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
-        "collectives": _concat(collectives), "ddp": ddp, "optimizers": optimizers,
+        "collectives": _concat(collectives), "ddp": ddp, "sharding": sharding,
+        "optimizers": optimizers,
         "window_events": _concat(window_events),
         "others": read_others(run_dir, problems).assign(node=0),
     }

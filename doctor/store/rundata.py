@@ -84,6 +84,11 @@ DDP_COLUMNS = columns(f"{WHO} bucket_cap_bytes buckets:int64 bucket_bytes last_b
                       "parameter_bytes:float64 dtypes backend:object world_size:int64 "
                       "backward_compute_s backward_comm_s backward_overlap_s:float64 "
                       "gradient_as_bucket_view static_graph find_unused_parameters:bool")
+#: The sharded data-parallel modules of a process (doctor.probes.sharding): the API (FSDP2's
+#: ``fully_shard`` or FSDP1's ``FullyShardedDataParallel``), its units and settings.
+SHARDING_COLUMNS = columns(f"{WHO} api:object units:int64 reshard_after_forward:object "
+                           "mesh_size:int64 unit_bytes:float64 sharding_strategy "
+                           "forward_prefetch backward_prefetch:object")
 #: The profiler window's events, newest first kept (doctor.trace.window_events), on the process's
 #: clock (ns, as its rings).
 WINDOW_EVENT_COLUMNS = columns(f"{WHO} kind track name:object t0_ns t1_ns:int64")
@@ -168,7 +173,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
                "rank": "int64", "node": "int64"},
     "window": WINDOW_COLUMNS, "window_status": WINDOW_STATUS_COLUMNS,
     "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "ops": OPS_COLUMNS,
-    "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
+    "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS, "sharding": SHARDING_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
     "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
 }
@@ -239,6 +244,7 @@ class RunData:
     - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops);
     - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
+    - ``sharding``: each process's FSDP units and settings (doctor.probes.sharding);
     - ``window_events``: the profiler window's events on the process's clock, capped
       (doctor.trace.window_events), and ``window_status.events`` how many the trace had;
     - ``others``: processes outside the job that took cores, per scan (doctor.probes.others).
@@ -266,6 +272,7 @@ class RunData:
     collectives: pd.DataFrame
     ddp: pd.DataFrame
     window_events: pd.DataFrame
+    sharding: pd.DataFrame
     others: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
