@@ -193,5 +193,6 @@ def _from_collectives(calls: pd.DataFrame, steps: Mapping[int, int], world: int 
 
     return Parallelism(
         world, ddp_seen or bool((role == GRADIENTS).any()), owner,
-        int(units[units != ""].nunique()), reshard if owner else None,
+        # whether units are gathered again before backward: said of FSDP's own units only
+        int(units[units != ""].nunique()), reshard if owner in ("FSDP2", "FSDP") else None,
         per_step(role == STATS), per_step(role == PIPELINE))

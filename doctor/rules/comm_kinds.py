@@ -175,6 +175,24 @@ def stats_fixes(ex: Exposed, share: float) -> list[Fix]:
     ]
 
 
+def all_to_all_fixes(ex: Exposed) -> list[Fix]:
+    """All-to-all (sharded embeddings, mixture-of-experts dispatch) exposed: overlap it with the
+    dense part (no estimate: how much the dense part can hide is not measured)."""
+    calls = ex.of(OTHER, "alltoall")
+    if calls.empty:
+        return []
+    exposed = float(calls["exposed_s"].sum()) / ex.steps
+    return [Fix(
+        title="Overlap the all-to-all with the dense part of the step",
+        why=(f"{len(calls) / ex.steps:g} all-to-alls a step, {exposed * 1e3:.1f} ms exposed: "
+             "sharded embeddings (or experts) exchange their rows with nothing to do beside "
+             "them; a pipelined loop starts the next batch's exchange during this batch's "
+             "dense forward and backward"),
+        code=("from torchrec.distributed.train_pipeline import TrainPipelineSparseDist\n"
+              "pipeline = TrainPipelineSparseDist(model, optimizer, device)\n"
+              "for _ in range(steps):\n    pipeline.progress(data_iterator)"))]
+
+
 def pipeline_fixes(ex: Exposed) -> list[Fix]:
     """A pipeline's sends and receives: their wait is the bubble (no model of it yet: the
     fixes without estimates)."""

@@ -11,12 +11,13 @@ from dataclasses import replace
 from doctor.analyse.comm_model import WhatIf
 from doctor.analyse.comms import critical
 from doctor.analyse.evidence import Evidence
-from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS
+from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS
 from doctor.rules.base import rule
 from doctor.rules.comm_kinds import (
     ROLE_SHARE,
     WORDS,
     Exposed,
+    all_to_all_fixes,
     exposed_by_role,
     pipeline_fixes,
     sharded_fixes,
@@ -174,6 +175,8 @@ def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
         fixes += stats_fixes(ex, share)
     if ex.share(PIPELINE) >= ROLE_SHARE:
         fixes += pipeline_fixes(ex)
+    if ex.share(OTHER) >= ROLE_SHARE:
+        fixes += all_to_all_fixes(ex)
     return sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)), roles
 
 

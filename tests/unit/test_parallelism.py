@@ -197,3 +197,10 @@ def test_a_thread_blocked_on_its_collective_inside_an_op_is_communicating() -> N
     [call] = collective_calls(t).to_dict(orient="records")
     assert call["exposed_s"] == pytest.approx(call["seconds"])
     assert call["phase"] == "forward" and call["owner"] == ""
+
+
+def test_an_embedding_all_to_all_is_not_given_ddp_fixes() -> None:
+    f = comm_finding(calls([("alltoall", "forward", 1e6, 5e-3)] * 3 +
+                           [("allreduce", "backward", 8e6, 1e-3)]))
+    assert f.evidence["exposed_by_role"]["other"] == pytest.approx(15 / 16)
+    assert "bucket_cap" not in codes(f) and "TrainPipelineSparseDist" in codes(f)
