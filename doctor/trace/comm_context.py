@@ -1,6 +1,7 @@
 """Where each collective of a trace was issued from: the host time of its call, and around it
-the step's phase (forward, backward, optimizer) and the sharding unit whose hook issued it; and
-the host ops' time outside communication (what can hide a collective)."""
+the step's phase (forward, backward, optimizer) and the sharding unit whose hook issued it; the
+c10d call that enqueued each backend's work (gloo's thread); the issuing thread's waits for its
+collectives; and the host ops' time outside communication (what can hide a collective)."""
 
 from __future__ import annotations
 
@@ -72,15 +73,9 @@ def phases(at: np.ndarray, backward: Spans, optimizer: Spans) -> list[str]:
     (the engine's final callbacks, where DDP and FSDP finish their reductions, included; to
     the node's end where no optimizer step follows); else forward."""
     regions = backward_regions(backward, optimizer)
-    out = []
-    for t in at.tolist():
-        if _inside(optimizer, t):
-            out.append(OPTIMIZER)
-        elif _inside(regions, t):
-            out.append(BACKWARD)
-        else:
-            out.append(FORWARD)
-    return out
+    in_opt, in_back = _inside(optimizer, at), _inside(regions, at)
+    return [OPTIMIZER if o else BACKWARD if b else FORWARD
+            for o, b in zip(in_opt.tolist(), in_back.tolist(), strict=True)]
 
 
 def backward_regions(backward: Spans, optimizer: Spans) -> Spans:
@@ -100,10 +95,13 @@ def backward_regions(backward: Spans, optimizer: Spans) -> Spans:
     return union(np.array(starts), np.array(ends))
 
 
-def _inside(spans: Spans, t: float) -> bool:
+def _inside(spans: Spans, at: np.ndarray) -> np.ndarray:
+    """Whether each time of ``at`` falls in one of ``spans`` (disjoint, sorted)."""
     s, e = spans
-    i = int(np.searchsorted(s, t, side="right")) - 1
-    return i >= 0 and bool(e[i] >= t)
+    if not s.size:
+        return np.zeros(len(at), dtype=bool)
+    i = np.searchsorted(s, at, side="right") - 1
+    return (i >= 0) & (e[np.maximum(i, 0)] >= at)
 
 
 def units(at: np.ndarray, sharding: EventArrays, names: list[str]) -> tuple[list[str], list[str]]:
