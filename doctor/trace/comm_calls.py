@@ -81,14 +81,16 @@ def _backend_work(t: Timeline) -> tuple[EventArrays, np.ndarray]:
     calls, done, by = backend_pairs(t)
     if not len(done):
         return calls, calls.start
+    if not len(calls):  # the backend's work alone (a trace without c10d's calls)
+        return done, done.start
     found = by >= 0
     at = np.where(found, calls.start[np.maximum(by, 0)], done.start)
     first = np.maximum(by, 0)
-    issuer = calls.attrs["coll"][first] if len(calls) else done.attrs["coll"]
+    issuer = calls.attrs["coll"][first]
     done.attrs["coll"][:] = np.where(found & (issuer != OTHER), issuer, done.attrs["coll"])
     # the call's tensors give the message where it has them (an all-gather's output; the
     # backend's work may show only this rank's part)
-    sized = calls.attrs["bytes"][first] if len(calls) else done.attrs["bytes"]
+    sized = calls.attrs["bytes"][first]
     done.attrs["bytes"][:] = np.where(found, np.maximum(sized, done.attrs["bytes"]),
                                       done.attrs["bytes"])
     return done, at

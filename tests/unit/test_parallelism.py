@@ -204,3 +204,10 @@ def test_an_embedding_all_to_all_is_not_given_ddp_fixes() -> None:
                            [("allreduce", "backward", 8e6, 1e-3)]))
     assert f.evidence["exposed_by_role"]["other"] == pytest.approx(15 / 16)
     assert "bucket_cap" not in codes(f) and "TrainPipelineSparseDist" in codes(f)
+
+
+def test_a_backend_work_without_the_call_that_enqueued_it_is_still_a_collective() -> None:
+    events = [ev("user_annotation", "gloo:all_reduce", 10, 100, GLOO,
+                 **{"Input Dims": [[250]], "Input type": ["float"]})]
+    [row] = collective_calls(build_timeline(events)).to_dict(orient="records")
+    assert row["kind"] == "allreduce" and row["bytes"] == 1000 and row["phase"] == "forward"
