@@ -135,8 +135,7 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
     ex = exposed_by_role(ev.comms)
     job = ev.job
     spare = 1.0 if on_gpu or not job.cores else job.cores / max(job.ranks_here, 1) - 1.0
-    fixes, roles = kind_fixes(ev, ex, ddp_devices, removed, min(max(spare, 0.0), 1.0),
-                              step * (1 - share))
+    fixes, roles = kind_fixes(ev, ex, ddp_devices, removed, min(max(spare, 0.0), 1.0), step)
     par = ev.parallelism.describe() if ev.parallelism is not None else ""
     mostly = max(roles, key=lambda r: roles[r]) if roles else ""
     return [window_finding(
@@ -158,7 +157,7 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
 
 
 def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
-               overlap_cores: float, compute_s: float) -> tuple[list[Fix], dict[str, float]]:
+               overlap_cores: float, step: float) -> tuple[list[Fix], dict[str, float]]:
     """The fixes that fit the kinds of collectives exposed (doctor.rules.comm_kinds), best
     estimate first, and each role's share of the exposed communication: DDP's fixes only for
     gradient all-reduces (all of them where no collective has a role: a trace of another
@@ -170,11 +169,11 @@ def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
     if ex.share(GRADIENTS) >= ROLE_SHARE:
         fixes += model_fixes(ev, ddp_devices, share * ex.share(GRADIENTS))
     if ex.share(SHARDED) >= ROLE_SHARE:
-        fixes += sharded_fixes(ex, ev.parallelism, share, overlap_cores, compute_s)
+        fixes += sharded_fixes(ex, ev.parallelism, share, overlap_cores, step * (1 - share))
     if ex.share(STATS) >= ROLE_SHARE:
         fixes += stats_fixes(ex, share)
     if ex.share(PIPELINE) >= ROLE_SHARE:
-        fixes += pipeline_fixes(ex)
+        fixes += pipeline_fixes(ex, ev.comms, step)
     if ex.share(OTHER) >= ROLE_SHARE:
         fixes += all_to_all_fixes(ex)
     return sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)), roles

@@ -168,9 +168,15 @@ def test_synchronised_statistics_get_their_fixes_and_ddp_keeps_its_own() -> None
     assert "bucket_cap" not in codes(comm_finding(only_stats))
 
 
-def test_a_pipeline_gets_micro_batches_not_ddp_fixes() -> None:
-    f = comm_finding(calls([("sendrecv", "forward", 1e6, 5e-3)] * 4))
+def test_a_pipeline_gets_its_bubble_against_theory_not_ddp_fixes() -> None:
+    frame = calls([("sendrecv", "forward", 1e6, 5e-3)] * 4)  # 2 micro-batches on 2 stages
+    frame.loc[frame["rank"] == 1, "exposed_s"] = 1e-3  # the second stage hardly waits
+    f = comm_finding(frame)
     assert "bucket_cap" not in codes(f) and "n_microbatches" in codes(f)
+    more = next(x for x in f.fixes if "micro-batches" in x.title)
+    assert "rank 0 20%, rank 1 4%" in more.why
+    assert "2 stages and 2 micro-batches is 33%" in more.why  # (p-1)/(m+p-1)
+    assert any(x.title.endswith("rank 1's stage is the slowest") for x in f.fixes)
 
 
 def test_ddp_all_reduces_keep_ddps_fixes() -> None:
