@@ -80,7 +80,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     verdict = Verdict(
         bottleneck=summary.bottleneck, shares=summary.shares, steps=summary.steps,
         findings=findings, probes=facts.probe_table(run, stages.ranks, stages.window_problems),
-        job={**facts.job_dict(run, stages.job), **job_framework(stages.job)}, partial=partial,
+        job={**facts.job_dict(run, stages.job, stages.parallelism),
+             **job_framework(stages.job)}, partial=partial,
         notes=notes + _notes(run, stages, outcome, summary, stalls, run_s)
         + whole_run_notes(whole, stages.ledger),
         bottleneck_share=summary.bottleneck_share, rules_skipped=outcome.skipped,

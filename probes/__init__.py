@@ -89,6 +89,7 @@ REGISTRY: tuple[ProbeSpec, ...] = (
     ProbeSpec("memory", JOB, ".memory:MemoryProbe"),
     ProbeSpec("model_state", JOB, ".model_state:ModelStateProbe"),
     ProbeSpec("ddp", JOB, ".ddp:DdpProbe"),
+    ProbeSpec("sharding", JOB, ".sharding:ShardingProbe"),
     ProbeSpec("gc", JOB, ".gc_pauses:GcProbe"),
     ProbeSpec("compile", JOB, ".compile:CompileProbe"),
     ProbeSpec("checkpoints", JOB, ".checkpoints:CheckpointProbe"),

@@ -52,6 +52,7 @@ JOB_LABELS: dict[str, str] = {
     "exit_code": "exit status",
     "device": "device",
     "ranks": "ranks",
+    "parallelism": "parallelism",
     "host": "host",
     "cores": "cores",
     "torch_version": "torch",
@@ -103,6 +104,8 @@ def steps_line(verdict: Verdict) -> str:
     ranks = verdict.job.get("ranks")
     if _is_number(ranks) and _int(ranks) > 1:
         parts.append(f"{_int(ranks)} ranks")
+    if isinstance(verdict.job.get("parallelism"), str) and verdict.job["parallelism"]:
+        parts.append(verdict.job["parallelism"])
     return ", ".join(parts) if parts else "no steps recorded"
 
 

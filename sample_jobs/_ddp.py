@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import StepTimer
+from _timing import StepTimer, plan
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -39,9 +39,7 @@ def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
         args: argparse.Namespace, bucket_cap_mb: float | None = None, **extra: object) -> None:
     """Train ``model`` for ``args.steps`` steps on the rank's batches (``batches(rank)``), in
     DDP with ``bucket_cap_mb`` unless ``--no-allreduce``; rank 0 prints the job's timing."""
-    torch.set_num_threads(1)  # 2 ranks on a small machine: one thread each
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank = start_gloo()
     kwargs = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb is not None else {}
     wrapped: nn.Module = model if args.no_allreduce else DistributedDataParallel(
         model, gradient_as_bucket_view=True, **kwargs)
@@ -51,24 +49,55 @@ def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
         print(json.dumps({"settings": {
             "bucket_cap_mb": wrapped.bucket_bytes_cap / 2**20,
             "gradient_as_bucket_view": wrapped.gradient_as_bucket_view}}), flush=True)
-    opt = torch.optim.SGD([p for p in wrapped.parameters() if p.requires_grad], lr=0.01)
-    data = batches(rank)
-    timer = StepTimer()
-    for step in range(args.steps):
-        x, y = data[step % len(data)]
-        loss = nn.functional.cross_entropy(wrapped(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        timer.step()
-    # without the all-reduce the ranks no longer wait for each other: the job goes at the pace
+    train(job, wrapped, batches(rank), args.steps, nn.functional.cross_entropy,
+          no_allreduce=args.no_allreduce, skip_allreduce=args.skip_allreduce, **extra)
+
+
+def start_gloo() -> int:
+    """One thread for torch (2 ranks on a small machine), the gloo process group, the same
+    model's seed on every rank; this rank."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    return dist.get_rank()
+
+
+def train(job: str, model: nn.Module, data: list[Batch], steps: int,
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *, ablate: int = 0,
+          switched: nn.Module | None = None, **extra: object) -> None:
+    """Train ``model`` (already wrapped, in an initialised process group) for ``steps`` steps on
+    ``data``; rank 0 prints the job's timing with ``extra``; the process group is destroyed.
+    ``ablate`` N > 0: blocks of N steps alternate between ``model`` and ``switched`` (the job
+    with its switch), both timed in one process (_timing.AblationTimer)."""
+    rank = dist.get_rank()
+    models = {False: model, True: switched if switched is not None else model}
+    opts = {side: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01)
+            for side, m in models.items()}
+    timer, blocks = plan(steps, ablate, False)
+    step = 0
+    for side, length in blocks:
+        timer.start_block(side)
+        for _ in range(length):
+            x, y = data[step % len(data)]
+            loss = loss_fn(models[side](x), y)
+            opts[side].zero_grad()
+            loss.backward()
+            opts[side].step()
+            timer.step()
+            step += 1
+    if ablate > 0:
+        if rank == 0:
+            timer.report(job=job, world_size=dist.get_world_size(), **extra)
+        dist.destroy_process_group()
+        return
+    assert isinstance(timer, StepTimer)
+    # without the collectives the ranks no longer wait for each other: the job goes at the pace
     # of its slowest rank, which is what an ablation compares
     steady = timer.steps[len(timer.steps) // 5:] or timer.steps
     medians: list[float | None] = [None] * dist.get_world_size()
     dist.all_gather_object(medians, statistics.median(steady) if steady else None)
     if rank == 0:
-        timer.report(job=job, no_allreduce=args.no_allreduce,
-                     skip_allreduce=args.skip_allreduce, world_size=dist.get_world_size(),
+        timer.report(job=job, world_size=dist.get_world_size(),
                      slowest_median_step_s=max(m for m in medians if m is not None), **extra)
     dist.destroy_process_group()
 

@@ -52,6 +52,14 @@ def allreduce_factor(world: int) -> float:
     return bus_factor(ALLREDUCE, world)
 
 
+def gradient_reduces(calls: pd.DataFrame) -> pd.Series:
+    """Which collectives are the gradient all-reduces the model is of: all-reduces whose role
+    (doctor.analyse.parallelism, where the frame has one) is ``gradients``, not a batch
+    statistic's nor a sharded job's."""
+    mask = calls["kind"] == "allreduce"
+    return mask & (calls["role"] == "gradients") if "role" in calls else mask
+
+
 @dataclass(frozen=True)
 class LinkFit:
     alpha_s: float  # latency per collective
@@ -73,7 +81,7 @@ def fit_link(calls: pd.DataFrame, world: int) -> LinkFit | None:
     small, the latency only)."""
     if calls.empty or world < 2:
         return None
-    use = calls[(calls["kind"] == "allreduce") & calls["bytes"].notna() &
+    use = calls[gradient_reduces(calls) & calls["bytes"].notna() &
                 (calls["seconds"] > 0) & (calls.get("bound", "") != "waiting")]
     if use.empty:
         return None
@@ -145,7 +153,7 @@ def rank_comm(rank: int, world: int, steps: pd.DataFrame, calls: pd.DataFrame,
         return None
     n_steps = len(steps)
     step_s = float(steps["dur_s"].mean())
-    reduce = calls[calls["kind"] == "allreduce"]
+    reduce = calls[gradient_reduces(calls)]
     # the all-reduces' part of the step's collectives (other kinds, an embedding's all-to-all,
     # stay as they are in every prediction)
     time_part = _part(reduce["seconds"], calls["seconds"])

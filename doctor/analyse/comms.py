@@ -29,11 +29,13 @@ from doctor.analyse.comm_model import (
     WhatIf,
     bucket_what_ifs,
     compress_what_if,
+    gradient_reduces,
     no_sync_what_if,
     rank_comm,
     scaling,
 )
 from doctor.analyse.gpus import PCIE_LANE_GB_PER_S
+from doctor.analyse.parallelism import Parallelism, RoleCost, parallelism, role_costs, roles
 from doctor.analyse.steps import RankSteps
 from doctor.store.rundata import RunData, RunRecord
 
@@ -47,8 +49,8 @@ LATENCY_BYTES = 256 * 1024
 WAITING_SHARE = 0.5
 WAITING, LATENCY, BANDWIDTH = "waiting", "latency", "bandwidth"
 UNKNOWN = "unknown"  # neither waiting nor of a known size
-SHOWN = ("rank", "kind", "calls", "bytes", "time_s", "exposed_s", "bus_gb_per_s", "waiting_s",
-         "bound", "link", "of_link")
+SHOWN = ("rank", "kind", "role", "calls", "bytes", "time_s", "exposed_s", "bus_gb_per_s",
+         "waiting_s", "bound", "link", "of_link")
 
 
 #: NVLink bandwidth per link and direction, GB/s, by NVLink version (V100: 2, A100: 3,
@@ -111,6 +113,11 @@ class RankComms:
     calls: pd.DataFrame  # one row per collective, with waiting_s and bound
     window_s: float  # the profiled steps' time, for per-step figures
     link: Link | None = None  # what its collectives run over, where known
+    steps: int = 0  # the profiled steps, for per-step figures
+
+    def roles(self) -> dict[str, RoleCost]:
+        """Its collectives by role (doctor.analyse.parallelism), per window step."""
+        return role_costs(self.calls, self.steps)
 
     @property
     def on_gpu(self) -> bool:
@@ -123,13 +130,16 @@ class RankComms:
         c = self.calls
         if c.empty:
             return pd.DataFrame(columns=list(SHOWN))
-        g = c.groupby("kind", sort=False)
+        if "role" not in c:
+            c = c.assign(role="")
+        g = c.groupby(["kind", "role"], sort=False)
         out = pd.DataFrame({
             "calls": g.size(), "bytes": g["bytes"].sum(min_count=1),
             "time_s": g["seconds"].sum(), "exposed_s": g["exposed_s"].sum(),
             "bus_gb_per_s": g["bus_bytes_s"].median() / 1e9, "waiting_s": g["waiting_s"].sum(),
         }).reset_index()
-        out["bound"] = [_main_bound(c[c["kind"] == k]) for k in out["kind"]]
+        out["bound"] = [_main_bound(c[(c["kind"] == k) & (c["role"] == r)])
+                        for k, r in zip(out["kind"], out["role"], strict=True)]
         out["link"] = self.link.name if self.link else ""
         out["of_link"] = out["bus_gb_per_s"] / self.link.gb_per_s if self.link else np.nan
         out.insert(0, "rank", self.rank)
@@ -187,6 +197,7 @@ def comms_evidence(run: RunData, ranks: Mapping[int, RankSteps], window: pd.Data
     calls["rank"] = [mains[(int(n), int(p))] for n, p in
                      zip(calls["node"], calls["pid"], strict=True)]
     calls = classify(calls, waiting_times(calls))
+    calls["role"] = roles(calls)
     nodes = {m.node for m in ranks.values()}
     hosts = {run.record.nodes[n] for n in nodes if n < len(run.record.nodes)}
     one_host = len(hosts) == 1 and None not in hosts  # nodes side by side (a test, loopback)
@@ -196,10 +207,19 @@ def comms_evidence(run: RunData, ranks: Mapping[int, RankSteps], window: pd.Data
         mine = calls[calls["rank"] == rank]
         steps = window[window["rank"] == rank] if "rank" in window else window
         window_s = float(steps["dur_s"].sum()) if "dur_s" in steps and len(steps) else 0.0
-        comms = RankComms(rank, mine.reset_index(drop=True), window_s)
+        comms = RankComms(rank, mine.reset_index(drop=True), window_s, steps=len(steps))
         link = network_link(run.record) if across_nodes else node_link(run.record, comms.on_gpu)
         out[rank] = replace(comms, link=link)
     return out
+
+
+def comms_parallelism(comms: Mapping[int, RankComms], world: int | None, ddp_seen: bool,
+                      probe: pd.DataFrame | None = None) -> Parallelism:
+    """The job's parallelism (doctor.analyse.parallelism) from every rank's collectives and
+    the FSDP modules the job built (``probe``: RunData.sharding)."""
+    calls = pd.concat([c.calls for c in comms.values()], ignore_index=True) if comms else \
+        pd.DataFrame()
+    return parallelism(calls, {r: c.steps for r, c in comms.items()}, world, ddp_seen, probe)
 
 
 def comms_table(comms: Mapping[int, RankComms]) -> dict[str, pd.DataFrame]:
@@ -292,7 +312,7 @@ def comm_models(run: RunData, comms: Mapping[int, RankComms], window: pd.DataFra
         ddp = run.ddp[run.ddp["pid"].isin(pids)] if not run.ddp.empty else run.ddp
         spare = 1.0 if c.on_gpu or not job.cores else job.cores / max(job.ranks_here, 1) - 1.0
         waited = (float(c.calls["waiting_s"].sum()) - least_wait) / len(steps)
-        groups = c.calls.loc[c.calls["kind"] == "allreduce", "group"] \
+        groups = c.calls.loc[gradient_reduces(c.calls), "group"] \
             if "group" in c.calls else pd.Series(dtype=float)
         groups = groups[groups > 1]
         # the group the all-reduces ran in, as the trace says it; else the job's world
@@ -316,7 +336,7 @@ def sized_by_ddp(calls: pd.DataFrame, ddp: pd.DataFrame) -> pd.DataFrame:
     if ddp.empty or calls.empty:
         return calls
     row = ddp.iloc[0]
-    unsized = (calls["kind"] == "allreduce") & calls["bytes"].isna()
+    unsized = gradient_reduces(calls) & calls["bytes"].isna()
     if not unsized.any() or not (row["buckets"] > 0 and row["bucket_bytes"] > 0):
         return calls
     return calls.assign(bytes=calls["bytes"].mask(unsized, row["bucket_bytes"] / row["buckets"]))

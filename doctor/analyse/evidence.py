@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 import pandas as pd
 
 from doctor.analyse.causes import SlowSteps
-from doctor.analyse.comms import CommModel
+from doctor.analyse.comms import CommModel, RankComms
 from doctor.analyse.compiles import Compiles, compiles
 from doctor.analyse.contention import cores_used, within
 from doctor.analyse.distributed import StragglerSearch, search_stragglers
@@ -27,6 +27,7 @@ from doctor.analyse.iterations import Iterations, iterations
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.mixed import RankPrecision, precision_evidence
 from doctor.analyse.ops import RankOps
+from doctor.analyse.parallelism import Parallelism
 from doctor.analyse.phase_steps import PhaseSummary
 from doctor.analyse.split import (
     InputSplit,
@@ -112,6 +113,8 @@ class Evidence:
     precision: Mapping[int, RankPrecision] | None = None
     optimizers: pd.DataFrame | None = None
     phases: tuple[PhaseSummary, ...] | None = None
+    parallelism: Parallelism | None = None
+    comms: Mapping[int, RankComms] | None = None  # each rank's collectives, with their roles
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -153,6 +156,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         compiles=compiles(run, ranks, stages.table) or None,
         precision=precision_evidence(run, ranks, stages.ledger, stages.ops) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
+        parallelism=stages.parallelism, comms=stages.comms or None,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from doctor.analyse.parallelism import Parallelism
 from doctor.analyse.stages import JobFacts
 from doctor.analyse.steps import WINDOW, RankSteps, boundaries_seen
 from doctor.command import bootstrap_blockers
@@ -154,8 +155,10 @@ def stacks_reason(run: RunData, ranks: dict[int, RankSteps]) -> str:
     return ""
 
 
-def job_dict(run: RunData, job: JobFacts) -> dict[str, Any]:
-    """The job's details for the verdict (what is not known is left out)."""
+def job_dict(run: RunData, job: JobFacts, parallelism: Parallelism | None = None
+             ) -> dict[str, Any]:
+    """The job's details for the verdict (what is not known is left out); ``parallelism``: what
+    its collectives serve, in words."""
     r = run.record
     out: dict[str, Any] = {
         "argv": list(r.argv), "exit_code": r.exit_code, "ranks": job.ranks,
@@ -167,6 +170,9 @@ def job_dict(run: RunData, job: JobFacts) -> dict[str, Any]:
         out["nodes"] = list(r.nodes)
     if job.autocast:  # the autocasts the training processes entered (doctor.probes.amp)
         out["autocast"] = [f"{device}:{dtype}" for device, dtype in job.autocast]
+    if parallelism is not None and parallelism.describe():
+        out["parallelism"] = parallelism.describe()
+        out["parallel_kinds"] = list(parallelism.kinds)
     if not run.window_status.empty:  # which decoder and gunzip read the traces
         from doctor.trace.reader import GUNZIP
         from doctor.trace.scan import READER

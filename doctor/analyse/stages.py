@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from doctor.analyse.comms import CommModel, RankComms, comm_models, comms_evidence, inter_node_link
+from doctor.analyse.comms import (
+    CommModel,
+    RankComms,
+    comm_models,
+    comms_evidence,
+    comms_parallelism,
+    inter_node_link,
+)
 from doctor.analyse.contention import (
     COMMUNICATION,
     INPUT,
@@ -30,6 +37,7 @@ from doctor.analyse.gpus import GpuCounters, gpu_counters, said_cuda
 from doctor.analyse.ledger import build_ledger
 from doctor.analyse.memory import MemoryEvidence, memory_evidence
 from doctor.analyse.ops import RankOps, ops_evidence
+from doctor.analyse.parallelism import Parallelism
 from doctor.analyse.periods import (
     PeriodStart,
     first_period,
@@ -116,6 +124,7 @@ class Stages:
     # epoch starts of each rank, on the ledger's clock (doctor.analyse.phases)
     #: rank -> where each later window's period begins (doctor.analyse.periods)
     period_starts: dict[int, list[PeriodStart]] = field(default_factory=dict)
+    parallelism: Parallelism | None = None  # what the collectives serve (analyse.parallelism)
 
 
 def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None) -> Stages:
@@ -166,7 +175,9 @@ def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None)
         coarse_notes=coarse_notes, workers=workers, splits=splits, outside=outside,
         contention=contention, comm_contention=comm_contention, ledger=ledger, window=window,
         loaders=loaders, memory=memory, ops=ops, comms=comms, models=models, drifts=drifts,
-        phases=phases, period_starts=starts)
+        phases=phases, period_starts=starts,
+        parallelism=comms_parallelism(comms, job.world_size, not run.ddp.empty, run.sharding)
+        if comms or not run.sharding.empty else None)
 
 
 def run_phases(run: RunData, ranks: dict[int, RankSteps]) -> dict[int, RankPhases]:

@@ -11,7 +11,18 @@ from dataclasses import replace
 from doctor.analyse.comm_model import WhatIf
 from doctor.analyse.comms import critical
 from doctor.analyse.evidence import Evidence
+from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS
 from doctor.rules.base import rule
+from doctor.rules.comm_kinds import (
+    ROLE_SHARE,
+    WORDS,
+    Exposed,
+    all_to_all_fixes,
+    exposed_by_role,
+    pipeline_fixes,
+    sharded_fixes,
+    stats_fixes,
+)
 from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 
@@ -121,20 +132,51 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
     removed = share if ledger_share is None else max(ledger_share - waited / step, 0.0)
     on_gpu = bool((f["device"] == "cuda").any()) if "device" in f else True
     ddp_devices = " device_ids=[local_rank]," if on_gpu else ""
+    ex = exposed_by_role(ev.comms)
+    job = ev.job
+    spare = 1.0 if on_gpu or not job.cores else job.cores / max(job.ranks_here, 1) - 1.0
+    fixes, roles = kind_fixes(ev, ex, ddp_devices, removed, min(max(spare, 0.0), 1.0), step)
+    par = ev.parallelism.describe() if ev.parallelism is not None else ""
+    mostly = max(roles, key=lambda r: roles[r]) if roles else ""
     return [window_finding(
         "comm.exposed", "communication", share=share, bands=(0.2, 0.05),
         title=(
             f"Collectives take {share:.0%} of the step with no compute beside them "
             f"({overlapped:.0%} of communication is overlapped)"
+            + (f", {roles[mostly]:.0%} of it {WORDS[mostly]}" if mostly else "")
         ),
         evidence=dict(comm_s_per_step=comm, comm_exposed_s_per_step=exposed,
                       waiting_for_straggler_s_per_step=waited,
                       comm_exposed_share=share, comm_overlapped_fraction=overlapped,
                       comm_share_of_steps=removed,
-                      world_size=world if isinstance(world, int) else None),
-        fixes=model_fixes(ev, ddp_devices, removed),
-        step_s=step, removed_s=removed * step,
+                      world_size=world if isinstance(world, int) else None,
+                      **({"parallelism": par} if par else {}),
+                      **({"exposed_by_role": roles} if roles else {})),
+        fixes=fixes, step_s=step, removed_s=removed * step,
     )]
+
+
+def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
+               overlap_cores: float, step: float) -> tuple[list[Fix], dict[str, float]]:
+    """The fixes that fit the kinds of collectives exposed (doctor.rules.comm_kinds), best
+    estimate first, and each role's share of the exposed communication: DDP's fixes only for
+    gradient all-reduces (all of them where no collective has a role: a trace of another
+    door)."""
+    if ex is None or ex.total_s <= 0:
+        return list(model_fixes(ev, ddp_devices, share)), {}
+    roles = {r: ex.share(r) for r in ex.by_role if ex.share(r) > 0}
+    fixes: list[Fix] = []
+    if ex.share(GRADIENTS) >= ROLE_SHARE:
+        fixes += model_fixes(ev, ddp_devices, share * ex.share(GRADIENTS))
+    if ex.share(SHARDED) >= ROLE_SHARE:
+        fixes += sharded_fixes(ex, ev.parallelism, share, overlap_cores, step * (1 - share))
+    if ex.share(STATS) >= ROLE_SHARE:
+        fixes += stats_fixes(ex, share)
+    if ex.share(PIPELINE) >= ROLE_SHARE:
+        fixes += pipeline_fixes(ex, ev.comms, step)
+    if ex.share(OTHER) >= ROLE_SHARE:
+        fixes += all_to_all_fixes(ex)
+    return sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)), roles
 
 
 def ledger_comm_share(ev: Evidence) -> float | None:

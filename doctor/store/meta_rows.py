@@ -125,6 +125,27 @@ def ddp_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     return rows
 
 
+def sharding_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
+    """The process's sharded modules (doctor.probes.sharding): one row per API it used."""
+    rows = []
+    for api, d in meta.sharding.items():
+        record = as_dict(d)
+        units = as_int(record.get("units"))
+        if not units:
+            continue
+        reshard = as_list(record.get("reshard_after_forward"))
+        sizes = [b for b in map(as_float, as_list(record.get("unit_bytes"))) if b is not None]
+        rows.append({
+            **who, "api": str(api), "units": units,
+            "reshard_after_forward": ",".join(str(r) for r in reshard) if reshard else None,
+            "mesh_size": as_int(record.get("mesh_size")) or 0,
+            "unit_bytes": sum(sizes) if sizes else None,
+            **{k: None if record.get(k) is None else str(record.get(k))
+               for k in ("sharding_strategy", "forward_prefetch", "backward_prefetch")},
+        })
+    return rows
+
+
 def _seconds(ns: Any) -> float | None:
     value = as_float(ns)
     return value * 1e-9 if value is not None and value > 0 else None

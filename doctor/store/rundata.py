@@ -86,12 +86,17 @@ OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:f
 #: The collectives of each process's profiler window (doctor.trace.comm_calls.CALL_COLUMNS).
 COLLECTIVE_COLUMNS = columns(f"{WHO} kind:object start_us end_us seconds bytes:float64 "
                              "group:int64 exposed_s alg_bytes_s bus_bytes_s:float64 "
-                             "on_gpu:bool")
+                             "on_gpu:bool phase owner unit:object")
 #: Each DistributedDataParallel of a process: its settings and buckets (doctor.probes.ddp).
 DDP_COLUMNS = columns(f"{WHO} bucket_cap_bytes buckets:int64 bucket_bytes last_bucket_bytes "
                       "parameter_bytes:float64 dtypes backend:object world_size:int64 "
                       "backward_compute_s backward_comm_s backward_overlap_s:float64 "
                       "gradient_as_bucket_view static_graph find_unused_parameters:bool")
+#: The sharded data-parallel modules of a process (doctor.probes.sharding): the API (FSDP2's
+#: ``fully_shard`` or FSDP1's ``FullyShardedDataParallel``), its units and settings.
+SHARDING_COLUMNS = columns(f"{WHO} api:object units:int64 reshard_after_forward:object "
+                           "mesh_size:int64 unit_bytes:float64 sharding_strategy "
+                           "forward_prefetch backward_prefetch:object")
 #: The profiler window's events, newest first kept (doctor.trace.window_events), on the process's
 #: clock (ns, as its rings).
 WINDOW_EVENT_COLUMNS = columns(f"{WHO} kind track name:object t0_ns t1_ns:int64")
@@ -183,7 +188,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "later_stack_spans": {**STACK_SPAN_COLUMNS, "window": "int64"},
     "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "amp": AMP_COLUMNS,
     "ops": OPS_COLUMNS,
-    "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS,
+    "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS, "sharding": SHARDING_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
     "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
     "run_steps": RUN_STEPS_COLUMNS,
@@ -257,6 +262,7 @@ class RunData:
     - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops);
     - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
+    - ``sharding``: each process's FSDP units and settings (doctor.probes.sharding);
     - ``window_events``: the profiler window's events on the process's clock, capped
       (doctor.trace.window_events), and ``window_status.events`` how many the trace had;
     - ``others``: processes outside the job that took cores, per scan (doctor.probes.others);
@@ -289,6 +295,7 @@ class RunData:
     collectives: pd.DataFrame
     ddp: pd.DataFrame
     window_events: pd.DataFrame
+    sharding: pd.DataFrame
     others: pd.DataFrame
     later_windows: pd.DataFrame
     later_stacks: pd.DataFrame

@@ -7,38 +7,50 @@ import numpy as np
 import pandas as pd
 
 from doctor.trace.collectives import COLLECTIVES, OTHER, SENDRECV, bandwidths
+from doctor.trace.comm_context import (
+    BACKWARD_OP,
+    backend_pairs,
+    named,
+    outside_comm,
+    phases,
+    units,
+    where,
+    with_waits,
+)
 from doctor.trace.events import EventArrays, Timeline
 from doctor.trace.intervals import overlap_per_span, union
-from doctor.trace.kinds import K_COMM
+from doctor.trace.kinds import K_COMM, SHARDING_OP
 from doctor.trace.ops import last_of, look_up
 
-#: Host ops that are a backend's own work on its threads.
-BACKEND_WORK = ("gloo:", "mpi:", "ucc:")
 CALL_COLUMNS = ("kind", "start_us", "end_us", "seconds", "bytes", "group", "exposed_s",
-                "alg_bytes_s", "bus_bytes_s", "on_gpu")
+                "alg_bytes_s", "bus_bytes_s", "on_gpu", "phase", "owner", "unit")
 
 
 def collective_calls(t: Timeline) -> pd.DataFrame:
     """One row per collective of the trace: its kind, span, bytes (nan: unknown), group size,
-    the part of it no compute overlaps (``exposed_s``), and its bandwidths.
+    the part of it no compute overlaps (``exposed_s``), its bandwidths, and where it was issued
+    from (doctor.trace.comm_context): the step's ``phase`` (forward, backward, optimizer), and
+    the sharding library (``owner``: FSDP2, FSDP or "") and ``unit`` whose hook issued it.
 
     On a GPU trace the collectives are the NCCL kernels (the host ops only enqueue them), their
-    message from their own arguments or else from the host op that launched them; compute is the
-    other kernels. On a CPU trace they are the host's communication ops, compute the other host
-    ops."""
+    message from their own arguments or else from the host op that launched them, issued when
+    that op launched them; compute is the other kernels. On a CPU trace they are the host's
+    communication ops (a backend's work on its own thread, of the kind the c10d call that
+    enqueued it names: gloo reduce-scatters by all-reducing), compute the other host ops outside
+    the communication ops of their own thread (FSDP's hooks are communication's) and outside
+    its waits for them (doctor.trace.comm_context.waits)."""
     gpu = len(t.comm_kernels) > 0
+    sharding = named(t.comm_ops, t.names, lambda n: n.lower().startswith(SHARDING_OP))
     if gpu:
         c = t.comm_kernels
         kind, nbytes, group = (c.attrs[k].copy() for k in ("coll", "bytes", "group"))
-        _bytes_from_launchers(t, kind, nbytes, group)
+        at = _bytes_from_launchers(t, kind, nbytes, group)
         k = t.kernels
         compute = union(k.start[k.attrs["kind"] != K_COMM], k.end[k.attrs["kind"] != K_COMM])
     else:
-        c = _outermost(_backend_work(t))
-        c = _where(c, c.attrs["coll"] != OTHER)  # c10d's wait() and the like move nothing
+        c, at = _backend_work(t)
         kind, nbytes, group = (c.attrs[k] for k in ("coll", "bytes", "group"))
-        ho = t.host_ops
-        compute = union(ho.start[ho.attrs["comm"] == 0], ho.end[ho.attrs["comm"] == 0])
+        compute = outside_comm(t.host_ops, with_waits(t))
     if not len(c):
         return pd.DataFrame({col: pd.Series(dtype=float) for col in CALL_COLUMNS})
     world = t.meta.world_size
@@ -47,61 +59,64 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     overlap = overlap_per_span(compute[0], compute[1], c.start, c.end) * 1e-6
     sizes = np.where(nbytes >= 0, nbytes.astype(float), np.nan)
     bw = bandwidths(kind.tolist(), sizes.tolist(), seconds.tolist(), group.tolist())
+    backward = named(t.host_ops, t.names, lambda n: n.startswith(BACKWARD_OP))
+    opt = t.optimizer_steps
+    owners, unit_names = units(at, where(t.comm_ops, sharding), t.names)
     return pd.DataFrame({
         "kind": [COLLECTIVES[int(x)] for x in kind], "start_us": c.start, "end_us": c.end,
         "seconds": seconds, "bytes": sizes, "group": group,
         "exposed_s": np.maximum(seconds - overlap, 0.0),
         "alg_bytes_s": [a for a, _ in bw], "bus_bytes_s": [b for _, b in bw], "on_gpu": gpu,
+        "phase": phases(at, union(t.host_ops.start[backward], t.host_ops.end[backward]),
+                        union(opt.start, opt.end)),
+        "owner": owners, "unit": unit_names,
     })
 
 
-def _backend_work(t: Timeline) -> EventArrays:
-    """The host's communication ops that do the work: a backend's own (``gloo:all_reduce`` on
-    its threads) where the trace has them, rather than the c10d calls that only enqueue it on
-    the training thread; every communication op otherwise."""
-    ops = t.comm_ops
-    names = [t.names[n] for n in ops.attrs.get("name", np.empty(0, np.int64))]
-    work = np.array([n.startswith(BACKEND_WORK) for n in names], dtype=bool)
-    return _where(ops, work) if work.any() else ops
-
-
-def _where(ops: EventArrays, mask: np.ndarray) -> EventArrays:
-    return EventArrays(ops.start[mask], ops.end[mask], {k: v[mask] for k, v in ops.attrs.items()})
-
-
-def _outermost(ops: EventArrays) -> EventArrays:
-    """The communication ops not inside another on the same thread (``record_param_comms``
-    around ``gloo:all_reduce`` is one collective), keeping what the inner one knows."""
-    tid = ops.attrs["tid"]
-    keep = np.ones(len(ops), dtype=bool)
-    attrs = {k: v.copy() for k, v in ops.attrs.items()}
-    open_at: dict[int, int] = {}
-    for i in range(len(ops)):
-        j = open_at.get(int(tid[i]))
-        if j is not None and ops.end[j] >= ops.end[i]:
-            keep[i] = False
-            for name in ("coll", "bytes", "group"):
-                if attrs[name][j] <= 0 < attrs[name][i]:
-                    attrs[name][j] = attrs[name][i]
-            continue
-        open_at[int(tid[i])] = i
-    return _where(EventArrays(ops.start, ops.end, attrs), keep)
+def _backend_work(t: Timeline) -> tuple[EventArrays, np.ndarray]:
+    """The host's collectives that do the work, and the host time each was issued at: a
+    backend's own work (``gloo:all_reduce`` on its threads) where the trace has it, of the kind
+    of the c10d call that enqueued it on the training thread (issued when that call started);
+    else every communication op that names a collective, issued when it started."""
+    calls, done, by = backend_pairs(t)
+    if not len(done):
+        return calls, calls.start
+    if not len(calls):  # the backend's work alone (a trace without c10d's calls)
+        return done, done.start
+    found = by >= 0
+    at = np.where(found, calls.start[np.maximum(by, 0)], done.start)
+    first = np.maximum(by, 0)
+    issuer = calls.attrs["coll"][first]
+    done.attrs["coll"][:] = np.where(found & (issuer != OTHER), issuer, done.attrs["coll"])
+    # the call's tensors give the message where it has them (an all-gather's output; the
+    # backend's work may show only this rank's part)
+    sized = calls.attrs["bytes"][first]
+    done.attrs["bytes"][:] = np.where(found, np.maximum(sized, done.attrs["bytes"]),
+                                      done.attrs["bytes"])
+    return done, at
 
 
 def _bytes_from_launchers(t: Timeline, kind: np.ndarray, nbytes: np.ndarray,
-                          group: np.ndarray) -> None:
+                          group: np.ndarray) -> np.ndarray:
     """Fill in a kernel's unknown kind, bytes and group from the communication op on the host
-    that launched it (the runtime call of the same correlation falls inside it)."""
+    that launched it (the runtime call of the same correlation falls inside it); the host time
+    each kernel was launched at (its own start where the trace has no launch for it)."""
     # NCCL runs all-to-all (and scatter, gather) as grouped sends and receives: a SendRecv
     # kernel's kind is the launching op's where that names one
     generic = (kind == OTHER) | (kind == SENDRECV)
-    unknown = np.flatnonzero((nbytes < 0) | generic | (group < 0))
-    if not len(unknown) or not len(t.comm_ops) or not len(t.runtime):
-        return
+    kernels = t.comm_kernels
+    at = kernels.start.copy()
+    if not len(t.runtime):
+        return at
     rt, ops = t.runtime, t.comm_ops
     corr = rt.attrs["corr"]
-    launch = look_up(last_of(corr[corr >= 0], np.flatnonzero(corr >= 0)),
-                     t.comm_kernels.attrs["corr"][unknown])
+    launches = look_up(last_of(corr[corr >= 0], np.flatnonzero(corr >= 0)),
+                       kernels.attrs["corr"])
+    at = np.where(launches >= 0, rt.start[np.maximum(launches, 0)], at)
+    unknown = np.flatnonzero((nbytes < 0) | generic | (group < 0))
+    if not len(unknown) or not len(ops):
+        return at
+    launch = launches[unknown]
     o_start, o_end, o_tid = ops.start, ops.end, ops.attrs["tid"]
     o_bytes, o_coll, o_group = (ops.attrs[k].tolist() for k in ("bytes", "coll", "group"))
     # per thread, its ops (sorted by start) and the latest end among each one and those before
@@ -114,10 +129,10 @@ def _bytes_from_launchers(t: Timeline, kind: np.ndarray, nbytes: np.ndarray,
         if j < 0 or int(rt.attrs["tid"][j]) not in threads:
             continue
         starts, ends, reach, index = threads[int(rt.attrs["tid"][j])]
-        at = float(rt.start[j])
-        k = int(np.searchsorted(starts, at, side="right")) - 1
-        while k >= 0 and reach[k] >= at:  # the ops that contain it, the innermost first
-            if ends[k] >= at:
+        when = float(rt.start[j])
+        k = int(np.searchsorted(starts, when, side="right")) - 1
+        while k >= 0 and reach[k] >= when:  # the ops that contain it, the innermost first
+            if ends[k] >= when:
                 o = index[k]
                 if nbytes[i] < 0 and o_bytes[o] >= 0:
                     nbytes[i] = o_bytes[o]
@@ -127,3 +142,4 @@ def _bytes_from_launchers(t: Timeline, kind: np.ndarray, nbytes: np.ndarray,
                 if group[i] < 0 and o_group[o] > 0:
                     group[i] = o_group[o]
             k -= 1
+    return at

@@ -16,11 +16,17 @@ RT_OTHER, RT_LAUNCH, RT_SYNC, RT_COPY = 0, 1, 2, 3
 K_OTHER, K_COMM, K_GEMM, K_GEMM_TC, K_LAYOUT = 0, 1, 2, 3, 4
 
 _COMM_KERNEL = re.compile(r"(?:^|[\s_:])(?:nccl|rccl)", re.IGNORECASE)
-#: Host ops of communication: the collectives (c10d's calls, the backends' work) and DDP's
+#: FSDP's own annotations and ops on the training thread, lowercased: FSDP2's ``FSDP::all_gather
+#: (unit)``, ``FSDP::pre_backward (unit)``, ``fsdp::all_gather_copy_in``..., FSDP1's
+#: ``FullyShardedDataParallel._pre_forward``... (its hooks: gathering, copying in and out,
+#: reducing, resharding; never ``FullyShardedDataParallel.forward``, which holds the model's).
+SHARDING_OP = ("fsdp::", "fullyshardeddataparallel._")
+#: Host ops of communication: the collectives (c10d's calls, the backends' work), DDP's
 #: reducer's own work on the training thread (``torch::distributed::reducer::mul_out``: the
-#: gradients' division by the world size), which a job without DDP does not do.
+#: gradients' division by the world size), which a job without DDP does not do, and FSDP's
+#: (SHARDING_OP): the training thread's time in them is communication's, as DDP's reducer's is.
 COMM_OP = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:", "c10d:",
-            "torch::distributed::reducer::")
+           "torch::distributed::reducer::", *SHARDING_OP)
 _GEMM = re.compile(
     r"gemm|conv|cudnn|cublas|cutlass|xmma|wgrad|dgrad|fprop|winograd|matmul|mma", re.IGNORECASE
 )

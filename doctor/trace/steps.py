@@ -19,6 +19,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from doctor.trace import kinds as ev
+from doctor.trace.comm_context import outside_comm, with_waits
 from doctor.trace.events import EventArrays, Timeline, build_timeline, load_timeline
 from doctor.trace.intervals import (
     Spans,
@@ -126,24 +127,6 @@ def _spans(arr: EventArrays, mask: npt.NDArray[np.bool_] | None = None) -> Spans
     return union(arr.start[mask], arr.end[mask])
 
 
-def _outside_comm(ho: EventArrays, comm: EventArrays) -> Spans:
-    """The host ops' time outside the communication ops of their own thread: an op inside one
-    (DDP's reducer dividing a gradient inside ``torch::distributed::reducer::mul_out``) is
-    communication's work, while a gloo thread's collective leaves the training thread's compute
-    beside it as it is."""
-    plain = ho.attrs["comm"] == 0
-    if not len(comm) or "tid" not in comm.attrs:
-        return _spans(ho, plain)
-    parts = []
-    for tid in np.unique(ho.attrs["tid"][plain]):
-        mine = plain & (ho.attrs["tid"] == tid)
-        theirs = comm.attrs["tid"] == tid
-        ops = union(ho.start[mine], ho.end[mine])
-        parts.append(difference(ops, union(comm.start[theirs], comm.end[theirs]))
-                     if theirs.any() else ops)
-    return union_of(*parts) if parts else _spans(ho, plain)
-
-
 def _bubbles(sync_ends: npt.NDArray[np.float64], gpu_w: Spans, lo: float, hi: float) -> float:
     """GPU idle time from the end of each host sync in the window until the GPU works again."""
     ends = sync_ends[(sync_ends >= lo) & (sync_ends < hi)]
@@ -193,8 +176,9 @@ def step_frame_from_timeline(t: Timeline, rank: int | None = None) -> pd.DataFra
     all_gpu = union_of(compute, comm_k, copies)
     dataloader = _spans(t.dataloader)
     host = _spans(ho)
-    host_not_comm = _outside_comm(ho, t.comm_ops)
-    host_comm = _spans(t.comm_ops)
+    comm_ops = with_waits(t)  # the collectives, and the threads waiting for them
+    host_not_comm = outside_comm(ho, comm_ops)
+    host_comm = _spans(comm_ops)
     sync_rt = job_syncs(t)  # the profiler's own closing sync left out
     syncs = _spans(rt, sync_rt)
     launches = rt.start[rt.attrs["kind"] == ev.RT_LAUNCH]

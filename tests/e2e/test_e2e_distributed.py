@@ -1,5 +1,6 @@
 """Real DDP sample jobs (gloo, 2 ranks on CPU) under ``doctor run torchrun --nproc-per-node 2``:
-the verdict, the world size, the straggler finding, and a rank that crashes. Proportions and
+the verdict, the world size, the straggler finding, a rank that crashes, and jobs that are
+not DDP (FSDP2, synchronised batch statistics) named with their own fixes. Proportions and
 names only, never times. Each run costs a few seconds of training and the start of three Python
 processes that import torch (the launcher and two ranks)."""
 
@@ -100,3 +101,25 @@ def test_a_rank_that_crashes_leaves_a_partial_report_naming_it(tmp_path: Path) -
     why = "Rank 1 failed: RuntimeError: rank 1 failed on purpose at step 20"
     assert why in verdict["notes"]
     assert why in (out / "report.html").read_text()
+
+
+def test_an_fsdp2_job_is_named_and_gets_fsdp_fixes(tmp_path: Path) -> None:
+    verdict, _ = torchrun(tmp_path, "fsdp_sharded.py", "--steps", "25")
+    assert verdict["job"]["parallelism"].startswith("FSDP2 over 2 ranks, reshard after forward")
+    assert verdict["bottleneck"] == "communication"
+    assert verdict["shares"]["communication"] > 0.5
+    kinds = {(k["kind"], k["role"]) for c in verdict["communication"] for k in c["by_kind"]}
+    assert kinds == {("allgather", "sharded"), ("reducescatter", "sharded")}
+    comm = findings(verdict)["comm.exposed"]
+    text = json.dumps(comm["fixes"])
+    assert "bucket_cap" not in text and "no_sync" not in text and "compress_hook" not in text
+    assert "reshard_after_forward=False" in text
+    assert not verdict.get("comm_model")  # no DDP all-reduce to model
+
+
+def test_synchronised_batch_statistics_are_counted_to_themselves(tmp_path: Path) -> None:
+    verdict, _ = torchrun(tmp_path, "sync_stats.py", "--steps", "30")
+    assert "synchronised batch statistics" in verdict["job"]["parallelism"]
+    comm = findings(verdict)["comm.exposed"]
+    assert comm["evidence"]["exposed_by_role"]["stats"] > 0.3
+    assert any("plain BatchNorm" in f["title"] for f in comm["fixes"])

@@ -1,0 +1,198 @@
+"""What kind of parallelism a job's collectives serve, each collective's role in it, and the
+words the verdict's job section gives it ("FSDP2 over 2 ranks, reshard after forward; 6 units").
+
+Each collective of the window (doctor.trace.comm_calls: its kind, bytes, the step's phase it
+was issued in, and the sharding library whose hook issued it) gets a role:
+
+- ``sharded``: a sharded data-parallel job's parameter all-gathers and gradient reduce-scatters:
+  issued by FSDP's hooks (FSDP2 or FSDP), or, with no hook seen (DeepSpeed ZeRO, a trace without
+  host annotations), all-gathers and reduce-scatters of ``STATS_BYTES`` or more;
+- ``stats``: synchronised batch statistics (SyncBatchNorm, detectron2's NaiveSyncBatchNorm),
+  recognised by their pattern, not by a class: small collectives (all-gather or all-reduce under
+  ``STATS_BYTES``) issued in forward, and the all-reduces in backward of the same sizes (each
+  one's gradient);
+- ``pipeline``: point-to-point sends and receives (pipeline stages);
+- ``gradients``: the all-reduces left (DDP's buckets, or a hand-written gradient all-reduce);
+- ``other``: the rest (broadcasts, all-to-all, barriers).
+
+Only the ``gradients`` all-reduces are DDP's: the communication model (doctor.analyse.comm_model)
+is fitted to them alone, and DDP's fixes are for them alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+SHARDED, STATS, PIPELINE, GRADIENTS, OTHER = "sharded", "stats", "pipeline", "gradients", "other"
+ROLES = (SHARDED, STATS, PIPELINE, GRADIENTS, OTHER)
+#: Below this a forward collective carries statistics, not parameters (a BatchNorm layer's
+#: mean and variance over a few thousand channels, gathered from every rank).
+STATS_BYTES = 64 * 1024
+#: Forward collectives of statistics a step (per rank) that make the pattern.
+MIN_STATS_CALLS = 2
+
+
+def roles(calls: pd.DataFrame) -> pd.Series:
+    """The role of each collective (see the module docstring), index of ``calls``."""
+    if calls.empty:
+        return pd.Series(dtype=object, index=calls.index)
+    kind = calls["kind"].astype(str)
+    nbytes = calls["bytes"].astype(float)
+    phase = calls["phase"].fillna("").astype(str) if "phase" in calls else \
+        pd.Series("", index=calls.index)
+    owned = calls["owner"].fillna("").astype(str) != "" if "owner" in calls else \
+        pd.Series(False, index=calls.index)
+    small = nbytes.notna() & (nbytes < STATS_BYTES)
+    shard_kinds = kind.isin(("allgather", "reducescatter"))
+    out = pd.Series(OTHER, index=calls.index, dtype=object)
+    out[kind == "allreduce"] = GRADIENTS
+    out[kind == "sendrecv"] = PIPELINE
+    out[owned | (shard_kinds & nbytes.notna() & ~small)] = SHARDED
+    forward = ~owned & small & (phase == "forward") & kind.isin(("allgather", "allreduce"))
+    if _per_rank_steps(calls, forward) >= MIN_STATS_CALLS:
+        # each one's gradient: of the statistics (an all-reduce's), or of every rank's
+        # gathered (an all-gather's output: the group times what one rank gave)
+        groups = calls["group"][calls["group"] > 1].unique().tolist() if "group" in calls \
+            else []
+        sizes = set(nbytes[forward].tolist())
+        sizes |= {s * g for s in sizes for g in groups}
+        back = ~owned & small & (phase == "backward") & (kind == "allreduce") & \
+            nbytes.isin(sizes)
+        out[forward | back] = STATS
+    return out
+
+
+def _per_rank_steps(calls: pd.DataFrame, mask: pd.Series) -> float:
+    """The most calls of ``mask`` on any one rank (a window's steps repeat the same calls:
+    over the window, a step's pattern shows at least once)."""
+    if not mask.any():
+        return 0.0
+    ranks = calls.loc[mask, "rank"] if "rank" in calls else pd.Series(0, index=calls.index)[mask]
+    return float(ranks.value_counts().max())
+
+
+@dataclass(frozen=True)
+class RoleCost:
+    """One role's collectives on one rank, per step of its window."""
+
+    role: str
+    calls: float
+    seconds: float
+    exposed_s: float
+    bytes: float  # nan: not known
+    bus_gb_per_s: float  # median; nan: not known
+
+
+def role_costs(calls: pd.DataFrame, steps: int) -> dict[str, RoleCost]:
+    """Per role (a ``role`` column), its calls, time, exposed time and bytes a step, over
+    ``steps`` window steps, and its median bus bandwidth."""
+    out: dict[str, RoleCost] = {}
+    if calls.empty or "role" not in calls or steps <= 0:
+        return out
+    for role, mine in calls.groupby("role", sort=False):
+        out[str(role)] = RoleCost(
+            str(role), len(mine) / steps, float(mine["seconds"].sum()) / steps,
+            float(mine["exposed_s"].sum()) / steps,
+            float(mine["bytes"].sum(min_count=1)) / steps,
+            float(mine["bus_bytes_s"].median()) / 1e9 if mine["bus_bytes_s"].notna().any()
+            else float("nan"))
+    return out
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """What the job's collectives (and the objects the job built) say of its parallelism."""
+
+    world: int | None
+    ddp: bool  # DistributedDataParallel seen, or gradient all-reduces
+    sharded: str  # "FSDP2", "FSDP" (whose hooks issued them), "sharded" (by the collectives
+    # alone), "" (none)
+    units: int  # sharded units seen (0: not known)
+    reshard_after_forward: bool | None  # units all-gathered again before backward
+    stats_calls: float  # collectives of batch statistics a step (forward and backward)
+    pipeline_calls: float  # sends and receives a step
+    settings: str = ""  # the sharded modules' own settings, as the job set them (probe)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Each kind found: ``sharded``, ``ddp``, ``stats``, ``pipeline``."""
+        return tuple(k for k, found in (("sharded", bool(self.sharded)), ("ddp", self.ddp),
+                                        ("stats", self.stats_calls > 0),
+                                        ("pipeline", self.pipeline_calls > 0)) if found)
+
+    def describe(self) -> str:
+        """In words, for the job section ("" where no collective was seen)."""
+        over = f" over {self.world} ranks" if self.world else ""
+        parts = []
+        if self.sharded:
+            name = "sharded data parallel (all-gathers and reduce-scatters)" \
+                if self.sharded == "sharded" else self.sharded
+            words = name + over
+            if self.reshard_after_forward is not None:
+                words += ", reshard after forward" if self.reshard_after_forward else \
+                    ", no reshard after forward"
+            if self.units:
+                words += f"; {self.units} unit{'s' if self.units != 1 else ''}"
+            if self.settings:
+                words += f" ({self.settings})"
+            parts.append(words)
+        if self.ddp:
+            parts.append(f"DDP{over}")
+        if self.stats_calls > 0:
+            parts.append(f"synchronised batch statistics ({self.stats_calls:g} small "
+                         "collectives a step)")
+        if self.pipeline_calls > 0:
+            parts.append(f"pipeline stages ({self.pipeline_calls:g} sends and receives a step)")
+        return "; ".join(parts)
+
+
+def parallelism(calls: pd.DataFrame, steps: Mapping[int, int], world: int | None,
+                ddp_seen: bool, probe: pd.DataFrame | None = None) -> Parallelism:
+    """The job's parallelism from every rank's collectives (with a ``role`` column) and each
+    rank's window steps; ``ddp_seen``: the DDP probe saw a DistributedDataParallel; ``probe``:
+    the FSDP modules the job built (doctor.probes.sharding: RunData.sharding), whose API, count
+    and settings come first."""
+    found = _from_collectives(calls, steps, world, ddp_seen)
+    if probe is None or probe.empty:
+        return found
+    row = probe.sort_values("units").iloc[-1]  # the rank that built the most
+    api = "FSDP2" if row["api"] == "fully_shard" else "FSDP"
+    settings = [f"{k}={row[k]}" for k in ("sharding_strategy", "forward_prefetch",
+                                          "backward_prefetch") if isinstance(row[k], str)]
+    return replace(found, sharded=api, units=int(row["units"]), settings=", ".join(settings),
+                   reshard_after_forward=found.reshard_after_forward if found.sharded else None)
+
+
+def _from_collectives(calls: pd.DataFrame, steps: Mapping[int, int], world: int | None,
+                      ddp_seen: bool) -> Parallelism:
+    if calls.empty or "role" not in calls:
+        return Parallelism(world, ddp_seen, "", 0, None, 0.0, 0.0)
+    role = calls["role"]
+    sharded = calls[role == SHARDED]
+    owners = sharded["owner"].fillna("").astype(str) if "owner" in sharded else \
+        pd.Series(dtype=object)
+    owner = str(owners[owners != ""].mode().iloc[0]) if (owners != "").any() else \
+        ("sharded" if len(sharded) else "")
+    units = sharded["unit"].fillna("").astype(str) if "unit" in sharded else \
+        pd.Series(dtype=object)
+    gathers = sharded[sharded["kind"] == "allgather"]
+    reshard = bool((gathers["phase"] == "backward").any()) if len(gathers) and \
+        "phase" in gathers else None
+    rank_steps = max(steps.values()) if steps else 0
+
+    def per_step(mask: pd.Series) -> float:
+        if not rank_steps or not mask.any():
+            return 0.0
+        per_rank = calls.loc[mask, "rank"].value_counts() if "rank" in calls else \
+            pd.Series([int(mask.sum())])
+        return float(np.round(per_rank.max() / rank_steps, 1))
+
+    return Parallelism(
+        world, ddp_seen or bool((role == GRADIENTS).any()), owner,
+        # whether units are gathered again before backward: said of FSDP's own units only
+        int(units[units != ""].nunique()), reshard if owner in ("FSDP2", "FSDP") else None,
+        per_step(role == STATS), per_step(role == PIPELINE))

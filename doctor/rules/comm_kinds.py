@@ -1,0 +1,241 @@
+"""The fixes for exposed communication that fit the collectives' kind of parallelism
+(doctor.analyse.parallelism): a sharded job's all-gathers and reduce-scatters (prefetch, keep
+the last units gathered after forward, fewer and larger units), synchronised batch statistics
+(plain BatchNorm where each rank's batch is large enough, GroupNorm, a larger batch a rank), and
+a pipeline's sends and receives (more micro-batches, 1F1B, balanced stages). DDP's own fixes
+(bucket size, no_sync, compression) are doctor.rules.communication's, for DDP's all-reduces
+alone.
+
+Each estimate is the share of the step a fix takes off: the exposed time of the collectives it
+removes or hides, measured in the window, as a share of the rank's exposed communication, times
+communication's share of the step (``share``, from the ledger)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from doctor.analyse.comms import RankComms
+from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS, Parallelism
+from doctor.rules.window import speedup
+from doctor.verdict import Fix
+
+#: A role whose share of the exposed communication is at least this gets its fixes.
+ROLE_SHARE = 0.1
+MIB = 2**20
+WORDS = {SHARDED: "all-gathers and reduce-scatters of the sharded parameters",
+         STATS: "small collectives of batch statistics (synchronised BatchNorm)",
+         PIPELINE: "pipeline sends and receives", GRADIENTS: "gradient all-reduces",
+         OTHER: "other collectives"}
+
+
+@dataclass(frozen=True)
+class Exposed:
+    """The critical rank's exposed communication a window step, by role and, for a sharded
+    job, by kind and phase."""
+
+    total_s: float
+    by_role: dict[str, float]
+    calls: pd.DataFrame  # its collectives (role, kind, phase, unit, bytes, exposed_s)
+    steps: int
+    world: int
+
+    def share(self, role: str) -> float:
+        """The role's share of the exposed communication."""
+        return self.by_role.get(role, 0.0) / self.total_s if self.total_s > 0 else 0.0
+
+    def of(self, role: str, kind: str | None = None, phase: str | None = None) -> pd.DataFrame:
+        c = self.calls[self.calls["role"] == role]
+        if kind is not None:
+            c = c[c["kind"] == kind]
+        if phase is not None:
+            c = c[c["phase"] == phase]
+        return c
+
+
+def exposed_by_role(comms: Mapping[int, RankComms] | None) -> Exposed | None:
+    """The exposed communication of the rank with the most of it, by role (None: no
+    collective has a role)."""
+    best: Exposed | None = None
+    for c in (comms or {}).values():
+        calls = c.calls
+        if calls.empty or "role" not in calls or c.steps <= 0:
+            continue
+        roles = {str(r): float(v) / c.steps
+                 for r, v in calls.groupby("role")["exposed_s"].sum().items()}
+        total = sum(roles.values())
+        group = calls["group"][calls["group"] > 1]
+        found = Exposed(total, roles, calls, c.steps, int(group.median()) if len(group) else 2)
+        if best is None or total > best.total_s:
+            best = found
+    return best
+
+
+def _estimate(share: float, ex: Exposed, saved_s: float) -> float | None:
+    """The speedup of taking ``saved_s`` of the exposed time a step off (None: under 2 %)."""
+    if ex.total_s <= 0 or saved_s <= 0:
+        return None
+    value = speedup(1.0, share * min(saved_s, ex.total_s) / ex.total_s)
+    return value if value >= 1.02 else None
+
+
+def sharded_fixes(ex: Exposed, par: Parallelism | None, share: float, overlap_cores: float,
+                  compute_s: float) -> list[Fix]:
+    """FSDP's fixes: reshard_after_forward=False (the backward all-gathers gone, for the memory
+    of the gathered units), prefetch (the all-gathers beside compute, as far as a core is free
+    for them), fewer and larger units."""
+    fsdp1 = par is not None and par.sharded == "FSDP"
+    out: list[Fix] = []
+    back = ex.of(SHARDED, "allgather", "backward")
+    if len(back):
+        saved = float(back["exposed_s"].sum()) / ex.steps
+        gathered = float(back["bytes"].sum()) / ex.steps * (ex.world - 1) / ex.world
+        first = back.sort_values("start_us").groupby("unit", sort=False).head(1)
+        last_unit = str(first["unit"].iloc[0]) if len(first) else ""
+        last = back[back["unit"] == last_unit] if last_unit else back.iloc[:0]
+        last_saved = float(last["exposed_s"].sum()) / ex.steps
+        last_bytes = float(last["bytes"].sum()) / ex.steps * (ex.world - 1) / ex.world
+        why = (f"each unit is gathered again before its backward: {saved * 1e3:.1f} ms of exposed "
+               f"all-gathers a step, for {gathered / MIB:.1f} MiB more a rank held from forward "
+               "to backward (all units)")
+        if last_unit and last_bytes < gathered:
+            why += (f"; the last unit ({last_unit}) alone, whose backward follows its forward at "
+                    f"once: {last_saved * 1e3:.1f} ms for {last_bytes / MIB:.1f} MiB")
+        code = ("fully_shard(model.layers[-1], reshard_after_forward=False)  # the last units\n"
+                "fully_shard(model)  # the root: FSDP2 keeps it gathered after forward already")
+        if fsdp1:
+            code = ("FullyShardedDataParallel(model, ...,\n"
+                    "    sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)  # ZeRO-2: no regather")
+        out.append(Fix(title="Keep the last units gathered after forward "
+                             "(reshard_after_forward=False)",
+                       why=why, code=code, estimated_speedup=_estimate(share, ex, saved)))
+    gathers = ex.of(SHARDED, "allgather")
+    if len(gathers):
+        exposed = float(gathers["exposed_s"].sum()) / ex.steps
+        hidden = min(exposed, compute_s) * overlap_cores
+        why = (f"{exposed * 1e3:.1f} ms of all-gathers a step wait with no compute beside them; "
+               "gathering the next units while this one computes hides them")
+        if overlap_cores <= 0:
+            why += " (on this machine no core is free for the communication threads)"
+        code = ("# FSDP2: gather the next 2 units ahead, in forward and in backward\n"
+                "for i, layer in enumerate(layers):\n"
+                "    layer.set_modules_to_forward_prefetch(layers[i + 1:i + 3])\n"
+                "    layer.set_modules_to_backward_prefetch(layers[max(i - 2, 0):i][::-1])")
+        if fsdp1:
+            code = ("FullyShardedDataParallel(model, ..., forward_prefetch=True,\n"
+                    "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE)")
+        out.append(Fix(title="Prefetch the next units' all-gathers", why=why, code=code,
+                       estimated_speedup=_estimate(share, ex, hidden)))
+        calls = len(gathers) / ex.steps
+        size = float(gathers["bytes"].median())
+        units = par.units if par is not None and par.units else 0
+        out.append(Fix(
+            title="Wrap fewer, larger units",
+            why=(f"{calls:g} all-gathers a step of {size / MIB:.2f} MiB each (median)"
+                 + (f" over {units} units" if units else "")
+                 + ": each collective pays its latency; a unit of several layers gathers "
+                   "them in one call, for its larger unsharded size held at once"),
+            code=("for block in model.blocks:  # a transformer block, not each of its layers\n"
+                  "    fully_shard(block)\nfully_shard(model)")))
+    return out
+
+
+def stats_fixes(ex: Exposed, share: float) -> list[Fix]:
+    """Synchronised batch statistics: plain BatchNorm where each rank's batch is large enough
+    (the collectives gone), GroupNorm, or a larger batch a rank."""
+    calls = ex.of(STATS)
+    if calls.empty:
+        return []
+    saved = float(calls["exposed_s"].sum()) / ex.steps
+    forward = ex.of(STATS, phase="forward")
+    layers = len(forward) / ex.steps
+    why = (f"{layers:g} small collectives of statistics a step in forward (one a synchronised "
+           f"normalisation layer) and their backward, {saved * 1e3:.1f} ms exposed a step, each "
+           "a round trip for a few KB: synchronising statistics pays where each rank's batch "
+           "is too small for its own (under about 16-32 samples); above that, each rank's own "
+           "are as good")
+    return [
+        Fix(title="Use plain BatchNorm where each rank's batch is large enough",
+            why=why, code="model = torch.nn.SyncBatchNorm.revert_sync_batchnorm(model)  # or "
+                          "build the model with nn.BatchNorm2d",
+            estimated_speedup=_estimate(share, ex, saved)),
+        Fix(title="Normalise without batch statistics (GroupNorm)",
+            why="GroupNorm normalises each sample on its own: no statistics to synchronise, "
+                "and the same result at any batch size a rank",
+            code="nn.GroupNorm(num_groups=32, num_channels=c)  # instead of a synchronised "
+                 "BatchNorm2d(c)",
+            estimated_speedup=_estimate(share, ex, saved)),
+        Fix(title="Train on a larger batch a rank",
+            why="the statistics' collectives are the same whatever the batch: more samples a "
+                "step pay them fewer times an epoch (with gradient accumulation where memory "
+                "is short)",
+            code="loader = DataLoader(dataset, batch_size=2 * batch_size, ...)"),
+    ]
+
+
+def all_to_all_fixes(ex: Exposed) -> list[Fix]:
+    """All-to-all (sharded embeddings, mixture-of-experts dispatch) exposed: overlap it with the
+    dense part (no estimate: how much the dense part can hide is not measured)."""
+    calls = ex.of(OTHER, "alltoall")
+    if calls.empty:
+        return []
+    exposed = float(calls["exposed_s"].sum()) / ex.steps
+    return [Fix(
+        title="Overlap the all-to-all with the dense part of the step",
+        why=(f"{len(calls) / ex.steps:g} all-to-alls a step, {exposed * 1e3:.1f} ms exposed: "
+             "sharded embeddings (or experts) exchange their rows with nothing to do beside "
+             "them; a pipelined loop starts the next batch's exchange during this batch's "
+             "dense forward and backward"),
+        code=("from torchrec.distributed.train_pipeline import TrainPipelineSparseDist\n"
+              "pipeline = TrainPipelineSparseDist(model, optimizer, device)\n"
+              "for _ in range(steps):\n    pipeline.progress(data_iterator)"))]
+
+
+def bubble_theory(stages: int, microbatches: float) -> float:
+    """GPipe's (and 1F1B's) bubble: (p-1)/(m+p-1) of the step for p stages, m micro-batches."""
+    return (stages - 1) / (microbatches + stages - 1) if stages > 1 and microbatches > 0 else 0.0
+
+
+def pipeline_fixes(ex: Exposed, comms: Mapping[int, RankComms] | None, step_s: float
+                   ) -> list[Fix]:
+    """A pipeline's sends and receives: each stage's wait for its neighbour (the bubble, with
+    the transfers), against GPipe's theory for the stages and micro-batches seen (an end stage
+    sends and receives once each a micro-batch: half its calls a step); the stage that waits
+    least is the slowest. No estimate: more micro-batches also pay more sends and receives."""
+    calls = ex.of(PIPELINE)
+    if calls.empty:
+        return []
+    idle: dict[int, float] = {}
+    for rank, c in (comms or {}).items():
+        mine = c.calls[c.calls["role"] == PIPELINE] if "role" in c.calls else c.calls.iloc[:0]
+        if len(mine) and c.steps:
+            idle[rank] = float(mine["exposed_s"].sum()) / c.steps
+    per_step = min((len(c.calls[c.calls["role"] == PIPELINE]) / c.steps
+                    for c in (comms or {}).values()
+                    if c.steps and "role" in c.calls and (c.calls["role"] == PIPELINE).any()),
+                   default=len(calls) / ex.steps)
+    micro = per_step / 2
+    stages = max(len(idle), ex.world)
+    theory = bubble_theory(stages, micro)
+    shown = ", ".join(f"rank {r} {s / step_s:.0%}" for r, s in sorted(idle.items())) \
+        if step_s > 0 else ""
+    why = (f"each stage waits for its neighbour ({shown} of the step, transfers included); "
+           f"GPipe's bubble with {stages} stages and {micro:g} micro-batches is "
+           f"{theory:.0%}: (p-1)/(m+p-1); with {4 * micro:g} it would be "
+           f"{bubble_theory(stages, 4 * micro):.0%}, for {4:g}x the sends and receives")
+    slow = min(idle, key=lambda r: idle[r]) if len(idle) > 1 else None
+    return [
+        Fix(title="Split each batch into more micro-batches", why=why,
+            code=f"schedule = ScheduleGPipe(stage, n_microbatches={int(4 * micro) or 8})"),
+        Fix(title="Use a 1F1B or interleaved schedule",
+            why="1F1B holds fewer micro-batches' activations at once, and interleaved stages "
+                "shrink the bubble by the number of stages a rank holds",
+            code="from torch.distributed.pipelining import ScheduleInterleaved1F1B\n"
+                 "schedule = ScheduleInterleaved1F1B(stages, n_microbatches=8)"),
+        Fix(title="Balance the stages" + (f": rank {slow}'s stage is the slowest"
+                                          if slow is not None else ""),
+            why="the slowest stage sets the pace: the others wait for it at every send",
+            code="# split the model where each stage's forward and backward take the same time"),
+    ]

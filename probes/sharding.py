@@ -1,0 +1,145 @@
+"""Sharding probe: the sharded data-parallel modules the job builds, for the analysis of their
+collectives (doctor.analyse.parallelism).
+
+Once the job imports ``torch.distributed.fsdp`` it wraps FSDP2's ``fully_shard`` (where that
+module exports it) and FSDP1's ``FullyShardedDataParallel.__init__``: each call is counted, with
+its settings (FSDP2: ``reshard_after_forward``, the mesh's size, the bytes of the parameters the
+call shards, those not yet sharded by an inner call; FSDP1: ``sharding_strategy``,
+``forward_prefetch``, ``backward_prefetch``, ``limit_all_gathers``). Nothing runs per step; the
+totals go to meta.json (``sharding``) when the profiler window ends and at exit.
+
+Runs inside the job at construction time only; a failure records nothing and never stops the
+job (the wrapped call's own result and errors pass through untouched).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from ..record.after_import import AfterImport, when_imported
+from ..record.patches import Patches
+from ..record.session import CLOSE, WINDOW_END, Session
+from ..verdict import ProbeStatus
+
+#: The modules that export FSDP2's fully_shard, by torch release.
+FULLY_SHARD_AT = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
+                  "torch.distributed.fsdp._fully_shard._fully_shard",
+                  "torch.distributed._composable.fsdp",
+                  "torch.distributed._composable.fsdp.fully_shard")
+MAX_UNITS_KEPT = 64  # units whose bytes are kept one by one (the count is always whole)
+FSDP1_SETTINGS = ("sharding_strategy", "forward_prefetch", "backward_prefetch",
+                  "limit_all_gathers")
+
+
+class ShardingProbe:
+    name = "sharding"
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._patches = Patches()
+        self._finder: AfterImport | None = None
+        self.fsdp2: dict[str, Any] = {"units": 0, "reshard_after_forward": [], "mesh_size": None,
+                                      "unit_bytes": []}
+        self.fsdp1: dict[str, Any] = {"units": 0}
+
+    def check(self) -> ProbeStatus:
+        return ProbeStatus(True)
+
+    def start(self) -> None:
+        self._finder = when_imported("torch.distributed.fsdp", self._wrap)
+        self.session.on(WINDOW_END, self.record)
+        self.session.on(CLOSE, self.record)
+
+    def sample(self) -> None:
+        pass  # construction-time only
+
+    def stop(self) -> None:
+        if self._finder is not None:
+            self._finder.remove()
+            self._finder = None
+        self._patches.restore()
+
+    def _wrap(self) -> None:
+        try:
+            fsdp = sys.modules["torch.distributed.fsdp"]
+            orig = getattr(fsdp, "fully_shard", None)
+            if callable(orig):
+                wrapped = self._fully_shard(orig)
+                for name in FULLY_SHARD_AT:
+                    module = sys.modules.get(name)
+                    if module is not None and getattr(module, "fully_shard", None) is orig:
+                        self._patches.put(module, "fully_shard", wrapped)
+            cls = getattr(fsdp, "FullyShardedDataParallel", None)
+            if cls is not None:
+                self._patches.put(cls, "__init__", self._fsdp1_init(cls.__init__))
+        except Exception as err:  # evidence, never a reason to fail the job
+            self.session.swallowed(self.name, "wrapping FSDP", err)
+
+    def _fully_shard(self, orig: Any) -> Any:
+        @functools.wraps(orig)
+        def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
+            nbytes = self._unsharded_bytes(module)
+            out = orig(module, *args, **kwargs)
+            try:
+                self._note_fsdp2(kwargs, nbytes)
+            except Exception as err:
+                self.session.swallowed(self.name, "reading fully_shard's settings", err)
+            return out
+
+        return fully_shard
+
+    def _unsharded_bytes(self, module: Any) -> int | None:
+        """The bytes of the parameters of ``module`` that no inner fully_shard sharded yet."""
+        try:
+            from torch.distributed.tensor import DTensor
+
+            return sum(p.numel() * p.element_size() for p in module.parameters()
+                       if not isinstance(p, DTensor))
+        except Exception:
+            return None
+
+    def _note_fsdp2(self, kwargs: dict[str, Any], nbytes: int | None) -> None:
+        s = self.fsdp2
+        s["units"] += 1
+        reshard = kwargs.get("reshard_after_forward")
+        value = reshard if isinstance(reshard, bool | int) or reshard is None else str(reshard)
+        if value not in s["reshard_after_forward"]:
+            s["reshard_after_forward"].append(value)
+        mesh = kwargs.get("mesh")
+        if mesh is not None and s["mesh_size"] is None:
+            s["mesh_size"] = int(mesh.size())
+        if nbytes is not None and len(s["unit_bytes"]) < MAX_UNITS_KEPT:
+            s["unit_bytes"].append(nbytes)
+
+    def _fsdp1_init(self, orig: Any) -> Any:
+        settings = self.fsdp1
+
+        @functools.wraps(orig)
+        def __init__(this: Any, *args: Any, **kwargs: Any) -> None:
+            orig(this, *args, **kwargs)
+            try:
+                settings["units"] += 1
+                for key in FSDP1_SETTINGS:
+                    if key in kwargs and key not in settings:
+                        value = kwargs[key]
+                        settings[key] = value if isinstance(value, bool) else str(value)
+            except Exception as err:
+                self.session.swallowed(self.name, "reading FSDP's settings", err)
+
+        return __init__
+
+    def record(self) -> None:
+        if not self.session.recording:
+            return
+        out = {}
+        if self.fsdp2["units"]:
+            out["fully_shard"] = dict(self.fsdp2)
+        if self.fsdp1["units"]:
+            out["FullyShardedDataParallel"] = dict(self.fsdp1)
+        if out:
+            try:
+                self.session.update_meta(sharding=out)
+            except Exception as err:
+                self.session.swallowed(self.name, "writing the sharded modules", err)

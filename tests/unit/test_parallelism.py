@@ -1,0 +1,219 @@
+"""Kinds of parallelism told apart by their collectives (doctor.analyse.parallelism) and each
+given its own fixes (doctor.rules.communication, doctor.rules.comm_kinds): traces built to look
+like FSDP2 over gloo, a synchronised BatchNorm, DDP and a pipeline. Proportions and names only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from doctor.analyse.comms import RankComms, classify, comms_parallelism, waiting_times
+from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, roles
+from doctor.rules import communication, run_rules
+from doctor.trace.comm_calls import collective_calls
+from doctor.trace.events import build_timeline
+from doctor.trace.steps import step_frame_from_timeline
+from doctor.verdict import Finding
+from tests.support import evidence, steps
+
+MAIN, GLOO = 1, 9
+
+
+def ev(cat: str, name: str, ts: float, dur: float, tid: int = MAIN, **args: Any
+       ) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid,
+            "args": args}
+
+
+def gather(ts: float, unit: str, floats: int = 1000, dur: float = 400) -> list[dict[str, Any]]:
+    """FSDP2 gathering a unit: its annotation, c10d's call (output, input), gloo's work."""
+    return [
+        ev("user_annotation", f"FSDP::all_gather ({unit})", ts, dur + 20),
+        ev("cpu_op", "c10d::_allgather_base_", ts + 5, 5,
+           **{"Input Dims": [[2 * floats], [floats]], "Input type": ["float", "float"]}),
+        ev("user_annotation", "gloo:all_gather", ts + 12, dur, GLOO,
+           **{"Input Dims": [[floats]], "Input type": ["float"]}),
+    ]
+
+
+def fsdp_step() -> list[dict[str, Any]]:
+    """One FSDP2 step of one unit over 2 ranks: gathered in forward (400 us), computed (100 us),
+    gathered again in backward inside the autograd node, its gradient reduce-scattered (gloo
+    all-reduces it) at the end of backward, then the optimizer."""
+    return [
+        ev("user_annotation", "ProfilerStep#1", 0, 2000),
+        ev("user_annotation", "FSDP::pre_forward (0)", 0, 450),
+        *gather(10, "0"),
+        ev("cpu_op", "aten::addmm", 500, 100),
+        ev("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 700, 700),
+        ev("user_annotation", "FSDP::pre_backward (0)", 705, 440),
+        *gather(710, "0"),
+        ev("cpu_op", "aten::mm", 1200, 150),
+        ev("user_annotation", "FSDP::root_post_backward_callback", 1420, 400),
+        ev("user_annotation", "FSDP::post_backward_reduce (0)", 1425, 390),
+        ev("cpu_op", "c10d::_reduce_scatter_base_", 1430, 5,
+           **{"Input Dims": [[1000], [2000]], "Input type": ["float", "float"]}),
+        ev("user_annotation", "gloo:all_reduce", 1440, 360, GLOO,
+           **{"Input Dims": [[2000]], "Input type": ["float"]}),
+        ev("user_annotation", "Optimizer.step#SGD.step", 1850, 100),
+    ]
+
+
+def test_fsdp_collectives_are_named_by_the_call_that_issued_them() -> None:
+    t = build_timeline(fsdp_step())
+    calls = collective_calls(t)
+    got = calls[["kind", "phase", "owner", "unit"]].values.tolist()
+    assert got == [["allgather", "forward", "FSDP2", "0"], ["allgather", "backward", "FSDP2", "0"],
+                   ["reducescatter", "backward", "FSDP2", "0"]]  # gloo all-reduced it
+    assert calls["bytes"].tolist() == [8000, 8000, 8000]  # the gathered output, the whole input
+    # the autograd node around the backward gather waits for it: nothing hides it
+    assert calls["exposed_s"].sum() == pytest.approx(calls["seconds"].sum())
+    [row] = step_frame_from_timeline(t, 0).to_dict(orient="records")
+    # FSDP's hooks and the gathers are communication; the two matrix products compute, and the
+    # autograd node's own time outside the hook (105 us)
+    assert row["excl_compute_s"] == pytest.approx(355e-6, abs=10e-6)
+    assert row["excl_communication_s"] == pytest.approx((450 + 440 + 400) * 1e-6)  # the hooks
+
+
+def calls(rows: list[tuple[str, str, float, float]], ranks: int = 2, **extra: Any
+          ) -> pd.DataFrame:
+    """(kind, phase, bytes, seconds) rows, the same on each rank, one after the other."""
+    out = []
+    for rank in range(ranks):
+        for i, (kind, phase, nbytes, seconds) in enumerate(rows):
+            out.append({"rank": rank, "kind": kind, "phase": phase, "bytes": nbytes,
+                        "seconds": seconds, "exposed_s": seconds, "start_us": i * 1e4,
+                        "end_us": i * 1e4 + seconds * 1e6, "group": 2,
+                        "bus_bytes_s": nbytes / seconds, "owner": "", "unit": "", **extra})
+    frame = pd.DataFrame(out)
+    frame = classify(frame, waiting_times(frame))
+    frame["role"] = roles(frame)
+    return frame
+
+
+#: A synchronised BatchNorm of 4 layers: a 2 KB gather each in forward, the gradient of the
+#: gathered 4 KB all-reduced in backward, and DDP's one 8 MB bucket.
+SYNC_BN = [*[("allgather", "forward", 2048, 1e-3)] * 4, ("allreduce", "backward", 8e6, 4e-3),
+           *[("allreduce", "backward", 4096, 1e-3)] * 4]
+
+
+def test_the_sync_batchnorm_pattern_is_told_from_ddp_buckets() -> None:
+    c = calls(SYNC_BN)
+    assert c[c["rank"] == 0]["role"].tolist() == [STATS] * 4 + [GRADIENTS] + [STATS] * 4
+    # tiny DDP buckets in backward with no statistics gathered in forward stay DDP's
+    tiny = calls([("allreduce", "backward", 4096, 1e-3)] * 6)
+    assert set(tiny["role"]) == {GRADIENTS}
+    assert set(calls([("sendrecv", "forward", 1e6, 1e-3)] * 2)["role"]) == {PIPELINE}
+    # all-gathers of parameters, whoever issued them, are a sharded job's
+    assert set(calls([("allgather", "forward", 4e6, 1e-3),
+                      ("reducescatter", "backward", 4e6, 1e-3)])["role"]) == {SHARDED}
+
+
+def rank_comms(frame: pd.DataFrame, steps_: int = 1) -> dict[int, RankComms]:
+    return {r: RankComms(r, frame[frame["rank"] == r].reset_index(drop=True), 0.1, steps=steps_)
+            for r in sorted(set(frame["rank"]))}
+
+
+def test_the_job_section_names_the_parallelism() -> None:
+    rows = [("allgather", "forward", 4e6, 1e-3), ("allgather", "backward", 4e6, 1e-3),
+            ("reducescatter", "backward", 4e6, 1e-3)]
+    fsdp = pd.concat([calls(rows, owner="FSDP2", unit=u) for u in ("0", "1", "2")])
+    par = comms_parallelism(rank_comms(fsdp), 2, ddp_seen=False)
+    assert par.describe() == "FSDP2 over 2 ranks, reshard after forward; 3 units"
+    assert par.kinds == ("sharded",)
+    no_reshard = fsdp[~((fsdp["kind"] == "allgather") & (fsdp["phase"] == "backward"))]
+    assert comms_parallelism(rank_comms(no_reshard), 2, False).describe() == \
+        "FSDP2 over 2 ranks, no reshard after forward; 3 units"
+    bn = comms_parallelism(rank_comms(calls(SYNC_BN)), 2, ddp_seen=True)
+    assert bn.kinds == ("ddp", "stats")
+    assert "8 small collectives a step" in bn.describe()
+
+
+def comm_finding(frame: pd.DataFrame, **facts: Any) -> Finding:
+    window = steps(device="cpu", gpu_busy_s=0.0, comm_s=0.08, comm_exposed_s=0.08)
+    [f] = run_rules(evidence(window=window, comms=rank_comms(frame), cores=8, ranks_here=2,
+                             **facts), [communication.exposed_communication]).findings
+    return f
+
+
+def codes(f: Finding) -> str:
+    return "\n".join(fx.code + fx.title for fx in f.fixes)
+
+
+def test_a_sharded_job_gets_fsdp_fixes_never_ddp_buckets() -> None:
+    rows = [("allgather", "forward", 4e6, 10e-3), ("allgather", "backward", 4e6, 10e-3),
+            ("reducescatter", "backward", 4e6, 10e-3)]
+    f = comm_finding(pd.concat([calls(rows, owner="FSDP2", unit=u) for u in ("0", "1")]))
+    text = codes(f)
+    assert "bucket_cap" not in text and "no_sync" not in text and "compress_hook" not in text
+    assert "reshard_after_forward=False" in text and "set_modules_to_forward_prefetch" in text
+    assert f.evidence["exposed_by_role"] == {SHARDED: 1.0}
+    reshard = next(x for x in f.fixes if "reshard_after_forward" in x.title)
+    # the backward gathers are a third of the exposed collectives
+    assert reshard.estimated_speedup == pytest.approx(1 / (1 - 0.8 / 3), rel=0.01)
+    assert "MiB more a rank" in reshard.why
+
+
+def test_synchronised_statistics_get_their_fixes_and_ddp_keeps_its_own() -> None:
+    f = comm_finding(calls(SYNC_BN))
+    titles = [x.title for x in f.fixes]
+    assert "Use plain BatchNorm where each rank's batch is large enough" in titles
+    assert f.evidence["exposed_by_role"][STATS] == pytest.approx(8 / 12)
+    plain = next(x for x in f.fixes if "plain BatchNorm" in x.title)
+    assert plain.estimated_speedup == pytest.approx(1 / (1 - 0.8 * 8 / 12), rel=0.01)
+    assert any("bucket_cap" in x.code for x in f.fixes)  # DDP's bucket is a third of it
+    only_stats = calls([r for r in SYNC_BN if r[2] < 1e6])
+    assert "bucket_cap" not in codes(comm_finding(only_stats))
+
+
+def test_a_pipeline_gets_its_bubble_against_theory_not_ddp_fixes() -> None:
+    frame = calls([("sendrecv", "forward", 1e6, 5e-3)] * 4)  # 2 micro-batches on 2 stages
+    frame.loc[frame["rank"] == 1, "exposed_s"] = 1e-3  # the second stage hardly waits
+    f = comm_finding(frame)
+    assert "bucket_cap" not in codes(f) and "n_microbatches" in codes(f)
+    more = next(x for x in f.fixes if "micro-batches" in x.title)
+    assert "rank 0 20%, rank 1 4%" in more.why
+    assert "2 stages and 2 micro-batches is 33%" in more.why  # (p-1)/(m+p-1)
+    assert any(x.title.endswith("rank 1's stage is the slowest") for x in f.fixes)
+
+
+def test_ddp_all_reduces_keep_ddps_fixes() -> None:
+    f = comm_finding(calls([("allreduce", "backward", 8e6, 8e-3)] * 3))
+    assert "bucket_cap_mb" in codes(f) and "no_sync" in codes(f)
+
+
+def test_a_thread_blocked_on_its_collective_inside_an_op_is_communicating() -> None:
+    # a custom autograd Function gathers statistics synchronously: the op around the call
+    # holds the thread's wait for gloo, not compute
+    events = [
+        ev("user_annotation", "ProfilerStep#1", 0, 1000),
+        ev("cpu_op", "GatherStats", 0, 800),
+        ev("cpu_op", "aten::empty_like", 10, 5),
+        ev("cpu_op", "c10d::allgather_", 20, 10),
+        ev("user_annotation", "gloo:all_gather", 40, 730, GLOO,
+           **{"Input Dims": [[512]], "Input type": ["float"]}),
+        ev("cpu_op", "aten::stack", 780, 15),
+    ]
+    t = build_timeline(events)
+    [row] = step_frame_from_timeline(t, 0).to_dict(orient="records")
+    assert row["excl_communication_s"] == pytest.approx(750e-6, abs=15e-6)
+    assert row["excl_compute_s"] == pytest.approx(50e-6, abs=15e-6)
+    [call] = collective_calls(t).to_dict(orient="records")
+    assert call["exposed_s"] == pytest.approx(call["seconds"])
+    assert call["phase"] == "forward" and call["owner"] == ""
+
+
+def test_an_embedding_all_to_all_is_not_given_ddp_fixes() -> None:
+    f = comm_finding(calls([("alltoall", "forward", 1e6, 5e-3)] * 3 +
+                           [("allreduce", "backward", 8e6, 1e-3)]))
+    assert f.evidence["exposed_by_role"]["other"] == pytest.approx(15 / 16)
+    assert "bucket_cap" not in codes(f) and "TrainPipelineSparseDist" in codes(f)
+
+
+def test_a_backend_work_without_the_call_that_enqueued_it_is_still_a_collective() -> None:
+    events = [ev("user_annotation", "gloo:all_reduce", 10, 100, GLOO,
+                 **{"Input Dims": [[250]], "Input type": ["float"]})]
+    [row] = collective_calls(build_timeline(events)).to_dict(orient="records")
+    assert row["kind"] == "allreduce" and row["bytes"] == 1000 and row["phase"] == "forward"
