@@ -63,8 +63,9 @@ def read_stacks(proc_dir: Path, meta: dict[str, Any] | None = None, window: int 
         return None
     try:
         text = read_text(txt)
-        stacks = parse_raw(text, main_thread=pid_of(proc_dir))
-        producers = parse_producers(text, main_thread=pid_of(proc_dir))
+        threads = split_threads(text)  # read once for both
+        stacks = parse_raw(text, main_thread=pid_of(proc_dir), threads=threads)
+        producers = parse_producers(text, main_thread=pid_of(proc_dir), threads=threads)
     except (Unreadable, ValueError):
         return None
     rate = as_float(meta.get("rate_hz"))
@@ -77,10 +78,11 @@ def read_stacks(proc_dir: Path, meta: dict[str, Any] | None = None, window: int 
 _THREAD = re.compile(r"^thread \((?:0x)?(?P<tid>[0-9A-Fa-f]+)\)(: .*)?$")
 
 
-def parse_raw(text: str, main_thread: int | None = None) -> dict[tuple[str, ...], int]:
-    """py-spy's raw format. With ``--threads`` each stack starts with ``thread (TID): NAME``:
-    that frame is dropped, and only thread ``main_thread`` is kept when it is given and found.
-    A thread sample with no Python frame (the interpreter is shutting down) is left out."""
+def split_threads(text: str) -> tuple[Counter[tuple[str, ...]],
+                                      dict[int, Counter[tuple[str, ...]]]]:
+    """py-spy's raw format, read once: (the stacks with no thread frame, each thread's stacks
+    without its ``thread (TID): NAME`` frame). A thread sample with no Python frame (the
+    interpreter is shutting down) is left out."""
     out: Counter[tuple[str, ...]] = Counter()
     by_thread: dict[int, Counter[tuple[str, ...]]] = {}
     for line in text.splitlines():
@@ -96,38 +98,41 @@ def parse_raw(text: str, main_thread: int | None = None) -> dict[tuple[str, ...]
         counts = by_thread.setdefault(tid, Counter())
         if len(frames) > 1:
             counts[frames[1:]] += int(count)
+    return out, by_thread
+
+
+def parse_raw(text: str, main_thread: int | None = None,
+              threads: tuple[Counter[tuple[str, ...]], dict[int, Counter[tuple[str, ...]]]]
+              | None = None) -> dict[tuple[str, ...], int]:
+    """py-spy's raw format. With ``--threads`` each stack starts with ``thread (TID): NAME``:
+    that frame is dropped, and only thread ``main_thread`` is kept when it is given and found.
+    ``threads``: the text already split (split_threads)."""
+    out, by_thread = threads if threads is not None else split_threads(text)
     if not by_thread:
         return dict(out)
     if main_thread is not None and main_thread in by_thread:
         return dict(by_thread[main_thread])
+    merged = Counter(out)
     for counts in by_thread.values():
-        out.update(counts)
-    return dict(out)
+        merged.update(counts)
+    return dict(merged)
 
 
 #: A frame of a queue's ``put``: the standard library's, multiprocessing's, or a class's own
 PUT = re.compile(r"^(\w+\.)?put(_nowait)? \((.*/)?(queue|multiprocessing/queues)\.py:\d+\)$")
 
 
-def parse_producers(text: str, main_thread: int | None) -> dict[tuple[str, ...], int]:
+def parse_producers(text: str, main_thread: int | None,
+                    threads: tuple[Counter[tuple[str, ...]], dict[int, Counter[tuple[str, ...]]]]
+                    | None = None) -> dict[tuple[str, ...], int]:
     """With ``--threads``: the samples of the threads other than ``main_thread`` that were seen
     in a queue's ``put`` (threads that feed the training loop), less those inside ``put`` (a
-    full queue: the loop is not waiting for them). Empty without thread frames."""
-    threads: dict[int, Counter[tuple[str, ...]]] = {}
-    for line in text.splitlines():
-        stack, _, count = line.rstrip().rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        frames = tuple(stack.split(";"))
-        m = _THREAD.match(frames[0])
-        if m is None or len(frames) < 2:
-            continue
-        tid = int(m["tid"], 16) if frames[0].startswith("thread (0x") else int(m["tid"])
-        if tid != main_thread:
-            threads.setdefault(tid, Counter())[frames[1:]] += int(count)
+    full queue: the loop is not waiting for them). Empty without thread frames. ``threads``:
+    the text already split (split_threads)."""
+    _, by_thread = threads if threads is not None else split_threads(text)
     out: Counter[tuple[str, ...]] = Counter()
-    for counts in threads.values():
-        if any(PUT.match(f) for stack in counts for f in stack):
+    for tid, counts in by_thread.items():
+        if tid != main_thread and any(PUT.match(f) for stack in counts for f in stack):
             out.update({s: n for s, n in counts.items() if not any(PUT.match(f) for f in s)})
     return dict(out)
 
