@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from doctor.analyse.steps import analysed
+from doctor.analyse.step_table import analysed
 from doctor.categories import CATEGORIES, INPUT_PIPELINE, UNSPLIT_INPUT
 from doctor.verdict import Finding, Fix
 

@@ -179,7 +179,7 @@ class SlowSteps:
 def slow_steps(table: pd.DataFrame, causes: Sequence[Cause],
                exports: Mapping[int, np.ndarray] | None = None,
                run_s: float | None = None) -> SlowSteps:
-    """The slow steps of the step table (doctor.analyse.steps.step_table), each with its cause
+    """The slow steps of the step table (doctor.analyse.step_table), each with its cause
     among ``causes``, grouped; ``exports``: each rank's seconds of doctor's trace export per
     step (doctor.analyse.stalls.export_seconds); ``run_s``: the run's duration (else each rank's
     steps' time is the whole)."""

@@ -3,7 +3,7 @@ own callbacks), the first ones apart from the recompilations, their seconds agai
 the frames recompiled most, and the steps they fell in.
 
 The steps a compilation fell in are no steady steps: the step table flags them (``compiling``)
-and leaves them out of the shares (doctor.analyse.steps). Nothing here decides anything:
+and leaves them out of the shares (doctor.analyse.step_table). Nothing here decides anything:
 doctor.rules.compiles reads it.
 """
 

@@ -36,7 +36,7 @@ from doctor.analyse.split import (
     split_evidence,
 )
 from doctor.analyse.stages import JobFacts, Stages
-from doctor.analyse.steps import analysed
+from doctor.analyse.step_table import analysed
 from doctor.analyse.window_drift import WindowDrift
 from doctor.store.rundata import TRACE, RunData, of_processes
 

@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from doctor.analyse.contention import analysed_span, within
-from doctor.analyse.steps import WINDOW, RankSteps, analysed
+from doctor.analyse.step_table import analysed
+from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.store.rundata import RunData
 
 Gpu = tuple[int, int]  # (node, index as NVML counts them)

@@ -1,6 +1,6 @@
 """The step ledger: one row per (rank, step), seconds per category, adding up to the step's wall.
 
-Built once, from the step table (doctor.analyse.steps) and what the other stages measured:
+Built once, from the step table (doctor.analyse.step_table) and what the other stages measured:
 
 - input: the training process's DataLoader wait, split into io, decode and preprocess by where
   the loading work went (doctor.analyse.split); when that could not be measured (no stack
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from doctor.analyse.phases import TRAIN
-from doctor.analyse.steps import OWN_COLUMNS
+from doctor.analyse.step_table import OWN_COLUMNS
 from doctor.analyse.thread_time import THREAD_COLUMNS
 from doctor.analyse.window import WindowSplit
 from doctor.categories import CATEGORIES, NON_INPUT, UNSPLIT_INPUT

@@ -23,7 +23,8 @@ import pandas as pd
 
 from doctor.analyse.bottleneck import summarise
 from doctor.analyse.split import rank_split
-from doctor.analyse.steps import WINDOW, RankSteps, analysed
+from doctor.analyse.step_table import analysed
+from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.analyse.window import WindowSplit, window_split
 from doctor.errors import WindowUnavailable
 from doctor.store.rundata import RunData

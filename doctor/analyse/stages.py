@@ -50,12 +50,11 @@ from doctor.analyse.phase_steps import mark_phases
 from doctor.analyse.phases import RankPhases, find_phases, on_ledger
 from doctor.analyse.precision import Precision, job_precision
 from doctor.analyse.split import OutsideShares, StageSplit, outside_loader, rank_split
+from doctor.analyse.step_table import analysed, step_table
 from doctor.analyse.steps import (
     WINDOW,
     RankSteps,
-    analysed,
     step_range,
-    step_table,
     training_processes,
     workers_by_parent,
 )

@@ -1,7 +1,7 @@
 """Long stalls: a step many times the median (a 60 s hang, a checkpoint written inline, an
 evaluation pass) is named, with its time and its share of the run, wherever it falls.
 
-The shares leave out the steps of the profiler window (doctor.analyse.steps), so a stall there
+The shares leave out the steps of the profiler window (doctor.analyse.step_table), so a stall there
 would vanish from the verdict without this: it is found over every step of the range but the
 warm-up (compilation and lazy imports are slow by nature, and said as
 warm-up). A step of the window's close also holds doctor's own trace export: that time is taken
@@ -87,7 +87,7 @@ def rank_walls(table: pd.DataFrame, exports: Mapping[int, np.ndarray] | None = N
 
 def find_stalls(table: pd.DataFrame, exports: Mapping[int, np.ndarray] | None = None,
                 run_s: float | None = None) -> list[Stall]:
-    """The steps of the step table (doctor.analyse.steps.step_table) at least STALL_FACTOR
+    """The steps of the step table (doctor.analyse.step_table) at least STALL_FACTOR
     times their rank's median step and MIN_STALL_S long, the longest first. The median is of
     the analysed steps (of every step after warm-up where none is analysed)."""
     stalls = []

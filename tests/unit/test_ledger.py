@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from doctor.analyse.ledger import build_ledger
-from doctor.analyse.steps import RankSteps, step_table, training_processes, warmup_steps
+from doctor.analyse.step_table import step_table, warmup_steps
+from doctor.analyse.steps import RankSteps, training_processes
 from doctor.analyse.window import WindowSplit
 from doctor.categories import CATEGORIES
 from doctor.record.session import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, EVENT_WINDOW_STOP_END

@@ -87,7 +87,7 @@ def test_a_later_window_splits_its_own_period() -> None:
     import numpy as np
     import pandas as pd
 
-    from doctor.analyse.steps import empty_step_table
+    from doctor.analyse.step_table import empty_step_table
 
     n = 20
     columns = empty_step_table().dtypes

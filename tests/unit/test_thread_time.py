@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from doctor.analyse.ledger import build_ledger
-from doctor.analyse.steps import step_table, training_processes
+from doctor.analyse.step_table import step_table
+from doctor.analyse.steps import training_processes
 from doctor.analyse.thread_time import sampler_note
 from doctor.analyse.window import WindowSplit
 from doctor.categories import CATEGORIES
