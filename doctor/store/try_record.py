@@ -34,7 +34,7 @@ class TryCandidate:
     per_round: list[Any] = field(default_factory=list)
     pooled: Any = None
     ratio: float | None = None  # measured against the estimate
-    median_step_s: float | None = None
+    median_step_s: float | None = None  # its pace (doctor.tries.measure.pace), by its old name
     steps: int | None = None
     applied: Mapping[str, Any] = field(default_factory=dict)  # what the jobs had of each setting
     errors: list[str] = field(default_factory=list)

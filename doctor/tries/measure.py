@@ -2,10 +2,16 @@
 
 Pure: it reads the attempts' step times and what the job said it ran with, and never runs
 anything. Each round runs the baseline, then every candidate, so that a machine that drifts
-moves both sides of a round alike: the speedup of a candidate in a round is the baseline's median
+moves both sides of a round alike: the speedup of a candidate in a round is the baseline's time a
 step over the candidate's (above 1 is faster), its measured speedup the median over the rounds
-and its spread their lowest and highest. (The ratio of the medians of all the rounds' steps
-pooled, which a drifting machine skews towards its slow rounds, is kept as ``pooled``.)
+and its spread their lowest and highest. (The ratio over all the rounds' steps pooled, which a
+drifting machine skews towards its slow rounds, is kept as ``pooled``.)
+
+A run's time a step is its pace (``pace``): the mean of its analysed steps, the fastest and the
+slowest TRIM of them left out. Not the median: workers that finish their batches together hand
+them over in pairs, a long wait then none, and the median of such steps lands on either kind
+(two workers on a 32 ms batch measured 33 ms, as if one, in one try of two), while the pace is
+what the job gets through; the trim keeps a GC pause or a stray stall from moving it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,18 @@ from typing import Any
 #: Below this change of the median step (either way) a try "changed nothing measurable",
 #: unless every round agrees on the direction.
 NOISE = 0.03
+#: The share of the fastest steps and of the slowest left out of a run's pace.
+TRIM = 0.1
+
+
+def pace(step_s: Sequence[float]) -> float | None:
+    """The time a step of a run (see the module docstring), None without steps."""
+    if not step_s:
+        return None
+    ordered = sorted(step_s)
+    cut = int(len(ordered) * TRIM)
+    kept = ordered[cut:len(ordered) - cut]
+    return statistics.fmean(kept)
 
 
 @dataclass
@@ -45,8 +63,8 @@ class AttemptResult:
         return self.timed_out or (self.exit_code != 0 and not self.stopped)
 
     @property
-    def median_s(self) -> float | None:
-        return statistics.median(self.step_s) if self.step_s else None
+    def pace_s(self) -> float | None:
+        return pace(self.step_s)
 
 
 @dataclass
@@ -66,12 +84,12 @@ def measure(baseline: Sequence[AttemptResult], candidate: Sequence[AttemptResult
     per_round = []
     for a in candidate:
         b = base_rounds.get(a.round)
-        if b is not None and not a.failed and a.step_s and b.median_s and a.median_s:
-            per_round.append(b.median_s / a.median_s)
+        if b is not None and not a.failed and a.step_s and b.pace_s and a.pace_s:
+            per_round.append(b.pace_s / a.pace_s)
     b_steps = [s for a in base_rounds.values() for s in a.step_s]
     c_steps = [s for a in candidate if not a.failed for s in a.step_s]
-    b_med = statistics.median(b_steps) if b_steps else None
-    c_med = statistics.median(c_steps) if c_steps else None
+    b_med = pace(b_steps)
+    c_med = pace(c_steps)
     pooled = b_med / c_med if b_med and c_med else None
     speedup = statistics.median(per_round) if per_round else pooled
     return Measured(speedup, min(per_round) if per_round else None,
@@ -143,7 +161,7 @@ def steadiness(baseline: Sequence[AttemptResult], attempts: Sequence[AttemptResu
                ) -> str | None:
     """Why the machine's own speed changed during the try (its results are then unsure), or
     None when it held still as far as can be seen."""
-    medians = [a.median_s for a in baseline if a.median_s]
+    medians = [a.pace_s for a in baseline if a.pace_s]
     why = []
     if len(medians) > 1 and max(medians) > UNSTEADY_SPREAD * min(medians):
         why.append(f"the job as it is ran at {min(medians) * 1e3:.0f}-{max(medians) * 1e3:.0f} "

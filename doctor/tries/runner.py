@@ -12,7 +12,6 @@ each fix tried says what was measured.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from doctor.store.redact import redact_argv
 from doctor.store.tries import attempt_dir, merge_tried, new_try_dir, write_try
 from doctor.store.try_record import TryCandidate, TryRecord
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
-from doctor.tries.measure import AttemptResult, measure, outcome, ratio, steadiness
+from doctor.tries.measure import AttemptResult, measure, outcome, pace, ratio, steadiness
 from doctor.tries.plan import Plan, plan_try
 
 DEFAULT_STEPS = 30  # steady steps each arm is measured over, in all
@@ -162,8 +161,8 @@ def _label(p: Prepared, arm: str) -> str:
 
 
 def _progress(done: int, total: int, round_: int, label: str, a: AttemptResult) -> str:
-    what = (f"median step {a.median_s * 1e3:.1f} ms over {len(a.step_s)} steps"
-            if a.median_s is not None else "no steps measured")
+    what = (f"a step every {a.pace_s * 1e3:.1f} ms over {len(a.step_s)} steps"
+            if a.pace_s is not None else "no steps measured")
     if a.failed:
         what = "timed out" if a.timed_out else f"failed (exit status {a.exit_code})"
     return f"doctor try: [{done}/{total}] round {round_}, {label}: {what}"
@@ -194,7 +193,7 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
     measured = [r for r in rows if r.outcome == "faster" and r.speedup]
     best = max(measured, key=lambda r: r.speedup or 0.0).id if measured else None
     base_steps = [s for a in base if not a.failed for s in a.step_s]
-    base_median = statistics.median(base_steps) if base_steps else None
+    base_median = pace(base_steps)
     wall = time.monotonic() - started
     own = p.steps * p.original_step_s  # the job's own tried steps
     stepping = sum(a.steps_time_s for a in attempts)
@@ -207,7 +206,7 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
         baseline={
             "median_step_s": base_median, "steps": len(base_steps),
             "original_median_step_s": p.original_step_s,
-            "rounds": [{"round": a.round, "median_step_s": a.median_s, "steps": len(a.step_s),
+            "rounds": [{"round": a.round, "median_step_s": a.pace_s, "steps": len(a.step_s),
                         "steal_share": a.steal_share,
                         "dir": str(Path(a.run_dir).relative_to(try_dir))} for a in base],
         },

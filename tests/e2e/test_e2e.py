@@ -229,7 +229,7 @@ def test_many_small_files_get_shards_first(tmp_path: Path) -> None:
     """4 KiB files, one per sample, their pages dropped before each read: the reads are named
     small and many, and packing them into shards comes first."""
     verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "io_bound.py"),
-                      "--file-mb", "0.004", "--files", "1024", "--batch", "64", "--steps", "40",
+                      "--file-mb", "0.004", "--files", "1024", "--batch", "64", "--steps", "150",
                       "--hidden", "128")
     io = {f["id"]: f for f in verdict["findings"]}["input.io"]
     assert "pack the small files into large shards" in io["fixes"][0]["title"]

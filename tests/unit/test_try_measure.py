@@ -31,6 +31,21 @@ def test_speedup_is_baseline_over_candidate_with_the_rounds_as_spread() -> None:
     assert ratio(m.speedup, 2.0) == pytest.approx(m.speedup / 2.0)
 
 
+def test_batches_handed_over_in_pairs_are_measured_by_their_pace() -> None:
+    """Two workers that finish together: a 32 ms wait, then a batch at once. The median of such
+    steps lands on either kind (here 32 ms, as if the workers did nothing); the pace is 16.5 ms,
+    and a GC pause's 2 s step does not move it."""
+    base = [attempt("baseline", 1, 0.032, n=20)]
+    paired = [0.032 if i % 2 else 0.001 for i in range(21)] + [2.0]
+    cand = [AttemptResult(arm="c", round=1, run_dir="/x/1-c", exit_code=0, stopped=True,
+                          step_s=paired,
+                          tried={"dataloader.num_workers": {"tried": 2, "job": [0]}})]
+    assert cand[0].pace_s == pytest.approx(0.0165, rel=0.05)
+    m = measure(base, cand)
+    assert m.speedup == pytest.approx(0.032 / 0.0165, rel=0.05)
+    assert outcome(APPLY, cand, m)[0] == "faster"
+
+
 def test_rounds_that_disagree_are_no_change() -> None:
     base = [attempt("baseline", 1, 0.30), attempt("baseline", 2, 0.30)]
     cand = [attempt("c", 1, 0.25), attempt("c", 2, 0.33)]
