@@ -52,6 +52,13 @@ class Death:
         return self.role is not None
 
     @property
+    def stopped_by_job(self) -> bool:
+        """A child a rank forked (a multiprocessing pool's worker, say) ended by a stop signal:
+        the job stopping its own helper (``Pool.terminate()`` on leaving its ``with``), never
+        what made the job fail."""
+        return self.role == "child" and self.signal in STOP_SIGNALS
+
+    @property
     def how(self) -> str:
         if self.signal is None:
             return ("ended without a clean exit and without a Python exception: it was killed "
@@ -133,7 +140,7 @@ def _death(raw: Mapping[str, Any], by_pid: dict[int, tuple[int, str]]) -> Death:
 def failure_notes(run: RunData) -> list[str]:
     """The first failure first (a process killed by a signal, or a rank's exception, whichever
     came first), then the others, each said to follow from it."""
-    dead = deaths(run)
+    dead = [d for d in deaths(run) if not d.stopped_by_job]
     if run.record.exit_code == 0:  # only the job's own (recorded) processes are worth a word
         dead = [d for d in dead if d.recorded and d.signal not in STOP_SIGNALS]
     first = first_killed(run, dead)
@@ -158,7 +165,7 @@ def first_killed(run: RunData, dead: list[Death] | None = None) -> Death | None:
     nothing else failed. The parent sees a death a little after it happens while a peer's
     connection breaks at once, so an exception counts as first only when it came KILL_MARGIN_S
     before the death was seen."""
-    dead = deaths(run) if dead is None else dead
+    dead = [d for d in (deaths(run) if dead is None else dead) if not d.stopped_by_job]
     if not dead:
         return None
     recorded = [d for d in dead if d.recorded]

@@ -81,6 +81,30 @@ def test_a_helper_the_job_stopped_itself_is_no_failure(tmp_path: Path) -> None:
     assert failure_notes(run) == [] and failure_finding(run) is None
 
 
+def test_a_pool_worker_the_job_terminated_is_no_failure_of_a_job_that_exited_1(
+        tmp_path: Path) -> None:
+    """``with Pool(2)`` ends with ``terminate()``: its forked workers (recorded as the rank's
+    children) die of SIGTERM. A job that then exits 1 on its own did not fail of them; a child
+    killed by SIGKILL still is named."""
+    from doctor.analyse.failures import failure_finding, failure_notes
+    from doctor.store.reader import load_run
+
+    metas = {"rank-0/main-100": {"pid": 100, "rank": 0, "role": "main", "ended_ns": 9},
+             "rank-0/child-300": {"pid": 300, "rank": 0, "role": "child", "ended_ns": 5},
+             "rank-0/child-301": {"pid": 301, "rank": 0, "role": "child", "ended_ns": 5}}
+    stopped = [{"pid": 300, "ppid": 100, "signal": 15, "t_s": 5.0},
+               {"pid": 301, "ppid": 100, "signal": 15, "t_s": 5.0}]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    run = load_run([_run_dir(tmp_path / "a", 1, stopped, metas)])
+    assert failure_notes(run) == [] and failure_finding(run) is None
+    killed = [{**stopped[0], "signal": 9}, stopped[1]]
+    run = load_run([_run_dir(tmp_path / "b", 1, killed, metas)])
+    finding = failure_finding(run)
+    assert finding is not None and finding.evidence["pid"] == 300
+    assert not any("301" in n for n in failure_notes(run))
+
+
 def test_a_rank_that_left_no_exit_record_is_named_where_its_signal_was_missed(
         tmp_path: Path) -> None:
     from doctor.analyse.failures import failure_notes
