@@ -200,8 +200,10 @@ class DeepWindow:
             shapes = shapes_wanted(self._environ)
             self._teardown = ask_cupti_teardown(torch, activities, self._environ) \
                 or self._teardown
-            self._prof = profile(activities=activities, record_shapes=shapes,
-                                 profile_memory=False, with_stack=False)
+            # self._prof is the profiler once started: stopping one that never started (the
+            # run directory full before it) makes torch print a warning into the job's stderr
+            prof = profile(activities=activities, record_shapes=shapes, profile_memory=False,
+                           with_stack=False)
             now = self.session.clock()
             self.index += 1
             self.session.record_event(EVENT_WINDOW_START, count)
@@ -211,7 +213,8 @@ class DeepWindow:
             else:
                 self._ask_stacks()
             self._opened_ns = now
-            self._prof.start()
+            prof.start()
+            self._prof = prof
             if not later:
                 self.session.emit(WINDOW_START)
             self.state = ACTIVE
@@ -228,8 +231,9 @@ class DeepWindow:
     def _close(self, closed_by: str = BY_STEPS) -> None:
         try:
             self.session.record_event(EVENT_WINDOW_STOP_BEGIN, 0)
-            self._prof.stop()
-            self.session.export_trace(self._prof.export_chrome_trace, self.index)
+            prof, self._prof = self._prof, None  # stopped once: a second stop() (in _fail,
+            prof.stop()  # the export failing on a full disk) makes torch warn in the job's stderr
+            self.session.export_trace(prof.export_chrome_trace, self.index)
             kineto = self._release()
             self.session.record_event(EVENT_WINDOW_STOP_END, 0)
             if self.index == 1:

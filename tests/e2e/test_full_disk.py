@@ -28,6 +28,7 @@ FILL_JOB = textwrap.dedent("""
     import torch
 
     big, then = sys.argv[1], sys.argv[2]  # then: "free" the space before exiting, or "keep"
+    fill_at = int(sys.argv[3]) if len(sys.argv) > 3 else 30
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(4, 8)
@@ -35,7 +36,7 @@ FILL_JOB = textwrap.dedent("""
         opt.zero_grad()
         model(x).sum().backward()
         opt.step()
-        if step == 30:  # a checkpoint beside the run directory fills the disk
+        if step == fill_at:  # a checkpoint beside the run directory fills the disk
             try:
                 with open(big, "wb") as f:
                     while True:
@@ -104,6 +105,25 @@ def test_a_disk_still_full_at_the_end_is_one_line(tmp_path: Path, small_disk: Pa
     doctor_lines = [line for line in result.stderr.splitlines()
                     if line.startswith("doctor: cannot")]
     assert len(doctor_lines) == 1 and "No space left on device" in doctor_lines[0]
+
+
+@pytest.mark.e2e
+def test_a_disk_that_fills_inside_the_window_leaves_the_jobs_stderr_alone(
+        tmp_path: Path, small_disk: Path) -> None:
+    """The disk fills while the profiler runs: its trace cannot be written. The window fails
+    (said by doctor), and torch prints nothing into the job's stderr (a profiler stopped twice
+    made it warn "disableProfiler called but no active profiling session found")."""
+    out = small_disk / "run"
+    result = doctor_cmd("run", "--window", "8,8", "--out", str(out), "--", sys.executable,
+                        str(_job(tmp_path)), str(small_disk / "big.bin"), "free", "10")
+    _no_traceback(result)
+    assert result.returncode == 3
+    assert result.stdout == "disk full: No space left on device\njob done\n"
+    assert "deep window failed" in result.stderr, result.stderr
+    foreign = [line for line in result.stderr.splitlines()
+               if line.strip() and not line.startswith(("doctor", " ", "PARTIAL", "Report",
+                                                         "Timeline", "Top", "Probes", "Note"))]
+    assert foreign == [], result.stderr
 
 
 @pytest.mark.e2e
