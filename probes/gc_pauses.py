@@ -8,7 +8,8 @@ interval: start and end on the Session's clock; its key: the generation and the 
 collected, doctor.store.records.gc_key) only those that can make a step slow: every full
 collection, and any other of WRITTEN_NS or more. Generation 0 and 1 collections come hundreds
 of times a second and take microseconds: they are only counted, per generation, with their
-total pause, and the counts go to meta.json (``gc``) as the process closes.
+total pause, and the counts go to meta.json (``gc``) as the process closes, with the longest
+pause of all (a full collection during the imports, before the ring is written, included).
 
 The ring is written only once the process records anything else (its folder exists): a helper
 process that never trains leaves no folder for its collections. A forked child counts its own
@@ -45,6 +46,7 @@ class GcProbe:
         self.pause_ns = [0] * GENERATIONS
         self.collected = [0] * GENERATIONS
         self.written = 0
+        self.longest_ns = 0  # of every collection, written or not
 
     def check(self) -> ProbeStatus:
         if not isinstance(getattr(gc, "callbacks", None), list):
@@ -84,6 +86,8 @@ class GcProbe:
                 self.collections[generation] += 1
                 self.pause_ns[generation] += took
                 self.collected[generation] += info["collected"]
+            if took > self.longest_ns:
+                self.longest_ns = took
             if (generation >= 2 or took >= WRITTEN_NS) and t0 and self.session.recording:
                 self.session.record_interval("gc", t0, t1, gc_key(generation,
                                                                   info["collected"]))
@@ -104,6 +108,7 @@ class GcProbe:
                 self.session.update_meta(gc={
                     "collections": list(self.collections), "pause_ns": list(self.pause_ns),
                     "collected": list(self.collected), "written": self.written,
+                    "longest_ns": self.longest_ns,
                     "written_ns": WRITTEN_NS})
         except Exception as err:
             self.session.swallowed(self.name, "saving the collections' counts", err)

@@ -38,7 +38,7 @@ class GcSummary:
     pause_s: float | None  # every collection's pause
     written: int  # collections in the ring (full ones and long young ones)
     written_full: int
-    longest_s: float  # the longest written pause
+    longest_s: float  # the longest pause (a process that did not close: the longest written)
     in_steps_s: float  # the written pauses within the steps after warm-up
     steps_s: float  # the time of those steps
     share: float  # pause_s (else the written pauses) of the run's duration
@@ -107,11 +107,14 @@ def gc_summaries(run: RunData, ranks: dict[int, RankSteps], table: pd.DataFrame,
         whole = run_s if run_s and run_s > 0 else float(table.loc[table["rank"] == rank,
                                                                   "wall_s"].sum())
         paused = pause if pause is not None else float((end - start).sum())
+        written_longest = float((end - start).max()) if len(start) else 0.0
+        counted_longest = None if counted is None or "gc_longest_s" not in counted \
+            or pd.isna(counted["gc_longest_s"]) else float(counted["gc_longest_s"])
         out[rank] = GcSummary(
             rank=rank, collections=_count(counted, "gc_collections"),
             full=_count(counted, "gc_full"), pause_s=pause, written=len(start),
             written_full=int((generation >= FULL).sum()),
-            longest_s=float((end - start).max()) if len(start) else 0.0,
+            longest_s=max(written_longest, counted_longest or 0.0),
             in_steps_s=within, steps_s=steps_s,
             share=paused / whole if whole > 0 else 0.0)
     return out

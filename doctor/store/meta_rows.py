@@ -153,15 +153,19 @@ def _seconds(ns: Any) -> float | None:
 
 def gc_totals(gc: Any) -> dict[str, float | None]:
     """The garbage collector's counts of a process (doctor.probes.gc_pauses, meta.json ``gc``):
-    its collections, its full (generation 2) ones and their total pause in seconds; None each
-    where it did not say (an older doctor, a process that never closed) or said it otherwise."""
+    its collections, its full (generation 2) ones, their total pause and the longest pause in
+    seconds; None each where it did not say (an older doctor, a process that never closed) or
+    said it otherwise."""
     record = as_dict(gc)
     counts = [as_int(c) for c in as_list(record.get("collections"))]
     pauses = [as_float(p) for p in as_list(record.get("pause_ns"))]
     known = [c for c in counts if c is not None and c >= 0]
     paused = [p for p in pauses if p is not None and p >= 0]
+    longest = as_float(record.get("longest_ns"))
     if not known or len(known) != len(counts) or len(paused) != len(counts):
-        return {"gc_collections": None, "gc_full": None, "gc_pause_s": None}
+        return {"gc_collections": None, "gc_full": None, "gc_pause_s": None,
+                "gc_longest_s": None}
     return {"gc_collections": float(sum(known)),
             "gc_full": float(known[2] if len(known) > 2 else 0),
-            "gc_pause_s": sum(paused) * 1e-9}
+            "gc_pause_s": sum(paused) * 1e-9,
+            "gc_longest_s": longest * 1e-9 if longest is not None and longest >= 0 else None}

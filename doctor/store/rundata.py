@@ -56,7 +56,8 @@ PROCESS_COLUMNS = columns(
     "torch_version:object torch_threads:float64 cuda crashed:object crashed_ns:float64 "
     "window_state window_reason window_shapes cuda_initialized cuda_uuid:object cuda_device "
     "start_private_bytes start_rss_bytes start_memory_ns end_private_bytes end_rss_bytes "
-    "end_memory_ns:float64 device_name:object gc_collections gc_full gc_pause_s:float64 "
+    "end_memory_ns:float64 device_name:object gc_collections gc_full gc_pause_s "
+    "gc_longest_s:float64 "
     "framework framework_version:object")
 PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
 LOADER_COLUMNS = columns(

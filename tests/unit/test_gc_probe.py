@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from doctor.analyse.steps import training_processes
 from doctor.pipeline import analyze_run
@@ -52,6 +53,31 @@ def test_full_and_long_collections_are_written_the_rest_counted(tmp_path: Path) 
     proc = run.processes.iloc[0]
     assert (proc["gc_collections"], proc["gc_full"]) == (4, 1)
     assert abs(proc["gc_pause_s"] - (0.001 + 20e-6 + 0.001 + 0.3)) < 1e-9
+    assert proc["gc_longest_s"] == pytest.approx(0.3)
+
+
+def test_the_longest_pause_counts_a_full_collection_before_the_ring(tmp_path: Path) -> None:
+    """A full collection of 80 ms during the imports, before the process records anything,
+    is not written to the ring, but it is the longest pause (it read "longest pause 0 ms")."""
+    from doctor.analyse.gc_pauses import gc_summaries
+    from doctor.analyse.step_table import step_table
+
+    clock = FakeClock()
+    session = Session(tmp_path, rank=0, clock=clock, window_start=10**9)
+    probe = GcProbe(session)
+    collect(probe, clock, 2, 0.08)
+    for _ in range(6):
+        session.mark_step(STEP_MANUAL)
+        collect(probe, clock, 0, 20e-6)
+        clock.tick(0.01)
+    session.on(CLOSE, probe._close)
+    session.close()
+    assert probe.written == 0
+    write_record(tmp_path, t0_monotonic_s=0.0)
+    run = load_run(tmp_path)
+    ranks = training_processes(run)
+    [summary] = gc_summaries(run, ranks, step_table(run, ranks), None).values()
+    assert summary.longest_s == pytest.approx(0.08) and summary.full == 1
 
 
 def test_the_real_collector_calls_the_probe_back(tmp_path: Path) -> None:
@@ -114,12 +140,14 @@ def test_the_key_holds_generation_and_objects() -> None:
 def test_counts_of_another_type_read_as_unknown() -> None:
     from doctor.store.meta_rows import gc_totals
 
-    unknown = {"gc_collections": None, "gc_full": None, "gc_pause_s": None}
+    unknown = {"gc_collections": None, "gc_full": None, "gc_pause_s": None, "gc_longest_s": None}
     assert gc_totals({"collections": [1, "x", 2], "pause_ns": [1, 2, 3]}) == unknown
     assert gc_totals({"collections": [1, 2, 3], "pause_ns": [1, 2]}) == unknown
     assert gc_totals("not a record") == unknown
     assert gc_totals({"collections": [5, 2, 1], "pause_ns": [10**6, 0, 10**8]}) == {
-        "gc_collections": 8.0, "gc_full": 1.0, "gc_pause_s": 0.101}
+        "gc_collections": 8.0, "gc_full": 1.0, "gc_pause_s": 0.101, "gc_longest_s": None}
+    assert gc_totals({"collections": [1], "pause_ns": [5], "longest_ns": 5})["gc_longest_s"] \
+        == pytest.approx(5e-9)
 
 
 def test_a_run_recorded_without_the_probe_does_not_list_it(tmp_path: Path) -> None:
