@@ -80,6 +80,10 @@ def rank_ops(run: RunData, device: str, main: RankSteps, window: pd.DataFrame,
         table = table.assign(time_s=table["device_s"] if gpu else table["self_s"])
     total = float(table["time_s"].sum())
     table["share"] = table["time_s"] / total if total > 0 else 0.0
+    # the part of each op's share spent in an optimizer's step (0 where the trace did not say)
+    column = "opt_device_s" if gpu else "opt_self_s"
+    opt = table[column].fillna(0.0) if column in table else 0.0
+    table["opt_share"] = opt / total if total > 0 else 0.0
     table = table.sort_values("time_s", ascending=False, kind="stable").reset_index(drop=True)
     found = mfu(table, roofs, window_s) if roofs is not None else None
     return RankOps(rank=main.rank, table=table, roofs=roofs, mfu=found[0] if found else None,

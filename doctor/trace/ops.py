@@ -6,7 +6,10 @@ An op's own host time is its duration less that of the ops nested directly insid
 thread, so a composite (``aten::linear``) and what it calls (``aten::addmm``) add up to the
 composite's duration once. A kernel belongs to the host op that launched it: its launch (the
 runtime call with the same ``correlation``) falls inside that op, the innermost one on the
-launching thread.
+launching thread. ``opt_self_s`` and ``opt_device_s`` are the parts of ``self_s`` and
+``device_s`` of the calls made inside an optimizer's step (``Optimizer.step#...`` on the same
+thread): an unfused Adam's ``mul_``, ``sqrt`` and ``lerp_`` are the optimizer's cost, with their
+own fix (foreach or fused), not ops for torch.compile to fuse.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ NESTING_IN_C = _nest is not None
 
 US = 1e-6
 OP_COLUMNS = ("op", "kind", "dtype", "calls", "self_s", "device_s", "kernels", "flops",
-              "bytes", "costed_calls", "layout_s", "nchw_calls", "nhwc_calls")
+              "bytes", "costed_calls", "layout_s", "nchw_calls", "nhwc_calls", "opt_self_s",
+              "opt_device_s")
 
 
 def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -54,6 +58,25 @@ def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
             mine[stack[-1]] -= ends[i] - s
         stack.append(i)
     return np.maximum(own, 0.0)
+
+
+def in_optimizer(t: Timeline) -> np.ndarray:
+    """For each host op, whether it starts inside an optimizer step on its own thread."""
+    host, steps = t.host_ops, t.optimizer_steps
+    inside = np.zeros(len(host), dtype=bool)
+    if not len(steps) or not len(host):
+        return inside
+    tids = host.attrs["tid"]
+    for tid in np.unique(steps.attrs["tid"]):
+        mine = steps.attrs["tid"] == tid
+        order = np.argsort(steps.start[mine], kind="stable")
+        starts, ends = steps.start[mine][order], steps.end[mine][order]
+        ops = np.flatnonzero(tids == tid)
+        at = np.searchsorted(starts, host.start[ops], side="right") - 1
+        hit = at >= 0
+        hit[hit] = host.start[ops][hit] < ends[at[hit]]
+        inside[ops[hit]] = True
+    return inside
 
 
 def _view(values: np.ndarray) -> memoryview:
@@ -174,6 +197,7 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both; 
             np.add.at(layout_us, i[found][layout[found]], dur[layout[found]])
         del op_of
     own = _self_us(host.start, host.end, a["tid"])
+    optimizer = in_optimizer(t)
     keep: slice | np.ndarray = slice(None)  # the whole trace: no copy of each column
     if lo_us is not None or hi_us is not None:
         keep = np.ones(len(host), dtype=bool)
@@ -205,6 +229,8 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both; 
         "bytes": summed(a["bytes"][keep].astype(float)), "costed_calls": total(kind >= 0),
         "layout_s": summed(layout_us[keep] * US), "nchw_calls": total(layout == LAYOUT_NCHW),
         "nhwc_calls": total(layout == LAYOUT_NHWC),
+        "opt_self_s": summed(np.where(optimizer, own, 0.0)[keep] * US),
+        "opt_device_s": summed(np.where(optimizer, device, 0.0)[keep] * US),
     })
     order = "device_s" if t.has_gpu else "self_s"
     return table.sort_values(order, ascending=False, kind="stable").reset_index(drop=True)

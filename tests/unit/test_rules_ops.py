@@ -24,6 +24,8 @@ def evidence(rows: list[dict[str, object]], roofs: Roofs, compute_share: float =
     gpu = roofs.device == "cuda"
     table = classify(pd.DataFrame([{**base, **r} for r in rows]), roofs, gpu)
     table["share"] = table["time_s"] / table["time_s"].sum()
+    opt = table["opt_device_s" if gpu else "opt_self_s"] if "opt_self_s" in table else 0.0
+    table["opt_share"] = opt / table["time_s"].sum()
     ledger = pd.DataFrame({"wall_s": [1.0], "compute": [compute_share]})
     window = None if gpu_busy is None else pd.DataFrame(
         {"device": ["cuda"] * 2, "dur_s": [window_s / 2] * 2,
@@ -60,6 +62,24 @@ def test_launch_bound_ops_on_a_gpu() -> None:
     [f] = launch_bound(evidence([tiny, big], GPU))
     assert f.evidence["calls"] == 5000
     assert "reduce-overhead" in f.fixes[0].code
+
+
+def test_an_unfused_optimizers_ops_are_not_for_torch_compile() -> None:
+    """Adam's elementwise ops inside its step (opt_self_s) are the optimizer's cost, which
+    foreach/fused fixes: the fusing and launch findings leave them out and do not name them."""
+    adam = [{"op": f"aten::{name}", "kind": "elementwise", "self_s": 0.1, "flops": 0.02e9,
+             "bytes": 0.4e9, "opt_self_s": 0.1} for name in ("mul_", "sqrt", "lerp_")]
+    model_add = {**ADD, "self_s": 0.2, "opt_self_s": 0.0}
+    gemm = {**GEMM, "opt_self_s": 0.0}
+    assert memory_bound(evidence([gemm, *adam], CPU)) == []  # all of it the optimizer's
+    [f] = memory_bound(evidence([gemm, model_add, *adam], CPU))
+    assert f.evidence["ops"] == ["aten::add"]
+    assert f.evidence["share_of_ops"] == pytest.approx(0.2 / 1.1)
+    assert f.evidence["optimizer_share_left_out"] == pytest.approx(0.3 / 1.1)
+    tiny = [{"op": f"aten::{name}", "kind": "elementwise", "calls": 5000, "self_s": 0.02,
+             "flops": 5e6, "bytes": 6e7, "opt_self_s": 0.02} for name in ("add_", "mul_")]
+    assert launch_bound(evidence([{**GEMM, "self_s": 0.01, "opt_self_s": 0.0}, *tiny], CPU)) \
+        == []
 
 
 CONV = {"op": "aten::cudnn_convolution", "kind": "convolution", "dtype": "fp16",
