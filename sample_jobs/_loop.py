@@ -18,6 +18,25 @@ from torch import nn
 Loader = Iterable[Any]
 
 
+def add_image_job_args(ap: argparse.ArgumentParser, images: int, images_help: str, size: int,
+                       size_help: str, hidden: int) -> None:
+    """The image jobs' common switches: steps, batch, distinct images, their side, the model's
+    width and the DataLoader's workers."""
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--images", type=int, default=images, help=images_help)
+    ap.add_argument("--size", type=int, default=size, help=size_help)
+    ap.add_argument("--hidden", type=int, default=hidden,
+                    help="MLP width: the compute part (20-25 %% of the step, --workers 0)")
+    ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
+
+
+def image_mlp(side: int, hidden: int) -> nn.Module:
+    """The image jobs' model: an MLP over a 3 x side x side image, ten classes."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * side * side, hidden), nn.ReLU(),
+                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
 def add_ablation_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ablate", type=int, default=0, metavar="BLOCK",
                     help="alternate the switch off and on every BLOCK steps in this one process "

@@ -18,11 +18,10 @@ import sys
 import numpy as np
 import torch
 from PIL import Image
-from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loop import add_ablation_arg, fit_job, in_data_dir
+from _loop import add_ablation_arg, add_image_job_args, fit_job, image_mlp, in_data_dir
 
 OUT = 32  # side of the image the model sees
 
@@ -80,9 +79,7 @@ def train(args: argparse.Namespace, root: str) -> None:
         return DataLoader(ImageDataset(paths, n, predecoded), batch_size=args.batch,
                           shuffle=False, num_workers=args.workers)
 
-    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * OUT * OUT, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, 10))
+    model = image_mlp(OUT, args.hidden)
     timer = fit_job(args, args.predecoded, loader, model)
     timer.report(job="decode_bound", predecoded=args.predecoded, workers=args.workers)
 
@@ -90,14 +87,9 @@ def train(args: argparse.Namespace, root: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--images", type=int, default=32, help="distinct images, decoded in turn")
-    ap.add_argument("--size", type=int, default=512, help="image side in pixels")
+    add_image_job_args(ap, 32, "distinct images, decoded in turn", 512, "image side in pixels",
+                       1024)
     ap.add_argument("--format", choices=["PNG", "JPEG"], default="PNG")
-    ap.add_argument("--hidden", type=int, default=1024,
-                    help="MLP width: the compute part (20-25 %% of the step, --workers 0)")
-    ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--predecoded", action="store_true",
                     help="decode once before training: removes the bottleneck")
     add_ablation_arg(ap)

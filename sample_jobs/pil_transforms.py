@@ -18,11 +18,10 @@ import sys
 import numpy as np
 import torch
 from PIL import Image, ImageEnhance, ImageFilter
-from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loop import add_ablation_arg, fit_job
+from _loop import add_ablation_arg, add_image_job_args, fit_job, image_mlp
 
 OUT = 32  # side of the image the model sees
 
@@ -69,13 +68,7 @@ class PilDataset(Dataset):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--images", type=int, default=16, help="distinct images, used in turn")
-    ap.add_argument("--size", type=int, default=256, help="image side in pixels")
-    ap.add_argument("--hidden", type=int, default=512,
-                    help="MLP width: the compute part (20-25 %% of the step, --workers 0)")
-    ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
+    add_image_job_args(ap, 16, "distinct images, used in turn", 256, "image side in pixels", 512)
     ap.add_argument("--pretransformed", action="store_true",
                     help="transform each image once at start-up: removes the bottleneck")
     add_ablation_arg(ap)
@@ -89,9 +82,7 @@ def main() -> None:
         return DataLoader(PilDataset(pictures, n, pretransformed), batch_size=args.batch,
                           shuffle=False, num_workers=args.workers)
 
-    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * OUT * OUT, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, 10))
+    model = image_mlp(OUT, args.hidden)
     timer = fit_job(args, args.pretransformed, loader, model)
     timer.report(job="pil_transforms", augment=not args.pretransformed, workers=args.workers)
 

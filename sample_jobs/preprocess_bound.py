@@ -19,11 +19,10 @@ import sys
 
 import numpy as np
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loop import add_ablation_arg, fit_job, in_data_dir
+from _loop import add_ablation_arg, add_image_job_args, fit_job, image_mlp, in_data_dir
 
 CROP = 96   # side of the crop the model sees, before pooling
 MEAN = (0.485, 0.456, 0.406)
@@ -106,9 +105,7 @@ def train(args: argparse.Namespace, root: str) -> None:
                           batch_size=args.batch, shuffle=False, num_workers=args.workers)
 
     side = CROP // 4
-    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * side * side, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, 10))
+    model = image_mlp(side, args.hidden)
     timer = fit_job(args, args.pretransformed, loader, model)
     timer.report(job="preprocess_bound", augment=not args.pretransformed, workers=args.workers)
 
@@ -116,14 +113,9 @@ def train(args: argparse.Namespace, root: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--images", type=int, default=64, help="distinct raw images, used in turn")
-    ap.add_argument("--size", type=int, default=128, help="raw image side in pixels")
+    add_image_job_args(ap, 64, "distinct raw images, used in turn", 128,
+                       "raw image side in pixels", 512)
     ap.add_argument("--passes", type=int, default=4, help="filter passes per channel")
-    ap.add_argument("--hidden", type=int, default=512,
-                    help="MLP width: the compute part (20-25 %% of the step, --workers 0)")
-    ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--pretransformed", action="store_true",
                     help="transform each image once at start-up: removes the bottleneck")
     add_ablation_arg(ap)
