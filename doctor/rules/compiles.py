@@ -46,6 +46,13 @@ VALUE = Fix(
         "new value compiles again; a tensor's value is data, not a guard",
     code="scale = torch.tensor(scale)  # was a Python float that changes every step\n"
          "out = model(x, scale)")
+EAGER = Fix(
+    title="Measure the job uncompiled: is compiling worth it here?",
+    why="doctor try runs the job with torch.compile handing back the model unchanged: its "
+        "steady steps eager against compiled, where the compile time (first and again) is "
+        "gone; keep torch.compile where it wins by more than its compile time over the run",
+    code="doctor try --set compile=off",
+    apply={"torch": {"compile": "off"}})
 #: the fixes that fit each kind of failed guard (doctor.analyse.compile_causes.KINDS)
 FIXES_BY_KIND = {"size": (DYNAMIC, BUCKETS), "dtype": (DTYPE,), "value": (VALUE,)}
 CACHES = Fix(
@@ -73,7 +80,7 @@ def recompiles(ev: Evidence) -> list[Finding]:
         severity="critical" if share >= 0.25 else "warning",
         title=f"torch.compile recompiled {worst.recompilations} times (frame {frame}: "
               f"{times}), {worst.recompile_s:.1f} s, {share:.0%} of the run{limit}{because}",
-        evidence=_evidence(worst), fixes=_fixes_for(worst.causes),
+        evidence=_evidence(worst), fixes=(*_fixes_for(worst.causes), EAGER),
         estimated_speedup=1.0 / max(1e-9, 1.0 - share))]
 
 
@@ -135,7 +142,7 @@ def first_compile(ev: Evidence) -> list[Finding]:
         id="compile.first", category="compute", severity="info",
         title=f"torch.compile compiled for {worst.first_s:.1f} s before the steps ran steady: "
               f"{worst.first_share:.0%} of this run, paid again by every new process",
-        evidence=_evidence(worst), fixes=(CACHES,))]
+        evidence=_evidence(worst), fixes=(CACHES, EAGER))]
 
 
 def _evidence(c: Compiles) -> dict[str, object]:

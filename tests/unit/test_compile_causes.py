@@ -60,7 +60,9 @@ def test_recorded_recompilations_are_grouped_by_cause_with_their_cost(tmp_path: 
     titles = [f["title"] for f in rec["fixes"]]
     assert titles == ["Compile for the shapes that vary", "Pad the inputs to a few fixed lengths",
                       "Give the compiled code one dtype",
-                      "Pass the changing number as a tensor, or keep it constant"]
+                      "Pass the changing number as a tensor, or keep it constant",
+                      "Measure the job uncompiled: is compiling worth it here?"]
+    assert rec["fixes"][-1]["apply"] == {"torch": {"compile": "off"}}
 
 
 def test_a_recorded_graph_break_names_the_line_to_change(tmp_path: Path) -> None:
