@@ -16,6 +16,7 @@ RECOMPILE_SHARE = 0.05  # recompilations taking this share of the run or more ge
 MIN_RECOMPILES = 2
 FIRST_SHARE = 0.10  # a first compilation of this share of the run or more gets a word
 MANY_BREAKS = 3  # distinct graph breaks from which they are a warning, not only said
+EAGER_SHARE = 0.25  # op time outside compiled graphs from which breaks are a warning too
 TOP_BREAKS = 3  # breaks named in a finding
 
 DYNAMIC = Fix(
@@ -109,15 +110,21 @@ def graph_breaks(ev: Evidence) -> list[Finding]:
         return []
     top = worst.breaks[:TOP_BREAKS]
     first = top[0]
-    many = len(worst.breaks) >= MANY_BREAKS
+    ops = (ev.ops or {}).get(worst.rank)
+    compiled = ops.compiled_share if ops is not None else None
+    eager = 1.0 - compiled if compiled is not None else None
+    costly = len(worst.breaks) >= MANY_BREAKS or (eager is not None and eager >= EAGER_SHARE)
+    outside = (f"; {eager:.0%} of the op time in the profiled steps ran outside the compiled "
+               "graphs" if eager is not None else "")
     return [Finding(
-        id="compile.graph_breaks", category="compute", severity="warning" if many else "info",
+        id="compile.graph_breaks", category="compute", severity="warning" if costly else "info",
         title=f"torch.compile broke the graph at {len(worst.breaks)} place(s) in the job's code "
               f"(each break runs eagerly between compiled graphs): {first.reason} at "
-              f"{first.where}",
+              f"{first.where}{outside}",
         evidence={"rank": worst.rank, "graph_breaks": len(worst.breaks),
                   "breaks": [{"reason": b.reason, "where": b.where, "times_met": b.count}
-                             for b in worst.breaks[:10]]},
+                             for b in worst.breaks[:10]],
+                  "eager_share_of_ops": eager},
         fixes=tuple(_break_fix(b) for b in top))]
 
 

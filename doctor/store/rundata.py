@@ -88,7 +88,8 @@ COMPILE_CAUSE_COLUMNS = columns(f"{WHO} kind:object frame nth:int64 reason funct
 #: The ops of each process's profiler window (doctor.trace.ops.OP_COLUMNS).
 OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
                       "kernels:int64 flops bytes:float64 costed_calls:int64 layout_s:float64 "
-                      "nchw_calls nhwc_calls:int64")
+                      "nchw_calls nhwc_calls:int64 region:object "
+                      "compiled_self_s compiled_device_s:float64")
 #: The collectives of each process's profiler window (doctor.trace.comm_calls.CALL_COLUMNS).
 COLLECTIVE_COLUMNS = columns(f"{WHO} kind:object start_us end_us seconds bytes:float64 "
                              "group:int64 exposed_s alg_bytes_s bus_bytes_s:float64 "
