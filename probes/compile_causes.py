@@ -6,7 +6,8 @@ probe stops, never at a step.
   versions' guards failed and appends one line per version to
   ``torch._dynamo.guards.guard_failures`` (its code object -> the lines, e.g. ``"0/1: tensor
   'x' size mismatch at index 1. expected 16, actual 24"``). The lines new since the last look are
-  one recompilation's; the first names the guard the newest version failed.
+  one recompilation's; the first names the guard the newest version failed (older torch: the
+  line has no compile id, or is a list of guards).
 - **Graph breaks.** Dynamo says each break it meets while tracing (its reason and the user
   code's traceback) on its ``graph_breaks`` logging artifact, a logger that stays silent unless
   ``TORCH_LOGS=graph_breaks`` turns it on. A handler is added to it; where the job did not turn it
@@ -155,7 +156,9 @@ class CompileCauses:
             if len(lines) <= done:
                 continue
             self._seen[id(code)] = len(lines)
-            frame, reason = guard_reason(str(lines[done]))
+            line = lines[done]  # a list of reasons in torch 2.0's shape: its first
+            frame, reason = guard_reason(str(line[0] if isinstance(line, list | tuple) and line
+                                             else line))
             nth = compiling[1] if compiling and frame in (None, compiling[0]) else None
             if frame is None and compiling:
                 frame = compiling[0]

@@ -19,6 +19,7 @@ from doctor.pipeline import analyze_run
 from doctor.probes.compile_causes import CompileCauses, graph_break, guard_reason
 from doctor.record.session import Session
 from doctor.reports.json import verdict_data
+from doctor.store.records import compile_key
 from tests.support import FakeClock, compiled_loop
 
 RECORDED = Path(__file__).parent.parent / "data" / "compile_runs" / "recompile_causes.json"
@@ -168,6 +169,27 @@ def test_the_recorder_reads_a_real_compile_silently_and_puts_the_log_back(
     assert file == __file__ and line == f.__code__.co_firstlineno + 2
     assert "Graph break" not in capsys.readouterr().err  # nothing said on the job's output
     assert [(lg.level, lg.propagate, list(lg.handlers)) for lg in loggers] == before
+
+
+def test_older_guard_failures_without_ids_are_the_compiling_frames(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forward() -> None: ...
+
+    failures: dict = {forward.__code__: []}
+    monkeypatch.setitem(sys.modules, "torch._dynamo.guards",
+                        SimpleNamespace(guard_failures=failures))
+    session = Session(tmp_path, clock=FakeClock(), window_start=10**9)
+    causes = CompileCauses(session)
+    causes.start()
+    failures[forward.__code__].append(["L['x'].size()[1] == 16", "L['n'] == 2"])  # torch 2.0
+    causes.compiled(compile_key(4, 1))
+    failures[forward.__code__].append("tensor 'L['x']' dtype mismatch. expected Float")
+    causes.compiled(compile_key(4, 2))
+    causes.stop()
+    session.close()
+    assert [(r["frame"], r["nth"], r["reason"], r["function"]) for r in causes.recompiles] == [
+        (4, 1, "L['x'].size()[1] == 16", "forward"),
+        (4, 2, "tensor 'L['x']' dtype mismatch. expected Float", "forward")]
 
 
 def test_a_torch_without_these_records_says_nothing(tmp_path: Path,
