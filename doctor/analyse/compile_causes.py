@@ -57,12 +57,13 @@ class RecompileCause:
     """The recompilations of one process with one kind of cause."""
 
     kind: str
-    count: int
+    count: int  # recompilations made
     seconds: float  # of the recompilations matched to their compile time (0: none matched)
     example: str  # the guard of the first of them, as Dynamo says it
     function: str  # the compiled function of the first of them, its file and first line
     file: str
     line: int
+    refused: int = 0  # guard failures past the recompile limit: no compilation, eager instead
 
     @property
     def words(self) -> str:
@@ -86,19 +87,24 @@ class GraphBreak:
 def recompile_causes(rows: pd.DataFrame, seconds: Mapping[tuple[int, int], float]
                      ) -> tuple[RecompileCause, ...]:
     """One process's recompilation rows grouped by kind of cause, most seconds (then most
-    recompilations) first; ``seconds``: each (frame, nth) compilation's seconds."""
+    recompilations) first; ``seconds``: each (frame, nth) compilation's seconds. Where the
+    compilations were timed, a guard failure that no compilation followed (its compilation
+    unknown: the frame was past Dynamo's recompile limit) is counted as refused."""
     rows = rows[rows["kind"] == "recompile"]
+    timed = bool((rows["nth"] >= 0).any()) if len(rows) else False
     groups: dict[str, list[dict]] = {}
     for row in rows.to_dict("records"):
         groups.setdefault(guard_kind(str(row["reason"])), []).append(row)
     out = []
     for kind, members in groups.items():
-        first = members[0]
+        made = [r for r in members if not timed or int(r["nth"]) >= 0]
+        first = (made or members)[0]
         out.append(RecompileCause(
-            kind=kind, count=len(members),
-            seconds=sum(seconds.get((int(r["frame"]), int(r["nth"])), 0.0) for r in members),
+            kind=kind, count=len(made),
+            seconds=sum(seconds.get((int(r["frame"]), int(r["nth"])), 0.0) for r in made),
             example=str(first["reason"]), function=str(first["function"]),
-            file=str(first["file"]), line=int(first["line"])))
+            file=str(first["file"]), line=int(first["line"]),
+            refused=len(members) - len(made)))
     return tuple(sorted(out, key=lambda c: (-c.seconds, -c.count, c.kind)))
 
 

@@ -87,6 +87,8 @@ def recompiles(ev: Evidence) -> list[Finding]:
 
 def _cause_words(cause: RecompileCause) -> str:
     seconds = f", {cause.seconds:.1f} s" if cause.seconds > 0 else ""
+    if cause.refused:
+        seconds += f", {cause.refused} more past the limit: eager"
     return (f"{cause.words} ({cause.count}x{seconds}; {cause.function} at "
             f"{cause.file}:{cause.line}: {cause.example})")
 
@@ -159,7 +161,8 @@ def _evidence(c: Compiles) -> dict[str, object]:
             "recompile_s": c.recompile_s, "recompile_share": c.recompile_share,
             "first_compile_share": c.first_share, "steps_compiling": c.steps_compiling,
             "most_recompiled_frame": frame, "its_recompilations": times,
-            "causes": [{"kind": k.kind, "recompilations": k.count, "seconds": k.seconds,
+            "causes": [{"kind": k.kind, "recompilations": k.count, "refused": k.refused,
+                        "seconds": k.seconds,
                         "guard": k.example, "function": k.function,
                         "where": f"{k.file}:{k.line}"} for k in c.causes],
             "graph_breaks": len(c.breaks)}

@@ -76,6 +76,24 @@ def test_a_recorded_graph_break_names_the_line_to_change(tmp_path: Path) -> None
     assert brk["fixes"][0]["title"] == "Change train.py:8 (Data-dependent branching)"
 
 
+def test_a_guard_failure_past_the_recompile_limit_is_refused_not_recompiled(
+        tmp_path: Path) -> None:
+    # recorded on this machine: 12 input lengths, frame 0 recompiled 7 times, the 8th refused
+    guard = "tensor 'x' size mismatch at index 1. expected {}, actual {}"
+    rows = [{"frame": 0, "nth": k, "reason": guard.format(8 + 8 * k, 16 + 8 * k),
+             "function": "forward", "file": "train.py", "line": 38} for k in range(1, 8)]
+    rows.append({**rows[-1], "nth": None})
+    plan = {5 * k: (0.3, compile_key(0, k)) for k in range(8)}
+    compiled_loop(tmp_path, 60, plan, meta={"compile_causes": {"recompiles": rows}})
+    rec = {f["id"]: f for f in verdict_data(analyze_run(tmp_path))["findings"]}[
+        "compile.recompiles"]
+    [cause] = rec["evidence"]["causes"]
+    assert (cause["recompilations"], cause["refused"]) == (7, 1) == (
+        rec["evidence"]["recompilations"], 1)
+    assert cause["seconds"] == pytest.approx(7 * 0.3)
+    assert "(7x, 2.1 s, 1 more past the limit: eager;" in rec["title"]
+
+
 def test_many_breaks_are_a_warning_naming_the_most_met(tmp_path: Path) -> None:
     replayed(tmp_path, {"graph_breaks": [
         {"reason": f"reason {n}", "file": "model.py", "line": 10 * n, "count": n}
