@@ -7,6 +7,7 @@ An apply record names settings by section, e.g.::
     {"torch": {"num_threads": 1}}   {"torch": {"allow_tf32": true, "cudnn_benchmark": true}}
     {"ddp": {"bucket_cap_mb": 50, "gradient_as_bucket_view": true}}
     {"optimizer": {"fused": true}}  {"optimizer": {"foreach": true}}
+    {"torch": {"compile": "off"}}   (torch.compile returns the model or function unchanged)
     {"pin_memory": true}            (short for {"dataloader": {"pin_memory": true}})
 
 The bootstrap applies ``dataloader``, ``ddp`` and ``optimizer`` (to every torch.optim class
@@ -97,6 +98,7 @@ SETTINGS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "cudnn_benchmark": _flag,
         "matmul_precision": _one_of("highest", "high", "medium"),
         "sharing_strategy": _one_of("file_descriptor", "file_system"),
+        "compile": _one_of("on", "off"),
     },
 }
 SECTIONS = (*SETTINGS, "env")

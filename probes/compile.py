@@ -9,6 +9,9 @@ and its key (doctor.store.records.compile_key): for a compilation of a frame, th
 which compilation of it this is (0 the first, 1 and up a recompilation); for one Dynamo defers
 (a lazily compiled backward, a CUDA graph recorded at run time), minus the trigger's number.
 
+Why each recompilation happened and where the graph broke are read at each compilation's end
+(probes/compile_causes.py) into the process's meta.
+
 ``torch._dynamo`` is never imported here (it costs a second): the callbacks are registered when
 the job imports it, which ``torch.compile`` does. Runs inside the job; a callback never raises
 into the compilation that called it.
@@ -23,6 +26,7 @@ from ..record.after_import import AfterImport, when_imported
 from ..record.session import Session
 from ..store.records import DYNAMO, compile_key
 from ..verdict import ProbeStatus
+from .compile_causes import CompileCauses
 
 _COMPILE_ID = re.compile(r"(\d+)/(\d+)")
 
@@ -45,6 +49,7 @@ class CompileProbe:
         self._t0 = 0
         self._handler: Any = None
         self._finder: AfterImport | None = None
+        self._causes: CompileCauses | None = None
 
     def check(self) -> ProbeStatus:
         return ProbeStatus(True)  # it waits for torch.compile, whichever torch
@@ -53,6 +58,12 @@ class CompileProbe:
         self._finder = when_imported("torch._dynamo", self._register)
 
     def _register(self) -> None:
+        causes = CompileCauses(self.session)
+        try:
+            causes.start()
+            self._causes = causes
+        except Exception as err:  # no reasons, the compilations are still timed
+            self.session.swallowed("compile", "reading Dynamo's recompile reasons", err)
         try:
             from torch._dynamo.callback import callback_handler
 
@@ -67,8 +78,10 @@ class CompileProbe:
 
     def _ended(self, *args: Any) -> None:
         try:
-            self.session.record_interval("compile", self._t0, self._clock(),
-                                         key_of(args[0] if args else None))
+            key = key_of(args[0] if args else None)
+            self.session.record_interval("compile", self._t0, self._clock(), key)
+            if self._causes is not None:
+                self._causes.compiled(key)
         except Exception:  # never into the compilation that called it
             pass
 
@@ -78,6 +91,9 @@ class CompileProbe:
     def stop(self) -> None:
         if self._finder is not None:
             self._finder.remove()
+        causes, self._causes = self._causes, None
+        if causes is not None:
+            causes.stop()
         handler, self._handler = self._handler, None
         if handler is not None:
             for remove, callback in ((handler.remove_start_callback, self._started),

@@ -126,7 +126,8 @@ def ops_data(o: RankOps) -> dict[str, Any]:
     """The verdict's ``ops`` entry of one rank: its roofs, MFU and top ops."""
     return {"rank": o.rank, "roofs": roofs_data(o.roofs) if o.roofs else None,
             "mfu": o.mfu, "mfu_dtype": o.mfu_dtype, "window_s": o.window_s,
-            "note": o.note, "top": o.top().to_dict(orient="records")}
+            "note": o.note, "compiled_share": o.compiled_share,
+            "top": o.top().to_dict(orient="records")}
 
 
 def roofs_data(r: Roofs) -> dict[str, Any]:

@@ -126,6 +126,34 @@ def skip_if_the_cores_were_taken(what: str) -> None:
 
 # -- recorded run directories -------------------------------------------------------------------
 
+def compiled_loop(run_dir: Path, steps: int, compiles: dict[int, tuple[float, int]],
+                  step_s: float = 0.01, meta: dict | None = None) -> None:
+    """A training loop; ``compiles`` maps a step (from 0) to the compilation in it: its seconds
+    and its ring key (compile_key(frame, nth), or negative for a deferred one); ``meta``: what
+    the process's meta also says (the compile probe's causes...)."""
+    clock = FakeClock()
+    s = Session(run_dir, clock=clock, window_start=10**9)
+    for i in range(steps):
+        if i in compiles:
+            seconds, key = compiles[i]
+            c0 = clock()
+            clock.tick(seconds)
+            s.record_interval("compile", c0, clock(), key)
+        clock.tick(step_s * 0.5)
+        b0 = clock()
+        clock.tick(step_s * 0.4)
+        s.record_interval("backward", b0, clock())
+        s.count_step(STEP_BACKWARD)
+        s.record_optimizer_start()
+        clock.tick(step_s * 0.1)
+        s.record_optimizer_end(0)
+    if meta:
+        s.update_meta(**meta)
+    s.close()
+    write_record(run_dir)
+
+
+
 def record_loop(run_dir: Path, steps: int, *, wait_s: float = 0.0, compute_s: float = 0.01,
                 optimizers: int = 1, use_optimizer: bool = True, manual: bool = False,
                 slow_first: int = 0, rank: int = 0, loader: dict | None = None,

@@ -1,6 +1,7 @@
 """What torch.compile cost each rank: its compilations (probes/compile.py, from TorchDynamo's
 own callbacks), the first ones apart from the recompilations, their seconds against the run,
-the frames recompiled most, and the steps they fell in.
+the frames recompiled most, the steps they fell in, and why it recompiled and where it broke the
+graph (doctor.analyse.compile_causes).
 
 The steps a compilation fell in are no steady steps: the step table flags them (``compiling``)
 and leaves them out of the shares (doctor.analyse.step_table). Nothing here decides anything:
@@ -17,6 +18,12 @@ import numpy as np
 import pandas as pd
 
 from doctor.analyse.causes import Cause, Intervals
+from doctor.analyse.compile_causes import (
+    GraphBreak,
+    RecompileCause,
+    graph_breaks,
+    recompile_causes,
+)
 from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.store.records import compile_frame
 from doctor.store.rundata import RunData
@@ -40,6 +47,8 @@ class Compiles:
     run_s: float  # the training process's steps and compilations, first start to last end
     steps_compiling: int  # steps a compilation fell in (left out of the shares)
     most_recompiled: tuple[int, int]  # (frame, its recompilations) of the frame recompiled most
+    causes: tuple[RecompileCause, ...] = ()  # recompilations by kind of failed guard
+    breaks: tuple[GraphBreak, ...] = ()  # graph breaks, the most met first
 
     @property
     def recompile_share(self) -> float:
@@ -67,13 +76,16 @@ def compiles(run: RunData, ranks: Mapping[int, RankSteps],
         # a deferred compilation (negative key) belongs to the Dynamo compilation before it
         nth = np.zeros(len(key), dtype=np.int64)
         recompiled: Counter[int] = Counter()
-        last = 0
+        each: dict[tuple[int, int], float] = {}  # (frame, nth) -> its seconds
+        last = frame = 0
         for i, k in enumerate(key):
             if k >= 0:
                 frame, last = compile_frame(int(k))
                 if last:
                     recompiled[frame] += 1
             nth[i] = last
+            each[(frame, last)] = each.get((frame, last), 0.0) + float(seconds[i])
+        said = run.rows("compile_causes", r.process)
         dynamo = key >= 0
         mine = table[table["rank"] == rank]
         out[rank] = Compiles(
@@ -82,7 +94,8 @@ def compiles(run: RunData, ranks: Mapping[int, RankSteps],
             run_s=float((max(int(r.ends_ns[-1]), int(t1.max()))
                          - min(int(r.starts_ns[0]), int(t0.min()))) * NS),
             steps_compiling=int(mine["compiling"].sum()),
-            most_recompiled=max(recompiled.items(), key=lambda kv: kv[1], default=(0, 0)))
+            most_recompiled=max(recompiled.items(), key=lambda kv: kv[1], default=(0, 0)),
+            causes=recompile_causes(said, each), breaks=graph_breaks(said))
     return out
 
 

@@ -21,7 +21,7 @@ from doctor.store.rundata import RunData
 
 TOP = 15
 SHOWN = ("op", "kind", "dtype", "bound", "calls", "time_s", "share", "flops", "bytes",
-         "intensity", "achieved_flops", "achieved_bytes_s", "of_roof", "roof_dtype")
+         "intensity", "achieved_flops", "achieved_bytes_s", "of_roof", "roof_dtype", "region")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,19 @@ class RankOps:
 
     def top(self, n: int = TOP) -> pd.DataFrame:
         return self.table[[c for c in SHOWN if c in self.table]].head(n)
+
+    @property
+    def compiled_share(self) -> float | None:
+        """The share of the ops' time that ran inside torch.compile'd regions (the compiled
+        graphs, forward and backward: doctor.trace.compiled_regions); None where the window
+        saw no compiled region."""
+        t = self.table
+        if "region" not in t or not (t["region"].fillna("") != "").any():
+            return None
+        on_device = float(t["device_s"].sum()) > 0
+        inside = float(t["compiled_device_s" if on_device else "compiled_self_s"].sum())
+        total = float(t["device_s" if on_device else "self_s"].sum())
+        return inside / total if total > 0 else None
 
     def top_by_bound(self) -> dict[str, float]:
         """The top ops' share of the op time by class (compute, memory, launch), the largest

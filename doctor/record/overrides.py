@@ -5,7 +5,9 @@ process, without touching the job's code.
   DistributedDataParallel the job builds (in its script or in a library), at construction;
 - ``torch`` settings are set right after ``import torch``, before user code goes on; a later
   call of the job's own (``torch.set_num_threads(4)``) keeps the tried value in the training
-  process, and torch's own calls in DataLoader workers pass through;
+  process, and torch's own calls in DataLoader workers pass through; ``compile=off`` makes
+  ``torch.compile`` (and ``nn.Module.compile``) hand back what it was given, so the job runs
+  eagerly (doctor.record.eager);
 - ``env`` was set by ``doctor try`` for the whole job before it started.
 
 Each change is said once on stderr (``doctor try: DataLoader(num_workers 0 -> 2)``, by rank 0),
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..tuning import WHERE, Apply, normalize
+from .eager import eager_patches
 from .session import CLOSE, Session
 
 ENV_APPLY = "DOCTOR_TRY_APPLY"  # the apply record, JSON
@@ -124,6 +127,11 @@ class Overrides:
         }
         for key, value in values.items():
             setting = f"torch.{key}"
+            if key == "compile":
+                if value == "off":
+                    for owner, name, new in eager_patches(torch, self._compile_asked):
+                        self._patch(owner, name, new)
+                continue
             if key in setters:
                 owner, name, getter = setters[key]
                 before = getter()
@@ -143,6 +151,11 @@ class Overrides:
                 torch.backends.cudnn.benchmark = value
                 self.note(setting, before, value)
                 self.tell(f"cudnn.benchmark {before} -> {value}")
+
+    def _compile_asked(self) -> None:
+        self.note("torch.compile", "on", "off")
+        self.tell("torch.compile -> eager (compile=off): the model runs uncompiled")
+        self.save()
 
     def _keep(self, owner: Any, name: str, setting: str, value: Any) -> None:
         """Later calls of ``owner.name`` by the training process keep the tried value; a

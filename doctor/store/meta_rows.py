@@ -66,6 +66,28 @@ def amp_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     return rows
 
 
+def compile_cause_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
+    """Each recompilation with the guard that failed, and each graph break with its place in
+    the job's code and count (doctor.probes.compile_causes); a row without its text is left
+    out."""
+    causes = meta.compile_causes
+    rows = []
+    for kind, key in (("recompile", "recompiles"), ("break", "graph_breaks")):
+        for r in as_list(causes.get(key)):
+            r = as_dict(r)
+            reason = as_str(r.get("reason"))
+            if reason is None:
+                continue
+            frame, nth = as_int(r.get("frame")), as_int(r.get("nth"))
+            rows.append({**who, "kind": kind, "reason": reason,
+                         "frame": -1 if frame is None else frame,
+                         "nth": -1 if nth is None else nth,
+                         "function": as_str(r.get("function")) or "",
+                         "file": as_str(r.get("file")) or "", "line": as_int(r.get("line")) or 0,
+                         "count": as_int(r.get("count")) or 1})
+    return rows
+
+
 def model_state_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     """The model-state probe's rows of one process (doctor.probes.model_state), with its tag;
     each optimizer's class a row of kind "optimizer" (its name as the dtype, no bytes)."""

@@ -74,6 +74,8 @@ class ProcessMeta:
     optimizers: tuple[Mapping[str, Any], ...] = ()  # each as it first stepped (probes/steps.py)
     autocast: tuple[Mapping[str, Any], ...] = ()  # each autocast entered (probes/amp.py)
     scalers: tuple[Mapping[str, Any], ...] = ()  # each GradScaler as it first updated
+    # why torch.compile compiled again, where it broke the graph (probes/compile_causes.py)
+    compile_causes: Mapping[str, Any] = field(default_factory=dict)
     model_state: Mapping[str, Any] = field(default_factory=dict)  # tag -> rows, optimizers
     saved_tensors: Mapping[str, Any] = field(default_factory=dict)
     memory_at_start: Mapping[str, Any] = field(default_factory=dict)
@@ -114,7 +116,7 @@ class ProcessMeta:
             ddp=_records(meta.get("ddp")), sharding=record("sharding"),
             optimizers=_records(meta.get("optimizers")),
             autocast=_records(meta.get("autocast")), scalers=_records(meta.get("scalers")),
-            model_state=record("model_state"),
+            compile_causes=record("compile_causes"), model_state=record("model_state"),
             saved_tensors=record("saved_tensors"), memory_at_start=record("memory_at_start"),
             memory_at_end=record("memory_at_end"), gc=record("gc"), tried=record("tried"),
             tried_errors=tuple(e for e in as_list(meta.get("tried_errors"))

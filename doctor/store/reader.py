@@ -58,6 +58,7 @@ from doctor.store.windows import on_process_clock, read_window
 
 from .meta_rows import (
     amp_rows,
+    compile_cause_rows,
     ddp_rows,
     gc_totals,
     loader_rows,
@@ -116,6 +117,7 @@ def _load_node(run_dir: Path) -> RunData:
     sharding: list[dict[str, Any]] = []
     optimizers: list[dict[str, Any]] = []
     amp: list[dict[str, Any]] = []
+    compile_causes: list[dict[str, Any]] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
         if not real_dir_inside(proc_dir, run_dir):
@@ -131,6 +133,7 @@ def _load_node(run_dir: Path) -> RunData:
         sharding += sharding_rows(who, meta)
         optimizers += optimizer_rows(who, meta)
         amp += amp_rows(who, meta)
+        compile_causes += compile_cause_rows(who, meta)
         loaders += loader_rows(who, meta)
         marks.append(_ring(proc_dir, "steps", who, problems))
         for name in INTERVAL_RINGS:
@@ -180,7 +183,7 @@ def _load_node(run_dir: Path) -> RunData:
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
         "collectives": _concat(collectives), "ddp": ddp, "sharding": sharding,
-        "optimizers": optimizers, "amp": amp,
+        "optimizers": optimizers, "amp": amp, "compile_causes": compile_causes,
         "window_events": _concat(window_events), "later_windows": _concat(later),
         "later_stacks": later_stacks, "later_stack_spans": later_spans,
         "others": read_others(run_dir, problems).assign(node=0),

@@ -80,10 +80,17 @@ OPTIMIZER_COLUMNS = columns(f"{WHO} optimizer foreach fused:object tensors:int64
 #: settings as it first updated).
 AMP_COLUMNS = columns(f"{WHO} kind device dtype enabled:object init_scale growth_factor "
                       "backoff_factor growth_interval:float64")
+#: Why torch.compile compiled again and where it broke the graph (doctor.probes.compile_causes):
+#: kind "recompile" (one row each: the frame, which compilation of it or -1, the guard that
+#: failed, the function's file and first line) and kind "break" (one row per reason and place in
+#: the job's code, with the times Dynamo met it while tracing).
+COMPILE_CAUSE_COLUMNS = columns(f"{WHO} kind:object frame nth:int64 reason function file:object "
+                                "line count:int64")
 #: The ops of each process's profiler window (doctor.trace.ops.OP_COLUMNS).
 OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
                       "kernels:int64 flops bytes:float64 costed_calls:int64 layout_s:float64 "
-                      "nchw_calls nhwc_calls:int64 opt_self_s opt_device_s:float64")
+                      "nchw_calls nhwc_calls:int64 opt_self_s opt_device_s:float64 "
+                      "region:object compiled_self_s compiled_device_s:float64")
 #: The collectives of each process's profiler window (doctor.trace.comm_calls.CALL_COLUMNS).
 COLLECTIVE_COLUMNS = columns(f"{WHO} kind:object start_us end_us seconds bytes:float64 "
                              "group:int64 exposed_s alg_bytes_s bus_bytes_s:float64 "
@@ -188,7 +195,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "later_stacks": {**STACK_COLUMNS, "window": "int64"},
     "later_stack_spans": {**STACK_SPAN_COLUMNS, "window": "int64"},
     "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "amp": AMP_COLUMNS,
-    "ops": OPS_COLUMNS,
+    "compile_causes": COMPILE_CAUSE_COLUMNS, "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS, "sharding": SHARDING_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
     "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
@@ -259,7 +266,8 @@ class RunData:
       at the window's start and at exit (doctor.probes.model_state); ``optimizers``: each
       optimizer's class and foreach/fused settings, as it first stepped (doctor.probes.steps);
       ``amp``: the autocasts each process entered and its GradScalers' settings
-      (doctor.probes.amp);
+      (doctor.probes.amp); ``compile_causes``: each recompilation's failed guard and each
+      graph break's reason and place (doctor.probes.compile_causes);
     - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops);
     - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
@@ -292,6 +300,7 @@ class RunData:
     model_state: pd.DataFrame
     optimizers: pd.DataFrame
     amp: pd.DataFrame
+    compile_causes: pd.DataFrame
     ops: pd.DataFrame
     collectives: pd.DataFrame
     ddp: pd.DataFrame

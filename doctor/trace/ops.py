@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from doctor.trace.compiled_regions import host_op_regions, is_compiled_code
 from doctor.trace.events import Timeline
 from doctor.trace.kinds import K_LAYOUT
 from doctor.trace.op_costs import COST_DTYPES, COST_KINDS, LAYOUT_NCHW, LAYOUT_NHWC
@@ -34,7 +35,8 @@ NESTING_IN_C = _nest is not None
 US = 1e-6
 OP_COLUMNS = ("op", "kind", "dtype", "calls", "self_s", "device_s", "kernels", "flops",
               "bytes", "costed_calls", "layout_s", "nchw_calls", "nhwc_calls", "opt_self_s",
-              "opt_device_s")
+              "opt_device_s", "region", "compiled_self_s", "compiled_device_s")
+COMPILED = "compiled"  # the kind of Inductor's and AOTAutograd's own ops (compiled_regions)
 
 
 def _self_us(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -145,6 +147,21 @@ def _first_named(group: np.ndarray, count: int, codes: np.ndarray, labels: Seque
     return out
 
 
+def _main_region(group: np.ndarray, count: int, region: np.ndarray, time: np.ndarray,
+                 labels: list[str]) -> list[str]:
+    """Each group's region where most of its time ran ("" where that is outside all)."""
+    out = [""] * count
+    inside = region >= 0
+    if not inside.any():
+        return out
+    per = pd.Series(time[inside] + 1e-9).groupby([group[inside], region[inside]]).sum()
+    outside = pd.Series(time[~inside] + 1e-9).groupby(group[~inside]).sum()
+    for g, r in per.groupby(level=0).idxmax().tolist():
+        if per[(g, r)] > outside.get(g, 0.0):
+            out[int(g)] = labels[int(r)]
+    return out
+
+
 def last_of(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A lookup table from ``keys`` to ``values`` where a key given twice maps to its last
     value (as a dict built in order would): (sorted keys, their values) for :func:`look_up`."""
@@ -171,7 +188,11 @@ def op_table(t: Timeline, lo_us: float | None = None, hi_us: float | None = None
     the most time first (device time on a GPU trace, the host's own time otherwise). ``device_s``
 is the time of the kernels and copies the op launched; ``kernels`` counts both; ``layout_s`` is
     the part of it in NCHW/NHWC transposes; ``nchw_calls`` and ``nhwc_calls`` count the calls of
-    a convolution whose input the strides show in that memory format."""
+    a convolution whose input the strides show in that memory format. ``region`` is the
+    torch.compile'd region (``0/1``: frame 0's second compilation) where most of the op's own
+    time ran ("" where none: eager), and ``compiled_self_s``/``compiled_device_s`` its time
+    inside compiled regions (doctor.trace.compiled_regions); Inductor's and AOTAutograd's own
+    ops are of kind ``compiled``."""
     host, kernels = t.host_ops, t.kernels
     if not len(host):
         return pd.DataFrame({c: pd.Series(dtype=float) for c in OP_COLUMNS})
@@ -218,8 +239,12 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both; 
         return pd.Series(values).groupby(group, sort=False).sum().to_numpy()
 
     kind, dtype, layout = a["cost_kind"][keep], a["dtype"][keep], a["layout"][keep]
+    op_names = [t.names[int(n)] for n in names]
+    in_region, regions = host_op_regions(t)
+    in_region = in_region[keep]
+    compiled = in_region >= 0
     table = pd.DataFrame({
-        "op": [t.names[int(n)] for n in names],
+        "op": op_names,
         **{column: _first_named(group, count, codes, labels)
            for column, codes, labels in (("kind", kind, COST_KINDS),
                                          ("dtype", dtype, COST_DTYPES))},
@@ -231,6 +256,13 @@ is the time of the kernels and copies the op launched; ``kernels`` counts both; 
         "nhwc_calls": total(layout == LAYOUT_NHWC),
         "opt_self_s": summed(np.where(optimizer, own, 0.0)[keep] * US),
         "opt_device_s": summed(np.where(optimizer, device, 0.0)[keep] * US),
+        "region": _main_region(group, count, in_region, (device if t.has_gpu else own)[keep],
+                               regions),
+        **{column: summed(np.where(compiled, values[keep], 0.0) * US) if regions
+           else np.zeros(count) for column, values in (("compiled_self_s", own),
+                                                        ("compiled_device_s", device))},
     })
+    code = np.fromiter((is_compiled_code(n) for n in op_names), bool, count)
+    table.loc[code & (table["kind"] == "").to_numpy(), "kind"] = COMPILED
     order = "device_s" if t.has_gpu else "self_s"
     return table.sort_values(order, ascending=False, kind="stable").reset_index(drop=True)

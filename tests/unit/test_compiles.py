@@ -14,35 +14,11 @@ from doctor.analyse.cause_sources import run_slow_steps
 from doctor.analyse.stages import run_stages
 from doctor.pipeline import analyze_run
 from doctor.probes.compile import CompileProbe, key_of
-from doctor.record.session import STEP_BACKWARD, Session
+from doctor.record.session import Session
 from doctor.reports.json import verdict_data
 from doctor.store.reader import load_run
 from doctor.store.records import compile_frame, compile_key
-from tests.support import FakeClock, write_record
-
-
-def compiled_loop(run_dir: Path, steps: int, compiles: dict[int, tuple[float, int]],
-                  step_s: float = 0.01) -> None:
-    """A training loop; ``compiles`` maps a step (from 0) to the compilation in it: its seconds
-    and its ring key (compile_key(frame, nth), or negative for a deferred one)."""
-    clock = FakeClock()
-    s = Session(run_dir, clock=clock, window_start=10**9)
-    for i in range(steps):
-        if i in compiles:
-            seconds, key = compiles[i]
-            c0 = clock()
-            clock.tick(seconds)
-            s.record_interval("compile", c0, clock(), key)
-        clock.tick(step_s * 0.5)
-        b0 = clock()
-        clock.tick(step_s * 0.4)
-        s.record_interval("backward", b0, clock())
-        s.count_step(STEP_BACKWARD)
-        s.record_optimizer_start()
-        clock.tick(step_s * 0.1)
-        s.record_optimizer_end(0)
-    s.close()
-    write_record(run_dir)
+from tests.support import FakeClock, compiled_loop
 
 
 def findings(run_dir: Path) -> dict[str, dict]:

@@ -140,3 +140,39 @@ def test_the_optimizer_is_built_fused_subclasses_once(session: Session) -> None:
     assert torch.optim.Adam(params, lr=0.1).defaults["fused"] is None  # restored
     assert o.seen["optimizer.fused"]["job"] == [None, None]  # AdamW's once, SGD's
     assert "foreach left to torch beside fused" in said[0]
+
+
+def test_compile_off_hands_back_the_model_and_function_unchanged(session: Session) -> None:
+    model = torch.nn.Linear(2, 2)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    compile_before = torch.compile
+    module_compile_before = getattr(torch.nn.Module, "compile", None)
+    o, said = started(session, {"torch": {"compile": "off"}})
+    try:
+        assert torch.compile(model, mode="max-autotune") is model
+        assert torch.compile(fn) is fn
+        assert torch.compile(mode="reduce-overhead")(fn) is fn  # @torch.compile(mode=...)
+        if hasattr(torch.nn.Module, "compile"):
+            model.compile()  # nn.Module's own: compiles nothing
+            assert model.forward.__func__ is torch.nn.Linear.forward  # type: ignore[attr-defined]
+    finally:
+        o.stop()
+    assert torch.compile is compile_before  # restored: torch compiles again
+    assert getattr(torch.nn.Module, "compile", None) is module_compile_before
+    assert said == ["doctor try: torch.compile -> eager (compile=off): the model runs "
+                    "uncompiled"]  # once
+    assert o.seen["torch.compile"]["tried"] == "off"
+    assert o.seen["torch.compile"]["applied"] == 3 + hasattr(torch.nn.Module, "compile")
+
+
+def test_compile_on_changes_nothing(session: Session) -> None:
+    compile_before = torch.compile
+    o, said = started(session, {"torch": {"compile": "on"}})
+    try:
+        assert torch.compile is compile_before
+        assert "torch.compile" not in o.seen and not said
+    finally:
+        o.stop()

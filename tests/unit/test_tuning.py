@@ -30,6 +30,7 @@ def test_parse_set_finds_the_section_and_sweeps_values() -> None:
     assert parse_set("num_workers=0,2,4,8") == ("dataloader", "num_workers", [0, 2, 4, 8])
     assert parse_set("ddp.bucket_cap_mb=12.5") == ("ddp", "bucket_cap_mb", [12.5])
     assert parse_set("num_threads=1") == ("torch", "num_threads", [1])
+    assert parse_set("compile=off") == ("torch", "compile", ["off"])
     assert parse_set("OMP_NUM_THREADS=2") == ("env", "OMP_NUM_THREADS", ["2"])
     # an environment value keeps its commas: it is not a sweep
     assert parse_set("env.PYTORCH_CUDA_ALLOC_CONF=a:1,b:2") == \
