@@ -2,7 +2,12 @@
 did, and whether it is analysed (the steps the shares are taken over).
 
 Not analysed (kept in the table): warm-up steps (the first steps, lazy imports, compilation);
-fragments (a step shorter than FRAGMENT of the median, a stray boundary); the steps of the
+fragments (a step shorter than FRAGMENT of the median, a stray boundary: only where boundaries
+are guessed, from the DataLoader's cadence or a trace's own steps; an optimizer step, a
+backward or ``doctor.step()`` marks a real iteration, and a quick one, its batch already
+waiting, is one: two workers that finish together hand over a batch after a 33 ms wait and
+the next at once, and leaving the quick ones out made the job look as slow as with none); the
+steps of the
 profiler windows, the first and the later ones (doctor's own profiling cost, its export most of
 all); and the steps outside a
 step range (``doctor report --steps A:B``). The steps during stack sampling (py-spy pauses the
@@ -37,6 +42,8 @@ MIN_UNSAMPLED_STEPS = 10
 MIN_WARMUP_STEPS = 3
 MAX_WARMUP_STEPS = 10
 FRAGMENT = 0.05
+#: The step kinds whose boundaries are guessed, so that a stray one makes a fragment.
+GUESSED_BOUNDARIES = frozenset({"dataloader", WINDOW, "none"})
 #: Columns of a window-sourced step that carry its own split (seconds), then the device's
 #: compute (GPU kernels; on a CPU trace, its compute).
 OWN_COLUMNS = (*(f"own_{c}_s" for c in EXCLUSIVE_COLUMNS), "own_device_compute_s")
@@ -110,7 +117,9 @@ def _rank_table(run: RunData, r: RankSteps, origin_ns: int,
     first, last = in_range or (1, n)
     number = np.arange(1, n + 1)  # a range counts steps from the first, whatever their numbers
     inside_range = (number >= first) & (number <= last)
-    fragment = wall < FRAGMENT * float(np.median(wall[inside_range])) if inside_range.any() \
+    guessed = r.kind in GUESSED_BOUNDARIES
+    fragment = wall < FRAGMENT * float(np.median(wall[inside_range])) \
+        if guessed and inside_range.any() \
         else np.zeros(n, dtype=bool)
     # warm-up counts whole steps, up to the range's end (what follows has no say in it)
     whole = np.flatnonzero(~fragment & (number <= last))

@@ -151,6 +151,29 @@ def outcome(apply: Mapping[str, Mapping[str, Any]], attempts: Sequence[AttemptRe
     return "no change", f"measured {s:.2f}x: within the spread of the repeats"
 
 
+#: An attempt whose first half of steps ran this much slower than its second had not settled
+#: (workers still starting, caches still filling) when it was stopped.
+SETTLING = 1.25
+MIN_HALF = 4  # steps in each half for the comparison to say anything
+
+
+def unsettled(attempts: Sequence[AttemptResult]) -> str | None:
+    """Why the attempts were too short to tell (their first half of steps much slower than the
+    second: a start-up not yet behind them), or None."""
+    worst = 1.0
+    for a in attempts:
+        half = len(a.step_s) // 2
+        if a.failed or half < MIN_HALF:
+            continue
+        first, second = pace(a.step_s[:half]), pace(a.step_s[half:])
+        if first and second:
+            worst = max(worst, first / second)
+    if worst < SETTLING:
+        return None
+    return (f"its runs were too short to tell: the first half of their steps ran {worst:.1f}x "
+            "slower than the second (workers starting, caches filling); run with more --steps")
+
+
 #: Baseline rounds further apart than this (slowest over fastest median step), or a
 #: hypervisor taking more than STOLEN of the CPU time, make a try "unsteady".
 UNSTEADY_SPREAD = 1.25

@@ -26,7 +26,15 @@ from doctor.store.redact import redact_argv
 from doctor.store.tries import attempt_dir, merge_tried, new_try_dir, write_try
 from doctor.store.try_record import TryCandidate, TryRecord
 from doctor.tries.attempt import RecordedJob, recorded_job, run_attempt
-from doctor.tries.measure import AttemptResult, measure, outcome, pace, ratio, steadiness
+from doctor.tries.measure import (
+    AttemptResult,
+    measure,
+    outcome,
+    pace,
+    ratio,
+    steadiness,
+    unsettled,
+)
 from doctor.tries.plan import Plan, plan_try
 
 DEFAULT_STEPS = 30  # steady steps each arm is measured over, in all
@@ -178,6 +186,8 @@ def _record(p: Prepared, try_dir: Path, attempts: list[AttemptResult], started: 
             continue
         m = measure(base, mine)
         result, why = outcome(c.apply, mine, m)
+        short = unsettled(mine) if result in ("faster", "slower", "no change") else None
+        why = f"{why}; {short}" if short else why
         failed = next((a for a in mine if a.failed), None)
         rows.append(TryCandidate(
             **c.to_dict(), outcome=result, why=why, speedup=m.speedup, low=m.low,

@@ -46,6 +46,19 @@ def test_batches_handed_over_in_pairs_are_measured_by_their_pace() -> None:
     assert outcome(APPLY, cand, m)[0] == "faster"
 
 
+def test_runs_stopped_inside_their_start_up_are_said_too_short() -> None:
+    """Workers that start slowly: the first half of the steps at 60 ms, the second at 20 ms;
+    a steady run says nothing."""
+    from doctor.tries.measure import unsettled
+
+    starting = AttemptResult(arm="c", round=1, run_dir="/x/1-c", exit_code=0, stopped=True,
+                             step_s=[0.06] * 6 + [0.02] * 6)
+    why = unsettled([starting])
+    assert why is not None and "too short" in why and "3.0x" in why
+    assert unsettled([attempt("c", 1, 0.02, n=12)]) is None
+    assert unsettled([attempt("c", 1, 0.02, n=5)]) is None  # too few steps to say
+
+
 def test_rounds_that_disagree_are_no_change() -> None:
     base = [attempt("baseline", 1, 0.30), attempt("baseline", 2, 0.30)]
     cand = [attempt("c", 1, 0.25), attempt("c", 2, 0.33)]
