@@ -28,6 +28,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from doctor.analyse.spike_calls import spike_calls
 from doctor.analyse.stalls import (
     ANALYSED,
     IN_WINDOW,
@@ -160,6 +161,9 @@ class SlowSteps:
     causes: Mapping[str, Cause]
     whole_s: float  # the time the shares are of (the run's, summed over ranks)
     steps_s: float = 0.0  # the steps' time after warm-up, summed over ranks
+    #: (rank, step) -> its extra seconds per call site, for the slow steps the stack samples
+    #: cover (doctor.analyse.spike_calls)
+    sites: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
 
     def cause_of(self, rank: int, step: int) -> str | None:
         """The cause of a slow step (UNEXPLAINED where none), None for a step that is not."""
@@ -244,13 +248,17 @@ def _groups(steps: list[SlowStep], causes: Sequence[Cause], whole: float, steps_
 
 def with_causes(findings: list[Finding], slow: SlowSteps) -> list[Finding]:
     """The long-stall findings (doctor.analyse.stalls), each with its step's cause where one is
-    known: said after its title, and in its evidence (``cause``, ``what``)."""
+    known: said after its title, and in its evidence (``cause``, ``what``); where none is, the
+    calls its stack samples were in (doctor.analyse.spike_calls), where it was sampled."""
     out = []
     for f in findings:
         step = next((s for s in slow.steps if s.rank == f.evidence.get("rank")
                      and s.step == f.evidence.get("step")), None)
         if step is None or step.cause == UNEXPLAINED:
-            out.append(f)
+            calls = spike_calls(slow.sites, [(step.rank, step.step)]) if step else None
+            out.append(f if calls is None else replace(
+                f, title=f"{f.title}; its stack samples: {calls.words()}",
+                evidence={**f.evidence, **calls.to_evidence()}))
             continue
         cause = slow.causes.get(step.cause)
         label = cause.label if cause else step.cause
