@@ -63,6 +63,7 @@ from .meta_rows import (
     ddp_rows,
     gc_totals,
     loader_rows,
+    log_totals,
     model_state_rows,
     optimizer_rows,
     sharding_rows,
@@ -322,6 +323,7 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: ProcessMe
             "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns"),
             "end_private_bytes": end.get("private_bytes"), "end_rss_bytes": end.get("rss_bytes"),
             "end_memory_ns": end.get("t_ns"), **gc_totals(meta.gc),
+            **log_totals(meta.logging),
             "framework": meta.framework, "framework_version": meta.framework_version}
 
 

@@ -57,7 +57,7 @@ PROCESS_COLUMNS = columns(
     "window_state window_reason window_shapes cuda_initialized cuda_uuid:object cuda_device "
     "start_private_bytes start_rss_bytes start_memory_ns end_private_bytes end_rss_bytes "
     "end_memory_ns:float64 device_name:object gc_collections gc_full gc_pause_s:float64 "
-    "framework framework_version:object")
+    "framework framework_version:object log_calls log_s:float64 log_libraries:object")
 PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
 LOADER_COLUMNS = columns(
     f"{WHO} id num_workers:int64 batch_size:object pin_memory:bool prefetch_factor:object "
