@@ -25,7 +25,7 @@ from doctor.analyse.memory import MemoryEvidence, RankMemory
 from doctor.analyse.memory_growth import Growth, WorkerGrowth
 from doctor.analyse.ops import RankOps
 from doctor.analyse.roofline import Roofs
-from doctor.analyse.spike_calls import spike_calls
+from doctor.analyse.spike_calls import calls_of
 from doctor.store.redact import redact_argv
 from doctor.verdict import plain
 
@@ -179,7 +179,7 @@ def scale_point_data(p: ScalePoint) -> dict[str, Any]:
 
 def _calls(slow: SlowSteps, group: CauseGroup) -> dict[str, Any]:
     """The calls the stack samples saw in a group's slow steps (doctor.analyse.spike_calls)."""
-    calls = spike_calls(slow.sites, [(s.rank, s.step) for s in group.steps])
+    calls = calls_of(slow.sites, group.steps)
     return calls.to_evidence() if calls is not None else {}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from doctor.analyse.analysis import Sections
 from doctor.analyse.causes import UNEXPLAINED
-from doctor.analyse.spike_calls import spike_calls
+from doctor.analyse.spike_calls import calls_of
 
 SAID_SHARE = 0.01  # the collector's line, where it paused 1 % of the run or more (or slow steps)
 
@@ -26,7 +26,7 @@ def slow_step_lines(sections: Sections) -> list[str]:
         lines.append(f"slow steps, {what}{machine}: {g.count} (step{'s' if len(steps) > 1 else ''}"
                      f" {shown}), {g.over_s:.2f} s over the median step, {g.share:.1%} of the "
                      "run")
-        calls = spike_calls(slow.sites, [(s.rank, s.step) for s in g.steps]) \
+        calls = calls_of(slow.sites, g.steps) \
             if slow is not None and g.cause == UNEXPLAINED else None
         if calls is not None:
             lines.append(f"  stack samples of {calls.steps} of them: {calls.words()}")

@@ -26,12 +26,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import PurePath
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from doctor.analyse.frames import Frame, is_user_code
 from doctor.analyse.steps import NS, WINDOW, RankSteps
+from doctor.analyse.whole_run import LOST
 from doctor.store.rundata import RunData
 
 COVERED = 0.5  # a slow step sampled for this share of its time has samples of its own
@@ -148,6 +150,13 @@ def spike_calls(sites: Mapping[StepKey, Mapping[str, float]], steps: Iterable[St
     return SpikeCalls(sampled, extra, tuple(CallTime(s, x, x / extra) for s, x in ordered))
 
 
+def calls_of(sites: Mapping[StepKey, Mapping[str, float]], steps: Iterable[Any]
+             ) -> SpikeCalls | None:
+    """spike_calls of slow steps (doctor.analyse.causes.SlowStep), those of the step table
+    (one the rings no longer hold has a number of the whole run, and no samples)."""
+    return spike_calls(sites, [(s.rank, s.step) for s in steps if s.where != LOST])
+
+
 @lru_cache(maxsize=4096)
 def call_site(stack: Sequence[str]) -> str:
     """``file.py:LINE in function -> the call it made`` for the innermost frame of the job's
@@ -185,4 +194,5 @@ def _source_call(frame: Frame) -> str | None:
     return None
 
 
-__all__ = ["COVERED", "CallTime", "SpikeCalls", "call_site", "spike_calls", "step_sites"]
+__all__ = ["COVERED", "CallTime", "SpikeCalls", "call_site", "calls_of", "spike_calls",
+           "step_sites"]

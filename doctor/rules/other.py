@@ -6,7 +6,7 @@ import numpy as np
 
 from doctor.analyse.causes import UNEXPLAINED
 from doctor.analyse.evidence import Evidence
-from doctor.analyse.spike_calls import SpikeCalls, spike_calls
+from doctor.analyse.spike_calls import SpikeCalls, calls_of
 from doctor.analyse.spike_content import spike_content
 from doctor.rules.base import rule
 from doctor.verdict import Finding, Fix
@@ -78,8 +78,7 @@ def _unexplained_calls(ev: Evidence) -> SpikeCalls | None:
     slow = ev.slow_steps
     if slow is None or not slow.sites:
         return None
-    return spike_calls(slow.sites, [(s.rank, s.step) for s in slow.steps
-                                    if s.cause == UNEXPLAINED])
+    return calls_of(slow.sites, [s for s in slow.steps if s.cause == UNEXPLAINED])
 
 
 def _pairs_in(ranks: np.ndarray, steps: np.ndarray, known: set[tuple[int, int]]) -> np.ndarray:
