@@ -72,11 +72,11 @@ def _frame(event: dict[str, object]) -> str:
 def convert_chrometrace(proc_dir: Path, rate_hz: float, window: int = 1) -> bool:
     """Turn the chrome trace py-spy wrote for ``proc_dir`` into its raw samples and their
     runs, and remove it; False where there is none or it cannot be read (nothing written)."""
-    from .readback import Unreadable, read_json
+    from .readback import DATA_LIMIT, Unreadable, read_json
 
     trace = proc_dir / stack_times_names(window)[1]
     try:
-        events = read_json(trace)
+        events = read_json(trace, DATA_LIMIT)  # a busy process's trace: as large as raw data
     except Unreadable:
         return False
     finally:
