@@ -63,7 +63,7 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
     stages = run_stages(run, steps)
     whole = whole_run(run, stages.ledger)
     run_s = run.record.duration_s if len(run.record.nodes) <= 1 else None
-    slow, gc = run_slow_steps(run, stages, run_s), run_gc(run, stages, run_s)
+    slow, gc = run_slow_steps(run, stages, run_s, whole), run_gc(run, stages, run_s)
     phases = tuple(phase_summaries(stages.table, stages.phases, stages.loaders, run_s))
     evidence = replace(build_evidence(run, stages), slow_steps=slow, gc=gc or None,
                        phases=phases or None)

@@ -93,6 +93,7 @@ REGISTRY: tuple[ProbeSpec, ...] = (
     ProbeSpec("gc", JOB, ".gc_pauses:GcProbe"),
     ProbeSpec("compile", JOB, ".compile:CompileProbe"),
     ProbeSpec("checkpoints", JOB, ".checkpoints:CheckpointProbe"),
+    ProbeSpec("logging", JOB, ".logging_calls:LoggingProbe"),
     ProbeSpec("host", PARENT, ".host:HostSampler.for_run"),
     ProbeSpec("gpu", PARENT, ".gpu:GpuSampler.for_run"),
     ProbeSpec("stacks", PARENT, ".stacks:PySpyRecorder.for_run"),

@@ -26,8 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..record.after_import import AfterImport, when_imported
-from ..record.patches import Patches
+from ..record.after_import import ImportWraps
 from ..record.session import Session
 from ..store.records import CHECKPOINT_KINDS, checkpoint_key
 from ..verdict import ProbeStatus
@@ -48,8 +47,7 @@ class CheckpointProbe:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._patches = Patches()
-        self._finders: list[AfterImport] = []
+        self._wraps = ImportWraps()
         self._depth = 0
 
     def check(self) -> ProbeStatus:
@@ -59,19 +57,13 @@ class CheckpointProbe:
         import torch
 
         self._wrap(torch, "save", TORCH_SAVE, 1, "f")
-        for module in LAZY:
-            finder = when_imported(module, functools.partial(self._wrap_module, module))
-            if finder is not None:
-                self._finders.append(finder)
+        self._wraps.on_import(LAZY, self._wrap_module)
 
     def sample(self) -> None:
         pass  # the wrapped saves record as the job runs
 
     def stop(self) -> None:
-        for finder in self._finders:
-            finder.remove()
-        self._finders = []
-        self._patches.restore()
+        self._wraps.undo()
 
     def _wrap_module(self, module: str) -> None:
         owner = sys.modules.get(module)
@@ -108,7 +100,7 @@ class CheckpointProbe:
             return out
 
         save._doctor_wrapped = True  # type: ignore[attr-defined]
-        self._patches.put(owner, name, save)
+        self._wraps.patches.put(owner, name, save)
 
 
 def _position(target: Any) -> int | None:

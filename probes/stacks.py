@@ -1,7 +1,8 @@
 """Stacks probe: where the job's processes spend their time, by Python stack samples.
 
 Two recorders write the same thing through the store (doctor.store.stacks: py-spy's raw format,
-and how the samples were taken):
+and how the samples were taken; doctor.store.stack_times: the same samples on the time axis, so
+that a slow step's own samples can be told from the others'):
 
 - py-spy, one ``py-spy record --pid P`` per process (the main process and each DataLoader
   worker), started by the ``doctor run`` parent when a rank's profiler window opens. Never
@@ -12,7 +13,9 @@ and how the samples were taken):
   stops every thread and reads every Python thread's stack: per process, the parent counts its
   threads (and those that run) as its window opens and picks the plan that keeps the pauses
   within budget (doctor.probes.stack_plan): a lower rate for longer, or, past that,
-  ``--nonblocking`` (said in the report, with the under-count it may cause).
+  ``--nonblocking`` (said in the report, with the under-count it may cause). py-spy writes a
+  chrome trace (``--format chrometrace``: its samples with their times), which the parent turns
+  into the raw format and the runs of samples as it reaps py-spy.
 - an in-process sampler thread, when py-spy is missing, refused (a container without
   SYS_PTRACE, Yama, a policy that lets py-spy read a process but not pause it) or failing:
   the parent checks py-spy on a throwaway process before any window opens
@@ -46,7 +49,9 @@ from typing import TYPE_CHECKING
 from ..record.tracer import ENV_PARENT_PID
 from ..store import layout
 from ..store.control import IN_PROCESS, in_process_stacks, post_stacks_mode, read_control
-from ..store.stacks import stacks_output, write_stacks, write_stacks_meta
+from ..store.layout import stack_times_names
+from ..store.stack_times import Run, convert_chrometrace, write_stack_times
+from ..store.stacks import write_stacks, write_stacks_meta
 from ..verdict import ProbeStatus
 from .py_spy import (
     MISSING_HINT,
@@ -130,6 +135,7 @@ class InProcessSampler:
 
     def _run(self) -> None:
         stacks: Counter[tuple[str, ...]] = Counter()
+        runs: list[Run] = []  # runs of identical samples, microseconds from the start
         period = 1.0 / self.rate_hz
         start = self.clock()
         taken = 0
@@ -141,19 +147,32 @@ class InProcessSampler:
             if frame is None:
                 break
             taken += 1
-            stacks[_stack(frame)] += 1
+            stack = _stack(frame)
             del frame
-            if taken % flush_every == 0 and not self._flush(stacks, start, taken):
+            stacks[stack] += 1
+            at = (self.clock() - start) // 1000
+            if runs and runs[-1][2] == stack:
+                runs[-1] = (runs[-1][0], at, stack)
+            else:
+                if runs:
+                    runs[-1] = (runs[-1][0], at, runs[-1][2])
+                runs.append((at, at, stack))
+            if taken % flush_every == 0 and not self._flush(stacks, runs, start, taken):
                 # a DataLoader worker may be ended at any time (os._exit, no atexit): what is
                 # sampled so far is kept on disk; where that fails (a full disk), it stops
                 return
             next_at += period
             time.sleep(max(0.0, next_at - time.monotonic()))
-        self._flush(stacks, start, taken)
+        self._flush(stacks, runs, start, taken)
 
-    def _flush(self, stacks: Counter[tuple[str, ...]], start: int, taken: int) -> bool:
-        """Write the samples so far; False where they could not be written."""
+    def _flush(self, stacks: Counter[tuple[str, ...]], runs: list[Run], start: int,
+               taken: int) -> bool:
+        """Write the samples so far, and their runs (the last one lasting a period);
+        False where they could not be written."""
+        last = round(1e6 / self.rate_hz)
         try:
+            write_stack_times(self.proc_dir, [*runs[:-1], *((r[0], r[1] + last, r[2])
+                                                             for r in runs[-1:])])
             write_stacks(self.proc_dir, stacks, recorder="in-process", rate_hz=self.rate_hz,
                          start_ns=start, end_ns=self.clock(), taken=taken)
         except OSError:
@@ -257,7 +276,8 @@ class PySpyRecorder:
         cmd = [self.py_spy, "record", "--pid", str(pid), "--rate", str(round(plan.rate_hz)),
                "--duration", str(max(1, round(plan.span_s))), "--full-filenames",
                "--idle", "--threads", *([] if plan.blocking else ["--nonblocking"]),
-               "--format", "raw", "--output", str(stacks_output(proc_dir, window))]
+               "--format", "chrometrace",
+               "--output", str(proc_dir / stack_times_names(window)[1])]
         try:
             # py-spy prints its summary ("Samples: N") on stdout, its errors on stderr
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -274,7 +294,9 @@ class PySpyRecorder:
                 still.append((proc, proc_dir, start, plan, window))
                 continue
             err = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-            if proc.returncode != 0 and not stacks_output(proc_dir, window).is_file():
+            # py-spy's chrome trace becomes the raw samples and their times (stack_times)
+            converted = convert_chrometrace(proc_dir, plan.rate_hz, window)
+            if proc.returncode != 0 and not converted:
                 if window > 1:
                     continue  # a later window's samples only: the first's recorder stays
                 if not self.fallback_reason:

@@ -70,7 +70,7 @@ SLOWEST_LABEL = "slowest step of each bucket"
 RANGE_LABEL = "shortest to mean step"
 ANALYSED_LABEL = "steps analysed (the newest)"
 SLOW_LABEL, STALL_LABEL = "slow step", "long stall"
-_PHASE_COLORS = {LABELS[k]: c for k, c in zip(PHASES, ("#2ca02c", "#8c564b", "#17becf"),
+_PHASE_COLORS = {LABELS[k]: c for k, c in zip(PHASES, ("#2ca02c", "#8c564b", "#17becf", "#bcbd22"),
                                               strict=True)}
 _MARK_LABELS = (WARMUP_LABEL, WINDOW_LABEL, SAMPLING_LABEL, *_PHASE_COLORS, SLOW_LABEL,
                 STALL_LABEL, ANALYSED_LABEL)

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from doctor.analyse.analysis import Analysis, Sections
-from doctor.analyse.causes import SlowSteps
+from doctor.analyse.causes import CauseGroup, SlowSteps
 from doctor.analyse.comm_model import ScalePoint, WhatIf
 from doctor.analyse.comms import CommModel, Link, RankComms
 from doctor.analyse.gpus import GpuSummary
@@ -25,6 +25,7 @@ from doctor.analyse.memory import MemoryEvidence, RankMemory
 from doctor.analyse.memory_growth import Growth, WorkerGrowth
 from doctor.analyse.ops import RankOps
 from doctor.analyse.roofline import Roofs
+from doctor.analyse.spike_calls import calls_of
 from doctor.store.redact import redact_argv
 from doctor.verdict import plain
 
@@ -177,6 +178,12 @@ def scale_point_data(p: ScalePoint) -> dict[str, Any]:
             "exposed_share": p.shown_exposed_share, "across_nodes": p.across_nodes}
 
 
+def _calls(slow: SlowSteps, group: CauseGroup) -> dict[str, Any]:
+    """The calls the stack samples saw in a group's slow steps (doctor.analyse.spike_calls)."""
+    calls = calls_of(slow.sites, group.steps)
+    return calls.to_evidence() if calls is not None else {}
+
+
 def slow_steps_data(slow: SlowSteps, most: int = 50) -> dict[str, Any]:
     """The verdict's ``slow_steps``: the groups by cause, then the slow steps (the longest
     ``most``) each with its cause."""
@@ -185,7 +192,8 @@ def slow_steps_data(slow: SlowSteps, most: int = 50) -> dict[str, Any]:
                         "steps": g.count, "over_median_s": round(g.over_s, 4),
                         "share_of_run": round(g.share, 4),
                         "share_of_steps": round(g.steps_share, 4),
-                        "cause_s": round(g.lost_s, 4)}
+                        "cause_s": round(g.lost_s, 4),
+                        **_calls(slow, g)}
                        for g in slow.groups],
             "steps": [s.to_dict() for s in sorted(longest, key=lambda s: (s.rank, s.step))],
             "total": len(slow.steps)}

@@ -1,16 +1,17 @@
 """The phases beside the training steps, one line each (the terminal summary and the report's
-step-time section): evaluation passes, checkpoints and epoch starts, with their count, time
-each, share of the run and what they were (doctor.analyse.analysis.Sections' ``phases``; the
-figures are worked out there, formatted here)."""
+step-time section): evaluation passes, checkpoints, epoch starts and logging calls, with their
+count, time each, share of the run and what they were (doctor.analyse.analysis.Sections'
+``phases``; the figures are worked out there, formatted here)."""
 
 from __future__ import annotations
 
 from doctor.analyse.analysis import Sections
 from doctor.analyse.phase_steps import PhaseSummary
-from doctor.analyse.phases import CHECKPOINT, EVALUATION
+from doctor.analyse.phases import CHECKPOINT, EVALUATION, LOGGING
 from doctor.units import human_bytes
 
-NOUNS = {EVALUATION: ("pass", "passes"), CHECKPOINT: ("save", "saves")}
+NOUNS = {EVALUATION: ("pass", "passes"), CHECKPOINT: ("save", "saves"),
+         LOGGING: ("call", "calls")}
 
 
 def phase_line(p: PhaseSummary) -> str:
@@ -21,6 +22,8 @@ def phase_line(p: PhaseSummary) -> str:
         what = f" of {p.batches:.0f} batches"
     elif p.kind == CHECKPOINT and p.bytes and p.bytes_s:
         what = f" of {human_bytes(p.bytes / p.count)} at {human_bytes(p.bytes_s)}/s"
+    elif p.kind == LOGGING and p.libraries:
+        what = f" ({p.libraries})"
     elif p.num_workers is not None:
         what = f" ({p.num_workers} workers, persistent_workers={p.persistent_workers})"
     listed = ", ".join(str(s) for s in p.steps[:5]) + (", ..." if len(p.steps) > 5 else "")

@@ -1,5 +1,6 @@
 """The slow steps by cause, one line per cause (the terminal summary and the report's step-time
-section): how many steps, their time over the median and its share of the run, and the
+section): how many steps, their time over the median and its share of the run (for those with
+no known cause, the calls their stack samples were in: doctor.analyse.spike_calls), and the
 garbage collector's pauses over the run (doctor.analyse.analysis.Sections' ``slow_steps`` and
 ``gc``; the figures are worked out there, formatted here)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from doctor.analyse.analysis import Sections
 from doctor.analyse.causes import UNEXPLAINED
+from doctor.analyse.spike_calls import calls_of
 
 SAID_SHARE = 0.01  # the collector's line, where it paused 1 % of the run or more (or slow steps)
 
@@ -24,6 +26,10 @@ def slow_step_lines(sections: Sections) -> list[str]:
         lines.append(f"slow steps, {what}{machine}: {g.count} (step{'s' if len(steps) > 1 else ''}"
                      f" {shown}), {g.over_s:.2f} s over the median step, {g.share:.1%} of the "
                      "run")
+        calls = calls_of(slow.sites, g.steps) \
+            if slow is not None and g.cause == UNEXPLAINED else None
+        if calls is not None:
+            lines.append(f"  stack samples of {calls.steps} of them: {calls.words()}")
     for c in list(sections.gc.values())[:1]:
         if c.collections is None or (c.share < SAID_SHARE and not lines):
             continue  # a collector that paused the run for next to nothing goes unsaid

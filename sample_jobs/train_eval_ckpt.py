@@ -1,19 +1,24 @@
 """A CPU job as real training runs are: an MLP trained from a DataLoader, an evaluation pass
-every ``--eval-every`` steps over its own DataLoader under ``torch.no_grad()``, and a checkpoint
+every ``--eval-every`` steps over its own DataLoader under ``torch.no_grad()``, a checkpoint
 (``torch.save`` of the model and the optimizer) every ``--ckpt-every`` steps, over several
-epochs of its training set.
+epochs of its training set, and, with ``--log-every N``, the loss logged every N steps through
+Python's logging to a deliberately slow handler (``--log-ms`` a record: a blocking write to a
+slow remote service).
 
-Switches: ``--no-eval`` and ``--no-ckpt`` remove the phases; the training steps are the same
-either way, so doctor's verdict over the training steps should be too.
+Switches: ``--no-eval`` and ``--no-ckpt`` remove the phases, ``--log-every 0`` (the default)
+the logging; the training steps are the same either way, so doctor's verdict over the training
+steps should be too.
 
-The job times its own evaluation passes and saves, and prints them with its step times, one
-JSON line at the end: ``eval_s``/``eval_passes``/``eval_share`` and ``ckpt_s``/``ckpts``/
-``ckpt_share``/``ckpt_bytes`` (shares of the loop's time).
+The job times its own evaluation passes, saves and logging calls, and prints them with its step
+times, one JSON line at the end: ``eval_s``/``eval_passes``/``eval_share``, ``ckpt_s``/
+``ckpts``/``ckpt_share``/``ckpt_bytes`` and ``log_s``/``log_calls``/``log_share`` (shares of
+the loop's time).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -45,6 +50,21 @@ def evaluate(model: nn.Module, loader: DataLoader) -> float:
     return correct
 
 
+class SlowRemoteHandler(logging.Handler):
+    """Writes each record to a file, then waits ``seconds``: a handler that sends to a slow
+    remote service and blocks until it answers."""
+
+    def __init__(self, path: str, seconds: float) -> None:
+        super().__init__()
+        self.path = path
+        self.seconds = seconds
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with open(self.path, "a") as f:
+            f.write(self.format(record) + "\n")
+        time.sleep(self.seconds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=250)
@@ -60,6 +80,10 @@ def main() -> None:
     ap.add_argument("--no-eval", action="store_true", help="remove the evaluation passes")
     ap.add_argument("--no-ckpt", action="store_true", help="remove the checkpoints")
     ap.add_argument("--ckpt-dir", default=None, help="where to save (a temporary folder)")
+    ap.add_argument("--log-every", type=int, default=0,
+                    help="log the loss every N steps (0: no logging)")
+    ap.add_argument("--log-ms", type=float, default=40.0,
+                    help="what each log record costs its handler (ms)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -74,8 +98,12 @@ def main() -> None:
                               persistent_workers=args.persistent and args.workers > 0)
     val_loader = DataLoader(val, batch_size=args.batch)
     folder = args.ckpt_dir or tempfile.mkdtemp(prefix="doctor-ckpt-")
-    eval_s = ckpt_s = 0.0
-    passes = saves = written = 0
+    logger = logging.getLogger("train_eval_ckpt")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(SlowRemoteHandler(os.path.join(folder, "train.log"), args.log_ms / 1e3))
+    eval_s = ckpt_s = log_s = 0.0
+    passes = saves = written = logs = 0
     timer = StepTimer()
     step = 0
     try:
@@ -88,6 +116,12 @@ def main() -> None:
                 opt.step()
                 timer.train(time.perf_counter() - t0)
                 step += 1
+                if args.log_every and step % args.log_every == 0:
+                    value = loss.item()
+                    t0 = time.perf_counter()
+                    logger.info("step %d loss %.4f", step, value)
+                    log_s += time.perf_counter() - t0
+                    logs += 1
                 if not args.no_eval and step % args.eval_every == 0:
                     t0 = time.perf_counter()
                     evaluate(model, val_loader)
@@ -110,7 +144,8 @@ def main() -> None:
     loop_s = time.perf_counter() - timer.t_start
     timer.report(eval_s=round(eval_s, 4), eval_passes=passes, eval_share=round(eval_s / loop_s, 4),
                  ckpt_s=round(ckpt_s, 4), ckpts=saves, ckpt_share=round(ckpt_s / loop_s, 4),
-                 ckpt_bytes=written)
+                 ckpt_bytes=written, log_s=round(log_s, 4), log_calls=logs,
+                 log_share=round(log_s / loop_s, 4))
 
 
 if __name__ == "__main__":

@@ -13,14 +13,18 @@ finding.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
-from doctor.analyse.causes import Cause, SlowSteps, slow_steps
+from doctor.analyse.causes import Cause, SlowSteps, slow_steps, with_lost
 from doctor.analyse.compiles import compile_cause
 from doctor.analyse.gc_pauses import GcSummary, gc_cause, gc_summaries
+from doctor.analyse.lost_slow_steps import lost_slow_steps
 from doctor.analyse.machine_load import machine_cause
 from doctor.analyse.phase_steps import phase_causes
+from doctor.analyse.spike_calls import step_sites
 from doctor.analyse.stages import Stages
 from doctor.analyse.stalls import export_seconds
+from doctor.analyse.whole_run import WholeRun
 from doctor.store.rundata import RunData
 
 CauseSource = Callable[[RunData, Stages], "Cause | None"]
@@ -38,10 +42,18 @@ def find_causes(run: RunData, stages: Stages) -> list[Cause]:
             *phase_causes(stages.phases)]
 
 
-def run_slow_steps(run: RunData, stages: Stages, run_s: float | None) -> SlowSteps:
-    """The run's slow steps, each with its cause (doctor.analyse.causes.slow_steps)."""
-    return slow_steps(stages.table, find_causes(run, stages), export_seconds(stages.ranks),
-                      run_s)
+def run_slow_steps(run: RunData, stages: Stages, run_s: float | None,
+                   whole: WholeRun | None = None) -> SlowSteps:
+    """The run's slow steps, each with its cause (doctor.analyse.causes.slow_steps), the calls
+    that the stack samples saw in those they cover (doctor.analyse.spike_calls), and, where the
+    rings hold only the run's newest steps, the slow steps of the others (``whole``'s buckets:
+    doctor.analyse.lost_slow_steps)."""
+    causes = find_causes(run, stages)
+    slow = slow_steps(stages.table, causes, export_seconds(stages.ranks), run_s)
+    sites = step_sites(run, stages.ranks, stages.table,
+                       ((s.rank, s.step, s.start_s, s.seconds) for s in slow.steps))
+    lost, lost_s = lost_slow_steps(whole, stages.table, causes)
+    return with_lost(replace(slow, sites=sites) if sites else slow, lost, lost_s)
 
 
 def run_gc(run: RunData, stages: Stages, run_s: float | None) -> dict[int, GcSummary]:

@@ -28,6 +28,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from doctor.analyse.spike_calls import spike_calls
 from doctor.analyse.stalls import (
     ANALYSED,
     IN_WINDOW,
@@ -37,6 +38,7 @@ from doctor.analyse.stalls import (
     STALL_FACTOR,
     rank_walls,
 )
+from doctor.analyse.whole_run import LOST
 from doctor.verdict import Finding, Fix
 
 SPIKE = 3.0  # a step this many times its rank's median is slow (doctor.rules.other's spikes)
@@ -113,7 +115,8 @@ class SlowStep:
     start_s: float
     seconds: float
     median_s: float
-    where: str  # doctor.analyse.stalls: ANALYSED, SAMPLING, IN_WINDOW or LEFT_OUT
+    where: str  # doctor.analyse.stalls: ANALYSED, SAMPLING, IN_WINDOW or LEFT_OUT; or
+    # doctor.analyse.whole_run's LOST: a step the rings no longer hold (numbered over the run)
     stall: bool  # a long stall too (doctor.analyse.stalls)
     cause: str  # the cause that took most of it, or UNEXPLAINED
     lost: Mapping[str, float] = field(default_factory=dict)  # cause -> seconds it took here
@@ -160,17 +163,22 @@ class SlowSteps:
     causes: Mapping[str, Cause]
     whole_s: float  # the time the shares are of (the run's, summed over ranks)
     steps_s: float = 0.0  # the steps' time after warm-up, summed over ranks
+    #: (rank, step) -> its extra seconds per call site, for the slow steps the stack samples
+    #: cover (doctor.analyse.spike_calls)
+    sites: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
 
     def cause_of(self, rank: int, step: int) -> str | None:
-        """The cause of a slow step (UNEXPLAINED where none), None for a step that is not."""
+        """The cause of a slow step of the step table (UNEXPLAINED where none), None for a
+        step that is not."""
         for s in self.steps:
-            if s.rank == rank and s.step == step:
+            if s.rank == rank and s.step == step and s.where != LOST:
                 return s.cause
         return None
 
     def explained(self) -> set[tuple[int, int]]:
-        """(rank, step) of each slow step that has a cause."""
-        return {(s.rank, s.step) for s in self.steps if s.cause != UNEXPLAINED}
+        """(rank, step) of each slow step of the step table that has a cause."""
+        return {(s.rank, s.step) for s in self.steps if s.cause != UNEXPLAINED
+                and s.where != LOST}
 
     def group(self, cause: str) -> CauseGroup | None:
         return next((g for g in self.groups if g.cause == cause), None)
@@ -200,15 +208,16 @@ def slow_steps(table: pd.DataFrame, causes: Sequence[Cause],
         numbers, starts = rows["step"].to_numpy(), rows["start_s"].to_numpy(np.float64)
         flags = {c: rows[c].to_numpy(bool) for c in ("in_window", "analyzed", "sampled")}
         for i in np.flatnonzero(slow):
-            found.append(_attributed(rank, int(numbers[i]), float(starts[i]), float(wall[i]),
-                                     median, _where(*(bool(f[i]) for f in flags.values())),
-                                     bool(stall[i]), causes))
+            found.append(attributed(rank, int(numbers[i]), float(starts[i]), float(wall[i]),
+                                    median, _where(*(bool(f[i]) for f in flags.values())),
+                                                    bool(stall[i]), causes))
     return SlowSteps(tuple(found), _groups(found, causes, whole, steps_s),
                      {c.name: c for c in causes}, whole, steps_s)
 
 
-def _attributed(rank: int, step: int, t0: float, seconds: float, median: float, where: str,
-                stall: bool, causes: Sequence[Cause]) -> SlowStep:
+def attributed(rank: int, step: int, t0: float, seconds: float, median: float, where: str,
+               stall: bool, causes: Sequence[Cause]) -> SlowStep:
+    """A slow step with the cause among ``causes`` that took most of it, or UNEXPLAINED."""
     over = max(seconds - median, 1e-12)
     lost: dict[str, float] = {}
     words: dict[str, tuple[str, ...]] = {}
@@ -242,15 +251,31 @@ def _groups(steps: list[SlowStep], causes: Sequence[Cause], whole: float, steps_
     return tuple(sorted(out, key=lambda g: (g.cause == UNEXPLAINED, -g.over_s)))
 
 
+def with_lost(slow: SlowSteps, lost: Sequence[SlowStep], lost_s: float) -> SlowSteps:
+    """``slow`` with the slow steps found among the steps the rings no longer hold
+    (doctor.analyse.lost_slow_steps) and those steps' time (``lost_s``) added: the groups
+    regrouped over the whole run."""
+    if not lost:
+        return slow
+    steps = [*slow.steps, *lost]
+    steps_s = slow.steps_s + lost_s
+    return replace(slow, steps=tuple(steps), steps_s=steps_s,
+                   groups=_groups(steps, list(slow.causes.values()), slow.whole_s, steps_s))
+
+
 def with_causes(findings: list[Finding], slow: SlowSteps) -> list[Finding]:
     """The long-stall findings (doctor.analyse.stalls), each with its step's cause where one is
-    known: said after its title, and in its evidence (``cause``, ``what``)."""
+    known: said after its title, and in its evidence (``cause``, ``what``); where none is, the
+    calls its stack samples were in (doctor.analyse.spike_calls), where it was sampled."""
     out = []
     for f in findings:
         step = next((s for s in slow.steps if s.rank == f.evidence.get("rank")
-                     and s.step == f.evidence.get("step")), None)
+                     and s.step == f.evidence.get("step") and s.where != LOST), None)
         if step is None or step.cause == UNEXPLAINED:
-            out.append(f)
+            calls = spike_calls(slow.sites, [(step.rank, step.step)]) if step else None
+            out.append(f if calls is None else replace(
+                f, title=f"{f.title}; its stack samples: {calls.words()}",
+                evidence={**f.evidence, **calls.to_evidence()}))
             continue
         cause = slow.causes.get(step.cause)
         label = cause.label if cause else step.cause
@@ -273,5 +298,5 @@ def _where(in_window: bool, analyzed: bool, sampled: bool) -> str:
 
 
 __all__ = ["EXPLAINS", "MIN_PART", "SPIKE", "UNEXPLAINED", "Cause", "CauseGroup",
-           "Intervals", "SlowStep", "SlowSteps", "slow_steps",
-           "with_causes"]
+           "Intervals", "SlowStep", "SlowSteps", "attributed", "slow_steps",
+           "with_causes", "with_lost"]

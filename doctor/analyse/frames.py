@@ -196,6 +196,13 @@ def classify(stack: tuple[str, ...], scope: re.Pattern[str],
     return "preprocess", _label(user) if user else "collate/fetch"
 
 
+def is_user_code(frame: Frame) -> bool:
+    """A frame of the job's own code: not a library (site-packages), the standard library,
+    the interpreter's (``<frozen ...>``) or doctor's own bookkeeping."""
+    return bool(frame.path) and not frame.path.startswith("<") and \
+        not _SITE.match(frame.path) and not _OWN.search(frame.file)
+
+
 def _call_rules_first(rules: tuple[FrameRule, ...]) -> tuple[FrameRule, ...]:
     """On one frame, what its source line calls decides before the file it is in: PIL's
     ``fp.read(...)`` is a read (io), its ``decoder.decode(...)`` is decode."""

@@ -24,11 +24,13 @@ from doctor.analyse.phases import (
     CHECKPOINT,
     EVALUATION,
     LABELS,
+    LOGGING,
     PHASES,
     TRAIN,
     PhasePieces,
     RankPhases,
     checkpoint_kind,
+    log_library,
 )
 from doctor.trace.intervals import overlap_per_span, union
 from doctor.units import human_bytes
@@ -99,6 +101,7 @@ class PhaseSummary:
     kinds: tuple[str, ...] = ()  # how the checkpoints were saved
     num_workers: int | None = None  # the training loader's workers (epoch starts)
     persistent_workers: bool | None = None
+    libraries: str | None = None  # the libraries that logged ("logging, tensorboard")
 
     @property
     def label(self) -> str:
@@ -120,7 +123,7 @@ class PhaseSummary:
             "share_of_steps": round(self.share_of_steps, 4), "steps": list(self.steps)}
         extra = {"batches_per_pass": self.batches, "bytes": self.bytes,
                  "write_bytes_per_s": self.bytes_s, "num_workers": self.num_workers,
-                 "persistent_workers": self.persistent_workers}
+                 "persistent_workers": self.persistent_workers, "libraries": self.libraries}
         out.update({k: (round(v, 2) if isinstance(v, float) else v)
                     for k, v in extra.items() if v is not None})
         if self.kinds:
@@ -140,9 +143,9 @@ def phase_summaries(table: pd.DataFrame, phases: Mapping[int, RankPhases],
         whole = run_s if run_s and run_s > 0 else _span(rows, found)
         for kind in PHASES:
             p = found.phases.get(kind)
-            if p is None or not p.count:
+            if p is None or not (p.count or (kind == LOGGING and found.logging)):
                 continue
-            each = p.seconds(1.0)
+            each = p.seconds(1.0) if p.count else np.zeros(1)
             inside = float(_overlap(p, np.array([first]), np.array([last]))[0]) \
                 if last > first else 0.0
             marked = rows.loc[rows["phase"] == kind, "step"].tolist() if "phase" in rows else []
@@ -151,8 +154,21 @@ def phase_summaries(table: pd.DataFrame, phases: Mapping[int, RankPhases],
                 longest_s=float(each.max()), share=float(each.sum()) / whole if whole > 0
                 else 0.0, in_steps_s=inside, steps_s=max(last - first, 0.0),
                 steps=tuple(int(s) for s in marked[:LISTED]))
-            out.append(_what(base, p, each, found, loaders))
+            out.append(_logged(base, found, whole) if kind == LOGGING else
+                       _what(base, p, each, found, loaders))
     return out
+
+
+def _logged(base: PhaseSummary, found: RankPhases, whole: float) -> PhaseSummary:
+    """The logging phase as the probe counted it: every call and its time, short ones too
+    (the pieces hold only the calls of 1 ms or more); its time is the training thread's, so
+    within the steps' span."""
+    if found.logging is None:
+        return base
+    calls, seconds, libraries = found.logging
+    share = seconds / whole if whole > 0 else 0.0
+    return replace(base, count=int(calls), seconds=seconds, share=share,
+                   in_steps_s=min(seconds, base.steps_s), libraries=libraries or None)
 
 
 def _what(base: PhaseSummary, p: PhasePieces, each: np.ndarray, found: RankPhases,
@@ -205,6 +221,9 @@ def _words(p: PhasePieces) -> list[str]:
         return [f"{checkpoint_kind(k)}" + (f", {human_bytes(b)}" if b == b else "")
                 + f", {s:.2f} s" for k, b, s in zip(p.detail["how"], p.detail["bytes"], each,
                                                      strict=True)]
+    if p.kind == LOGGING:
+        return [f"a {log_library(k)} call, {s:.2f} s"
+                for k, s in zip(p.detail["library"], each, strict=True)]
     return [f"epoch start, {s:.2f} s" for s in each]
 
 

@@ -10,6 +10,9 @@ passes, checkpoints and epoch starts (each rank's training process).
   backward, an optimizer step, a checkpoint), or its loader's end where none follows.
 - **Checkpoints**: each save the checkpoints probe recorded (doctor.probes.checkpoints), with
   the bytes written where known.
+- **Logging**: each logging or metrics call of 1 ms or more the logging probe recorded
+  (doctor.probes.logging_calls), with its library; every call's count and time, short ones
+  included, come from the probe's counts (RankPhases' ``logging``).
 - **Epoch starts**: each iterator of the training loader after its first (not an evaluation
   pass's): the call that found the loader exhausted (workers shut down), the iterator made
   (workers started), and the first batch's wait beyond the median training batch's.
@@ -24,20 +27,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from doctor.analyse.steps import NS, WINDOW, RankSteps
 from doctor.store.records import (
     CHECKPOINT_KINDS,
     LOADER_ID_MASK,
     LOADER_NO_GRAD,
+    LOG_KINDS,
     checkpoint_key_parts,
 )
 from doctor.store.rundata import RunData
 
-EVALUATION, CHECKPOINT, EPOCH_START = "evaluation", "checkpoint", "epoch_start"
-PHASES = (EVALUATION, CHECKPOINT, EPOCH_START)
+EVALUATION, CHECKPOINT, EPOCH_START, LOGGING = "evaluation", "checkpoint", "epoch_start", \
+    "logging"
+PHASES = (EVALUATION, CHECKPOINT, EPOCH_START, LOGGING)
 TRAIN = "train"  # the phase of a training step
-LABELS = {EVALUATION: "evaluation", CHECKPOINT: "checkpoints", EPOCH_START: "epoch starts"}
+LABELS = {EVALUATION: "evaluation", CHECKPOINT: "checkpoints", EPOCH_START: "epoch starts",
+          LOGGING: "logging"}
 MIN_EVAL_BATCHES = 2  # a pass of batches with autograd on holds at least this many
 NEVER = np.iinfo(np.int64).max
 
@@ -91,6 +98,8 @@ class RankPhases:
     rank: int
     phases: dict[str, PhasePieces]
     train_loader: int | None = None
+    #: every logging call of the process, short ones too: (calls, seconds, the libraries)
+    logging: tuple[float, float, str] | None = None
 
 
 def find_phases(run: RunData, r: RankSteps) -> RankPhases:
@@ -127,7 +136,23 @@ def find_phases(run: RunData, r: RankSteps) -> RankPhases:
             CHECKPOINT, [[(int(s), int(e))] for s, e in zip(ckpt[0], ckpt[1], strict=True)],
             bytes=[np.nan if b is None else float(b) for b in written],
             how=[float(k) for k in kinds])
-    return RankPhases(r.rank, out, train_loader)
+    logged = run.intervals_of(proc, "logging")
+    counted = _log_counts(run, proc)
+    if len(logged[0]) or counted is not None:
+        out[LOGGING] = _pieces(
+            LOGGING, [[(int(s), int(e))] for s, e in zip(logged[0], logged[1], strict=True)],
+            library=[float(k) for k in logged[2]])
+    return RankPhases(r.rank, out, train_loader, counted)
+
+
+def _log_counts(run: RunData, proc: tuple[int, int, int]) -> tuple[float, float, str] | None:
+    """The process's logging calls as the probe counted them (None: none counted)."""
+    row = run.rows("processes", proc)
+    if row.empty or "log_calls" not in row or pd.isna(row["log_calls"].iloc[0]) or \
+            pd.isna(row["log_s"].iloc[0]):
+        return None
+    return (float(row["log_calls"].iloc[0]), float(row["log_s"].iloc[0]),
+            str(row["log_libraries"].iloc[0] or ""))
 
 
 def _trained(t0: np.ndarray, t1: np.ndarray, mark_start: np.ndarray) -> np.ndarray:
@@ -224,11 +249,18 @@ def _epoch_starts(waits: tuple[np.ndarray, np.ndarray, np.ndarray], trained: np.
     return _pieces(EPOCH_START, spans)
 
 
+def log_library(code: float) -> str:
+    """The library of a logging call (doctor.store.records.LOG_KINDS)."""
+    i = int(code)
+    return LOG_KINDS[i] if 0 <= i < len(LOG_KINDS) else "logging"
+
+
 def checkpoint_kind(code: float) -> str:
     """The name of a checkpoint's kind of save (doctor.store.records.CHECKPOINT_KINDS)."""
     i = int(code)
     return CHECKPOINT_KINDS[i] if 0 <= i < len(CHECKPOINT_KINDS) else "save"
 
 
-__all__ = ["CHECKPOINT", "EPOCH_START", "EVALUATION", "LABELS", "PHASES", "TRAIN",
-           "PhasePieces", "RankPhases", "checkpoint_kind", "find_phases", "on_ledger"]
+__all__ = ["CHECKPOINT", "EPOCH_START", "EVALUATION", "LABELS", "LOGGING", "PHASES", "TRAIN",
+           "PhasePieces", "RankPhases", "checkpoint_kind", "find_phases", "log_library",
+           "on_ledger"]

@@ -186,7 +186,7 @@ def run_phases(run: RunData, ranks: dict[int, RankSteps]) -> dict[int, RankPhase
         found = find_phases(run, r)
         origin = run.record.t0_ns.get(r.node, 0)
         out[rank] = RankPhases(rank, {k: on_ledger(p, origin) for k, p in found.phases.items()},
-                               found.train_loader)
+                               found.train_loader, found.logging)
     return out
 
 

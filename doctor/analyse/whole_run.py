@@ -60,6 +60,14 @@ class RankRun:
     def mean_s(self) -> np.ndarray:
         return (self.end_s - self.start_s) / np.maximum(self.steps, 1)
 
+    def longest_step(self) -> np.ndarray:
+        """The step number of each bucket's longest step, about: the bucket's other steps at
+        their mean, those after the longest end its bucket."""
+        others = (self.end_s - self.start_s - self.max_s) / np.maximum(self.steps - 1, 1)
+        after = np.round((self.end_s - self.max_end_s) / np.maximum(others, 1e-12))
+        return self.first_step + self.steps - 1 - np.minimum(after, self.steps - 1).astype(
+            np.int64)
+
 
 @dataclass(frozen=True)
 class LostStall:
@@ -170,10 +178,7 @@ def lost_stalls(whole: WholeRun, ledger: pd.DataFrame) -> list[LostStall]:
         median = float(np.median(r.mean_s()))
         before = (r.end_s <= first) & (r.max_s >= MIN_STALL_S) & (r.max_s >= STALL_FACTOR
                                                                    * median)
-        # the bucket's other steps at their mean: those after the longest end its bucket
-        others = (r.end_s - r.start_s - r.max_s) / np.maximum(r.steps - 1, 1)
-        after = np.round((r.end_s - r.max_end_s) / np.maximum(others, 1e-12))
-        step = r.first_step + r.steps - 1 - np.minimum(after, r.steps - 1).astype(np.int64)
+        step = r.longest_step()
         found += [LostStall(rank, int(step[i]), float(r.max_s[i]), float(r.max_end_s[i]), median,
                             _during(whole, rank, r.max_end_s[i] - r.max_s[i], r.max_end_s[i]))
                   for i in np.flatnonzero(before)]

@@ -5,12 +5,14 @@ a callback that raises is noted in the process's meta, never raised into the job
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from . import session as session_mod
+from .patches import Patches
 
 if TYPE_CHECKING:
     import importlib.machinery
@@ -67,6 +69,29 @@ def when_imported(name: str, callback: Callable[[], None]) -> AfterImport | None
     finder = AfterImport(name, callback)
     sys.meta_path.insert(0, finder)
     return finder
+
+
+class ImportWraps:
+    """What a probe wraps in libraries the job imports: each module's wrapping runs now where
+    the job imported it already, else right after it does; ``undo`` removes the hooks still
+    waiting and puts every original back (``patches``: where the wrappers are put)."""
+
+    def __init__(self) -> None:
+        self.patches = Patches()
+        self._finders: list[AfterImport] = []
+
+    def on_import(self, modules: Iterable[str], wrap: Callable[[str], None]) -> None:
+        """``wrap(module)`` for each of ``modules`` once the job has imported it."""
+        for module in modules:
+            finder = when_imported(module, functools.partial(wrap, module))
+            if finder is not None:
+                self._finders.append(finder)
+
+    def undo(self) -> None:
+        for finder in self._finders:
+            finder.remove()
+        self._finders = []
+        self.patches.restore()
 
 
 def _note_failure(err: BaseException) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from doctor.analyse.causes import UNEXPLAINED
 from doctor.analyse.evidence import Evidence
+from doctor.analyse.spike_calls import SpikeCalls, calls_of
 from doctor.analyse.spike_content import spike_content
 from doctor.rules.base import rule
 from doctor.verdict import Finding, Fix
@@ -49,6 +51,7 @@ def other_time(ev: Evidence) -> list[Finding]:
         said = "" if not (spikes & caused).any() else " with no known cause"
         extra = {} if not said else {"explained_steps": int((spikes & caused).sum())}
         content = spike_content(ledger, unknown)
+        calls = _unexplained_calls(ev)
         every = f", every {content.every} steps" if content.every else ""
         what = _WHAT.get(content.state or "", "")
         part = content.parts[content.state] if content.parts and content.state else 0.0
@@ -57,14 +60,25 @@ def other_time(ev: Evidence) -> list[Finding]:
             title=f"{int(unknown.sum())} slow steps{said} (over {SPIKE:.0f}x the median"
                   f"{every}) cost {unknown_share:.0%} of the time"
                   + (f"; in their extra time the training thread {what.format(part)}"
-                     if what else ""),
+                     if what else "")
+                  + (f"; stack samples of {calls.steps} of them: {calls.words()}"
+                     if calls else ""),
             evidence={"spike_steps": int(unknown.sum()), "spike_share": unknown_share,
                       "median_step_s": median, "slowest_step_s": float(wall[unknown].max()),
-                      **extra, **content.to_evidence()},
+                      **extra, **content.to_evidence(),
+                      **(calls.to_evidence() if calls else {})},
             fixes=_FIXES.get(content.state or "", (PERIODIC,)),
             estimated_speedup=1.0 / max(1e-9, 1.0 - unknown_share),
         ))
     return findings
+
+
+def _unexplained_calls(ev: Evidence) -> SpikeCalls | None:
+    """Where the stack samples saw the slow steps with no known cause (those they cover)."""
+    slow = ev.slow_steps
+    if slow is None or not slow.sites:
+        return None
+    return calls_of(slow.sites, [s for s in slow.steps if s.cause == UNEXPLAINED])
 
 
 def _pairs_in(ranks: np.ndarray, steps: np.ndarray, known: set[tuple[int, int]]) -> np.ndarray:

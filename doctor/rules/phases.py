@@ -7,7 +7,10 @@ cost MIN_SHARE of the run or more, with the fix that fits it.
   bytes and the write speed measured (its estimate: the saves' time off the loop, an upper bound,
   since the copy to host memory stays), or less often where the saves are already asynchronous;
 - ``phases.epoch_start``: ``persistent_workers=True`` where the training loader's workers start
-  again at every epoch (its estimate: the epoch starts' time off the run).
+  again at every epoch (its estimate: the epoch starts' time off the run);
+- ``phases.logging``: log less often, hand the writing to a background thread, and read the
+  loss off the device once per log, not once per step (its estimate: half the calls' time off
+  the run).
 
 Each estimate is the run's time over the run's time less what the fix saves. The rank whose
 phase cost most speaks for the job.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.phase_steps import PhaseSummary
-from doctor.analyse.phases import CHECKPOINT, EPOCH_START, EVALUATION
+from doctor.analyse.phases import CHECKPOINT, EPOCH_START, EVALUATION, LOGGING
 from doctor.rules.base import rule
 from doctor.units import human_bytes
 from doctor.verdict import Finding, Fix
@@ -50,6 +53,29 @@ SAVE_LESS = Fix(
     why="The saves are asynchronous already; what is left on the loop is the copy to host "
         "memory at each save.",
     code="if step % (2 * SAVE_EVERY) == 0:\n    ...")
+
+
+LOG_LESS = Fix(
+    title="Log every N steps, and read the loss once per log",
+    why="Each logging call runs on the training thread: formatting, the handlers' writes, a "
+        "metrics client's serialisation. Logging every N steps divides that by N; summing the "
+        "loss on the device and calling .item() only when logging also avoids a device sync per "
+        "step.",
+    code="running = torch.zeros((), device=device)\n...\nrunning += loss.detach()\n"
+         "if step % LOG_EVERY == 0:\n"
+         "    writer.add_scalar(\"loss\", (running / LOG_EVERY).item(), step)  # one sync\n"
+         "    running.zero_()")
+LOG_ASYNC = Fix(
+    title="Write logs from a background thread",
+    why="A handler that writes to a file, a socket or a remote service blocks the loop for as "
+        "long as the write takes. A QueueHandler only puts the record in a queue; a "
+        "QueueListener thread does the writing. TensorBoard's SummaryWriter already writes "
+        "from a thread: leave flush() to it (flush_secs) rather than calling it in the loop.",
+    code="import logging, logging.handlers, queue\n\nq = queue.SimpleQueue()\n"
+         "listener = logging.handlers.QueueListener(q, *logger.handlers)\n"
+         "logger.handlers = [logging.handlers.QueueHandler(q)]\nlistener.start()\n"
+         "# TensorBoard: SummaryWriter(log_dir, max_queue=1000, flush_secs=120); no flush() "
+         "per step")
 
 
 def _speedup(whole: float, saved: float) -> float:
@@ -126,4 +152,22 @@ def phase_findings(ev: Evidence) -> list[Finding]:
                 apply={"dataloader": {"persistent_workers": True}},
                 estimated_speedup=speedup),),
             estimated_speedup=speedup))
+    p = _worst(ev, LOGGING)
+    if p is not None:
+        out.append(logging_finding(p))
     return out
+
+
+def logging_finding(p: PhaseSummary) -> Finding:
+    """The logging phase: its calls, their time and share, the fixes that cut it."""
+    speedup = _speedup(_whole(p), p.seconds / 2)
+    libraries = f" ({p.libraries})" if p.libraries else ""
+    apart = " (its slow steps left out of the training shares)" if p.steps else ""
+    return Finding(
+        id="phases.logging", category="other", severity=_severity(p),
+        title=f"Logging: {_times(p.count, 'call', 'calls')}{libraries}, {p.seconds:.2f} s, "
+              f"{p.share:.0%} of the run{apart}",
+        evidence=_evidence(p),
+        fixes=(Fix(LOG_LESS.title, LOG_LESS.why, LOG_LESS.code, estimated_speedup=speedup),
+               LOG_ASYNC),
+        estimated_speedup=speedup)

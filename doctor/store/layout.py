@@ -132,6 +132,13 @@ def stacks_names(window: int) -> tuple[str, str]:
                                                           f"stacks-{window}.json")
 
 
+def stack_times_names(window: int) -> tuple[str, str]:
+    """(the main thread's samples on a time axis, py-spy's chrome trace they are made from) of
+    the stacks sampled beside the ``window``-th window."""
+    return (("stack-times.txt", "stacks-trace.json") if window <= 1 else
+            (f"stack-times-{window}.txt", f"stacks-trace-{window}.json"))
+
+
 def later_stacks(proc_dir: Path) -> list[int]:
     """The numbers N of the later windows whose stacks a process folder holds (stacks-N.json)."""
     found = (_LATER_STACKS.match(p.name) for p in proc_dir.glob("stacks-*.json"))

@@ -191,3 +191,19 @@ def gc_totals(gc: Any) -> dict[str, float | None]:
             "gc_full": float(known[2] if len(known) > 2 else 0),
             "gc_pause_s": sum(paused) * 1e-9,
             "gc_longest_s": longest * 1e-9 if longest is not None and longest >= 0 else None}
+
+
+def log_totals(logging: Any) -> dict[str, float | str | None]:
+    """A process's logging calls (doctor.probes.logging_calls, meta.json ``logging``): how many,
+    their time in seconds, and the libraries that made them ("logging, tensorboard"); None each
+    where it did not say (no call, an older doctor, a process that never closed)."""
+    record = as_dict(logging)
+    kinds = [k for k in as_list(record.get("kinds")) if isinstance(k, str)]
+    calls = [as_int(c) for c in as_list(record.get("calls"))]
+    took = [as_float(t) for t in as_list(record.get("took_ns"))]
+    if not kinds or len(calls) != len(kinds) or len(took) != len(kinds) or \
+            any(c is None or c < 0 for c in calls) or any(t is None or t < 0 for t in took):
+        return {"log_calls": None, "log_s": None, "log_libraries": None}
+    return {"log_calls": float(sum(c or 0 for c in calls)),
+            "log_s": sum(t or 0.0 for t in took) * 1e-9,
+            "log_libraries": ", ".join(k for k, c in zip(kinds, calls, strict=True) if c)}

@@ -81,6 +81,7 @@ class ProcessMeta:
     memory_at_start: Mapping[str, Any] = field(default_factory=dict)
     memory_at_end: Mapping[str, Any] = field(default_factory=dict)
     gc: Mapping[str, Any] = field(default_factory=dict)  # the collector's counts (probes.gc)
+    logging: Mapping[str, Any] = field(default_factory=dict)  # logging calls (logging_calls)
     # doctor try (doctor.record.overrides, doctor.record.stop)
     tried: Mapping[str, Any] = field(default_factory=dict)  # setting -> what was applied
     tried_errors: tuple[str, ...] = ()
@@ -118,7 +119,8 @@ class ProcessMeta:
             autocast=_records(meta.get("autocast")), scalers=_records(meta.get("scalers")),
             compile_causes=record("compile_causes"), model_state=record("model_state"),
             saved_tensors=record("saved_tensors"), memory_at_start=record("memory_at_start"),
-            memory_at_end=record("memory_at_end"), gc=record("gc"), tried=record("tried"),
+            memory_at_end=record("memory_at_end"), gc=record("gc"), logging=record("logging"),
+            tried=record("tried"),
             tried_errors=tuple(e for e in as_list(meta.get("tried_errors"))
                                if isinstance(e, str)),
             stopped_at_step=as_int(meta.get("stopped_at_step")), stopped_ns=number("stopped_ns"))

@@ -25,6 +25,7 @@ from doctor.errors import (
     WindowUnavailable,
 )
 from doctor.store import layout
+from doctor.store.layout import pid_of
 from doctor.store.records import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, INTERVAL_RINGS
 from doctor.store.ringbuffer import VERSION as RING_VERSION
 from doctor.store.ringbuffer import read_ring
@@ -46,6 +47,7 @@ from doctor.store.samples import (
     read_memory,
     read_others,
 )
+from doctor.store.stack_times import read_stack_times
 from doctor.store.stacks import (
     DEFAULT_RATE_HZ,
     MAIN_THREAD,
@@ -62,6 +64,7 @@ from .meta_rows import (
     ddp_rows,
     gc_totals,
     loader_rows,
+    log_totals,
     model_state_rows,
     optimizer_rows,
     sharding_rows,
@@ -105,6 +108,7 @@ def _load_node(run_dir: Path) -> RunData:
     spans: list[dict[str, Any]] = []
     later_stacks: list[dict[str, Any]] = []
     later_spans: list[dict[str, Any]] = []
+    stack_times: list[dict[str, Any]] = []
     windows: list[pd.DataFrame] = []
     later: list[pd.DataFrame] = []
     window_status: list[dict[str, Any]] = []
@@ -143,6 +147,7 @@ def _load_node(run_dir: Path) -> RunData:
         statuses = _with_stopped_rings(statuses, proc_dir, who, problems)
         for n in (1, *layout.later_stacks(proc_dir)):
             rows, span = _stacks(proc_dir, who, n, problems)
+            stack_times += _stack_times(proc_dir, who, n, span)
             if n == 1:
                 stacks += rows
                 spans += [span] if span is not None else []
@@ -186,6 +191,7 @@ def _load_node(run_dir: Path) -> RunData:
         "optimizers": optimizers, "amp": amp, "compile_causes": compile_causes,
         "window_events": _concat(window_events), "later_windows": _concat(later),
         "later_stacks": later_stacks, "later_stack_spans": later_spans,
+        "stack_times": stack_times,
         "others": read_others(run_dir, problems).assign(node=0),
         "run_steps": _concat(run_steps),
     }
@@ -222,6 +228,18 @@ def _stacks(proc_dir: Path, who: dict[str, Any], window: int, problems: list[str
                   "end_ns": as_int(taken.get("end_ns")) or 0,
                   "taken": as_int(taken.get("taken")) or 0,
                   **{k: _count(taken.get(k)) for k in ("busy_threads", "threads")}}
+
+
+def _stack_times(proc_dir: Path, who: dict[str, Any], window: int,
+                 span: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The main thread's runs of samples beside a process's ``window``-th window, on the
+    shared clock (rows of the stack_times frame); none without the span they are timed from."""
+    runs = read_stack_times(proc_dir, pid_of(proc_dir), window) if span else None
+    if not runs or span is None:
+        return []
+    start = int(span["start_ns"])
+    return [{**who, "t0_ns": start + t0 * 1000, "t1_ns": start + t1 * 1000, "stack": stack,
+             "window": window} for t0, t1, stack in runs]
 
 
 def _later_windows(proc_dir: Path, who: dict[str, Any], problems: list[str]
@@ -308,6 +326,7 @@ def _process_row(who: dict[str, Any], role: str, proc_dir: Path, meta: ProcessMe
             "start_rss_bytes": start.get("rss_bytes"), "start_memory_ns": start.get("t_ns"),
             "end_private_bytes": end.get("private_bytes"), "end_rss_bytes": end.get("rss_bytes"),
             "end_memory_ns": end.get("t_ns"), **gc_totals(meta.gc),
+            **log_totals(meta.logging),
             "framework": meta.framework, "framework_version": meta.framework_version}
 
 

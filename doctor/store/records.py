@@ -36,20 +36,21 @@ RUN_STEPS_RECORD = ("<qqiiqqq", ("t0_ns", "t1_ns", "steps", "kind", "min_ns", "m
                                  "max_t_ns"))
 #: Interval rings a process may hold (step hooks, the DataLoader probe, page faults around the
 #: profiler window: doctor.probes.page_faults, the garbage collector's pauses: doctor.probes.gc,
-#: checkpoints written: doctor.probes.checkpoints; ``loader_iter``: a DataLoader iterator made
+#: checkpoints written: doctor.probes.checkpoints; ``logging``: logging calls of 1 ms or more,
+#: doctor.probes.logging_calls; ``loader_iter``: a DataLoader iterator made
 #: or reset, its epoch's start; ``loader_end``: the call that found the loader exhausted;
 #: ``scale``: a GradScaler's scale as each update left it, ``nonfinite``: a backward() whose
 #: loss was inf or NaN, both read late: see below).
 INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults",
                   "gc", "graph_replay", "scaler", "compile", "checkpoint", "loader_iter",
-                  "loader_end", "scale", "nonfinite")
+                  "loader_end", "scale", "nonfinite", "logging")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
 RING_PROBES = {"steps": "steps", "optimizer": "steps", "run_steps": "steps", "backward": "steps",
                "graph_replay": "steps", "scaler": "steps", "scale": "steps",
                "nonfinite": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
                "loader_iter": "dataloader", "loader_end": "dataloader",
-               "checkpoint": "checkpoints",
+               "checkpoint": "checkpoints", "logging": "logging",
                "events": "torch_ops",
                "page_faults": "page_faults", "gc": "gc", "compile": "compile"}
 
@@ -98,6 +99,9 @@ def loader_key(loader_id: int, grad: bool = True) -> int:
     """The ``loader_wait`` ring's key of a batch of loader ``loader_id`` (-1: unknown)."""
     return (loader_id & LOADER_ID_MASK) | (0 if grad else LOADER_NO_GRAD)
 
+
+# The ``logging`` ring's key (doctor.probes.logging_calls): the library of a logging call.
+LOG_KINDS = ("logging", "tensorboard", "wandb", "mlflow")
 
 # The ``checkpoint`` ring's key: how it was written (CHECKPOINT_KINDS) in its low bits, and
 # above them the KiB written plus one (0: not known, a file object that cannot tell).

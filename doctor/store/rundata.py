@@ -58,7 +58,7 @@ PROCESS_COLUMNS = columns(
     "start_private_bytes start_rss_bytes start_memory_ns end_private_bytes end_rss_bytes "
     "end_memory_ns:float64 device_name:object gc_collections gc_full gc_pause_s "
     "gc_longest_s:float64 "
-    "framework framework_version:object")
+    "framework framework_version:object log_calls log_s:float64 log_libraries:object")
 PROBE_STATUS_COLUMNS = columns(f"{WHO} probe:object ok:bool reason hint:object")
 LOADER_COLUMNS = columns(
     f"{WHO} id num_workers:int64 batch_size:object pin_memory:bool prefetch_factor:object "
@@ -70,6 +70,9 @@ EVENT_COLUMNS = columns(f"{WHO} t_ns event value:int64")
 #: ``thread``: "main" (the process's main thread) or "producer" (threads feeding it a queue)
 STACK_COLUMNS = columns(f"{WHO} stack:object count:int64 thread:object")
 RUN_STEPS_COLUMNS = columns(f"{WHO} t0_ns t1_ns steps kind min_ns max_ns max_t_ns:int64")
+#: The main thread's stack samples on the time axis (doctor.store.stack_times): one row per run
+#: of identical samples, on the shared clock, beside the window-th window.
+STACK_TIME_COLUMNS = columns(f"{WHO} t0_ns t1_ns:int64 stack:object window:int64")
 STACK_SPAN_COLUMNS = columns(f"{WHO} recorder:object rate_hz:float64 start_ns end_ns taken:int64 "
                              "busy_threads threads:float64")
 WINDOW_STATUS_COLUMNS = columns(f"{WHO} ok:bool reason:object events:int64")
@@ -194,6 +197,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "later_windows": LATER_WINDOW_COLUMNS,
     "later_stacks": {**STACK_COLUMNS, "window": "int64"},
     "later_stack_spans": {**STACK_SPAN_COLUMNS, "window": "int64"},
+    "stack_times": STACK_TIME_COLUMNS,
     "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "amp": AMP_COLUMNS,
     "compile_causes": COMPILE_CAUSE_COLUMNS, "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS, "sharding": SHARDING_COLUMNS,
@@ -278,6 +282,8 @@ class RunData:
     - ``later_windows``: the steps of each later profiler window (opened where the run slowed
       down: ``trace-N.json``), as ``window``'s, with the window's number N; ``later_stacks``
       and ``later_stack_spans`` the stacks sampled beside each (``stacks-N.txt``), with N.
+    - ``stack_times``: the main thread's samples of every window on the time axis, as runs of
+      identical samples (doctor.store.stack_times), with the window's number.
     - ``run_steps``: every counted step of each process, in buckets (doctor.record.run_steps).
     """
 
@@ -310,6 +316,7 @@ class RunData:
     later_windows: pd.DataFrame
     later_stacks: pd.DataFrame
     later_stack_spans: pd.DataFrame
+    stack_times: pd.DataFrame
     run_steps: pd.DataFrame
     _by_process: dict[str, dict[Process, pd.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)

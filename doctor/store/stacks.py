@@ -8,7 +8,8 @@ put into a queue (a loader thread the job made itself), less their waits in ``pu
 the sampled span on the shared monotonic clock, and the number of samples taken. Both recorders
 (py-spy from the parent, the in-process sampler) write through here. The stacks sampled beside a
 later window (the N-th, opened where the run slowed down) are ``stacks-N.txt``/``.json``; each
-function takes the window's number (1: the first).
+function takes the window's number (1: the first). The same samples on the time axis, for the
+steps they fell in, are doctor.store.stack_times' ``stack-times.txt``.
 """
 
 from __future__ import annotations

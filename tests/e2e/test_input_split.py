@@ -11,10 +11,12 @@ import sys
 import textwrap
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 from doctor.probes.stacks import InProcessSampler, PySpyRecorder
 from doctor.store.control import in_process_stacks, read_control
+from doctor.store.stack_times import read_stack_times
 from doctor.store.stacks import read_stacks
 from tests.support import LOADER_MAIN_STACK, doctor_cmd, record_loop, write_record
 
@@ -62,6 +64,12 @@ def test_in_process_sampler_counts_blocked_time_too(tmp_path: Path) -> None:
     assert got.taken == got.count > 0
     asleep = sum(n for s, n in got.stacks.items() if s[-1].startswith("busy_then_sleep "))
     assert asleep >= 0.5 * got.count  # 3/4 of the time is spent asleep
+    # the same samples on the time axis: runs in order, each ending where the next begins
+    runs = read_stack_times(tmp_path, main_thread=None)
+    assert runs and all(a[1] == b[0] for a, b in pairwise(runs))
+    took = sum(t1 - t0 for t0, t1, _ in runs)
+    slept = sum(t1 - t0 for t0, t1, s in runs if s[-1].startswith("busy_then_sleep "))
+    assert slept >= 0.5 * took
 
 
 def fake_py_spy(tmp_path: Path, body: str) -> str:

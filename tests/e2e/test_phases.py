@@ -50,3 +50,23 @@ def test_evaluation_and_checkpoints_are_phases_and_the_training_verdict_stays(
     assert checkpoint["bytes"] == pytest.approx(job["ckpt_bytes"], rel=0.01)
     assert "phases.evaluation" in {f["id"] for f in verdict["findings"]}
     assert "evaluation" not in {p["phase"] for p in plain.get("phases", [])}
+
+
+def test_logging_is_a_phase_near_the_job_s_own_timing_and_the_training_verdict_stays(
+        tmp_path: Path) -> None:
+    """The loss logged every 10 steps through a handler that blocks 40 ms: the logging phase's
+    calls and share of the steps near what the job timed around its own calls, its steps out of
+    the training shares (the verdict as without it), and the fixes for it."""
+    job, verdict = run(tmp_path, "logged", "--no-eval", "--no-ckpt", "--log-every", "10")
+    _bare, plain = run(tmp_path, "quiet", "--no-eval", "--no-ckpt")
+    assert verdict["bottleneck"] == plain["bottleneck"] == "compute"
+    for category in ("compute", "other", "preprocess"):
+        assert abs(verdict["shares"][category] - plain["shares"][category]) <= SHARE_TOLERANCE, \
+            (verdict["shares"], plain["shares"])
+    [logging] = [p for p in verdict["phases"] if p["phase"] == "logging"]
+    assert logging["count"] == job["log_calls"] == 25 and logging["libraries"] == "logging"
+    assert logging["share_of_steps"] == pytest.approx(job["log_share"], rel=TIMED_TOLERANCE)
+    assert logging["seconds"] == pytest.approx(job["log_s"], rel=0.05)
+    finding = next(f for f in verdict["findings"] if f["id"] == "phases.logging")
+    assert finding["fixes"][0]["title"].startswith("Log every N steps")
+    assert "logging" not in {p["phase"] for p in plain.get("phases", [])}

@@ -51,3 +51,7 @@ def test_long_steps_in_the_window_and_in_the_sampling_span_are_named_and_the_sec
     assert len(notes) == 2
     assert sum("left out of the shares" in n for n in notes) == 1  # the window's
     assert sum("counts in the shares" in n for n in notes) == 1  # the sampling span's
+    # the stall the stack samples cover names the call it waited in (a sleep, never compute)
+    [sampled] = [s for s in stalls.values() if s["where"] == ANALYSED]
+    top = sampled["extra_time_calls"][0]
+    assert top["call"] == "stalls.py:9 in <module> -> time.sleep" and top["share"] > 0.8, sampled

@@ -12,24 +12,29 @@ import numpy as np
 import pytest
 
 import doctor.record.session as session_module
-from doctor.analyse.whole_run import lost_stalls
+from doctor.analyse.causes import UNEXPLAINED
+from doctor.analyse.gc_pauses import GC
+from doctor.analyse.whole_run import LOST, lost_stalls
 from doctor.pipeline import analyze_run
 from doctor.record.run_steps import BUCKET_STEPS
 from doctor.record.session import STEP_DATALOADER, Session
 from doctor.reports import charts
 from doctor.reports.step_chart import envelope
 from doctor.store import layout
-from doctor.store.records import checkpoint_key, loader_key
+from doctor.store.records import checkpoint_key, gc_key, loader_key
 from doctor.store.ringbuffer import read_ring
 from tests.support import FakeClock, write_record
 
 CAPACITY = 2048
 STEP_S = 0.05
+GC_PAUSE_S = 0.9  # 19x the step, under a long stall's second
 
 
-def record(run_dir: Path, steps: int, stall_at: int, ckpt_every: int = 0) -> None:
+def record(run_dir: Path, steps: int, stall_at: int, ckpt_every: int = 0, gc_every: int = 0
+           ) -> None:
     """A loop of ``steps`` 50 ms steps (wait, backward, optimizer step), one 30 s stall at step
-    ``stall_at``, a checkpoint every ``ckpt_every`` steps."""
+    ``stall_at``, a checkpoint every ``ckpt_every`` steps, a full collection of GC_PAUSE_S
+    every ``gc_every``."""
     clock = FakeClock()
     s = Session(run_dir, rank=0, clock=clock, window_start=10**9)
     loader = s.record_loader({"num_workers": 0, "batch_size": 32, "pin_memory": False,
@@ -40,6 +45,10 @@ def record(run_dir: Path, steps: int, stall_at: int, ckpt_every: int = 0) -> Non
         s.record_interval("loader_wait", t0, clock(), loader_key(loader))
         s.count_step(STEP_DATALOADER)
         clock.tick(0.015 + (30.0 if step == stall_at else 0.0))
+        if gc_every and step % gc_every == 0:
+            t0 = clock()
+            clock.tick(GC_PAUSE_S)
+            s.record_interval("gc", t0, clock(), gc_key(2, 100))
         b0 = clock()
         clock.tick(0.02)
         s.record_interval("backward", b0, clock())
@@ -96,6 +105,32 @@ def test_a_stall_the_rings_lost_is_still_found_and_said(tmp_path: Path, small_ri
     assert svg is not None
     for gid in ("steps-range", "steps-long-stall", "steps-analysed"):
         assert f'id="{gid}"' in svg
+
+
+def test_slow_steps_are_grouped_by_cause_over_the_whole_run(tmp_path: Path,
+                                                            small_rings: None) -> None:
+    """A full collection every 500 of 20,000 steps: the slow steps the rings lost are found in
+    the buckets' longest steps and get the collector's cause from its ring (which holds the
+    whole run), so the GC finding counts all 40, not the few the ledger holds."""
+    steps = 20_000
+    record(tmp_path, steps, stall_at=750, gc_every=500)
+    analysis = analyze_run(tmp_path)
+    slow = analysis.sections.slow_steps
+    assert slow is not None
+    gc = slow.group(GC)
+    assert gc is not None and gc.count == 40
+    lost = sorted(s.step for s in gc.steps if s.where == LOST)
+    assert 30 <= len(lost) < 40  # the ledger holds the newest 2,048 steps: 4 or 5 pauses
+    assert all(abs(n - k * 500) <= 1 for n, k in zip(lost, range(1, 41), strict=False))
+    # the shares are of the whole run's steps: 40 pauses over its 20,000 steps
+    whole_s = steps * STEP_S + 40 * GC_PAUSE_S + 30
+    assert gc.steps_share == pytest.approx(40 * GC_PAUSE_S / whole_s, rel=0.05)
+    [stall] = [s for s in slow.steps if s.cause == UNEXPLAINED]
+    assert stall.where == LOST and stall.step == 749 and stall.stall
+    finding = next(f for f in analysis.verdict.findings if f.id == "steps.gc")
+    assert finding.title.startswith("40 slow steps paused by Python's garbage collector")
+    # a lost step's number is the whole run's: never taken for a ledger step of that number
+    assert slow.cause_of(0, 749) is None
 
 
 def test_a_run_the_rings_hold_whole_is_drawn_from_its_ledger(tmp_path: Path) -> None:

@@ -212,8 +212,12 @@ def test_the_parent_samples_a_later_window_s_stacks_apart(tmp_path: Path) -> Non
     from doctor.store.stacks import read_stacks
 
     fake = tmp_path / "py-spy"
+    events = ('[{"ph": "B", "tid": 7, "ts": 0, "name": "thread (1)", "args": {}}, '
+              '{"ph": "B", "tid": 7, "ts": 0, "name": "f", "args": {"filename": "x.py", '
+              '"line": 1}}, {"ph": "E", "tid": 7, "ts": 60000, "name": "f", "args": {}}, '
+              '{"ph": "E", "tid": 7, "ts": 60000, "name": "thread (1)", "args": {}}]')
     fake.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --output ] && out="$2"; shift; '
-                    'done\necho "thread (1): MainThread;f (x.py:1) 3" > "$out"\n'
+                    f"done\necho '{events}' > \"$out\"\n"
                     'echo "Samples: 3"\n')
     fake.chmod(0o755)
     run_dir = tmp_path / "run"
@@ -230,8 +234,10 @@ def test_the_parent_samples_a_later_window_s_stacks_apart(tmp_path: Path) -> Non
     while recorder._running and time.monotonic() < deadline:
         time.sleep(0.05)
         recorder._reap()
-    assert sorted(p.name for p in proc.iterdir()) == ["stacks-2.json", "stacks-2.txt",
-                                                      "stacks.json", "stacks.txt"]
+    assert sorted(p.name for p in proc.iterdir()) == [
+        "stack-times-2.txt", "stack-times.txt", "stacks-2.json", "stacks-2.txt", "stacks.json",
+        "stacks.txt"]  # py-spy's chrome traces made into samples and their times
     assert layout.later_stacks(proc) == [2]
     later = read_stacks(proc, window=2)
     assert later is not None and later.taken == 3
+    assert later.stacks == {("f (x.py:1)",): 3}  # 60 ms at the plan's 50 Hz
