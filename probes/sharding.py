@@ -18,10 +18,8 @@ import functools
 import sys
 from typing import Any
 
-from ..record.after_import import AfterImport, when_imported
-from ..record.patches import Patches
-from ..record.session import CLOSE, WINDOW_END, Session
-from ..verdict import ProbeStatus
+from ..record.session import Session
+from .on_import import OnImportProbe
 
 #: The modules that export FSDP2's fully_shard, by torch release.
 FULLY_SHARD_AT = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
@@ -33,35 +31,17 @@ FSDP1_SETTINGS = ("sharding_strategy", "forward_prefetch", "backward_prefetch",
                   "limit_all_gathers")
 
 
-class ShardingProbe:
+class ShardingProbe(OnImportProbe):
     name = "sharding"
+    module = "torch.distributed.fsdp"
 
     def __init__(self, session: Session) -> None:
-        self.session = session
-        self._patches = Patches()
-        self._finder: AfterImport | None = None
+        super().__init__(session)
         self.fsdp2: dict[str, Any] = {"units": 0, "reshard_after_forward": [], "mesh_size": None,
                                       "unit_bytes": []}
         self.fsdp1: dict[str, Any] = {"units": 0}
 
-    def check(self) -> ProbeStatus:
-        return ProbeStatus(True)
-
-    def start(self) -> None:
-        self._finder = when_imported("torch.distributed.fsdp", self._wrap)
-        self.session.on(WINDOW_END, self.record)
-        self.session.on(CLOSE, self.record)
-
-    def sample(self) -> None:
-        pass  # construction-time only
-
-    def stop(self) -> None:
-        if self._finder is not None:
-            self._finder.remove()
-            self._finder = None
-        self._patches.restore()
-
-    def _wrap(self) -> None:
+    def wrap(self) -> None:
         try:
             fsdp = sys.modules["torch.distributed.fsdp"]
             orig = getattr(fsdp, "fully_shard", None)

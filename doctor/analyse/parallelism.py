@@ -116,13 +116,17 @@ class Parallelism:
     stats_calls: float  # collectives of batch statistics a step (forward and backward)
     pipeline_calls: float  # sends and receives a step
     settings: str = ""  # the sharded modules' own settings, as the job set them (probe)
+    schedule: str = ""  # the pipeline's schedule class, as the job built it (probe)
+    stages: int = 0  # the pipeline's stages (0: not known)
+    microbatches: int = 0  # the schedule's micro-batches a step (0: not known)
 
     @property
     def kinds(self) -> tuple[str, ...]:
         """Each kind found: ``sharded``, ``ddp``, ``stats``, ``pipeline``."""
         return tuple(k for k, found in (("sharded", bool(self.sharded)), ("ddp", self.ddp),
                                         ("stats", self.stats_calls > 0),
-                                        ("pipeline", self.pipeline_calls > 0)) if found)
+                                        ("pipeline", self.pipeline_calls > 0
+                                         or bool(self.schedule))) if found)
 
     def describe(self) -> str:
         """In words, for the job section ("" where no collective was seen)."""
@@ -145,18 +149,32 @@ class Parallelism:
         if self.stats_calls > 0:
             parts.append(f"synchronised batch statistics ({self.stats_calls:g} small "
                          "collectives a step)")
-        if self.pipeline_calls > 0:
+        if self.schedule:
+            parts.append(f"pipeline: {self.stages or '?'} stages, {schedule_name(self.schedule)}, "
+                         f"{self.microbatches or '?'} micro-batches")
+        elif self.pipeline_calls > 0:
             parts.append(f"pipeline stages ({self.pipeline_calls:g} sends and receives a step)")
         return "; ".join(parts)
 
 
+def schedule_name(cls: str) -> str:
+    """A schedule's class in words: ``ScheduleGPipe`` -> ``GPipe``."""
+    return cls.removeprefix("Schedule") or cls
+
+
 def parallelism(calls: pd.DataFrame, steps: Mapping[int, int], world: int | None,
-                ddp_seen: bool, probe: pd.DataFrame | None = None) -> Parallelism:
+                ddp_seen: bool, probe: pd.DataFrame | None = None,
+                schedules: pd.DataFrame | None = None) -> Parallelism:
     """The job's parallelism from every rank's collectives (with a ``role`` column) and each
     rank's window steps; ``ddp_seen``: the DDP probe saw a DistributedDataParallel; ``probe``:
     the FSDP modules the job built (doctor.probes.sharding: RunData.sharding), whose API, count
-    and settings come first."""
+    and settings come first; ``schedules``: the pipeline schedules it built
+    (doctor.probes.pipelining: RunData.pipeline)."""
     found = _from_collectives(calls, steps, world, ddp_seen)
+    if schedules is not None and not schedules.empty:
+        row = schedules.sort_values(["rank", "pid"]).iloc[0]  # the first built: training's
+        found = replace(found, schedule=str(row["schedule"]), stages=int(row["stages"]),
+                        microbatches=int(row["microbatches"]))
     if probe is None or probe.empty:
         return found
     row = probe.sort_values("units").iloc[-1]  # the rank that built the most

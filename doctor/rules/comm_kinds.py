@@ -1,8 +1,8 @@
 """The fixes for exposed communication that fit the collectives' kind of parallelism
 (doctor.analyse.parallelism): a sharded job's all-gathers and reduce-scatters (prefetch, keep
 the last units gathered after forward, fewer and larger units), synchronised batch statistics
-(plain BatchNorm where each rank's batch is large enough, GroupNorm, a larger batch a rank), and
-a pipeline's sends and receives (more micro-batches, 1F1B, balanced stages). DDP's own fixes
+(plain BatchNorm where each rank's batch is large enough, GroupNorm, a larger batch a rank);
+a pipeline's sends and receives are doctor.rules.comm_pipeline's. DDP's own fixes
 (bucket size, no_sync, compression) are doctor.rules.communication's, for DDP's all-reduces
 alone.
 
@@ -191,51 +191,3 @@ def all_to_all_fixes(ex: Exposed) -> list[Fix]:
         code=("from torchrec.distributed.train_pipeline import TrainPipelineSparseDist\n"
               "pipeline = TrainPipelineSparseDist(model, optimizer, device)\n"
               "for _ in range(steps):\n    pipeline.progress(data_iterator)"))]
-
-
-def bubble_theory(stages: int, microbatches: float) -> float:
-    """GPipe's (and 1F1B's) bubble: (p-1)/(m+p-1) of the step for p stages, m micro-batches."""
-    return (stages - 1) / (microbatches + stages - 1) if stages > 1 and microbatches > 0 else 0.0
-
-
-def pipeline_fixes(ex: Exposed, comms: Mapping[int, RankComms] | None, step_s: float
-                   ) -> list[Fix]:
-    """A pipeline's sends and receives: each stage's wait for its neighbour (the bubble, with
-    the transfers), against GPipe's theory for the stages and micro-batches seen (an end stage
-    sends and receives once each a micro-batch: half its calls a step); the stage that waits
-    least is the slowest. No estimate: more micro-batches also pay more sends and receives."""
-    calls = ex.of(PIPELINE)
-    if calls.empty:
-        return []
-    idle: dict[int, float] = {}
-    for rank, c in (comms or {}).items():
-        mine = c.calls[c.calls["role"] == PIPELINE] if "role" in c.calls else c.calls.iloc[:0]
-        if len(mine) and c.steps:
-            idle[rank] = float(mine["exposed_s"].sum()) / c.steps
-    per_step = min((len(c.calls[c.calls["role"] == PIPELINE]) / c.steps
-                    for c in (comms or {}).values()
-                    if c.steps and "role" in c.calls and (c.calls["role"] == PIPELINE).any()),
-                   default=len(calls) / ex.steps)
-    micro = per_step / 2
-    stages = max(len(idle), ex.world)
-    theory = bubble_theory(stages, micro)
-    shown = ", ".join(f"rank {r} {s / step_s:.0%}" for r, s in sorted(idle.items())) \
-        if step_s > 0 else ""
-    why = (f"each stage waits for its neighbour ({shown} of the step, transfers included); "
-           f"GPipe's bubble with {stages} stages and {micro:g} micro-batches is "
-           f"{theory:.0%}: (p-1)/(m+p-1); with {4 * micro:g} it would be "
-           f"{bubble_theory(stages, 4 * micro):.0%}, for {4:g}x the sends and receives")
-    slow = min(idle, key=lambda r: idle[r]) if len(idle) > 1 else None
-    return [
-        Fix(title="Split each batch into more micro-batches", why=why,
-            code=f"schedule = ScheduleGPipe(stage, n_microbatches={int(4 * micro) or 8})"),
-        Fix(title="Use a 1F1B or interleaved schedule",
-            why="1F1B holds fewer micro-batches' activations at once, and interleaved stages "
-                "shrink the bubble by the number of stages a rank holds",
-            code="from torch.distributed.pipelining import ScheduleInterleaved1F1B\n"
-                 "schedule = ScheduleInterleaved1F1B(stages, n_microbatches=8)"),
-        Fix(title="Balance the stages" + (f": rank {slow}'s stage is the slowest"
-                                          if slow is not None else ""),
-            why="the slowest stage sets the pace: the others wait for it at every send",
-            code="# split the model where each stage's forward and backward take the same time"),
-    ]

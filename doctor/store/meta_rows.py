@@ -146,6 +146,23 @@ def sharding_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]
     return rows
 
 
+def pipeline_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
+    """The process's pipeline schedules (doctor.probes.pipelining): one row each, as built."""
+    rows = []
+    for d in as_list(as_dict(meta.pipeline).get("schedules")):
+        record = as_dict(d)
+        name = as_str(record.get("schedule"))
+        if not name:
+            continue
+        indices = [i for i in map(as_int, as_list(record.get("stages"))) if i is not None]
+        rows.append({**who, "schedule": name,
+                     "microbatches": as_int(record.get("n_microbatches")) or 0,
+                     "stages": as_int(record.get("num_stages")) or 0,
+                     "stage_indices": ",".join(str(i) for i in indices),
+                     "stage_bytes": as_float(record.get("stage_bytes"))})
+    return rows
+
+
 def _seconds(ns: Any) -> float | None:
     value = as_float(ns)
     return value * 1e-9 if value is not None and value > 0 else None

@@ -63,6 +63,7 @@ from .meta_rows import (
     loader_rows,
     model_state_rows,
     optimizer_rows,
+    pipeline_rows,
     sharding_rows,
 )
 from .process_meta import ProcessMeta, read_meta
@@ -114,6 +115,7 @@ def _load_node(run_dir: Path) -> RunData:
     window_events: list[pd.DataFrame] = []
     ddp: list[dict[str, Any]] = []
     sharding: list[dict[str, Any]] = []
+    pipeline: list[dict[str, Any]] = []
     optimizers: list[dict[str, Any]] = []
     amp: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -129,6 +131,7 @@ def _load_node(run_dir: Path) -> RunData:
         model_states += model_state_rows(who, meta)
         ddp += ddp_rows(who, meta)
         sharding += sharding_rows(who, meta)
+        pipeline += pipeline_rows(who, meta)
         optimizers += optimizer_rows(who, meta)
         amp += amp_rows(who, meta)
         loaders += loader_rows(who, meta)
@@ -179,7 +182,7 @@ def _load_node(run_dir: Path) -> RunData:
         "gpu_procs": read_gpu_procs(run_dir).assign(node=0),
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
-        "collectives": _concat(collectives), "ddp": ddp, "sharding": sharding,
+        "collectives": _concat(collectives), "ddp": ddp, "sharding": sharding, "pipeline": pipeline,
         "optimizers": optimizers, "amp": amp,
         "window_events": _concat(window_events), "later_windows": _concat(later),
         "later_stacks": later_stacks, "later_stack_spans": later_spans,

@@ -123,3 +123,30 @@ def test_synchronised_batch_statistics_are_counted_to_themselves(tmp_path: Path)
     comm = findings(verdict)["comm.exposed"]
     assert comm["evidence"]["exposed_by_role"]["stats"] > 0.3
     assert any("plain BatchNorm" in f["title"] for f in comm["fixes"])
+
+
+def test_a_pipelines_bubble_is_measured_against_its_schedule(tmp_path: Path) -> None:
+    # one micro-batch a step on 2 stages: each stage idles half the step in theory
+    verdict, _ = torchrun(tmp_path, "pipeline_stages.py", "--steps", "25", "--microbatches", "1")
+    assert verdict["job"]["parallelism"] == "pipeline: 2 stages, GPipe, 1 micro-batches"
+    comm = findings(verdict)["comm.exposed"]
+    bubble = comm["evidence"]["pipeline_bubble"]
+    assert bubble["theory"] == 0.5 and bubble["ranks"] == 2 and bubble["microbatches"] == 1
+    assert 0.3 < bubble["measured"] < 0.7
+    text = json.dumps(comm["fixes"])
+    assert "bucket_cap" not in text and "no_sync" not in text and "compress_hook" not in text
+    more = comm["fixes"][0]
+    assert more["title"] == "Split each batch into more micro-batches (1 -> 2)"
+    assert more["estimated_speedup"] > 1.1 and "apply" not in more
+    assert not verdict.get("comm_model")  # no DDP all-reduce to model
+
+
+def test_an_unbalanced_pipeline_names_its_slow_stage(tmp_path: Path) -> None:
+    # the last stage holds 4x the layers: the first waits for it, it hardly waits
+    verdict, _ = torchrun(tmp_path, "pipeline_stages.py", "--steps", "25", "--microbatches", "4",
+                          "--unbalance", "4")
+    bubble = findings(verdict)["comm.exposed"]["evidence"]["pipeline_bubble"]
+    assert bubble["pacing_rank"] == 1 and bubble["imbalance"] > 1.3
+    assert bubble["by_rank"]["0"] > 2 * bubble["by_rank"]["1"]
+    fixes = findings(verdict)["comm.exposed"]["fixes"]
+    assert fixes[0]["title"].startswith("Balance the stages: rank 1's stage is the slowest")

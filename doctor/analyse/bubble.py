@@ -1,0 +1,194 @@
+"""A pipeline's bubble: each stage's (rank's) time waiting for its neighbours, measured, against
+the schedule's theory, and what more micro-batches, balanced stages or an interleaved schedule
+would make of the step.
+
+Measured, per rank, over its analysed steps (the ledger): its step, its own compute, and the
+communication the ledger counts to it (the time its thread blocked in sends and receives: the
+collectives' exposed time). The profiler window's pipeline sends and receives (role
+``pipeline``) split that time in two: the transfer itself and the wait for the neighbour. A
+send or receive whose peer was already there takes only its transfer; the quickest tenth of the
+calls of each size (over every rank) is that floor, and whatever a call's exposed time holds
+beyond it is waiting. The bubble of a stage is its wait's share of its step.
+
+Theory, for p ranks in the pipeline, m micro-batches and v stages a rank: (p-1)/(v*m+p-1) of the
+step, GPipe's and 1F1B's with v = 1 (1F1B changes the memory, not the bubble), interleaved
+schedules' with v > 1; zero-bubble schedules have none in theory (no figure is given).
+
+The model behind the estimates: with per-step compute c_s on stage s, a fill-drain schedule's
+step is (sum(c) + (m-1) max(c)) / m; the stage that computes most paces the pipeline and waits
+(sum(c) - max(c)) / m a step, a wait that shrinks as 1/m (and as 1/v interleaved), while the
+sends and receives' own time grows with their count (m, v). Balanced stages take (m-1)/m of
+(max(c) - mean(c)) off the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from doctor.analyse.comms import RankComms
+from doctor.analyse.parallelism import PIPELINE, Parallelism, schedule_name
+
+#: The share of the calls of one size (quickest first) taken as the transfer alone.
+FLOOR_QUANTILE = 0.1
+#: Zero-bubble schedules (their class names hold one of these): no bubble in theory.
+ZERO_BUBBLE = ("ZeroBubble", "DualPipe", "ZBV")
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One rank's stage(s), per analysed step."""
+
+    rank: int
+    stage: str  # the stage indices it holds ("1", "0,2"; "" where not known)
+    step_s: float
+    compute_s: float
+    wait_s: float  # waiting for its neighbours (the bubble)
+    transfer_s: float  # its sends' and receives' own time, on its thread
+
+    @property
+    def bubble(self) -> float:
+        return self.wait_s / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def idle(self) -> float:
+        """Its step not covered by its compute in the pipeline's sends and receives."""
+        return (self.wait_s + self.transfer_s) / self.step_s if self.step_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Bubble:
+    schedule: str  # the schedule's class, "" where only the collectives were seen
+    ranks: int  # p: ranks in the pipeline
+    microbatches: int  # m
+    virtual: int  # v: stages a rank
+    stages: tuple[StageTime, ...]
+
+    @property
+    def name(self) -> str:
+        return schedule_name(self.schedule) if self.schedule else "GPipe-style"
+
+    @property
+    def theory(self) -> float | None:
+        """The schedule's bubble in theory (None: a zero-bubble schedule, or m not known)."""
+        if any(z in self.schedule for z in ZERO_BUBBLE) or self.microbatches <= 0:
+            return None
+        return bubble_theory(self.ranks, self.microbatches * self.virtual)
+
+    @property
+    def measured(self) -> float:
+        """The stages' mean bubble (their wait's share of their step)."""
+        return float(np.mean([s.bubble for s in self.stages])) if self.stages else 0.0
+
+    @property
+    def pacing(self) -> StageTime:
+        """The stage that computes most: it sets the pipeline's pace."""
+        return max(self.stages, key=lambda s: (s.compute_s, -s.rank))
+
+    @property
+    def imbalance(self) -> float:
+        """The pacing stage's compute over the stages' mean (1: balanced)."""
+        mean = float(np.mean([s.compute_s for s in self.stages]))
+        return self.pacing.compute_s / mean if mean > 0 else 1.0
+
+    def step_s(self) -> float:
+        return float(np.median([s.step_s for s in self.stages]))
+
+    def more_microbatches(self, times: int) -> float:
+        """The step with ``times`` as many micro-batches: the pacing stage's wait shrinks as
+        1/m, its transfers grow with their count."""
+        s = self.pacing
+        return self.step_s() - s.wait_s * (1 - 1 / times) + s.transfer_s * (times - 1)
+
+    def interleaved(self, virtual: int) -> float:
+        """The step with ``virtual`` times the stages a rank (interleaved)."""
+        return self.more_microbatches(virtual)
+
+    def balanced(self) -> float:
+        """The step with each stage's compute the stages' mean."""
+        mean = float(np.mean([s.compute_s for s in self.stages]))
+        m = max(self.microbatches, 1)
+        return self.step_s() - (m - 1) / m * max(self.pacing.compute_s - mean, 0.0)
+
+
+def bubble_theory(ranks: int, microbatches: float) -> float:
+    """A fill-drain schedule's bubble: (p-1)/(m+p-1) of the step for p ranks and m micro-batches
+    (times the stages a rank, interleaved)."""
+    return (ranks - 1) / (microbatches + ranks - 1) if ranks > 1 and microbatches > 0 else 0.0
+
+
+def transfer_floor(calls: pd.DataFrame) -> pd.Series:
+    """Per call (index of ``calls``: the pipeline's sends and receives of every rank), the
+    transfer alone: the quickest tenth of the calls of its size."""
+    sizes = calls["bytes"].fillna(-1.0)
+    return calls.groupby(sizes)["seconds"].transform(lambda s: s.quantile(FLOOR_QUANTILE))
+
+
+def pipeline_bubble(ledger: pd.DataFrame | None, comms: Mapping[int, RankComms] | None,
+                    par: Parallelism | None, schedules: pd.DataFrame | None = None
+                    ) -> Bubble | None:
+    """The pipeline's bubble (see the module docstring); None where no rank sent or received
+    in a pipeline, or there is no ledger."""
+    if ledger is None or ledger.empty or not comms:
+        return None
+    parts = {r: c for r, c in comms.items()
+             if c.steps and "role" in c.calls and (c.calls["role"] == PIPELINE).any()}
+    if not parts:
+        return None
+    every = pd.concat([c.calls[c.calls["role"] == PIPELINE] for c in parts.values()],
+                      ignore_index=True)
+    floor = transfer_floor(every)
+    every = every.assign(transfer=np.minimum(every["exposed_s"], floor))
+    stages = []
+    for rank, c in sorted(parts.items()):
+        mine_ledger = ledger[ledger["rank"] == rank] if "rank" in ledger else ledger
+        if mine_ledger.empty:
+            continue
+        mine = every[every["rank"] == rank]
+        total_exposed = float(c.calls["exposed_s"].sum())
+        pipe_exposed = float(mine["exposed_s"].sum())
+        step = float(mine_ledger["wall_s"].median())
+        blocked = float(mine_ledger["communication"].median()) * (
+            pipe_exposed / total_exposed if total_exposed > 0 else 0.0)
+        transfer = blocked * (float(mine["transfer"].sum()) / pipe_exposed
+                              if pipe_exposed > 0 else 0.0)
+        stages.append(StageTime(rank, _stage_of(schedules, rank), step,
+                                float(mine_ledger["compute"].median()), blocked - transfer,
+                                transfer))
+    if not stages:
+        return None
+    schedule = par.schedule if par is not None else ""
+    p = len(stages)
+    virtual = par.stages // p if par is not None and par.stages > p and \
+        par.stages % p == 0 else 1
+    m = par.microbatches if par is not None and par.microbatches else \
+        _microbatches_from_calls(parts)
+    return Bubble(schedule, p, m, virtual, tuple(stages))
+
+
+def window_as_ledger(window: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The profiler window's steps in the ledger's columns (wall, compute, communication),
+    for a bubble where there is no ledger (a trace analysed on its own)."""
+    if window is None or window.empty or "dur_s" not in window:
+        return None
+    return pd.DataFrame({
+        "rank": window.get("rank", 0), "wall_s": window["dur_s"],
+        "compute": window.get("excl_compute_s", 0.0),
+        "communication": window.get("comm_exposed_s", 0.0)})
+
+
+def _stage_of(schedules: pd.DataFrame | None, rank: int) -> str:
+    if schedules is None or schedules.empty:
+        return ""
+    mine = schedules[schedules["rank"] == rank]
+    return str(mine["stage_indices"].iloc[0]) if len(mine) else ""
+
+
+def _microbatches_from_calls(parts: Mapping[int, RankComms]) -> int:
+    """m from the sends and receives, where the schedule is not known: an end stage sends and
+    receives once each a micro-batch (the fewest calls of any rank: half of them)."""
+    fewest = min(float((c.calls["role"] == PIPELINE).sum()) / c.steps for c in parts.values())
+    return max(round(fewest / 2), 1)
