@@ -5,6 +5,10 @@ wrapped attributes are put back as the probe stops."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from typing import Any
+
 from ..record.after_import import AfterImport, when_imported
 from ..record.patches import Patches
 from ..record.session import CLOSE, WINDOW_END, Session
@@ -21,13 +25,20 @@ class OnImportProbe:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._patches = Patches()
-        self._finder: AfterImport | None = None
+        self._finders: list[AfterImport] = []
 
     def check(self) -> ProbeStatus:
         return ProbeStatus(True)
 
+    def imports(self) -> dict[str, Callable[[], None]]:
+        """Each module waited for, with what runs once the job imports it."""
+        return {self.module: self.wrap}
+
     def start(self) -> None:
-        self._finder = when_imported(self.module, self.wrap)
+        for module, callback in self.imports().items():
+            finder = when_imported(module, callback)
+            if finder is not None:
+                self._finders.append(finder)
         self.session.on(WINDOW_END, self.record)
         self.session.on(CLOSE, self.record)
 
@@ -35,10 +46,21 @@ class OnImportProbe:
         pass  # construction-time only
 
     def stop(self) -> None:
-        if self._finder is not None:
-            self._finder.remove()
-            self._finder = None
+        for finder in self._finders:
+            finder.remove()
+        self._finders = []
         self._patches.restore()
+
+    def wrap_init(self, module: str, name: str, wrapper: Callable[[Any], Any]) -> None:
+        """Class ``name`` of the imported ``module``: its own ``__init__`` replaced by
+        ``wrapper(__init__)``; a failure is the probe's reason, never the job's."""
+        try:
+            cls = getattr(sys.modules.get(module), name, None)
+            init = vars(cls).get("__init__") if isinstance(cls, type) else None
+            if init is not None:
+                self._patches.put(cls, "__init__", wrapper(init))
+        except Exception as err:  # evidence, never a reason to fail the job
+            self.session.swallowed(self.name, f"wrapping {name}", err)
 
     def wrap(self) -> None:
         raise NotImplementedError

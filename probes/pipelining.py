@@ -16,7 +16,6 @@ job (the wrapped constructor's own result and errors pass through untouched).
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 from ..record.session import Session
@@ -36,15 +35,8 @@ class PipeliningProbe(OnImportProbe):
         self.schedules: list[dict[str, Any]] = []
 
     def wrap(self) -> None:
-        try:
-            schedules = sys.modules.get(PACKAGE + ".schedules")
-            for name in BASES:
-                cls = getattr(schedules, name, None) if schedules is not None else None
-                init = vars(cls).get("__init__") if isinstance(cls, type) else None
-                if init is not None:
-                    self._patches.put(cls, "__init__", self.wrapped_init(init))
-        except Exception as err:  # evidence, never a reason to fail the job
-            self.session.swallowed(self.name, "wrapping the pipeline schedules", err)
+        for name in BASES:
+            self.wrap_init(PACKAGE + ".schedules", name, self.wrapped_init)
 
     def wrapped_init(self, orig: Any) -> Any:
         """``orig`` (a schedule base's constructor), noting each schedule it builds."""

@@ -12,7 +12,7 @@ from doctor.analyse.bubble import Bubble, pipeline_bubble, window_as_ledger
 from doctor.analyse.comm_model import WhatIf
 from doctor.analyse.comms import critical
 from doctor.analyse.evidence import Evidence
-from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS
+from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS, ZERO
 from doctor.rules.base import rule
 from doctor.rules.comm_kinds import (
     ROLE_SHARE,
@@ -22,6 +22,7 @@ from doctor.rules.comm_kinds import (
     exposed_by_role,
     sharded_fixes,
     stats_fixes,
+    zero_fixes,
 )
 from doctor.rules.comm_pipeline import bubble_evidence, pipeline_fixes
 from doctor.rules.window import means, speedup, window_finding, window_steps
@@ -183,6 +184,8 @@ def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
         fixes += stats_fixes(ex, share)
     if ex.share(PIPELINE) >= ROLE_SHARE and bubble is not None:
         fixes += pipeline_fixes(bubble)
+    if ex.share(ZERO) >= ROLE_SHARE:
+        fixes += zero_fixes(ex)
     if ex.share(OTHER) >= ROLE_SHARE:
         fixes += all_to_all_fixes(ex)
     return sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)), roles

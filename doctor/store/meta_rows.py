@@ -141,7 +141,8 @@ def sharding_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]
             "mesh_size": as_int(record.get("mesh_size")) or 0,
             "unit_bytes": sum(sizes) if sizes else None,
             **{k: None if record.get(k) is None else str(record.get(k))
-               for k in ("sharding_strategy", "forward_prefetch", "backward_prefetch")},
+               for k in ("sharding_strategy", "forward_prefetch", "backward_prefetch",
+                         "settings")},
         })
     return rows
 

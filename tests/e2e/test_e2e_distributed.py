@@ -150,3 +150,18 @@ def test_an_unbalanced_pipeline_names_its_slow_stage(tmp_path: Path) -> None:
     assert bubble["by_rank"]["0"] > 2 * bubble["by_rank"]["1"]
     fixes = findings(verdict)["comm.exposed"]["fixes"]
     assert fixes[0]["title"].startswith("Balance the stages: rank 1's stage is the slowest")
+
+
+def test_a_sharded_optimizers_broadcasts_are_counted_to_it(tmp_path: Path) -> None:
+    verdict, _ = torchrun(tmp_path, "zero_optimizer.py", "--steps", "25")
+    words = verdict["job"]["parallelism"]
+    assert words.startswith("DDP over 2 ranks; ZeRO-1 sharded optimizer over 2 ranks "
+                            "(ZeroRedundancyOptimizer: Adam state sharded")
+    assert "parameters_as_bucket_view=False" in words
+    kinds = {(k["kind"], k["role"]) for c in verdict["communication"] for k in c["by_kind"]}
+    assert ("broadcast", "zero") in kinds and ("broadcast", "other") not in kinds
+    comm = findings(verdict)["comm.exposed"]
+    assert comm["evidence"]["exposed_by_role"]["zero"] > 0.5
+    text = json.dumps(comm["fixes"])
+    assert "parameters_as_bucket_view=True" in text and "overlap_with_ddp=True" in text
+    assert "bucket_cap" not in text and "no_sync" not in text  # DDP's share is small

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from doctor.analyse.comms import RankComms, classify, comms_parallelism, waiting_times
-from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, roles
+from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, ZERO, roles
 from doctor.rules import communication, run_rules
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import build_timeline
@@ -252,3 +252,22 @@ def test_a_send_in_flight_beside_the_next_micro_batch_is_not_exposed() -> None:
     assert recv["exposed_s"] == pytest.approx(recv["seconds"], rel=0.02)
     [row] = step_frame_from_timeline(t, 0).to_dict(orient="records")
     assert row["excl_compute_s"] == pytest.approx(950e-6, abs=30e-6)
+
+
+def test_a_sharded_optimizers_broadcasts_get_their_role_and_fixes() -> None:
+    # ZeRO-1: every parameter broadcast after the optimizer's step (one the window cut short
+    # shows in forward), beside DDP's one bucket
+    rows = [("allreduce", "backward", 8e6, 1e-3), *[("broadcast", "optimizer", 4096, 2e-3)] * 10,
+            ("broadcast", "forward", 4096, 2e-3), ("broadcast", "forward", 999, 2e-3)]
+    frame = calls(rows)
+    mine = frame[frame["rank"] == 0]["role"].tolist()
+    assert mine == [GRADIENTS] + [ZERO] * 11 + ["other"]
+    par = comms_parallelism(rank_comms(frame), 2, ddp_seen=True)
+    assert par.kinds == ("ddp", "zero")
+    assert par.describe() == "DDP over 2 ranks; ZeRO-1 sharded optimizer over 2 ranks; " \
+                             "11 parameter broadcasts a step"
+    f = comm_finding(frame)
+    text = codes(f)
+    assert "parameters_as_bucket_view=True" in text and "overlap_with_ddp=True" in text
+    assert "bucket_cap" not in text  # DDP's all-reduce is under a tenth of the exposed time
+    assert "sharded optimizer (ZeRO-1)" in f.title
