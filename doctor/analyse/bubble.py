@@ -15,10 +15,11 @@ step, GPipe's and 1F1B's with v = 1 (1F1B changes the memory, not the bubble), i
 schedules' with v > 1; zero-bubble schedules have none in theory (no figure is given).
 
 The model behind the estimates: with per-step compute c_s on stage s, a fill-drain schedule's
-step is (sum(c) + (m-1) max(c)) / m; the stage that computes most paces the pipeline and waits
-(sum(c) - max(c)) / m a step, a wait that shrinks as 1/m (and as 1/v interleaved), while the
-sends and receives' own time grows with their count (m, v). Balanced stages take (m-1)/m of
-(max(c) - mean(c)) off the step.
+step is (sum(c) + (n-1) max(c)) / n for n = v*m chunks; the stage that computes most paces the
+pipeline and waits (sum(c) - max(c)) / n a step. What the measured step holds beyond the model
+and beyond the pacing stage's time outside the pipeline is each micro-batch's own cost (sends
+and receives, the schedule's Python, smaller products' lower speed): it is taken to grow with
+the count of micro-batches. Balanced stages take (n-1)/n of (max(c) - mean(c)) off the step.
 """
 
 from __future__ import annotations
@@ -97,21 +98,42 @@ class Bubble:
     def step_s(self) -> float:
         return float(np.median([s.step_s for s in self.stages]))
 
-    def more_microbatches(self, times: int) -> float:
-        """The step with ``times`` as many micro-batches: the pacing stage's wait shrinks as
-        1/m, its transfers grow with their count."""
+    def fill_drain_s(self, chunks: float, computes: list[float] | None = None) -> float:
+        """The model's step over ``chunks`` micro-batches (times the stages a rank) for each
+        stage's compute a step: (sum(c) + (n-1) max(c)) / n."""
+        c = computes if computes is not None else [s.compute_s for s in self.stages]
+        n = max(chunks, 1.0)
+        return (sum(c) + (n - 1) * max(c)) / n
+
+    def overhead_s(self) -> float:
+        """The pacing stage's step beyond what the model and the step's time outside the
+        pipeline explain: each micro-batch's own cost (its sends and receives, the schedule's
+        Python, jitter), taken to grow with their count."""
         s = self.pacing
-        return self.step_s() - s.wait_s * (1 - 1 / times) + s.transfer_s * (times - 1)
+        outside = max(s.step_s - s.compute_s - s.wait_s - s.transfer_s, 0.0)
+        return max(self.step_s() - outside - self.fill_drain_s(self._chunks()), 0.0)
+
+    def _chunks(self) -> float:
+        return float(max(self.microbatches, 1) * self.virtual)
+
+    def more_microbatches(self, times: int) -> float:
+        """The step with ``times`` as many micro-batches: the model's at ``times`` the chunks,
+        with the time outside the pipeline as measured and the overhead ``times`` as large."""
+        outside = self.step_s() - self.fill_drain_s(self._chunks()) - self.overhead_s()
+        return max(outside, 0.0) + self.fill_drain_s(self._chunks() * times) + \
+            self.overhead_s() * times
 
     def interleaved(self, virtual: int) -> float:
-        """The step with ``virtual`` times the stages a rank (interleaved)."""
+        """The step with ``virtual`` times the stages a rank (interleaved): as many chunks a
+        micro-batch, each 1/virtual of the stage."""
         return self.more_microbatches(virtual)
 
     def balanced(self) -> float:
         """The step with each stage's compute the stages' mean."""
         mean = float(np.mean([s.compute_s for s in self.stages]))
-        m = max(self.microbatches, 1)
-        return self.step_s() - (m - 1) / m * max(self.pacing.compute_s - mean, 0.0)
+        n = self._chunks()
+        return self.step_s() - self.fill_drain_s(n) + self.fill_drain_s(
+            n, [mean] * len(self.stages))
 
 
 def bubble_theory(ranks: int, microbatches: float) -> float:

@@ -60,13 +60,12 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
         m2 = m * TIMES
         fixes.append(Fix(
             title=f"Split each batch into more micro-batches ({m} -> {m2})",
-            why=(said + f"; at {m2} it would be "
-                 f"{bubble_theory(p, m2 * b.virtual):.0%}, the pacing stage's wait "
-                 f"{pace.wait_s * 1e3:.1f} -> {pace.wait_s / TIMES * 1e3:.1f} ms a step, for "
-                 f"{TIMES}x the sends and receives (their own time grows with their count); "
-                 "the estimate takes each micro-batch's compute as its share of the batch: "
-                 "micro-batches too small to keep the device busy (a few samples, a CPU) cost "
-                 f"more; the batch must split into {m2} micro-batches"),
+            why=(said + f"; at {m2} it would be {bubble_theory(p, m2 * b.virtual):.0%}. The "
+                 f"model fitted to the run gives {b.more_microbatches(TIMES) * 1e3:.0f} ms a "
+                 f"step at {m2} against {step * 1e3:.0f} ms now: the stages' fill and drain "
+                 f"shrink, while each micro-batch's own cost ({b.overhead_s() * 1e3:.1f} ms a "
+                 "step now beyond the model: sends and receives, the schedule's Python, "
+                 f"smaller products) grows with their count; the batch must split into {m2}"),
             code=f"schedule = {cls}(stage, n_microbatches={m2}, loss_fn=loss_fn)",
             estimated_speedup=_speedup(step, b.more_microbatches(TIMES))))
     if "1F1B" not in cls and b.virtual == 1 and "ZeroBubble" not in cls:
