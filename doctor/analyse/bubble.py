@@ -49,6 +49,7 @@ class StageTime:
     compute_s: float
     wait_s: float  # waiting for its neighbours (the bubble)
     transfer_s: float  # its sends' and receives' own time, on its thread
+    runnable_s: float = 0.0  # its thread waiting for a core (nan: not measured)
 
     @property
     def bubble(self) -> float:
@@ -97,6 +98,14 @@ class Bubble:
 
     def step_s(self) -> float:
         return float(np.median([s.step_s for s in self.stages]))
+
+    @property
+    def core_wait(self) -> float:
+        """The stages' mean share of their step waiting for a core (0: not measured): where
+        they share too few cores, they cannot run side by side, which a pipeline needs."""
+        shares = [s.runnable_s / s.step_s for s in self.stages
+                  if s.step_s > 0 and s.runnable_s == s.runnable_s]
+        return float(np.mean(shares)) if shares else 0.0
 
     def fill_drain_s(self, chunks: float, computes: list[float] | None = None) -> float:
         """The model's step over ``chunks`` micro-batches (times the stages a rank) for each
@@ -177,9 +186,11 @@ def pipeline_bubble(ledger: pd.DataFrame | None, comms: Mapping[int, RankComms] 
             pipe_exposed / total_exposed if total_exposed > 0 else 0.0)
         transfer = blocked * (float(mine["transfer"].sum()) / pipe_exposed
                               if pipe_exposed > 0 else 0.0)
+        runnable = float(mine_ledger["runnable_s"].median()) if "runnable_s" in mine_ledger \
+            else float("nan")
         stages.append(StageTime(rank, _stage_of(schedules, rank), step,
                                 float(mine_ledger["compute"].median()), blocked - transfer,
-                                transfer))
+                                transfer, runnable))
     if not stages:
         return None
     schedule = par.schedule if par is not None else ""

@@ -20,6 +20,9 @@ TIMES = 2
 IMBALANCE = 1.1
 #: An estimate under this is not given.
 MIN_SPEEDUP = 1.02
+#: Stages waiting this share of their step for a core do not run side by side: the overlap
+#: that more micro-batches or interleaving buy is not there to buy.
+CORE_WAIT = 0.1
 
 
 def _speedup(now: float, then: float) -> float | None:
@@ -39,7 +42,8 @@ def bubble_evidence(b: Bubble) -> dict[str, Any]:
             "by_rank": {str(s.rank): s.bubble for s in b.stages},
             "transfer_s_per_step": {str(s.rank): s.transfer_s for s in b.stages},
             "compute_s_per_step": {str(s.rank): s.compute_s for s in b.stages},
-            "pacing_rank": b.pacing.rank, "imbalance": b.imbalance}
+            "pacing_rank": b.pacing.rank, "imbalance": b.imbalance,
+            "waiting_for_a_core": b.core_wait}
 
 
 def pipeline_fixes(b: Bubble) -> list[Fix]:
@@ -56,6 +60,12 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
     if theory is not None:
         said += (f"; {b.name}'s bubble with {p} stages and {m} micro-batches is {theory:.0%}: "
                  "(p-1)/(m+p-1)")
+    crowded = b.core_wait >= CORE_WAIT
+    if crowded:
+        said += (f"; but the stages waited for a core {b.core_wait:.0%} of their step (the "
+                 "ranks and other processes share too few cores): a pipeline's stages overlap "
+                 "only where each has a core of its own, so no estimate is given for more "
+                 "overlap here")
     if m > 0 and theory is not None:
         m2 = m * TIMES
         fixes.append(Fix(
@@ -67,7 +77,7 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
                  "step now beyond the model: sends and receives, the schedule's Python, "
                  f"smaller products) grows with their count; the batch must split into {m2}"),
             code=f"schedule = {cls}(stage, n_microbatches={m2}, loss_fn=loss_fn)",
-            estimated_speedup=_speedup(step, b.more_microbatches(TIMES))))
+            estimated_speedup=None if crowded else _speedup(step, b.more_microbatches(TIMES))))
     if "1F1B" not in cls and b.virtual == 1 and "ZeroBubble" not in cls:
         fixes.append(Fix(
             title="Use Schedule1F1B to fit more micro-batches",
@@ -88,7 +98,7 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
                  "          for i, part in ((rank, first), (rank + world, second))]\n"
                  f"schedule = ScheduleInterleaved1F1B(stages, n_microbatches={max(m, p)}, "
                  "loss_fn=loss_fn)",
-            estimated_speedup=_speedup(step, b.interleaved(2))))
+            estimated_speedup=None if crowded else _speedup(step, b.interleaved(2))))
     if len(b.stages) > 1 and b.imbalance >= IMBALANCE:
         fast = min(b.stages, key=lambda s: s.compute_s)
         where = f" (stage {pace.stage})" if pace.stage else ""
@@ -102,5 +112,5 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
                  "its excess off the step"),
             code="# split the model where each stage's forward and backward take the same\n"
                  "# time: move layers from the slowest stage to its neighbours",
-            estimated_speedup=_speedup(step, b.balanced())))
+            estimated_speedup=None if crowded else _speedup(step, b.balanced())))
     return sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0))

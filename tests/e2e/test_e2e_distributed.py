@@ -137,7 +137,13 @@ def test_a_pipelines_bubble_is_measured_against_its_schedule(tmp_path: Path) -> 
     assert "bucket_cap" not in text and "no_sync" not in text and "compress_hook" not in text
     more = comm["fixes"][0]
     assert more["title"] == "Split each batch into more micro-batches (1 -> 2)"
-    assert more["estimated_speedup"] > 1.1 and "apply" not in more
+    assert "apply" not in more
+    # stages that have cores of their own overlap: an estimate; stages that wait for one (two
+    # ranks and other processes on a small machine) cannot: none, and the words say why
+    if bubble["waiting_for_a_core"] < 0.1:
+        assert more["estimated_speedup"] > 1.1
+    else:
+        assert more.get("estimated_speedup") is None and "waited for a core" in more["why"]
     assert not verdict.get("comm_model")  # no DDP all-reduce to model
 
 
@@ -149,7 +155,10 @@ def test_an_unbalanced_pipeline_names_its_slow_stage(tmp_path: Path) -> None:
     assert bubble["pacing_rank"] == 1 and bubble["imbalance"] > 1.3
     assert bubble["by_rank"]["0"] > 2 * bubble["by_rank"]["1"]
     fixes = findings(verdict)["comm.exposed"]["fixes"]
-    assert fixes[0]["title"].startswith("Balance the stages: rank 1's stage is the slowest")
+    balance = [f for f in fixes if f["title"].startswith("Balance the stages: rank 1's stage")]
+    assert balance
+    if bubble["waiting_for_a_core"] < 0.1:  # the best fix where the stages run side by side
+        assert fixes[0] is balance[0]
 
 
 def test_a_sharded_optimizers_broadcasts_are_counted_to_it(tmp_path: Path) -> None:

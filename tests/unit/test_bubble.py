@@ -95,3 +95,16 @@ def test_waits_are_told_from_transfers_by_the_quickest_calls() -> None:
     seen = pipeline_bubble(ledger, c, None)
     assert seen is not None and seen.microbatches == 5 and seen.schedule == ""
     assert pipeline_bubble(ledger, {}, par) is None
+
+
+def test_stages_that_wait_for_a_core_get_no_estimate_of_more_overlap() -> None:
+    # the same pipeline twice: stages with cores of their own, and stages that waited a fifth
+    # of their step for one (2 ranks and other processes on 2 cores)
+    own = Bubble("ScheduleGPipe", 2, 1, 1, (stage(0, 0.5, 0.5), stage(1, 0.5, 0.5)))
+    crowded = Bubble("ScheduleGPipe", 2, 1, 1, (
+        StageTime(0, "0", 1.0, 0.5, 0.5, 0.0, 0.2), StageTime(1, "1", 1.0, 0.5, 0.5, 0.0, 0.2)))
+    assert own.core_wait == 0.0 and crowded.core_wait == pytest.approx(0.2)
+    [more_own] = [f for f in pipeline_fixes(own) if "(1 -> 2)" in f.title]
+    assert more_own.estimated_speedup == pytest.approx(1 / 0.75)  # (1 + 1/2) / 2 of 1 s
+    [more] = [f for f in pipeline_fixes(crowded) if "(1 -> 2)" in f.title]
+    assert more.estimated_speedup is None and "waited for a core 20%" in more.why
