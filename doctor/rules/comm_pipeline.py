@@ -58,8 +58,8 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
             f"({_shares(b)}; the sends' and receives' own time apart: "
             f"{pace.transfer_s * 1e3:.1f} ms a step on rank {pace.rank})")
     if theory is not None:
-        said += (f"; {b.name}'s bubble with {p} stages and {m} micro-batches is {theory:.0%}: "
-                 "(p-1)/(m+p-1)")
+        said += (f"; in theory, {b.name} with {p} stages and {m} micro-batches idles "
+                 f"{theory:.0%}: (p-1)/(m+p-1)")
     crowded = b.core_wait >= CORE_WAIT
     if crowded:
         said += (f"; but the stages waited for a core {b.core_wait:.0%} of their step (the "
@@ -81,9 +81,9 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
     if "1F1B" not in cls and b.virtual == 1 and "ZeroBubble" not in cls:
         fixes.append(Fix(
             title="Use Schedule1F1B to fit more micro-batches",
-            why=(f"1F1B has {b.name}'s bubble, but each stage holds at most {p} micro-batches' "
-                 f"activations at once instead of all {m}: more micro-batches fit in the same "
-                 "memory"),
+            why=(f"1F1B has the same bubble as {b.name}, but each stage holds at most {p} "
+                 f"micro-batches' activations at once instead of all {m}: more micro-batches "
+                 "fit in the same memory"),
             code="from torch.distributed.pipelining import Schedule1F1B\n"
                  f"schedule = Schedule1F1B(stage, n_microbatches={max(2 * m, p)}, "
                  "loss_fn=loss_fn)"))

@@ -178,7 +178,7 @@ def test_a_pipeline_gets_its_bubble_against_theory_not_ddp_fixes() -> None:
     f = comm_finding(frame, ledger=ledger)
     assert "bucket_cap" not in codes(f) and "n_microbatches=4" in codes(f)
     more = next(x for x in f.fixes if "micro-batches (2 -> 4)" in x.title)
-    assert "2 stages and 2 micro-batches is 33%" in more.why  # (p-1)/(m+p-1)
+    assert "2 stages and 2 micro-batches idles 33%" in more.why  # (p-1)/(m+p-1)
     bubble = f.evidence["pipeline_bubble"]
     assert bubble["theory"] == pytest.approx(1 / 3)
     assert bubble["by_rank"]["0"] == pytest.approx(0.045 * 16 / 20 / 0.1)  # less transfers
