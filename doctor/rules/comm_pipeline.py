@@ -47,7 +47,9 @@ def bubble_evidence(b: Bubble) -> dict[str, Any]:
 
 
 def pipeline_fixes(b: Bubble) -> list[Fix]:
-    """The fixes that fit the pipeline, best estimate first."""
+    """The fixes that fit the pipeline, best estimate first: more micro-batches, 1F1B and
+    interleaving only where the model finds the step shorter with more of them (or cannot
+    tell: stages that wait for a core), balancing where the stages' compute differs."""
     step = b.step_s()
     m, p = b.microbatches, b.ranks
     pace = b.pacing
@@ -66,7 +68,11 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
                  "ranks and other processes share too few cores): a pipeline's stages overlap "
                  "only where each has a core of its own, so no estimate is given for more "
                  "overlap here")
-    if m > 0 and theory is not None:
+    gain = None if crowded else _speedup(step, b.more_microbatches(TIMES))
+    # more overlap where the model finds it (or cannot tell: stages short of cores); a change
+    # the model predicts no gain for is left out, as the communication model's are
+    overlap = m > 0 and theory is not None and (crowded or gain is not None)
+    if overlap:
         m2 = m * TIMES
         fixes.append(Fix(
             title=f"Split each batch into more micro-batches ({m} -> {m2})",
@@ -77,8 +83,8 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
                  "step now beyond the model: sends and receives, the schedule's Python, "
                  f"smaller products) grows with their count; the batch must split into {m2}"),
             code=f"schedule = {cls}(stage, n_microbatches={m2}, loss_fn=loss_fn)",
-            estimated_speedup=None if crowded else _speedup(step, b.more_microbatches(TIMES))))
-    if "1F1B" not in cls and b.virtual == 1 and "ZeroBubble" not in cls:
+            estimated_speedup=gain))
+    if overlap and "1F1B" not in cls and b.virtual == 1 and "ZeroBubble" not in cls:
         fixes.append(Fix(
             title="Use Schedule1F1B to fit more micro-batches",
             why=(f"1F1B has the same bubble as {b.name}, but each stage holds at most {p} "
@@ -87,7 +93,7 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
             code="from torch.distributed.pipelining import Schedule1F1B\n"
                  f"schedule = Schedule1F1B(stage, n_microbatches={max(2 * m, p)}, "
                  "loss_fn=loss_fn)"))
-    if b.virtual == 1 and m > 0 and theory is not None:
+    if overlap and b.virtual == 1:
         fixes.append(Fix(
             title="Interleave two stages a rank (ScheduleInterleaved1F1B)",
             why=(f"with each rank holding 2 smaller stages the bubble is "

@@ -108,3 +108,13 @@ def test_stages_that_wait_for_a_core_get_no_estimate_of_more_overlap() -> None:
     assert more_own.estimated_speedup == pytest.approx(1 / 0.75)  # (1 + 1/2) / 2 of 1 s
     [more] = [f for f in pipeline_fixes(crowded) if "(1 -> 2)" in f.title]
     assert more.estimated_speedup is None and "waited for a core 20%" in more.why
+
+
+def test_more_microbatches_are_left_out_where_their_cost_eats_the_bubble() -> None:
+    # balanced stages, 2 micro-batches: compute 0.5, bubble 0.25, and 0.25 of the step the
+    # model does not explain (each micro-batch's own cost): 4 would cost more than they save
+    b = Bubble("ScheduleGPipe", 2, 2, 1, (stage(0, 0.5, 0.5), stage(1, 0.5, 0.5)))
+    assert b.overhead_s() == pytest.approx(0.25)
+    assert b.more_microbatches(2) > 1.0
+    titles = [f.title for f in pipeline_fixes(b)]
+    assert not any("micro-batches" in t or "Interleave" in t for t in titles)
