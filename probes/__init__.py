@@ -90,6 +90,7 @@ REGISTRY: tuple[ProbeSpec, ...] = (
     ProbeSpec("model_state", JOB, ".model_state:ModelStateProbe"),
     ProbeSpec("ddp", JOB, ".ddp:DdpProbe"),
     ProbeSpec("sharding", JOB, ".sharding:ShardingProbe"),
+    ProbeSpec("pipelining", JOB, ".pipelining:PipeliningProbe"),
     ProbeSpec("gc", JOB, ".gc_pauses:GcProbe"),
     ProbeSpec("compile", JOB, ".compile:CompileProbe"),
     ProbeSpec("checkpoints", JOB, ".checkpoints:CheckpointProbe"),

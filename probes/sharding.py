@@ -5,8 +5,10 @@ Once the job imports ``torch.distributed.fsdp`` it wraps FSDP2's ``fully_shard``
 module exports it) and FSDP1's ``FullyShardedDataParallel.__init__``: each call is counted, with
 its settings (FSDP2: ``reshard_after_forward``, the mesh's size, the bytes of the parameters the
 call shards, those not yet sharded by an inner call; FSDP1: ``sharding_strategy``,
-``forward_prefetch``, ``backward_prefetch``, ``limit_all_gathers``). Nothing runs per step; the
-totals go to meta.json (``sharding``) when the profiler window ends and at exit.
+``forward_prefetch``, ``backward_prefetch``, ``limit_all_gathers``). Once it imports
+``torch.distributed.optim``, the ZeRO-1 optimizer ``ZeroRedundancyOptimizer`` is wrapped the
+same way (its optimizer class, ``parameters_as_bucket_view``, ``overlap_with_ddp``). Nothing runs
+per step; the totals go to meta.json (``sharding``) when the profiler window ends and at exit.
 
 Runs inside the job at construction time only; a failure records nothing and never stops the
 job (the wrapped call's own result and errors pass through untouched).
@@ -16,12 +18,11 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from ..record.after_import import AfterImport, when_imported
-from ..record.patches import Patches
-from ..record.session import CLOSE, WINDOW_END, Session
-from ..verdict import ProbeStatus
+from ..record.session import Session
+from .on_import import OnImportProbe
 
 #: The modules that export FSDP2's fully_shard, by torch release.
 FULLY_SHARD_AT = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
@@ -29,39 +30,47 @@ FULLY_SHARD_AT = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard
                   "torch.distributed._composable.fsdp",
                   "torch.distributed._composable.fsdp.fully_shard")
 MAX_UNITS_KEPT = 64  # units whose bytes are kept one by one (the count is always whole)
+ZERO_API = "ZeroRedundancyOptimizer"
+ZERO_SETTINGS = ("parameters_as_bucket_view", "overlap_with_ddp")
 FSDP1_SETTINGS = ("sharding_strategy", "forward_prefetch", "backward_prefetch",
                   "limit_all_gathers")
 
 
-class ShardingProbe:
+class ShardingProbe(OnImportProbe):
     name = "sharding"
+    module = "torch.distributed.fsdp"
 
     def __init__(self, session: Session) -> None:
-        self.session = session
-        self._patches = Patches()
-        self._finder: AfterImport | None = None
+        super().__init__(session)
         self.fsdp2: dict[str, Any] = {"units": 0, "reshard_after_forward": [], "mesh_size": None,
                                       "unit_bytes": []}
         self.fsdp1: dict[str, Any] = {"units": 0}
+        self.zero: dict[str, Any] = {"units": 0}
 
-    def check(self) -> ProbeStatus:
-        return ProbeStatus(True)
+    def imports(self) -> dict[str, Callable[[], None]]:
+        return {**super().imports(), "torch.distributed.optim": self.wrap_zero}
 
-    def start(self) -> None:
-        self._finder = when_imported("torch.distributed.fsdp", self._wrap)
-        self.session.on(WINDOW_END, self.record)
-        self.session.on(CLOSE, self.record)
+    def wrap_zero(self) -> None:
+        self.wrap_init("torch.distributed.optim", ZERO_API, self._zero_init)
 
-    def sample(self) -> None:
-        pass  # construction-time only
+    def _zero_init(self, orig: Any) -> Any:
+        settings = self.zero
 
-    def stop(self) -> None:
-        if self._finder is not None:
-            self._finder.remove()
-            self._finder = None
-        self._patches.restore()
+        @functools.wraps(orig)
+        def __init__(this: Any, *args: Any, **kwargs: Any) -> None:
+            orig(this, *args, **kwargs)
+            try:
+                settings["units"] += 1
+                optimizer = kwargs.get("optimizer_class", args[1] if len(args) > 1 else None)
+                settings["settings"] = ", ".join([
+                    f"{getattr(optimizer, '__name__', optimizer)} state sharded",
+                    *(f"{k}={bool(kwargs.get(k, False))}" for k in ZERO_SETTINGS)])
+            except Exception as err:
+                self.session.swallowed(self.name, "reading ZeroRedundancyOptimizer", err)
 
-    def _wrap(self) -> None:
+        return __init__
+
+    def wrap(self) -> None:
         try:
             fsdp = sys.modules["torch.distributed.fsdp"]
             orig = getattr(fsdp, "fully_shard", None)
@@ -138,6 +147,8 @@ class ShardingProbe:
             out["fully_shard"] = dict(self.fsdp2)
         if self.fsdp1["units"]:
             out["FullyShardedDataParallel"] = dict(self.fsdp1)
+        if self.zero["units"]:
+            out[ZERO_API] = dict(self.zero)
         if out:
             try:
                 self.session.update_meta(sharding=out)

@@ -214,12 +214,15 @@ def comms_evidence(run: RunData, ranks: Mapping[int, RankSteps], window: pd.Data
 
 
 def comms_parallelism(comms: Mapping[int, RankComms], world: int | None, ddp_seen: bool,
-                      probe: pd.DataFrame | None = None) -> Parallelism:
-    """The job's parallelism (doctor.analyse.parallelism) from every rank's collectives and
-    the FSDP modules the job built (``probe``: RunData.sharding)."""
+                      probe: pd.DataFrame | None = None,
+                      schedules: pd.DataFrame | None = None) -> Parallelism:
+    """The job's parallelism (doctor.analyse.parallelism) from every rank's collectives, the
+    FSDP modules the job built (``probe``: RunData.sharding) and its pipeline schedules
+    (``schedules``: RunData.pipeline)."""
     calls = pd.concat([c.calls for c in comms.values()], ignore_index=True) if comms else \
         pd.DataFrame()
-    return parallelism(calls, {r: c.steps for r, c in comms.items()}, world, ddp_seen, probe)
+    return parallelism(calls, {r: c.steps for r, c in comms.items()}, world, ddp_seen, probe,
+                       schedules)
 
 
 def comms_table(comms: Mapping[int, RankComms]) -> dict[str, pd.DataFrame]:

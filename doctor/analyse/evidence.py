@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
+from doctor.analyse.bubble import Bubble, pipeline_bubble
 from doctor.analyse.causes import SlowSteps
 from doctor.analyse.comms import CommModel, RankComms
 from doctor.analyse.compiles import Compiles, compiles
@@ -81,7 +82,9 @@ class Evidence:
     - ``optimizers``: each training process's optimizers as they first stepped (class,
       foreach, fused, parameter tensors, device);
     - ``phases``: each rank's evaluation passes, checkpoints and epoch starts
-      (doctor.analyse.phase_steps; the pipeline adds it).
+      (doctor.analyse.phase_steps; the pipeline adds it);
+    - ``bubble``: a pipeline's stages waiting for their neighbours against the schedule's
+      theory (doctor.analyse.bubble), where ranks sent and received in a pipeline.
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -115,6 +118,7 @@ class Evidence:
     phases: tuple[PhaseSummary, ...] | None = None
     parallelism: Parallelism | None = None
     comms: Mapping[int, RankComms] | None = None  # each rank's collectives, with their roles
+    bubble: Bubble | None = None  # a pipeline's stages waiting (doctor.analyse.bubble)
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -157,6 +161,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         precision=precision_evidence(run, ranks, stages.ledger, stages.ops) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
         parallelism=stages.parallelism, comms=stages.comms or None,
+        bubble=pipeline_bubble(steady, stages.comms, stages.parallelism, run.pipeline),
     )
 
 

@@ -12,6 +12,10 @@ was issued in, and the sharding library whose hook issued it) gets a role:
   ``STATS_BYTES``) issued in forward, and the all-reduces in backward of the same sizes (each
   one's gradient);
 - ``pipeline``: point-to-point sends and receives (pipeline stages);
+- ``zero``: a sharded optimizer's parameter broadcasts (ZeRO stage 1, torch's
+  ZeroRedundancyOptimizer: each rank steps its share of the parameters and broadcasts them),
+  recognised by their pattern: broadcasts issued in the optimizer's step, and the broadcasts of
+  the same sizes elsewhere in the window (a step the window cut);
 - ``gradients``: the all-reduces left (DDP's buckets, or a hand-written gradient all-reduce);
 - ``other``: the rest (broadcasts, all-to-all, barriers).
 
@@ -28,10 +32,13 @@ import numpy as np
 import pandas as pd
 
 SHARDED, STATS, PIPELINE, GRADIENTS, OTHER = "sharded", "stats", "pipeline", "gradients", "other"
-ROLES = (SHARDED, STATS, PIPELINE, GRADIENTS, OTHER)
+ZERO = "zero"
+ROLES = (SHARDED, STATS, PIPELINE, ZERO, GRADIENTS, OTHER)
 #: Below this a forward collective carries statistics, not parameters (a BatchNorm layer's
 #: mean and variance over a few thousand channels, gathered from every rank).
 STATS_BYTES = 64 * 1024
+#: The sharding probe's name of torch's ZeRO-1 optimizer (doctor.probes.sharding).
+ZERO_API = "ZeroRedundancyOptimizer"
 #: Forward collectives of statistics a step (per rank) that make the pattern.
 MIN_STATS_CALLS = 2
 
@@ -52,6 +59,9 @@ def roles(calls: pd.DataFrame) -> pd.Series:
     out[kind == "allreduce"] = GRADIENTS
     out[kind == "sendrecv"] = PIPELINE
     out[owned | (shard_kinds & nbytes.notna() & ~small)] = SHARDED
+    stepped = (kind == "broadcast") & (phase == "optimizer")
+    if stepped.any():
+        out[(kind == "broadcast") & (stepped | nbytes.isin(set(nbytes[stepped].tolist())))] = ZERO
     forward = ~owned & small & (phase == "forward") & kind.isin(("allgather", "allreduce"))
     if _per_rank_steps(calls, forward) >= MIN_STATS_CALLS:
         # each one's gradient: of the statistics (an all-reduce's), or of every rank's
@@ -116,13 +126,21 @@ class Parallelism:
     stats_calls: float  # collectives of batch statistics a step (forward and backward)
     pipeline_calls: float  # sends and receives a step
     settings: str = ""  # the sharded modules' own settings, as the job set them (probe)
+    schedule: str = ""  # the pipeline's schedule class, as the job built it (probe)
+    stages: int = 0  # the pipeline's stages (0: not known)
+    microbatches: int = 0  # the schedule's micro-batches a step (0: not known)
+    zero_calls: float = 0.0  # a sharded optimizer's parameter broadcasts a step
+    zero: str = ""  # the sharded optimizer's class and settings, as the job built it (probe)
 
     @property
     def kinds(self) -> tuple[str, ...]:
         """Each kind found: ``sharded``, ``ddp``, ``stats``, ``pipeline``."""
         return tuple(k for k, found in (("sharded", bool(self.sharded)), ("ddp", self.ddp),
                                         ("stats", self.stats_calls > 0),
-                                        ("pipeline", self.pipeline_calls > 0)) if found)
+                                        ("pipeline", self.pipeline_calls > 0
+                                         or bool(self.schedule)),
+                                        ("zero", self.zero_calls > 0 or bool(self.zero)))
+                     if found)
 
     def describe(self) -> str:
         """In words, for the job section ("" where no collective was seen)."""
@@ -145,18 +163,45 @@ class Parallelism:
         if self.stats_calls > 0:
             parts.append(f"synchronised batch statistics ({self.stats_calls:g} small "
                          "collectives a step)")
-        if self.pipeline_calls > 0:
+        if self.zero or self.zero_calls > 0:
+            words = f"ZeRO-1 sharded optimizer{over}"
+            if self.zero:
+                words += f" ({self.zero})"
+            if self.zero_calls > 0:
+                words += f"; {self.zero_calls:g} parameter broadcasts a step"
+            parts.append(words)
+        if self.schedule:
+            parts.append(f"pipeline: {self.stages or '?'} stages, {schedule_name(self.schedule)}, "
+                         f"{self.microbatches or '?'} micro-batches")
+        elif self.pipeline_calls > 0:
             parts.append(f"pipeline stages ({self.pipeline_calls:g} sends and receives a step)")
         return "; ".join(parts)
 
 
+def schedule_name(cls: str) -> str:
+    """A schedule's class in words: ``ScheduleGPipe`` -> ``GPipe``."""
+    return cls.removeprefix("Schedule") or cls
+
+
 def parallelism(calls: pd.DataFrame, steps: Mapping[int, int], world: int | None,
-                ddp_seen: bool, probe: pd.DataFrame | None = None) -> Parallelism:
+                ddp_seen: bool, probe: pd.DataFrame | None = None,
+                schedules: pd.DataFrame | None = None) -> Parallelism:
     """The job's parallelism from every rank's collectives (with a ``role`` column) and each
     rank's window steps; ``ddp_seen``: the DDP probe saw a DistributedDataParallel; ``probe``:
     the FSDP modules the job built (doctor.probes.sharding: RunData.sharding), whose API, count
-    and settings come first."""
+    and settings come first; ``schedules``: the pipeline schedules it built
+    (doctor.probes.pipelining: RunData.pipeline)."""
     found = _from_collectives(calls, steps, world, ddp_seen)
+    if schedules is not None and not schedules.empty:
+        row = schedules.sort_values(["rank", "pid"]).iloc[0]  # the first built: training's
+        found = replace(found, schedule=str(row["schedule"]), stages=int(row["stages"]),
+                        microbatches=int(row["microbatches"]))
+    if probe is not None and not probe.empty:
+        zero = probe[probe["api"] == ZERO_API]
+        probe = probe[probe["api"] != ZERO_API]
+        if len(zero):
+            found = replace(found, zero=f"{ZERO_API}: {zero['settings'].iloc[0]}"
+                            if isinstance(zero["settings"].iloc[0], str) else ZERO_API)
     if probe is None or probe.empty:
         return found
     row = probe.sort_values("units").iloc[-1]  # the rank that built the most
@@ -195,4 +240,4 @@ def _from_collectives(calls: pd.DataFrame, steps: Mapping[int, int], world: int 
         world, ddp_seen or bool((role == GRADIENTS).any()), owner,
         # whether units are gathered again before backward: said of FSDP's own units only
         int(units[units != ""].nunique()), reshard if owner in ("FSDP2", "FSDP") else None,
-        per_step(role == STATS), per_step(role == PIPELINE))
+        per_step(role == STATS), per_step(role == PIPELINE), zero_calls=per_step(role == ZERO))

@@ -175,8 +175,9 @@ def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None)
         contention=contention, comm_contention=comm_contention, ledger=ledger, window=window,
         loaders=loaders, memory=memory, ops=ops, comms=comms, models=models, drifts=drifts,
         phases=phases, period_starts=starts,
-        parallelism=comms_parallelism(comms, job.world_size, not run.ddp.empty, run.sharding)
-        if comms or not run.sharding.empty else None)
+        parallelism=comms_parallelism(comms, job.world_size, not run.ddp.empty, run.sharding,
+                                      run.pipeline)
+        if comms or not run.sharding.empty or not run.pipeline.empty else None)
 
 
 def run_phases(run: RunData, ranks: dict[int, RankSteps]) -> dict[int, RankPhases]:

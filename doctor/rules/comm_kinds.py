@@ -1,8 +1,10 @@
 """The fixes for exposed communication that fit the collectives' kind of parallelism
 (doctor.analyse.parallelism): a sharded job's all-gathers and reduce-scatters (prefetch, keep
 the last units gathered after forward, fewer and larger units), synchronised batch statistics
-(plain BatchNorm where each rank's batch is large enough, GroupNorm, a larger batch a rank), and
-a pipeline's sends and receives (more micro-batches, 1F1B, balanced stages). DDP's own fixes
+(plain BatchNorm where each rank's batch is large enough, GroupNorm, a larger batch a rank), a
+sharded optimizer's parameter broadcasts (one bucket a rank, the step overlapped with DDP's
+backward, a whole optimizer a rank where memory allows);
+a pipeline's sends and receives are doctor.rules.comm_pipeline's. DDP's own fixes
 (bucket size, no_sync, compression) are doctor.rules.communication's, for DDP's all-reduces
 alone.
 
@@ -18,7 +20,15 @@ from dataclasses import dataclass
 import pandas as pd
 
 from doctor.analyse.comms import RankComms
-from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS, Parallelism
+from doctor.analyse.parallelism import (
+    GRADIENTS,
+    OTHER,
+    PIPELINE,
+    SHARDED,
+    STATS,
+    ZERO,
+    Parallelism,
+)
 from doctor.rules.window import speedup
 from doctor.verdict import Fix
 
@@ -28,6 +38,7 @@ MIB = 2**20
 WORDS = {SHARDED: "all-gathers and reduce-scatters of the sharded parameters",
          STATS: "small collectives of batch statistics (synchronised BatchNorm)",
          PIPELINE: "pipeline sends and receives", GRADIENTS: "gradient all-reduces",
+         ZERO: "parameter broadcasts of a sharded optimizer (ZeRO-1)",
          OTHER: "other collectives"}
 
 
@@ -193,49 +204,46 @@ def all_to_all_fixes(ex: Exposed) -> list[Fix]:
               "for _ in range(steps):\n    pipeline.progress(data_iterator)"))]
 
 
-def bubble_theory(stages: int, microbatches: float) -> float:
-    """GPipe's (and 1F1B's) bubble: (p-1)/(m+p-1) of the step for p stages, m micro-batches."""
-    return (stages - 1) / (microbatches + stages - 1) if stages > 1 and microbatches > 0 else 0.0
-
-
-def pipeline_fixes(ex: Exposed, comms: Mapping[int, RankComms] | None, step_s: float
-                   ) -> list[Fix]:
-    """A pipeline's sends and receives: each stage's wait for its neighbour (the bubble, with
-    the transfers), against GPipe's theory for the stages and micro-batches seen (an end stage
-    sends and receives once each a micro-batch: half its calls a step); the stage that waits
-    least is the slowest. No estimate: more micro-batches also pay more sends and receives."""
-    calls = ex.of(PIPELINE)
+def zero_fixes(ex: Exposed) -> list[Fix]:
+    """A sharded optimizer's (ZeRO-1) parameter broadcasts: one bucket a rank instead of one
+    broadcast a parameter, the step and its broadcasts overlapped with DDP's backward, or a
+    whole optimizer on every rank where its state fits (the broadcasts gone, for (N-1)/N more
+    optimizer state a rank and N times the optimizer's step). No estimates: the broadcasts'
+    time is measured, but not what a bucket costs, nor the whole optimizer's step (on a 2-rank
+    gloo job the switches measured 1.5x and 2.7x where their exposed time said 9x)."""
+    calls = ex.of(ZERO)
     if calls.empty:
         return []
-    idle: dict[int, float] = {}
-    for rank, c in (comms or {}).items():
-        mine = c.calls[c.calls["role"] == PIPELINE] if "role" in c.calls else c.calls.iloc[:0]
-        if len(mine) and c.steps:
-            idle[rank] = float(mine["exposed_s"].sum()) / c.steps
-    per_step = min((len(c.calls[c.calls["role"] == PIPELINE]) / c.steps
-                    for c in (comms or {}).values()
-                    if c.steps and "role" in c.calls and (c.calls["role"] == PIPELINE).any()),
-                   default=len(calls) / ex.steps)
-    micro = per_step / 2
-    stages = max(len(idle), ex.world)
-    theory = bubble_theory(stages, micro)
-    shown = ", ".join(f"rank {r} {s / step_s:.0%}" for r, s in sorted(idle.items())) \
-        if step_s > 0 else ""
-    why = (f"each stage waits for its neighbour ({shown} of the step, transfers included); "
-           f"GPipe's bubble with {stages} stages and {micro:g} micro-batches is "
-           f"{theory:.0%}: (p-1)/(m+p-1); with {4 * micro:g} it would be "
-           f"{bubble_theory(stages, 4 * micro):.0%}, for {4:g}x the sends and receives")
-    slow = min(idle, key=lambda r: idle[r]) if len(idle) > 1 else None
-    return [
-        Fix(title="Split each batch into more micro-batches", why=why,
-            code=f"schedule = ScheduleGPipe(stage, n_microbatches={int(4 * micro) or 8})"),
-        Fix(title="Use a 1F1B or interleaved schedule",
-            why="1F1B holds fewer micro-batches' activations at once, and interleaved stages "
-                "shrink the bubble by the number of stages a rank holds",
-            code="from torch.distributed.pipelining import ScheduleInterleaved1F1B\n"
-                 "schedule = ScheduleInterleaved1F1B(stages, n_microbatches=8)"),
-        Fix(title="Balance the stages" + (f": rank {slow}'s stage is the slowest"
-                                          if slow is not None else ""),
-            why="the slowest stage sets the pace: the others wait for it at every send",
-            code="# split the model where each stage's forward and backward take the same time"),
-    ]
+    exposed = float(calls["exposed_s"].sum()) / ex.steps
+    n = len(calls) / ex.steps
+    trip = float(calls["seconds"].median())
+    out = []
+    if n > 2 * ex.world:
+        out.append(Fix(
+            title="Broadcast one bucket a rank (parameters_as_bucket_view=True)",
+            why=(f"{n:g} broadcasts a step after the optimizer's step, one a parameter "
+                 f"({float(calls['bytes'].median()) / 1024:.1f} KiB median), "
+                 f"{exposed * 1e3:.1f} ms exposed: each pays a round trip (a median "
+                 f"{trip * 1e3:.2f} ms here); a bucket view sends each rank's shard as one "
+                 f"tensor, {ex.world} broadcasts a step"),
+            code=("ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,"
+                  "\n    parameters_as_bucket_view=True, lr=lr)")))
+    out.append(Fix(
+        title="Overlap the sharded step with DDP's backward (overlap_with_ddp=True)",
+        why=("each rank steps its shard and broadcasts it after backward, with nothing beside "
+             "it; with overlap_with_ddp, DDP's communication hook steps and broadcasts each "
+             "bucket as soon as it is reduced"),
+        code=("from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import "
+              "hook_with_zero_step\nfrom torch.distributed.algorithms.ddp_comm_hooks."
+              "default_hooks import allreduce_hook\n"
+              "zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim"
+              ".Adam,\n    overlap_with_ddp=True, lr=lr)\n"
+              "model.register_comm_hook(None, hook_with_zero_step(allreduce_hook, model, zero))")))
+    out.append(Fix(
+        title="Step a whole optimizer on each rank where its state fits",
+        why=(f"the broadcasts ({exposed * 1e3:.1f} ms exposed a step) are the price of holding "
+             f"1/{ex.world} of the optimizer state a rank; where memory allows, each rank "
+             f"keeps all of it ({ex.world - 1}/{ex.world} more) and broadcasts nothing"),
+        code="optimizer = torch.optim.Adam(model.parameters(), lr=lr)  # instead of "
+             "ZeroRedundancyOptimizer"))
+    return out

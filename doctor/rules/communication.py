@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from doctor.analyse.bubble import Bubble, pipeline_bubble, window_as_ledger
 from doctor.analyse.comm_model import WhatIf
 from doctor.analyse.comms import critical
 from doctor.analyse.evidence import Evidence
-from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS
+from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS, ZERO
 from doctor.rules.base import rule
 from doctor.rules.comm_kinds import (
     ROLE_SHARE,
@@ -19,10 +20,11 @@ from doctor.rules.comm_kinds import (
     Exposed,
     all_to_all_fixes,
     exposed_by_role,
-    pipeline_fixes,
     sharded_fixes,
     stats_fixes,
+    zero_fixes,
 )
+from doctor.rules.comm_pipeline import bubble_evidence, pipeline_fixes
 from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 
@@ -135,7 +137,13 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
     ex = exposed_by_role(ev.comms)
     job = ev.job
     spare = 1.0 if on_gpu or not job.cores else job.cores / max(job.ranks_here, 1) - 1.0
-    fixes, roles = kind_fixes(ev, ex, ddp_devices, removed, min(max(spare, 0.0), 1.0), step)
+    # the pipeline's bubble over the analysed steps; over the window's where there is none
+    bubble = ev.bubble
+    if bubble is None and ex is not None and ex.share(PIPELINE) > 0:
+        bubble = pipeline_bubble(ev.ledger, ev.comms, ev.parallelism) or \
+            pipeline_bubble(window_as_ledger(f), ev.comms, ev.parallelism)
+    fixes, roles = kind_fixes(ev, ex, ddp_devices, removed, min(max(spare, 0.0), 1.0), step,
+                              bubble)
     par = ev.parallelism.describe() if ev.parallelism is not None else ""
     mostly = max(roles, key=lambda r: roles[r]) if roles else ""
     return [window_finding(
@@ -151,13 +159,15 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
                       comm_share_of_steps=removed,
                       world_size=world if isinstance(world, int) else None,
                       **({"parallelism": par} if par else {}),
-                      **({"exposed_by_role": roles} if roles else {})),
+                      **({"exposed_by_role": roles} if roles else {}),
+                      **({"pipeline_bubble": bubble_evidence(bubble)} if bubble else {})),
         fixes=fixes, step_s=step, removed_s=removed * step,
     )]
 
 
 def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
-               overlap_cores: float, step: float) -> tuple[list[Fix], dict[str, float]]:
+               overlap_cores: float, step: float, bubble: Bubble | None = None
+               ) -> tuple[list[Fix], dict[str, float]]:
     """The fixes that fit the kinds of collectives exposed (doctor.rules.comm_kinds), best
     estimate first, and each role's share of the exposed communication: DDP's fixes only for
     gradient all-reduces (all of them where no collective has a role: a trace of another
@@ -172,8 +182,10 @@ def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
         fixes += sharded_fixes(ex, ev.parallelism, share, overlap_cores, step * (1 - share))
     if ex.share(STATS) >= ROLE_SHARE:
         fixes += stats_fixes(ex, share)
-    if ex.share(PIPELINE) >= ROLE_SHARE:
-        fixes += pipeline_fixes(ex, ev.comms, step)
+    if ex.share(PIPELINE) >= ROLE_SHARE and bubble is not None:
+        fixes += pipeline_fixes(bubble)
+    if ex.share(ZERO) >= ROLE_SHARE:
+        fixes += zero_fixes(ex)
     if ex.share(OTHER) >= ROLE_SHARE:
         fixes += all_to_all_fixes(ex)
     return sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)), roles

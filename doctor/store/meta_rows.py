@@ -163,8 +163,26 @@ def sharding_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]
             "mesh_size": as_int(record.get("mesh_size")) or 0,
             "unit_bytes": sum(sizes) if sizes else None,
             **{k: None if record.get(k) is None else str(record.get(k))
-               for k in ("sharding_strategy", "forward_prefetch", "backward_prefetch")},
+               for k in ("sharding_strategy", "forward_prefetch", "backward_prefetch",
+                         "settings")},
         })
+    return rows
+
+
+def pipeline_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
+    """The process's pipeline schedules (doctor.probes.pipelining): one row each, as built."""
+    rows = []
+    for d in as_list(as_dict(meta.pipeline).get("schedules")):
+        record = as_dict(d)
+        name = as_str(record.get("schedule"))
+        if not name:
+            continue
+        indices = [i for i in map(as_int, as_list(record.get("stages"))) if i is not None]
+        rows.append({**who, "schedule": name,
+                     "microbatches": as_int(record.get("n_microbatches")) or 0,
+                     "stages": as_int(record.get("num_stages")) or 0,
+                     "stage_indices": ",".join(str(i) for i in indices),
+                     "stage_bytes": as_float(record.get("stage_bytes"))})
     return rows
 
 

@@ -71,6 +71,7 @@ class ProcessMeta:
     window: Mapping[str, Any] = field(default_factory=dict)
     ddp: tuple[Mapping[str, Any], ...] = ()
     sharding: Mapping[str, Any] = field(default_factory=dict)  # FSDP (probes/sharding.py)
+    pipeline: Mapping[str, Any] = field(default_factory=dict)  # probes/pipelining.py
     optimizers: tuple[Mapping[str, Any], ...] = ()  # each as it first stepped (probes/steps.py)
     autocast: tuple[Mapping[str, Any], ...] = ()  # each autocast entered (probes/amp.py)
     scalers: tuple[Mapping[str, Any], ...] = ()  # each GradScaler as it first updated
@@ -114,7 +115,7 @@ class ProcessMeta:
             stopped=record("stopped"), crashed=text("crashed"), crashed_ns=number("crashed_ns"),
             probe_error=text("probe_error"), loaders=_records(meta.get("loaders")),
             batch_tensors=record("batch_tensors"), window=record("window"),
-            ddp=_records(meta.get("ddp")), sharding=record("sharding"),
+            ddp=_records(meta.get("ddp")), sharding=record("sharding"), pipeline=record("pipeline"),
             optimizers=_records(meta.get("optimizers")),
             autocast=_records(meta.get("autocast")), scalers=_records(meta.get("scalers")),
             compile_causes=record("compile_causes"), model_state=record("model_state"),

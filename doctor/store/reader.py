@@ -67,6 +67,7 @@ from .meta_rows import (
     log_totals,
     model_state_rows,
     optimizer_rows,
+    pipeline_rows,
     sharding_rows,
 )
 from .process_meta import ProcessMeta, read_meta
@@ -119,6 +120,7 @@ def _load_node(run_dir: Path) -> RunData:
     window_events: list[pd.DataFrame] = []
     ddp: list[dict[str, Any]] = []
     sharding: list[dict[str, Any]] = []
+    pipeline: list[dict[str, Any]] = []
     optimizers: list[dict[str, Any]] = []
     amp: list[dict[str, Any]] = []
     compile_causes: list[dict[str, Any]] = []
@@ -135,6 +137,7 @@ def _load_node(run_dir: Path) -> RunData:
         model_states += model_state_rows(who, meta)
         ddp += ddp_rows(who, meta)
         sharding += sharding_rows(who, meta)
+        pipeline += pipeline_rows(who, meta)
         optimizers += optimizer_rows(who, meta)
         amp += amp_rows(who, meta)
         compile_causes += compile_cause_rows(who, meta)
@@ -188,7 +191,8 @@ def _load_node(run_dir: Path) -> RunData:
         "memory": memory.assign(node=0), "window": _concat(windows),
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
         "collectives": _concat(collectives), "ddp": ddp, "sharding": sharding,
-        "optimizers": optimizers, "amp": amp, "compile_causes": compile_causes,
+        "pipeline": pipeline, "optimizers": optimizers, "amp": amp,
+        "compile_causes": compile_causes,
         "window_events": _concat(window_events), "later_windows": _concat(later),
         "later_stacks": later_stacks, "later_stack_spans": later_spans,
         "stack_times": stack_times,

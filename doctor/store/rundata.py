@@ -104,10 +104,16 @@ DDP_COLUMNS = columns(f"{WHO} bucket_cap_bytes buckets:int64 bucket_bytes last_b
                       "backward_compute_s backward_comm_s backward_overlap_s:float64 "
                       "gradient_as_bucket_view static_graph find_unused_parameters:bool")
 #: The sharded data-parallel modules of a process (doctor.probes.sharding): the API (FSDP2's
-#: ``fully_shard`` or FSDP1's ``FullyShardedDataParallel``), its units and settings.
+#: ``fully_shard``, FSDP1's ``FullyShardedDataParallel`` or the ZeRO-1 optimizer
+#: ``ZeroRedundancyOptimizer``), its units and settings (``settings``: the optimizer's, in words).
 SHARDING_COLUMNS = columns(f"{WHO} api:object units:int64 reshard_after_forward:object "
                            "mesh_size:int64 unit_bytes:float64 sharding_strategy "
-                           "forward_prefetch backward_prefetch:object")
+                           "forward_prefetch backward_prefetch settings:object")
+#: The pipeline schedules of a process (doctor.probes.pipelining): the schedule's class, its
+#: micro-batches, the pipeline's stages, this process's stage indices (comma-separated) and the
+#: bytes of their parameters.
+PIPELINE_COLUMNS = columns(f"{WHO} schedule:object microbatches stages:int64 "
+                           "stage_indices:object stage_bytes:float64")
 #: The profiler window's events, newest first kept (doctor.trace.window_events), on the process's
 #: clock (ns, as its rings).
 WINDOW_EVENT_COLUMNS = columns(f"{WHO} kind track name:object t0_ns t1_ns:int64")
@@ -201,6 +207,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "amp": AMP_COLUMNS,
     "compile_causes": COMPILE_CAUSE_COLUMNS, "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS, "sharding": SHARDING_COLUMNS,
+    "pipeline": PIPELINE_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
     "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
     "run_steps": RUN_STEPS_COLUMNS,
@@ -276,6 +283,7 @@ class RunData:
     - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
     - ``sharding``: each process's FSDP units and settings (doctor.probes.sharding);
+    - ``pipeline``: each process's pipeline schedules and stages (doctor.probes.pipelining);
     - ``window_events``: the profiler window's events on the process's clock, capped
       (doctor.trace.window_events), and ``window_status.events`` how many the trace had;
     - ``others``: processes outside the job that took cores, per scan (doctor.probes.others);
@@ -312,6 +320,7 @@ class RunData:
     ddp: pd.DataFrame
     window_events: pd.DataFrame
     sharding: pd.DataFrame
+    pipeline: pd.DataFrame
     others: pd.DataFrame
     later_windows: pd.DataFrame
     later_stacks: pd.DataFrame

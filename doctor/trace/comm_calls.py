@@ -50,7 +50,7 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     else:
         c, at = _backend_work(t)
         kind, nbytes, group = (c.attrs[k] for k in ("coll", "bytes", "group"))
-        compute = outside_comm(t.host_ops, with_waits(t))
+        compute = outside_comm(t.host_ops, with_waits(t, blocking=True))
     if not len(c):
         return pd.DataFrame({col: pd.Series(dtype=float) for col in CALL_COLUMNS})
     world = t.meta.world_size

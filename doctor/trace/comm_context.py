@@ -186,19 +186,31 @@ def waits(t: Timeline) -> EventArrays:
     """The issuing thread waiting for its collectives: from each c10d call's end to the end of
     the backend's work it enqueued, the gaps of ``WAIT_US`` or more in which that thread runs
     no op of its own (``work.wait()``, a synchronous collective: time that an op around the
-    call, an autograd node's or a custom Function's, would otherwise count as compute)."""
+    call, an autograd node's or a custom Function's, would otherwise count as compute). Work
+    recorded on the issuing thread itself (``on_issuing_thread``: gloo's sends and receives)
+    is in flight while the thread goes on: only a gap that ends as it completes is a wait for
+    it (the thread's Python between ops meanwhile is not)."""
     calls, done, by = backend_pairs(t)
     found = by >= 0
     if not found.any():
         return EventArrays(np.empty(0), np.empty(0), {"tid": np.empty(0, np.int64)})
     tids = calls.attrs["tid"][by[found]]
+    own = done.attrs["tid"][found] == tids if "tid" in done.attrs else \
+        np.zeros(len(tids), dtype=bool)
     lo, hi = calls.end[by[found]], done.end[found]
+    hi = np.maximum(hi, lo)
     ho = t.host_ops
     starts, ends, out_tid = [], [], []
     for tid in np.unique(tids).tolist():
         mine = tids == tid
-        flight = union(lo[mine], np.maximum(hi[mine], lo[mine]))
-        gaps = difference(flight, leaves(ho, tid))
+        ops = leaves(ho, tid)
+        gaps = difference(union(lo[mine & ~own], hi[mine & ~own]), ops)
+        own_gaps = difference(union(lo[mine & own], hi[mine & own]), ops)
+        done_at = np.sort(hi[mine & own])
+        at = np.searchsorted(done_at, own_gaps[1] - WAIT_US, side="left")
+        ending = (at < len(done_at)) & \
+            (done_at[np.minimum(at, len(done_at) - 1)] <= own_gaps[1] + WAIT_US)
+        gaps = union_of(gaps, (own_gaps[0][ending], own_gaps[1][ending]))
         long = (gaps[1] - gaps[0]) >= WAIT_US
         starts.append(gaps[0][long])
         ends.append(gaps[1][long])
@@ -206,6 +218,29 @@ def waits(t: Timeline) -> EventArrays:
     order = np.argsort(np.concatenate(starts), kind="stable")
     return EventArrays(np.concatenate(starts)[order], np.concatenate(ends)[order],
                        {"tid": np.concatenate(out_tid)[order]})
+
+
+def on_issuing_thread(t: Timeline) -> np.ndarray:
+    """A mask over the communication ops: a backend's work recorded on the thread that issued
+    it, from the call to its completion, while that thread goes on (gloo's sends and receives,
+    whose ``gloo:send`` spans the next micro-batch's forward on the training thread). Where the
+    thread blocks for it instead, ``waits`` finds the gaps."""
+    ops = t.comm_ops
+    mask = np.zeros(len(ops), dtype=bool)
+    if not len(ops) or "name" not in ops.attrs or "tid" not in ops.attrs:
+        return mask
+    names = [t.names[n] for n in ops.attrs["name"]]
+    work = np.array([n.startswith(BACKEND_WORK) for n in names], dtype=bool)
+    work &= ops.attrs["coll"] != OTHER
+    calls, _, _ = backend_pairs(t)
+    if not len(calls):
+        return mask
+    index = np.flatnonzero(work)
+    by = issued(where(ops, work), calls)
+    found = by >= 0
+    same = found & (ops.attrs["tid"][index] == calls.attrs["tid"][np.maximum(by, 0)])
+    mask[index[same]] = True
+    return mask
 
 
 def leaves(ho: EventArrays, tid: int) -> Spans:
@@ -219,10 +254,14 @@ def leaves(ho: EventArrays, tid: int) -> Spans:
     return union(s[leaf], e[leaf])
 
 
-def with_waits(t: Timeline) -> EventArrays:
-    """The communication ops and the waits for them (``waits``), by start, with their thread."""
+def with_waits(t: Timeline, blocking: bool = False) -> EventArrays:
+    """The communication ops and the waits for them (``waits``), by start, with their thread;
+    ``blocking``: only what holds its thread (``on_issuing_thread`` left out: the thread's own
+    ops beside such work are its compute)."""
     w = waits(t)
     ops = t.comm_ops
+    if blocking:
+        ops = where(ops, ~on_issuing_thread(t))
     start = np.concatenate([ops.start, w.start])
     order = np.argsort(start, kind="stable")
     return EventArrays(start[order], np.concatenate([ops.end, w.end])[order],

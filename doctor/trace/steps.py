@@ -177,7 +177,7 @@ def step_frame_from_timeline(t: Timeline, rank: int | None = None) -> pd.DataFra
     dataloader = _spans(t.dataloader)
     host = _spans(ho)
     comm_ops = with_waits(t)  # the collectives, and the threads waiting for them
-    host_not_comm = outside_comm(ho, comm_ops)
+    host_not_comm = outside_comm(ho, with_waits(t, blocking=True))
     host_comm = _spans(comm_ops)
     sync_rt = job_syncs(t)  # the profiler's own closing sync left out
     syncs = _spans(rt, sync_rt)

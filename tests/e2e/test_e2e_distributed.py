@@ -123,3 +123,54 @@ def test_synchronised_batch_statistics_are_counted_to_themselves(tmp_path: Path)
     comm = findings(verdict)["comm.exposed"]
     assert comm["evidence"]["exposed_by_role"]["stats"] > 0.3
     assert any("plain BatchNorm" in f["title"] for f in comm["fixes"])
+
+
+def test_a_pipelines_bubble_is_measured_against_its_schedule(tmp_path: Path) -> None:
+    # one micro-batch a step on 2 stages: each stage idles half the step in theory
+    verdict, _ = torchrun(tmp_path, "pipeline_stages.py", "--steps", "25", "--microbatches", "1")
+    assert verdict["job"]["parallelism"] == "pipeline: 2 stages, GPipe, 1 micro-batches"
+    comm = findings(verdict)["comm.exposed"]
+    bubble = comm["evidence"]["pipeline_bubble"]
+    assert bubble["theory"] == 0.5 and bubble["ranks"] == 2 and bubble["microbatches"] == 1
+    assert 0.3 < bubble["measured"] < 0.7
+    text = json.dumps(comm["fixes"])
+    assert "bucket_cap" not in text and "no_sync" not in text and "compress_hook" not in text
+    more = comm["fixes"][0]
+    assert more["title"] == "Split each batch into more micro-batches (1 -> 2)"
+    assert "apply" not in more
+    # stages that have cores of their own overlap: an estimate; stages that wait for one (two
+    # ranks and other processes on a small machine) cannot: none, and the words say why
+    if bubble["waiting_for_a_core"] < 0.1:
+        assert more["estimated_speedup"] > 1.1
+    else:
+        assert more.get("estimated_speedup") is None and "waited for a core" in more["why"]
+    assert not verdict.get("comm_model")  # no DDP all-reduce to model
+
+
+def test_an_unbalanced_pipeline_names_its_slow_stage(tmp_path: Path) -> None:
+    # the last stage holds 4x the layers: the first waits for it, it hardly waits
+    verdict, _ = torchrun(tmp_path, "pipeline_stages.py", "--steps", "25", "--microbatches", "4",
+                          "--unbalance", "4")
+    bubble = findings(verdict)["comm.exposed"]["evidence"]["pipeline_bubble"]
+    assert bubble["pacing_rank"] == 1 and bubble["imbalance"] > 1.3
+    assert bubble["by_rank"]["0"] > 2 * bubble["by_rank"]["1"]
+    fixes = findings(verdict)["comm.exposed"]["fixes"]
+    balance = [f for f in fixes if f["title"].startswith("Balance the stages: rank 1's stage")]
+    assert balance
+    if bubble["waiting_for_a_core"] < 0.1:  # the best fix where the stages run side by side
+        assert fixes[0] is balance[0]
+
+
+def test_a_sharded_optimizers_broadcasts_are_counted_to_it(tmp_path: Path) -> None:
+    verdict, _ = torchrun(tmp_path, "zero_optimizer.py", "--steps", "25")
+    words = verdict["job"]["parallelism"]
+    assert words.startswith("DDP over 2 ranks; ZeRO-1 sharded optimizer over 2 ranks "
+                            "(ZeroRedundancyOptimizer: Adam state sharded")
+    assert "parameters_as_bucket_view=False" in words
+    kinds = {(k["kind"], k["role"]) for c in verdict["communication"] for k in c["by_kind"]}
+    assert ("broadcast", "zero") in kinds and ("broadcast", "other") not in kinds
+    comm = findings(verdict)["comm.exposed"]
+    assert comm["evidence"]["exposed_by_role"]["zero"] > 0.5
+    text = json.dumps(comm["fixes"])
+    assert "parameters_as_bucket_view=True" in text and "overlap_with_ddp=True" in text
+    assert "bucket_cap" not in text and "no_sync" not in text  # DDP's share is small

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from doctor.analyse.comms import RankComms, classify, comms_parallelism, waiting_times
-from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, roles
+from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, ZERO, roles
 from doctor.rules import communication, run_rules
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import build_timeline
@@ -170,13 +170,24 @@ def test_synchronised_statistics_get_their_fixes_and_ddp_keeps_its_own() -> None
 
 def test_a_pipeline_gets_its_bubble_against_theory_not_ddp_fixes() -> None:
     frame = calls([("sendrecv", "forward", 1e6, 5e-3)] * 4)  # 2 micro-batches on 2 stages
-    frame.loc[frame["rank"] == 1, "exposed_s"] = 1e-3  # the second stage hardly waits
-    f = comm_finding(frame)
-    assert "bucket_cap" not in codes(f) and "n_microbatches" in codes(f)
-    more = next(x for x in f.fixes if "micro-batches" in x.title)
-    assert "rank 0 20%, rank 1 4%" in more.why
-    assert "2 stages and 2 micro-batches is 33%" in more.why  # (p-1)/(m+p-1)
-    assert any(x.title.endswith("rank 1's stage is the slowest") for x in f.fixes)
+    # the second stage hardly waits: its calls take the transfer alone
+    frame.loc[frame["rank"] == 1, ["seconds", "exposed_s"]] = 1e-3
+    ledger = pd.DataFrame([{"rank": r, "step": i, "wall_s": 0.1, "compute": c,
+                            "communication": w} for i in range(4)
+                           for r, c, w in ((0, 0.04, 0.055), (1, 0.07, 0.02))])
+    f = comm_finding(frame, ledger=ledger)
+    assert "bucket_cap" not in codes(f) and "n_microbatches=4" in codes(f)
+    more = next(x for x in f.fixes if "micro-batches (2 -> 4)" in x.title)
+    assert "2 stages and 2 micro-batches idles 33%" in more.why  # (p-1)/(m+p-1)
+    bubble = f.evidence["pipeline_bubble"]
+    assert bubble["theory"] == pytest.approx(1 / 3)
+    assert bubble["by_rank"]["0"] == pytest.approx(0.055 * 16 / 20 / 0.1)  # less transfers
+    assert bubble["by_rank"]["1"] == 0.0
+    # the stage that computes most paces the others: named, with its excess
+    balance = next(x for x in f.fixes if x.title.startswith("Balance the stages"))
+    assert "rank 1's stage is the slowest (1.3x" in balance.title
+    # (sum(c) + (m-1) max(c)) / m with max(c) at the mean: 0.09 -> 0.0825 of a 0.1 s step
+    assert balance.estimated_speedup == pytest.approx(0.1 / (0.1 - 0.09 + 0.0825))
 
 
 def test_ddp_all_reduces_keep_ddps_fixes() -> None:
@@ -217,3 +228,47 @@ def test_a_backend_work_without_the_call_that_enqueued_it_is_still_a_collective(
                  **{"Input Dims": [[250]], "Input type": ["float"]})]
     [row] = collective_calls(build_timeline(events)).to_dict(orient="records")
     assert row["kind"] == "allreduce" and row["bytes"] == 1000 and row["phase"] == "forward"
+
+
+def test_a_send_in_flight_beside_the_next_micro_batch_is_not_exposed() -> None:
+    # gloo records a send on the thread that posted it, from the call to its completion,
+    # while that thread computes the next micro-batch; the receive after it blocks the thread
+    events = [
+        ev("user_annotation", "ProfilerStep#1", 0, 2000),
+        ev("cpu_op", "aten::addmm", 0, 300),
+        ev("cpu_op", "c10d::send", 310, 10, **{"Input Dims": [[250]], "Input type": ["float"]}),
+        ev("user_annotation", "gloo:send", 320, 600,
+           **{"Input Dims": [[250]], "Input type": ["float"]}),
+        ev("cpu_op", "aten::addmm", 330, 300),  # the next micro-batch, beside the send
+        ev("cpu_op", "aten::addmm", 700, 200),  # Python between ops: not a wait
+        ev("cpu_op", "c10d::recv_", 1000, 10, **{"Input Dims": [[250]], "Input type": ["float"]}),
+        ev("user_annotation", "gloo:recv", 1010, 800,
+           **{"Input Dims": [[250]], "Input type": ["float"]}),
+        ev("cpu_op", "aten::mm", 1820, 150),
+    ]
+    t = build_timeline(events)
+    send, recv = collective_calls(t).to_dict(orient="records")
+    assert send["kind"] == recv["kind"] == "sendrecv"
+    assert send["exposed_s"] < 0.25 * send["seconds"]  # the gap that ends as it completes
+    assert recv["exposed_s"] == pytest.approx(recv["seconds"], rel=0.02)
+    [row] = step_frame_from_timeline(t, 0).to_dict(orient="records")
+    assert row["excl_compute_s"] == pytest.approx(950e-6, abs=30e-6)
+
+
+def test_a_sharded_optimizers_broadcasts_get_their_role_and_fixes() -> None:
+    # ZeRO-1: every parameter broadcast after the optimizer's step (one the window cut short
+    # shows in forward), beside DDP's one bucket
+    rows = [("allreduce", "backward", 8e6, 1e-3), *[("broadcast", "optimizer", 4096, 2e-3)] * 10,
+            ("broadcast", "forward", 4096, 2e-3), ("broadcast", "forward", 999, 2e-3)]
+    frame = calls(rows)
+    mine = frame[frame["rank"] == 0]["role"].tolist()
+    assert mine == [GRADIENTS] + [ZERO] * 11 + ["other"]
+    par = comms_parallelism(rank_comms(frame), 2, ddp_seen=True)
+    assert par.kinds == ("ddp", "zero")
+    assert par.describe() == "DDP over 2 ranks; ZeRO-1 sharded optimizer over 2 ranks; " \
+                             "11 parameter broadcasts a step"
+    f = comm_finding(frame)
+    text = codes(f)
+    assert "parameters_as_bucket_view=True" in text and "overlap_with_ddp=True" in text
+    assert "bucket_cap" not in text  # DDP's all-reduce is under a tenth of the exposed time
+    assert "sharded optimizer (ZeRO-1)" in f.title

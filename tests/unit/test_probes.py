@@ -21,8 +21,8 @@ from tests.support import FakeClock
 def test_the_registry_names_every_probe_once_with_its_side() -> None:
     assert [s.name for s in probes_of(JOB)] == ["steps", "dataloader", "page_faults",
                                                 "torch_ops", "memory", "model_state", "ddp",
-                                                "sharding", "gc", "compile", "checkpoints",
-                                                "logging"]
+                                                "sharding", "pipelining", "gc", "compile",
+                                                "checkpoints", "logging"]
     assert [s.name for s in probes_of(PARENT)] == ["host", "gpu", "stacks"]
     assert len({s.name for s in REGISTRY}) == len(REGISTRY)
 

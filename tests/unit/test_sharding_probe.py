@@ -44,3 +44,31 @@ def test_each_fully_shard_call_is_counted_with_its_settings(tmp_path: Path) -> N
     assert row["unit_bytes"] == 3 * (8 * 8 + 8) * 4
     par = parallelism(pd.DataFrame(), {}, 2, False, pd.DataFrame([row]))
     assert par.describe() == "FSDP2 over 2 ranks; 3 units"
+
+
+def test_a_zero_redundancy_optimizer_is_noted_with_its_settings(tmp_path: Path) -> None:
+    session = Session(tmp_path, clock=FakeClock(), window_start=10**9)
+    probe = ShardingProbe(session)
+
+    class Zero:
+        def __init__(self, params: Any, optimizer_class: type, **kwargs: Any) -> None:
+            self.params = list(params)
+
+    Zero.__init__ = probe._zero_init(Zero.__init__)  # type: ignore[method-assign]
+    import torch
+
+    zero = Zero(nn.Linear(4, 4).parameters(), optimizer_class=torch.optim.Adam,
+                parameters_as_bucket_view=True, lr=0.1)
+    assert len(zero.params) == 2  # the job's own object, as built
+    session.record_optimizer_start()
+    session.record_optimizer_end(0)
+    probe.record()
+    directory = session.directory
+    session.close()
+    [row] = sharding_rows({"node": 0, "rank": 0, "pid": 1}, read_meta(directory))
+    assert row["api"] == "ZeroRedundancyOptimizer" and row["units"] == 1
+    par = parallelism(pd.DataFrame(), {}, 2, True, pd.DataFrame([row]))
+    assert par.describe() == ("DDP over 2 ranks; ZeRO-1 sharded optimizer over 2 ranks "
+                              "(ZeroRedundancyOptimizer: Adam state sharded, "
+                              "parameters_as_bucket_view=True, overlap_with_ddp=False)")
+    assert par.kinds == ("ddp", "zero")
