@@ -9,8 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..record.after_import import AfterImport, when_imported
-from ..record.patches import Patches
+from ..record.after_import import ImportWraps
 from ..record.session import CLOSE, WINDOW_END, Session
 from ..verdict import ProbeStatus
 
@@ -24,8 +23,7 @@ class OnImportProbe:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._patches = Patches()
-        self._finders: list[AfterImport] = []
+        self._wraps = ImportWraps()
 
     def check(self) -> ProbeStatus:
         return ProbeStatus(True)
@@ -36,9 +34,7 @@ class OnImportProbe:
 
     def start(self) -> None:
         for module, callback in self.imports().items():
-            finder = when_imported(module, callback)
-            if finder is not None:
-                self._finders.append(finder)
+            self._wraps.on_import((module,), lambda _module, run=callback: run())
         self.session.on(WINDOW_END, self.record)
         self.session.on(CLOSE, self.record)
 
@@ -46,10 +42,7 @@ class OnImportProbe:
         pass  # construction-time only
 
     def stop(self) -> None:
-        for finder in self._finders:
-            finder.remove()
-        self._finders = []
-        self._patches.restore()
+        self._wraps.undo()
 
     def wrap_init(self, module: str, name: str, wrapper: Callable[[Any], Any]) -> None:
         """Class ``name`` of the imported ``module``: its own ``__init__`` replaced by
@@ -58,7 +51,7 @@ class OnImportProbe:
             cls = getattr(sys.modules.get(module), name, None)
             init = vars(cls).get("__init__") if isinstance(cls, type) else None
             if init is not None:
-                self._patches.put(cls, "__init__", wrapper(init))
+                self._wraps.patches.put(cls, "__init__", wrapper(init))
         except Exception as err:  # evidence, never a reason to fail the job
             self.session.swallowed(self.name, f"wrapping {name}", err)
 

@@ -79,10 +79,10 @@ class ShardingProbe(OnImportProbe):
                 for name in FULLY_SHARD_AT:
                     module = sys.modules.get(name)
                     if module is not None and getattr(module, "fully_shard", None) is orig:
-                        self._patches.put(module, "fully_shard", wrapped)
+                        self._wraps.patches.put(module, "fully_shard", wrapped)
             cls = getattr(fsdp, "FullyShardedDataParallel", None)
             if cls is not None:
-                self._patches.put(cls, "__init__", self._fsdp1_init(cls.__init__))
+                self._wraps.patches.put(cls, "__init__", self._fsdp1_init(cls.__init__))
         except Exception as err:  # evidence, never a reason to fail the job
             self.session.swallowed(self.name, "wrapping FSDP", err)
 
