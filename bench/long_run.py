@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from doctor.record.session import STEP_DATALOADER, Session  # noqa: E402
 from doctor.store.records import checkpoint_key, gc_key, loader_key  # noqa: E402
 from doctor.store.rundir import write_run_record  # noqa: E402
+from doctor.store.samples import PROC_COLUMNS  # noqa: E402
 
 FORWARD, BACKWARD, OPT = 0.35, 0.45, 0.1  # shares of a step after its batch wait
 
@@ -115,8 +116,13 @@ def synthesise_host(run_dir: Path, seconds: float, t0: float) -> None:
     for k in range(ticks):
         t = k * 0.5
         for i, pid in enumerate(pids):
-            tables.add_proc((t, pid, 999 if i == 0 else 1000, t * (0.9 if i == 0 else 0.3),
-                             2e9, t * 1e6, 12, t * 0.01, 5e8, 0.0, t * 0.85))
+            values = {"t_s": t, "pid": pid, "ppid": 999 if i == 0 else 1000,
+                      "cpu_s": t * (0.9 if i == 0 else 0.3), "rss_bytes": 2e9,
+                      "read_bytes": t * 1e6, "threads": 12, "run_delay_s": t * 0.01,
+                      "private_bytes": 5e8, "comm_cpu_s": 0.0, "on_cpu_s": t * 0.85,
+                      "read_count": t * 100, "read_chars": t * 4e6}
+            # by name: a column the host table gains later reads 0 here, not a crash
+            tables.add_proc(tuple(values.get(c, 0.0) for c in PROC_COLUMNS))
         tables.add_system((t, 8, 3, 2.5, 0.1))
     save_host(run_dir, tables.procs, tables.system)
 
