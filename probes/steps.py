@@ -23,6 +23,7 @@ from ..record.process_facts import framework_facts
 from ..record.session import STEP_BACKWARD, Session
 from ..verdict import ProbeStatus
 from .amp import AmpWatch
+from .eval_mode import watch_modes
 
 
 class StepsProbe:
@@ -89,6 +90,7 @@ class StepsProbe:
         self._wrap_graph_replay(torch)
         self._wrap_scaler_update(torch)
         amp.wrap_autocast(self._patches)
+        watch_modes(session, self._patches, torch)
 
     def _wrap_graph_replay(self, torch: Any) -> None:
         """A training step captured whole as a CUDA graph replays with no optimizer step or

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -40,14 +41,21 @@ def mlp(width: int, depth: int) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
-def evaluate(model: nn.Module, loader: DataLoader) -> float:
+def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> float:
     model.eval()
     correct = 0
     with torch.no_grad():
-        for x, y in loader:
+        for x, y in batches:
             correct += int((model(x).argmax(1) == y).sum())
     model.train()
     return correct
+
+
+def in_memory(data: TensorDataset, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The evaluation set's batches sliced from its tensors: no DataLoader."""
+    x, y = data.tensors
+    for i in range(0, len(x), batch):
+        yield x[i:i + batch], y[i:i + batch]
 
 
 class SlowRemoteHandler(logging.Handler):
@@ -78,6 +86,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="training loader's workers")
     ap.add_argument("--persistent", action="store_true", help="persistent_workers=True")
     ap.add_argument("--no-eval", action="store_true", help="remove the evaluation passes")
+    ap.add_argument("--eval-in-memory", action="store_true",
+                    help="evaluate on batches sliced from the tensors, with no DataLoader")
     ap.add_argument("--no-ckpt", action="store_true", help="remove the checkpoints")
     ap.add_argument("--ckpt-dir", default=None, help="where to save (a temporary folder)")
     ap.add_argument("--log-every", type=int, default=0,
@@ -124,7 +134,8 @@ def main() -> None:
                     logs += 1
                 if not args.no_eval and step % args.eval_every == 0:
                     t0 = time.perf_counter()
-                    evaluate(model, val_loader)
+                    evaluate(model, in_memory(val, args.batch) if args.eval_in_memory
+                             else val_loader)
                     eval_s += time.perf_counter() - t0
                     passes += 1
                 if not args.no_ckpt and step % args.ckpt_every == 0:

@@ -176,7 +176,8 @@ def _what(base: PhaseSummary, p: PhasePieces, each: np.ndarray, found: RankPhase
     """``base`` with what the phase was: batches a pass, bytes and write speed of the saves,
     the training loader's workers at epoch starts."""
     if p.kind == EVALUATION:
-        return replace(base, batches=float(p.detail["batches"].mean()))
+        known = p.detail["batches"][~np.isnan(p.detail["batches"])]  # none: found by the mode
+        return replace(base, batches=float(known.mean()) if len(known) else None)
     if p.kind == CHECKPOINT:
         written = p.detail["bytes"]
         known = ~np.isnan(written)
@@ -215,7 +216,8 @@ def phase_causes(phases: Mapping[int, RankPhases]) -> list[Cause]:
 def _words(p: PhasePieces) -> list[str]:
     each = p.seconds(1.0)
     if p.kind == EVALUATION:
-        return [f"evaluation pass of {int(b)} batches, {s:.2f} s"
+        return [(f"evaluation pass of {int(b)} batches, {s:.2f} s" if b == b else
+                 f"evaluation pass (model.eval() to model.train()), {s:.2f} s")
                 for b, s in zip(p.detail["batches"], each, strict=True)]
     if p.kind == CHECKPOINT:
         return [f"{checkpoint_kind(k)}" + (f", {human_bytes(b)}" if b == b else "")

@@ -7,7 +7,10 @@ passes, checkpoints and epoch starts (each rank's training process).
   batch asked for with autograd off (``torch.no_grad()``/``inference_mode()``: the DataLoader
   probe marks it). A pass runs from its loader's iterator made just before it (the workers'
   start), else its first batch's request, to the next training activity (a training batch, a
-  backward, an optimizer step, a checkpoint), or its loader's end where none follows.
+  backward, an optimizer step, a checkpoint), or its loader's end where none follows. An
+  evaluation with no DataLoader (batches already in memory) is found by the model's mode: a
+  stretch from ``model.eval()`` to ``model.train()`` (doctor.probes.eval_mode) in which no
+  backward or optimizer step began, and no pass found from the batches lies.
 - **Checkpoints**: each save the checkpoints probe recorded (doctor.probes.checkpoints), with
   the bytes written where known.
 - **Logging**: each logging or metrics call of 1 ms or more the logging probe recorded
@@ -118,18 +121,25 @@ def find_phases(run: RunData, r: RankSteps) -> RankPhases:
     trained = _trained(waits[0], waits[1], mark_start)
     train_loader = None
     claimed_iters: set[int] = set()
+    spans: list[list[tuple[int, int]]] = []
+    batches: list[float] = []
     if len(mark_start) >= 2 and len(waits[0]):
-        evals, claimed_iters = _evaluation(waits, trained, mark_start, mark_end, ckpt[0], iters,
-                                           ends)
-        if evals.count:
-            out[EVALUATION] = evals
-        if trained.any():
-            ids = waits[2][trained] & LOADER_ID_MASK
-            values, counts = np.unique(ids, return_counts=True)
-            train_loader = int(values[np.argmax(counts)])
-            epochs = _epoch_starts(waits, trained, train_loader, iters, ends, claimed_iters)
-            if epochs.count:
-                out[EPOCH_START] = epochs
+        spans, batches, claimed_iters = _evaluation(waits, trained, mark_start, mark_end, ckpt[0],
+                                                    iters, ends)
+    moded = _mode_passes(run.intervals_of(proc, "eval_mode"), mark_start, spans)
+    if spans or moded:
+        both = spans + moded
+        sizes = batches + [np.nan] * len(moded)  # a pass found by the mode: batches unknown
+        order = np.argsort([occ[0][0] for occ in both], kind="stable")
+        out[EVALUATION] = _pieces(EVALUATION, [both[i] for i in order],
+                                  batches=[sizes[i] for i in order])
+    if len(mark_start) >= 2 and len(waits[0]) and trained.any():
+        ids = waits[2][trained] & LOADER_ID_MASK
+        values, counts = np.unique(ids, return_counts=True)
+        train_loader = int(values[np.argmax(counts)])
+        epochs = _epoch_starts(waits, trained, train_loader, iters, ends, claimed_iters)
+        if epochs.count:
+            out[EPOCH_START] = epochs
     if len(ckpt[0]):
         kinds, written = zip(*(checkpoint_key_parts(int(k)) for k in ckpt[2]), strict=True)
         out[CHECKPOINT] = _pieces(
@@ -174,12 +184,28 @@ def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(firsts, lasts, strict=True)]
 
 
+def _mode_passes(modes: tuple[np.ndarray, np.ndarray, np.ndarray], mark_start: np.ndarray,
+                 found: list[list[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
+    """The eval-mode stretches that are evaluation passes: no backward() or optimizer step
+    began in them, and they hold no pass found from the batches (``found``)."""
+    out = []
+    for start, end in zip(modes[0], modes[1], strict=True):
+        s, e = int(start), int(end)
+        if e <= s or np.searchsorted(mark_start, e) > np.searchsorted(mark_start, s):
+            continue
+        if any(a < e and s < b for occ in found for a, b in occ):
+            continue
+        out.append([(s, e)])
+    return out
+
+
 def _evaluation(waits: tuple[np.ndarray, np.ndarray, np.ndarray], trained: np.ndarray,
                 mark_start: np.ndarray, mark_end: np.ndarray, ckpt_start: np.ndarray,
                 iters: tuple[np.ndarray, np.ndarray, np.ndarray],
                 ends: tuple[np.ndarray, np.ndarray, np.ndarray]
-                ) -> tuple[PhasePieces, set[int]]:
-    """The evaluation passes, and the iterators (indices) that began them."""
+                ) -> tuple[list[list[tuple[int, int]]], list[float], set[int]]:
+    """The evaluation passes (their spans and batches), and the iterators (indices) that
+    began them."""
     t0, t1, key = waits
     n = len(t0)
     no_grad = (key & LOADER_NO_GRAD) != 0
@@ -212,7 +238,7 @@ def _evaluation(waits: tuple[np.ndarray, np.ndarray, np.ndarray], trained: np.nd
             end = int(done[0]) if len(done) else int(t1[last])
         spans.append([(start, end)])
         batches.append(float(length))
-    return _pieces(EVALUATION, spans, batches=batches), claimed
+    return spans, batches, claimed
 
 
 def _last_before(sorted_ends: np.ndarray, t: int) -> int:

@@ -40,14 +40,15 @@ RUN_STEPS_RECORD = ("<qqiiqqq", ("t0_ns", "t1_ns", "steps", "kind", "min_ns", "m
 #: doctor.probes.logging_calls; ``loader_iter``: a DataLoader iterator made
 #: or reset, its epoch's start; ``loader_end``: the call that found the loader exhausted;
 #: ``scale``: a GradScaler's scale as each update left it, ``nonfinite``: a backward() whose
-#: loss was inf or NaN, both read late: see below).
+#: loss was inf or NaN, both read late: see below; ``eval_mode``: from a ``model.eval()`` to the
+#: next ``model.train()``, doctor.probes.eval_mode).
 INTERVAL_RINGS = ("loader_wait", "backward", "optimizer", "fetch", "collate", "page_faults",
                   "gc", "graph_replay", "scaler", "compile", "checkpoint", "loader_iter",
-                  "loader_end", "scale", "nonfinite", "logging")
+                  "loader_end", "scale", "nonfinite", "logging", "eval_mode")
 #: The probe whose records each ring holds: the one that stops when its ring cannot grow.
 RING_PROBES = {"steps": "steps", "optimizer": "steps", "run_steps": "steps", "backward": "steps",
                "graph_replay": "steps", "scaler": "steps", "scale": "steps",
-               "nonfinite": "steps",
+               "nonfinite": "steps", "eval_mode": "steps",
                "loader_wait": "dataloader", "fetch": "dataloader", "collate": "dataloader",
                "loader_iter": "dataloader", "loader_end": "dataloader",
                "checkpoint": "checkpoints", "logging": "logging",

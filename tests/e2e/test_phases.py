@@ -70,3 +70,13 @@ def test_logging_is_a_phase_near_the_job_s_own_timing_and_the_training_verdict_s
     finding = next(f for f in verdict["findings"] if f["id"] == "phases.logging")
     assert finding["fixes"][0]["title"].startswith("Log every N steps")
     assert "logging" not in {p["phase"] for p in plain.get("phases", [])}
+
+
+def test_an_evaluation_on_tensors_in_memory_is_found_by_the_models_mode(tmp_path: Path) -> None:
+    """No DataLoader for the evaluation (batches sliced from the tensors): the passes are the
+    stretches from model.eval() to model.train(), near the job's own timing."""
+    job, verdict = run(tmp_path, "in_memory", "--no-ckpt", "--eval-in-memory")
+    [evaluation] = [p for p in verdict["phases"] if p["phase"] == "evaluation"]
+    assert evaluation["count"] == job["eval_passes"]
+    assert evaluation["share_of_steps"] == pytest.approx(job["eval_share"], rel=TIMED_TOLERANCE)
+    assert verdict["bottleneck"] == "compute"

@@ -38,6 +38,7 @@ class Plan:
     persistent: bool = False
     restart_s: float = 0.4  # the workers' shutdown and start at an epoch's start
     batches_per_step: int = 1
+    in_memory: bool = False  # the evaluation batches sliced from tensors: no DataLoader
 
 
 def record(run_dir: Path, plan: Plan) -> None:
@@ -67,7 +68,9 @@ def record(run_dir: Path, plan: Plan) -> None:
         s.record_optimizer_start()
         clock.tick(OPT_S)
         s.record_optimizer_end(0)
-        if plan.eval_every and step % plan.eval_every == 0:
+        if plan.eval_every and step % plan.eval_every == 0 and plan.in_memory:
+            interval("eval_mode", plan.eval_batches * EVAL_BATCH_S)  # model.eval() .. train()
+        elif plan.eval_every and step % plan.eval_every == 0:
             interval("loader_iter", 0.0005, val)
             for _ in range(plan.eval_batches):
                 interval("loader_wait", EVAL_BATCH_S / 2, loader_key(val, not plan.no_grad))
@@ -118,6 +121,20 @@ def test_evaluation_every_n_steps_is_a_phase_and_the_training_verdict_is_unchang
 def test_a_pass_with_autograd_on_is_found_by_its_batches_alone(tmp_path: Path) -> None:
     record(tmp_path, Plan(eval_every=15, no_grad=False))
     assert phases_of(tmp_path)[EVALUATION]["count"] == 4
+
+
+def test_an_evaluation_with_no_dataloader_is_found_by_the_models_mode(tmp_path: Path) -> None:
+    """Batches sliced from tensors under model.eval(): no loader waits, but the stretch from
+    model.eval() to model.train() with no backward in it is the pass; the training verdict
+    stays that of the plain loop."""
+    record(tmp_path / "plain", Plan())
+    record(tmp_path / "eval", Plan(eval_every=10, in_memory=True))
+    plain, evals = analyze_run(tmp_path / "plain"), analyze_run(tmp_path / "eval")
+    p = phases_of(tmp_path / "eval")[EVALUATION]
+    assert p["count"] == 6 and p.get("batches_per_pass") is None
+    assert p["per_occurrence_s"] == pytest.approx(8 * EVAL_BATCH_S, rel=0.01)
+    assert evals.verdict.steps["median_s"] == pytest.approx(plain.verdict.steps["median_s"])
+    assert "phases.evaluation" in {f.id for f in evals.verdict.findings}
 
 
 def test_two_batches_a_step_for_one_backward_are_no_evaluation(tmp_path: Path) -> None:
