@@ -18,6 +18,7 @@ from doctor.analyse.causes import SlowSteps
 from doctor.analyse.comms import CommModel, RankComms
 from doctor.analyse.compiles import Compiles, compiles
 from doctor.analyse.contention import cores_used, within
+from doctor.analyse.data_source import DataSource, data_source
 from doctor.analyse.distributed import StragglerSearch, search_stragglers
 from doctor.analyse.facts import stacks_reason
 from doctor.analyse.gc_pauses import GcSummary
@@ -81,7 +82,9 @@ class Evidence:
     - ``optimizers``: each training process's optimizers as they first stepped (class,
       foreach, fused, parameter tensors, device);
     - ``phases``: each rank's evaluation passes, checkpoints and epoch starts
-      (doctor.analyse.phase_steps; the pipeline adds it).
+      (doctor.analyse.phase_steps; the pipeline adds it);
+    - ``data_source``: the filesystem under the job's data files, its connections and network
+      bytes over the analysed steps (doctor.analyse.data_source), where the parent scanned them.
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -115,6 +118,7 @@ class Evidence:
     phases: tuple[PhaseSummary, ...] | None = None
     parallelism: Parallelism | None = None
     comms: Mapping[int, RankComms] | None = None  # each rank's collectives, with their roles
+    data_source: DataSource | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -157,6 +161,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         precision=precision_evidence(run, ranks, stages.ledger, stages.ops) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
         parallelism=stages.parallelism, comms=stages.comms or None,
+        data_source=data_source(run.fd_scans, run.mounts, span),
     )
 
 

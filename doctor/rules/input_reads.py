@@ -3,13 +3,22 @@ KiB each, many a second, are many small files (or small reads of a large one): p
 shards first, with the numbers; reads that wait on storage: keep the data close first, with the
 speed storage gave; reads the page cache served: the time is the calls themselves, so fewer,
 larger reads first. Without the counters, the fixes stay in their plain order.
+
+Before these, where the data comes from (doctor.rules.input_remote): a remote store gets more
+requests in flight first, a network filesystem a local copy first. The cause is said in the
+finding's evidence (``cause``). Reads of many small pieces are small files only where data files
+were seen read, or where the parent could not look (the counters count pipe and socket reads
+too: a worker's batches, a client's answers).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from doctor.analyse.data_source import DataSource
 from doctor.analyse.reads import KIB, ReadPattern
+from doctor.rules.input_model import InputFacts
+from doctor.rules.input_remote import NETWORK_FS, REMOTE, is_remote, remote_fixes, staging_fix
 from doctor.verdict import Fix
 
 SMALL_READ = 64 * KIB  # a mean read this small...
@@ -17,17 +26,43 @@ MANY_READS = 200.0  # ...this many times a second: small files
 FROM_STORAGE = 0.5  # this share of the bytes read from storage: the reads wait on it
 
 CLOSE, MORE, SHARDS = 0, 1, 2  # the plain order: keep the data close, more workers, shards
+SMALL_FILES, STORAGE, PAGE_CACHE = "small files", "storage", "page cache"
 
 
-def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, Fix, Fix]) -> tuple[Fix, ...]:
+def io_cause(x: InputFacts, frac: float, reads: ReadPattern | None,
+             source: DataSource | None, plain: tuple[Fix, ...]
+             ) -> tuple[str | None, tuple[Fix, ...]]:
+    """(the io stage's cause, its fixes in the order it calls for)."""
+    top = x.top.get("io", [])
+    if is_remote(top, source):
+        more, own = remote_fixes(x, frac, top, source)
+        return REMOTE, (more, own, plain[CLOSE], plain[SHARDS])
+    stage = staging_fix(source, reads) if source is not None else None
+    if stage is not None:
+        return NETWORK_FS, (stage, plain[MORE], plain[SHARDS])
+    files_read = source is None or source.data is not None
+    return read_cause(reads, files_read), io_fixes(reads, plain, files_read)
+
+
+def read_cause(reads: ReadPattern | None, files_read: bool = True) -> str | None:
+    if reads is None:
+        return None
+    if files_read and reads.mean_read_bytes <= SMALL_READ and reads.reads_per_s >= MANY_READS:
+        return SMALL_FILES
+    return STORAGE if reads.storage_share >= FROM_STORAGE else PAGE_CACHE
+
+
+def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, ...], files_read: bool = True
+             ) -> tuple[Fix, ...]:
     """``plain`` (keep the data close, more concurrency, shards) ordered and worded by what the
-    reads were."""
+    reads were (small files only where ``files_read``)."""
     if reads is None:
         return plain
     close, more, shards = plain[CLOSE], plain[MORE], plain[SHARDS]
     kib = reads.mean_read_bytes / KIB
     cached = f"{1 - reads.storage_share:.0%} of it from the page cache"
-    if reads.mean_read_bytes <= SMALL_READ and reads.reads_per_s >= MANY_READS:
+    cause = read_cause(reads, files_read)
+    if cause == SMALL_FILES:
         shards = replace(shards, title=f"Reads average {kib:.1f} KiB, {reads.reads_per_s:,.0f} "
                                        "a second: pack the small files into large shards",
                          why="Each small file costs an open, a stat and a read call, and on "
@@ -35,7 +70,7 @@ def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, Fix, Fix]) -> tuple[Fi
                              "shards read sequentially (WebDataset tar files, or one "
                              "np.memmap'ed array) turn thousands of calls into a few.")
         return (shards, more, close)
-    if reads.storage_share >= FROM_STORAGE:
+    if cause == STORAGE:
         close = replace(close, title="Reads wait on storage "
                                      f"({reads.storage_mb_per_s:.0f} MB/s from the device, "
                                      f"{kib:.0f} KiB a read): keep the data close, on local "
