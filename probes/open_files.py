@@ -10,8 +10,11 @@ At the host probe's pace, at most as often as a scan costs 1/COST_RATIO of the t
   files, is a data file: the first time it is seen, its size and the mount under it
   (doctor.probes.mounts, from the job's own mount table) are kept, and once per directory the
   sizes of the files beside it (at most DIR_ENTRIES: the dataset's size, at least);
-- a socket is counted; sockets that are TCP connections (``/proc/PID/net/tcp*``) are counted,
-  those to another host apart;
+- a socket is counted; sockets that are TCP connections fetching from a peer
+  (``/proc/PID/net/tcp*``, read at their own pace: TCP_S, and rarer where a read costs more)
+  are counted, those to another host apart; a socket opened since the last table counts as the
+  share of new sockets that turned out to be fetches (an estimate: a short request's socket
+  closes before the next table);
 - the job's network namespace's received bytes (``/proc/PID/net/dev``): on the loopback device
   and on the others. They are the namespace's, not the job's alone, unless the job has a
   namespace of its own (``netns_own``): said with them.
@@ -68,6 +71,7 @@ class OpenFiles:
         self._sockets: dict[int, int] = {}  # socket inode -> NOT_TCP, LOOPBACK or REMOTE
         self._next_tcp = -1e18
         self._tcp_cost = 0.0
+        self._learned = self._fetches = self._remote = 0  # new sockets classified, by kind
 
     def sample(self, t: float, pids: Iterable[int]) -> None:
         """At ``t`` (seconds from the run's start): scan, if due. Never raises."""
@@ -107,8 +111,13 @@ class OpenFiles:
         if any(i not in self._sockets for i in sockets) and t >= self._next_tcp:
             self._learn_sockets(t, sockets)
         kinds = [self._sockets.get(i, UNKNOWN) for i in sockets]
-        conns = sum(k != NOT_TCP for k in kinds)
-        remote = sum(k == REMOTE for k in kinds)
+        # a socket opened since the last TCP table counts as the share of new sockets that
+        # were fetches (a short request's socket is gone before the next table: it is not
+        # known one by one); all of it before any was learned
+        share = self._fetches / self._learned if self._learned else 1.0
+        conns = sum(k in (LOOPBACK, REMOTE) for k in kinds) + share * kinds.count(UNKNOWN)
+        remote = sum(k == REMOTE for k in kinds) + \
+            (self._remote / self._learned if self._learned else 0.0) * kinds.count(UNKNOWN)
         lo, other = received_bytes(self.proc, self.root_pid)
         return {"t_s": t, "files_open": len(open_now), "files_new": new,
                 "sockets": len(sockets), "connections": conns, "remote_connections": remote,
@@ -125,7 +134,10 @@ class OpenFiles:
             self._sockets.clear()
         for inode in sockets:
             if inode not in self._sockets:
-                self._sockets[inode] = table.get(inode, NOT_TCP)
+                kind = self._sockets[inode] = table.get(inode, NOT_TCP)
+                self._learned += 1
+                self._fetches += kind != NOT_TCP
+                self._remote += kind == REMOTE
         self._tcp_cost = self.cpu_clock() - cpu0
         self._next_tcp = t + max(TCP_S, self._tcp_cost * COST_RATIO)
 

@@ -14,7 +14,7 @@ from doctor.rules.base import rule
 from doctor.rules.input_bursts import bursts
 from doctor.rules.input_model import InputFacts, count_of, suggested_workers
 from doctor.rules.input_reads import io_cause
-from doctor.rules.input_remote import MAX_WORKERS, in_flight_needed
+from doctor.rules.input_remote import MAX_WORKERS, in_flight_needed, speedup_in_flight
 from doctor.verdict import Finding, Fix
 
 MIN_SHARE = 0.10
@@ -138,7 +138,8 @@ def _more_workers(x: InputFacts, busy: float | None) -> Fix | None:
                code=f"loader = DataLoader(dataset, {x.batch}, num_workers={k}, "
                     "persistent_workers=True)",
                apply={"dataloader": {"num_workers": k, "persistent_workers": True}},
-               estimated_speedup=x.step / x.step_after(x.load, k, waiting=waiting))
+               estimated_speedup=speedup_in_flight(x, k, waiting) if waiting else
+               x.step / x.step_after(x.load, k))
 
 
 @rule("input.unsplit", needs=("ledger",))

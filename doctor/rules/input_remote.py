@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from doctor.analyse.data_source import MIB, DataSource
 from doctor.analyse.reads import ReadPattern
-from doctor.rules.input_model import InputFacts
+from doctor.rules.input_model import InputFacts, estimate_with_workers
 from doctor.verdict import Fix
 
 REMOTE, NETWORK_FS = "remote store", "network filesystem"
@@ -112,8 +112,25 @@ def client_of(top_io: list[str]) -> Client:
 def in_flight_needed(x: InputFacts) -> int:
     """Requests in flight that hide the loading: a batch's fetches (``load`` seconds of
     waiting, one at a time) spread so that one batch arrives per step's own work."""
-    own = max(x.rest_alone + x.handoff, 1e-3)
-    return max(x.workers + 1, 2, min(MAX_IN_FLIGHT, math.ceil(x.load / own)))
+    _, load, own = _means(x)
+    return max(x.workers + 1, 2, min(MAX_IN_FLIGHT, math.ceil(load / own)))
+
+
+def speedup_in_flight(x: InputFacts, k: int, waiting: float) -> float:
+    """The mean step now against the mean step with ``k`` requests in flight (the loading model
+    of doctor.rules.input_model, the ``waiting`` fraction of loading holding no core)."""
+    step, load, own = _means(x)
+    return step / estimate_with_workers(load, own, x.free_cores, k, waiting)
+
+
+def _means(x: InputFacts) -> tuple[float, float, float]:
+    """(step, one batch's loading, the step's own work), from the analysed steps' means: a
+    waiting loader's waits come unevenly (two workers: a long wait, then a batch at once),
+    so medians would read the step's own work as the wait's."""
+    step = x.mean_step
+    own = max(step * (1.0 - x.wait_share), 1e-3)
+    load = step * x.wait_share if x.workers == 0 else step * x.workers
+    return step, max(load, 1e-9), own
 
 
 def remote_fixes(x: InputFacts, frac: float, top_io: list[str], source: DataSource | None
@@ -121,8 +138,8 @@ def remote_fixes(x: InputFacts, frac: float, top_io: list[str], source: DataSour
     """(more workers, the client's own parallelism), sized from the measured waits."""
     k = in_flight_needed(x)
     workers = min(k, MAX_WORKERS)
-    estimate = x.step / x.step_after(x.load, workers, waiting=frac)
-    by_client = x.step / x.step_after(x.load, k, waiting=frac)
+    estimate = speedup_in_flight(x, workers, frac)
+    by_client = speedup_in_flight(x, k, frac)
     now = f"{max(x.workers, 1)} request{'s' if x.workers > 1 else ''} in flight"
     rate = source.received_mb_per_s if source is not None else None
     per = source.mb_per_s_per_connection if source is not None else None
@@ -130,7 +147,8 @@ def remote_fixes(x: InputFacts, frac: float, top_io: list[str], source: DataSour
         now = f"{source.connections:.1f} connections in flight"
     figures = ""
     if rate is not None and per is not None and rate > 0:
-        need = rate * x.step / max(x.rest_alone + x.handoff, 1e-3)
+        step, _, own = _means(x)
+        need = rate * step / own
         figures = (f" at {per:.2f} MB/s each ({rate:.2f} MB/s in all); the loop needs about "
                    f"{need:.1f} MB/s")
     client = client_of(top_io)
