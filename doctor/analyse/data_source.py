@@ -41,6 +41,7 @@ class Place:
 class DataSource:
     places: tuple[Place, ...]
     seconds: float
+    scans: int
     files_seen: int  # distinct data files first seen during the span
     connections: float  # mean TCP connections fetching, per scan
     remote_connections: float  # of them, to another host
@@ -126,7 +127,7 @@ def data_source(scans: pd.DataFrame | None, mounts: pd.DataFrame | None,
     received = float(rx.iloc[-1] - rx.iloc[0]) if len(rx) >= 2 else None
     own = scans["netns_own"].dropna()
     places = tuple(_places(mounts))
-    return DataSource(places, seconds, int(np.nansum(scans["files_new"].iloc[1:])),
+    return DataSource(places, seconds, len(scans), int(np.nansum(scans["files_new"].iloc[1:])),
                       conns, remote, received, bool(own.iloc[-1]) if len(own) else None)
 
 

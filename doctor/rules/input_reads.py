@@ -41,7 +41,7 @@ def io_cause(x: InputFacts, frac: float, reads: ReadPattern | None,
     if stage is not None:
         return NETWORK_FS, (stage, plain[MORE], plain[SHARDS])
     files_read = source is None or source.data is not None
-    return read_cause(reads, files_read), io_fixes(reads, plain, files_read)
+    return read_cause(reads, files_read), io_fixes(reads, plain, source)
 
 
 def read_cause(reads: ReadPattern | None, files_read: bool = True) -> str | None:
@@ -52,23 +52,25 @@ def read_cause(reads: ReadPattern | None, files_read: bool = True) -> str | None
     return STORAGE if reads.storage_share >= FROM_STORAGE else PAGE_CACHE
 
 
-def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, ...], files_read: bool = True
-             ) -> tuple[Fix, ...]:
+def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, ...],
+             source: DataSource | None = None) -> tuple[Fix, ...]:
     """``plain`` (keep the data close, more concurrency, shards) ordered and worded by what the
-    reads were (small files only where ``files_read``)."""
+    reads were (small files only where data files were seen read, or where the parent did not
+    look: ``source`` None), with the files seen open a second where it looked."""
     if reads is None:
         return plain
     close, more, shards = plain[CLOSE], plain[MORE], plain[SHARDS]
     kib = reads.mean_read_bytes / KIB
     cached = f"{1 - reads.storage_share:.0%} of it from the page cache"
-    cause = read_cause(reads, files_read)
+    cause = read_cause(reads, source is None or source.data is not None)
     if cause == SMALL_FILES:
         shards = replace(shards, title=f"Reads average {kib:.1f} KiB, {reads.reads_per_s:,.0f} "
                                        "a second: pack the small files into large shards",
                          why="Each small file costs an open, a stat and a read call, and on "
                              f"network or cloud storage a round trip each ({cached}). Large "
                              "shards read sequentially (WebDataset tar files, or one "
-                             "np.memmap'ed array) turn thousands of calls into a few.")
+                             "np.memmap'ed array) turn thousands of calls into a few."
+                             + _opens(source))
         return (shards, more, close)
     if cause == STORAGE:
         close = replace(close, title="Reads wait on storage "
@@ -80,3 +82,16 @@ def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, ...], files_read: bool
                                    "a read): the time is the reads' own calls; read fewer, "
                                    "larger pieces")
     return (shards, more, close)
+
+
+def _opens(source: DataSource | None) -> str:
+    """The files seen open a second and their mean size, in words ("" where not scanned)."""
+    data = source.data if source is not None else None
+    if source is None or data is None or not data.files_seen:
+        return ""
+    return (f" {source.files_seen_per_s:,.0f} distinct files were seen open a second, "
+            f"{data.bytes_seen / data.files_seen / KIB:,.1f} KiB each on average (an estimate "
+            "and a lower bound of the opens: a scan sees only the files open at its instant, "
+            f"every {source.seconds / max(source.scans - 1, 1):.1g} s), on {data.kind} "
+            f"({data.fstype}).")
+

@@ -28,6 +28,7 @@ from doctor.probes.mounts import (
 from doctor.probes.open_files import LOOPBACK, NOT_TCP, REMOTE, OpenFiles, tcp_table
 from doctor.rules.input import input_loader, input_stage
 from doctor.store.data_files import SCAN_COLUMNS, read_mounts, read_scans, save_data_files
+from doctor.verdict import Fix
 from tests.support import evidence, ledger, loaders, read_counters
 
 MOUNTINFO = """\
@@ -218,3 +219,19 @@ def test_small_reads_are_small_files_only_where_data_files_were_read() -> None:
     [io] = [f for f in input_stage(inputs) if f.id == "input.io"]
     assert io.evidence["cause"] != SMALL_FILES
     assert "pack the small files" not in io.fixes[0].title
+
+
+def test_small_files_say_the_files_seen_open_a_second_as_a_lower_bound() -> None:
+    from doctor.rules.input_reads import io_fixes
+
+    mounts = pd.DataFrame([
+        {"mount_point": "/", "fstype": "ext4", "source": "/dev/vda", "kind": LOCAL,
+         "role": "data", "files_seen": 40.0, "bytes_seen": 40 * 4096.0, "dir_files": 1024.0,
+         "dir_bytes": 1024 * 4096.0, "free_bytes": 1e11, "total_bytes": 2e11}])
+    source = data_source(scans(seconds=10.0, connections=0.0, files_new=2), mounts)
+    assert source is not None and source.files_seen_per_s == pytest.approx(4.0)
+    plain = (Fix("close", "", "copy"), Fix("more", "", "workers"), Fix("shards", "", "shards"))
+    fixes = io_fixes(read_pattern(read_counters(4, 2000, 0.3)), plain, source)
+    assert fixes[0].code == "shards"
+    assert "4 distinct files were seen open a second, 4.0 KiB each" in fixes[0].why
+    assert "lower bound" in fixes[0].why and "on local disk (ext4)" in fixes[0].why
