@@ -69,8 +69,10 @@ class HostSampler:
         self._comm_threads: dict[int, list[int]] = {}  # pid -> its communication threads
         self._exits: ExitWatcher | None = None  # how the job's processes died (start())
         self._others = OtherProcesses()  # who else took the cores (doctor.probes.others)
-        # the files the job reads, the filesystems under them, its connections (open_files)
-        self.files = OpenFiles(root_pid, exclude=[run_dir] if run_dir is not None else [])
+        # the files the job reads, the filesystems under them, its connections (open_files):
+        # from the parent only; doctor.watch samples its own process, where it would be the job's
+        self.files = OpenFiles(root_pid, exclude=[run_dir] if run_dir is not None else []) \
+            if root_pid != os.getpid() else None
 
     @classmethod
     def for_run(cls, context: ParentContext) -> HostSampler:
@@ -145,7 +147,8 @@ class HostSampler:
             self._next_private = now + max(PRIVATE_MIN_S, private_cpu * PRIVATE_COST_RATIO)
         self._sample_system(t)
         self._others.sample(t, self._procs)
-        self.files.sample(t, self._procs)
+        if self.files is not None:
+            self.files.sample(t, self._procs)
 
     def _sample_system(self, t: float) -> None:
         cpu, runnable = read_proc_stat(self.proc_stat)
@@ -186,7 +189,8 @@ class HostSampler:
         if self.run_dir is not None:
             save_host(self.run_dir, self.tables.procs, self.tables.system)
             save_others(self.run_dir, self._others.rows)
-            save_data_files(self.run_dir, self.files.scans, self.files.mount_rows())
+            if self.files is not None:
+                save_data_files(self.run_dir, self.files.scans, self.files.mount_rows())
 
 
 def main_thread_times(pid: int, proc: str = "/proc") -> tuple[float, float]:
