@@ -157,6 +157,7 @@ def test_a_remote_store_gets_more_requests_in_flight_first() -> None:
     workers = first.apply["dataloader"]["num_workers"]
     assert workers > 2  # more requests in flight than the two workers give
     assert first.estimated_speedup is not None and first.estimated_speedup > 2.0
+    assert io.estimated_speedup is not None and io.estimated_speedup >= first.estimated_speedup
     assert "__getitems__" in client.code  # plain urllib: a thread pool over a batch
     # the loader finding asks for the same workers: they wait, they do not need cores
     [loader] = input_loader(inputs)
