@@ -50,7 +50,11 @@ def input_loader(ev: Evidence) -> list[Finding]:
     speedup = None
     busy = ev.worker_cpu_cores  # summed over workers, during analysed steps
     evidence["worker_busy_cores"] = busy
-    if x.workers == 0:
+    waits = x.stage_shares.get("io", 0.0) >= WAITING  # the loading waits on reads, holds no core
+    if x.workers == 0 and waits and (more := _more_workers(x, None)) is not None:
+        speedup = more.estimated_speedup
+        fixes.append(more)
+    elif x.workers == 0:
         k = suggested_workers(x.free_cores)
         speedup = x.step / x.step_after(x.load, k)
         others = (f", {x.other_load:.1f} of them busy with other processes"
@@ -136,7 +140,8 @@ def _more_workers(x: InputFacts, busy: float | None) -> Fix | None:
         waiting = 0.0
     elif waiting >= WAITING and x.workers < MAX_WORKERS:
         k = min(MAX_WORKERS, in_flight_needed(x))
-        title = f"The {x.workers} workers wait on reads ({waiting:.0%} of loading)"
+        title = (f"The {x.workers} workers wait on reads" if x.workers else
+                 "num_workers=0, and the loading waits on reads") + f" ({waiting:.0%} of loading)"
         why = "Workers blocked in reads or fetches hold no core, so more of them than cores " \
               "keep more reads in flight; see the io finding for the cause."
     else:

@@ -166,9 +166,11 @@ def remote_fixes(x: InputFacts, frac: float, top_io: list[str], source: DataSour
         apply={"dataloader": {"num_workers": workers, "persistent_workers": True}},
         estimated_speedup=estimate)
     per_worker = max(1, math.ceil(k / max(x.workers, 1)))
+    where = (f"keep {x.workers} worker{'s' if x.workers > 1 else ''} and let the client fetch "
+             f"{per_worker} at once in each" if x.workers else
+             f"let the client fetch {per_worker} at once in the training process")
     threads = Fix(
-        title=f"Or keep {max(x.workers, 1)} worker{'s' if x.workers > 1 else ''} and let the "
-              f"client fetch {per_worker} at once in each: {client.setting}",
+        title=f"Or {where}: {client.setting}",
         why=f"{client.library}: requests in flight cost a thread and a connection each, not a "
             "process.",
         code=client.code.format(k=per_worker), estimated_speedup=by_client)

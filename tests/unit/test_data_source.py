@@ -236,3 +236,16 @@ def test_small_files_say_the_files_seen_open_a_second_as_a_lower_bound() -> None
     assert fixes[0].code == "shards"
     assert "4 distinct files were seen open a second, 4.0 KiB each" in fixes[0].why
     assert "lower bound" in fixes[0].why and "on local disk (ext4)" in fixes[0].why
+
+
+def test_a_loop_that_fetches_itself_gets_workers_for_the_waits_not_for_the_cores() -> None:
+    """num_workers=0 on a busy 2-core machine, the loading all waits: workers beyond the cores
+    still help, so the loader finding asks for the requests in flight the io finding sizes."""
+    inputs = evidence(**{**remote_inputs(scans(connections=1.0, mb_per_s=2.0)),
+                         "loaders": loaders(num_workers=0)})
+    [io] = [f for f in input_stage(inputs) if f.id == "input.io"]
+    [loader] = input_loader(inputs)
+    assert loader.fixes[0].title.startswith("num_workers=0, and the loading waits on reads")
+    k = loader.fixes[0].apply["dataloader"]["num_workers"]
+    assert k > 2 and io.fixes[0].apply["dataloader"]["num_workers"] == k
+    assert "in the training process" in io.fixes[1].title
