@@ -118,9 +118,23 @@ def in_flight_needed(x: InputFacts) -> int:
 
 def speedup_in_flight(x: InputFacts, k: int, waiting: float) -> float:
     """The mean step now against the mean step with ``k`` requests in flight (the loading model
-    of doctor.rules.input_model, the ``waiting`` fraction of loading holding no core)."""
+    of doctor.rules.input_model, the ``waiting`` fraction of loading holding no core, or less
+    where the loading's measured CPU says so: a client's own Python counts as io, and burns a
+    core)."""
     step, load, own = _means(x)
-    return step / estimate_with_workers(load, own, x.free_cores, k, waiting)
+    return step / estimate_with_workers(load, own, x.free_cores, k,
+                                        min(waiting, _measured_waiting(x, step, load, own)))
+
+
+def _measured_waiting(x: InputFacts, step: float, load: float, own: float) -> float:
+    """The share of a batch's loading that holds no core, from the CPU the parent measured:
+    the workers' (summed) a step, or the training process's beyond the step's own work; 1.0
+    where not measured."""
+    if x.workers:
+        cpu = x.worker_cores * step if x.worker_cores else None
+    else:
+        cpu = max(0.0, x.main_cores * step - own) if x.main_cores else None
+    return 1.0 if cpu is None else min(1.0, max(0.0, 1.0 - cpu / load))
 
 
 def _means(x: InputFacts) -> tuple[float, float, float]:

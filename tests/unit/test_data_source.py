@@ -249,3 +249,17 @@ def test_a_loop_that_fetches_itself_gets_workers_for_the_waits_not_for_the_cores
     k = loader.fixes[0].apply["dataloader"]["num_workers"]
     assert k > 2 and io.fixes[0].apply["dataloader"]["num_workers"] == k
     assert "in the training process" in io.fixes[1].title
+
+
+def test_the_clients_measured_cpu_bounds_the_gain_of_more_requests() -> None:
+    """A client's Python counts as io but burns a core: where the workers' CPU was measured,
+    more requests in flight gain less on the same cores."""
+    def first_estimate(worker_cores: float | None) -> float:
+        inputs = evidence(**remote_inputs(scans()), worker_cpu_cores=worker_cores)
+        [io] = [f for f in input_stage(inputs) if f.id == "input.io"]
+        assert io.fixes[0].estimated_speedup is not None
+        return io.fixes[0].estimated_speedup
+
+    idle, busy = first_estimate(None), first_estimate(0.5)  # half a core: 50 ms a 0.1 s step
+    assert busy < idle
+    assert busy == pytest.approx(0.1 / ((0.05 + 0.02) / 2), rel=0.05)  # (cpu + own) on 2 cores
