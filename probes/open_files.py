@@ -47,7 +47,7 @@ MAX_SCANS = 100_000
 DIR_ENTRIES = 50_000  # a data directory's files whose sizes are summed, once
 MAX_DIRS = 64
 #: Files of the interpreter and its libraries, never the job's data.
-_CODE = (".py", ".pyc", ".so", ".pth", ".json", ".dist-info")
+_CODE = (".py", ".pyc", ".so")
 _SYSTEM = ("/proc/", "/sys/", "/dev/pts", "/dev/null", "/dev/tty", "/dev/urandom", "/dev/zero")
 _LISTEN = b"0A"
 TCP_S = 2.0
@@ -170,8 +170,11 @@ class OpenFiles:
 
     def _keep_new(self, t: float, path: str) -> bool:
         """Keep a data file seen for the first time, if it is a regular file."""
+        # the path as the job sees it: through its root where it has one of its own
+        seen = self.proc / str(self.root_pid) / "root"
+        local = f"{seen}{path}" if seen.is_dir() and not os.path.samefile(seen, "/") else path
         try:
-            st = os.stat(path)
+            st = os.stat(local)
         except OSError:
             return False
         if not stat.S_ISREG(st.st_mode):
@@ -180,7 +183,7 @@ class OpenFiles:
         self.files[path] = (t, st.st_size, mount)
         folder = os.path.dirname(path)
         if folder not in self.dirs and len(self.dirs) < MAX_DIRS:
-            self.dirs[folder] = (*directory_size(folder), mount)
+            self.dirs[folder] = (*directory_size(os.path.dirname(local)), mount)
         return True
 
     def mount_rows(self) -> list[dict[str, Any]]:
