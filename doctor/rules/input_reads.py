@@ -40,8 +40,7 @@ def io_cause(x: InputFacts, frac: float, reads: ReadPattern | None,
     stage = staging_fix(source, reads) if source is not None else None
     if stage is not None:
         return NETWORK_FS, (stage, plain[MORE], plain[SHARDS])
-    files_read = source is None or source.data is not None
-    return read_cause(reads, files_read), io_fixes(reads, plain, source)
+    return read_cause(reads, _files_read(source)), io_fixes(reads, plain, source)
 
 
 def read_cause(reads: ReadPattern | None, files_read: bool = True) -> str | None:
@@ -55,14 +54,14 @@ def read_cause(reads: ReadPattern | None, files_read: bool = True) -> str | None
 def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, ...],
              source: DataSource | None = None) -> tuple[Fix, ...]:
     """``plain`` (keep the data close, more concurrency, shards) ordered and worded by what the
-    reads were (small files only where data files were seen read, or where the parent did not
-    look: ``source`` None), with the files seen open a second where it looked."""
+    reads were (small files unless ``source`` saw fetches and no data file), with the files
+    seen open a second where the parent looked."""
     if reads is None:
         return plain
     close, more, shards = plain[CLOSE], plain[MORE], plain[SHARDS]
     kib = reads.mean_read_bytes / KIB
     cached = f"{1 - reads.storage_share:.0%} of it from the page cache"
-    cause = read_cause(reads, source is None or source.data is not None)
+    cause = read_cause(reads, _files_read(source))
     if cause == SMALL_FILES:
         shards = replace(shards, title=f"Reads average {kib:.1f} KiB, {reads.reads_per_s:,.0f} "
                                        "a second: pack the small files into large shards",
@@ -82,6 +81,13 @@ def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, ...],
                                    "a read): the time is the reads' own calls; read fewer, "
                                    "larger pieces")
     return (shards, more, close)
+
+
+def _files_read(source: DataSource | None) -> bool:
+    """Whether small reads may be small files: unless the job fetched over connections and no
+    data file was seen open (a small file is open for microseconds, so a scan may see none of
+    them; a job that fetches reads its answers and its workers' batches in small pieces)."""
+    return source is None or source.data is not None or source.connections < 1.0
 
 
 def _opens(source: DataSource | None) -> str:

@@ -206,14 +206,14 @@ def test_a_socket_client_is_io_even_in_its_own_python() -> None:
     assert classify(decode, WORKER_SCOPE)[0] == "decode"  # JSON of the job's own: decode
 
 
-def test_small_reads_are_small_files_only_where_data_files_were_read() -> None:
+def test_small_reads_of_a_job_that_fetches_and_opens_no_file_are_not_small_files() -> None:
     """Pipe and socket reads count in the kernel's read counters too: 8 KiB reads, 600 a
-    second, with no data file seen open are not small files."""
+    second, with connections and no data file seen open are not small files."""
     from doctor.rules.input_reads import SMALL_FILES, read_cause
     reads = read_pattern(read_counters(read_kib=8, reads_per_s=600, from_storage=0.0))
     assert read_cause(reads, files_read=True) == SMALL_FILES
     assert read_cause(reads, files_read=False) != SMALL_FILES
-    inputs = evidence(**{**remote_inputs(scans(connections=0.0),
+    inputs = evidence(**{**remote_inputs(scans(connections=2.0),
                                          top=("read_sample (train.py:40)",)),
                          "host": read_counters(read_kib=8, reads_per_s=600, from_storage=0.0)
                          .assign(cpu_pct=5.0)})
