@@ -33,6 +33,7 @@ BAND = (0.75, 1.33)
 JOBS: dict[str, list[str]] = {
     "input_bound": ["--steps", "60"],
     "io_bound": ["--steps", "60"],
+    "http_loader": ["--steps", "100"],
     "decode_bound": ["--steps", "60"],
     "preprocess_bound": ["--steps", "60"],
     "collate_bound": ["--steps", "60"],

@@ -20,10 +20,12 @@ import psutil
 
 from doctor.machine import private_bytes, usable_cores
 from doctor.record.guard import degraded
+from doctor.store.data_files import save_data_files
 from doctor.store.samples import PROC_COLUMNS, SYSTEM_COLUMNS, save_host, save_others
 from doctor.verdict import ProbeStatus
 
 from .exits import ExitWatcher, ProcessExit, recorded_pids
+from .open_files import OpenFiles
 from .others import OtherProcesses
 from .tick_tables import TickTable
 
@@ -67,6 +69,10 @@ class HostSampler:
         self._comm_threads: dict[int, list[int]] = {}  # pid -> its communication threads
         self._exits: ExitWatcher | None = None  # how the job's processes died (start())
         self._others = OtherProcesses()  # who else took the cores (doctor.probes.others)
+        # the files the job reads, the filesystems under them, its connections (open_files):
+        # from the parent only; doctor.watch samples its own process, where it would be the job's
+        self.files = OpenFiles(root_pid, exclude=[run_dir] if run_dir is not None else []) \
+            if root_pid != os.getpid() else None
 
     @classmethod
     def for_run(cls, context: ParentContext) -> HostSampler:
@@ -141,6 +147,8 @@ class HostSampler:
             self._next_private = now + max(PRIVATE_MIN_S, private_cpu * PRIVATE_COST_RATIO)
         self._sample_system(t)
         self._others.sample(t, self._procs)
+        if self.files is not None:
+            self.files.sample(t, self._procs)
 
     def _sample_system(self, t: float) -> None:
         cpu, runnable = read_proc_stat(self.proc_stat)
@@ -181,6 +189,8 @@ class HostSampler:
         if self.run_dir is not None:
             save_host(self.run_dir, self.tables.procs, self.tables.system)
             save_others(self.run_dir, self._others.rows)
+            if self.files is not None:
+                save_data_files(self.run_dir, self.files.scans, self.files.mount_rows())
 
 
 def main_thread_times(pid: int, proc: str = "/proc") -> tuple[float, float]:

@@ -19,12 +19,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from doctor.analyse.comm_model import bucket_what_ifs, no_sync_what_if, rank_comm, scaling
 from doctor.analyse.comms import CommModel
 from doctor.analyse.evidence import Evidence
+from doctor.analyse.reads import KIB
 from doctor.analyse.split import InputSplit
 from doctor.analyse.stages import JobFacts
 from doctor.record.session import (
@@ -40,6 +42,7 @@ from doctor.store import layout
 from doctor.store.records import LOSS_INF, scale_key
 from doctor.store.rundir import write_node_record, write_run_record
 from doctor.trace.steps import STEP_COLUMNS
+from doctor.verdict import CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_JOBS = ROOT / "sample_jobs"
@@ -317,6 +320,40 @@ def evidence(*, split: dict[str, float] | None = None,
         rest["input_split"] = InputSplit(stage_shares=split, top=top or {},
                                          collate_share_of_fetch=collate_share)
     return Evidence(job=job, **rest)
+
+
+def ledger(n: int = 30, wait: float = 0.0, compute: float = 0.01, other: float = 0.0,
+           spikes: int = 0) -> pd.DataFrame:
+    rows = []
+    for i in range(n):
+        extra = 1.0 if i < spikes else 0.0
+        row = dict.fromkeys(CATEGORIES, 0.0)
+        row.update(preprocess=wait, compute=compute, other=other + extra)
+        wall = wait + compute + other + extra
+        rows.append({"rank": 0, "step": i + 1, "start_s": float(i), "wall_s": wall, **row,
+                     "wait_s": wait, "backward_s": compute / 2, "optimizer_s": compute / 10,
+                     "fetch_s": wait, "warmup": False, "analyzed": True})
+    return pd.DataFrame(rows)
+
+
+def loaders(**settings: object) -> pd.DataFrame:
+    base = {"num_workers": 0, "batch_size": 32, "persistent_workers": False,
+            "prefetch_factor": None, "pin_memory": False}
+    base.update(settings)
+    return pd.DataFrame([base])
+
+
+def read_counters(read_kib: float, reads_per_s: float, from_storage: float, seconds: float = 10.0
+         ) -> pd.DataFrame:
+    """Two processes (the training process and a worker) sampled at 2 Hz, reading alike."""
+    t = np.arange(0.0, seconds + 0.25, 0.5)
+    rows = []
+    for pid in (100, 101):
+        calls = reads_per_s / 2 * t
+        chars = calls * read_kib * KIB
+        rows += [{"node": 0, "pid": pid, "t_s": a, "read_count": b, "read_chars": c,
+                  "read_bytes": c * from_storage} for a, b, c in zip(t, calls, chars, strict=True)]
+    return pd.DataFrame(rows)
 
 
 def steps(n: int = 4, **values: Any) -> pd.DataFrame:

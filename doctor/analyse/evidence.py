@@ -19,6 +19,7 @@ from doctor.analyse.causes import SlowSteps
 from doctor.analyse.comms import CommModel, RankComms
 from doctor.analyse.compiles import Compiles, compiles
 from doctor.analyse.contention import cores_used, within
+from doctor.analyse.data_source import DataSource, data_source
 from doctor.analyse.distributed import StragglerSearch, search_stragglers
 from doctor.analyse.facts import stacks_reason
 from doctor.analyse.gc_pauses import GcSummary
@@ -85,6 +86,8 @@ class Evidence:
       (doctor.analyse.phase_steps; the pipeline adds it);
     - ``bubble``: a pipeline's stages waiting for their neighbours against the schedule's
       theory (doctor.analyse.bubble), where ranks sent and received in a pipeline.
+    - ``data_source``: the filesystem under the job's data files, its connections and network
+      bytes over the analysed steps (doctor.analyse.data_source), where the parent scanned them.
     """
 
     job: JobFacts = field(default_factory=JobFacts)
@@ -119,6 +122,7 @@ class Evidence:
     parallelism: Parallelism | None = None
     comms: Mapping[int, RankComms] | None = None  # each rank's collectives, with their roles
     bubble: Bubble | None = None  # a pipeline's stages waiting (doctor.analyse.bubble)
+    data_source: DataSource | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         known = {f.name for f in fields(self)}
@@ -162,6 +166,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
         parallelism=stages.parallelism, comms=stages.comms or None,
         bubble=pipeline_bubble(steady, stages.comms, stages.parallelism, run.pipeline),
+        data_source=data_source(run.fd_scans, run.mounts, span),
     )
 
 

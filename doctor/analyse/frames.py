@@ -58,6 +58,7 @@ class FrameRule:
     file: re.Pattern[str] | None = None
     function: re.Pattern[str] | None = None
     call: re.Pattern[str] | None = None
+    within: bool = False  # every frame inside a frame it matches is its category
 
     def matches(self, frame: Frame) -> bool:
         if self.file is not None and not self.file.search(frame.file):
@@ -92,10 +93,13 @@ def _rules_of(path: Path) -> list[FrameRule]:
             if raw["category"] not in STAGES:
                 raise FrameRulesError(f"{named}: rule {i + 1} has unknown category "
                                       f"{raw['category']!r} (one of {', '.join(STAGES)})")
-            rules.append(FrameRule(
-                raw["category"],
-                *(re.compile(raw[k]) if k in raw else None for k in ("file", "function", "call")),
-            ))
+            within = raw.get("within", False)
+            if not isinstance(within, bool):
+                raise FrameRulesError(f"{named}: rule {i + 1} has \"within\": {within!r} "
+                                      "(true or false)")
+            file, function, call = (re.compile(raw[k]) if k in raw else None
+                                    for k in ("file", "function", "call"))
+            rules.append(FrameRule(raw["category"], file, function, call, within))
         return rules
     except FrameRulesError:
         raise
@@ -134,11 +138,7 @@ def classify_outside_loader(stack: tuple[str, ...], rules: Iterable[FrameRule] |
     if root is None:
         return None
     ordered = _call_rules_first(default_rules() if rules is None else tuple(rules))
-    for frame in reversed(frames[root:]):
-        for rule in ordered:
-            if rule.matches(frame):
-                return rule.category, _label(frame)
-    return "preprocess", _label(frames[-1])
+    return _innermost(frames[root:], ordered) or ("preprocess", _label(frames[-1]))
 
 
 #: A queue's ``get``: the standard library's, multiprocessing's (or a class's own of that name)
@@ -163,11 +163,8 @@ def classify_producer(stack: tuple[str, ...], rules: Iterable[FrameRule] | None 
     innermost frame a rule matches, else its innermost frame's code as preprocess."""
     frames = [Frame.parse(f) for f in stack]
     ordered = _call_rules_first(default_rules() if rules is None else tuple(rules))
-    for frame in reversed(frames):
-        for rule in ordered:
-            if rule.matches(frame):
-                return rule.category, _label(frame)
-    return "preprocess", _label(frames[-1]) if frames else "a queue's producer"
+    return _innermost(frames, ordered) or \
+        ("preprocess", _label(frames[-1]) if frames else "a queue's producer")
 
 
 def classify(stack: tuple[str, ...], scope: re.Pattern[str],
@@ -185,12 +182,10 @@ def classify(stack: tuple[str, ...], scope: re.Pattern[str],
     if inner and _OWN.search(inner[-1].file):
         return "doctor", inner[-1].function
     ordered = _call_rules_first(default_rules() if rules is None else tuple(rules))
-    for frame in reversed(inner):
-        if _OWN.search(frame.file) or _is_torch_data(frame):
-            continue
-        for rule in ordered:
-            if rule.matches(frame):
-                return rule.category, _label(frame)
+    found = _innermost([f for f in inner if not _OWN.search(f.file) and not _is_torch_data(f)],
+                       ordered)
+    if found is not None:
+        return found
     user = next((f for f in reversed(inner) if not _is_torch_data(f) and not _OWN.search(f.file)),
                 None)
     return "preprocess", _label(user) if user else "collate/fetch"
@@ -201,6 +196,20 @@ def is_user_code(frame: Frame) -> bool:
     the interpreter's (``<frozen ...>``) or doctor's own bookkeeping."""
     return bool(frame.path) and not frame.path.startswith("<") and \
         not _SITE.match(frame.path) and not _OWN.search(frame.file)
+
+
+def _innermost(frames: list[Frame], ordered: tuple[FrameRule, ...]) -> tuple[str, str] | None:
+    """(stage, function) of the outermost frame a ``within`` rule matches (a client's call
+    claims everything inside it), else of the innermost frame any rule matches; None: none."""
+    for frame in frames:
+        for rule in ordered:
+            if rule.within and rule.matches(frame):
+                return rule.category, _label(frame)
+    for frame in reversed(frames):
+        for rule in ordered:
+            if rule.matches(frame):
+                return rule.category, _label(frame)
+    return None
 
 
 def _call_rules_first(rules: tuple[FrameRule, ...]) -> tuple[FrameRule, ...]:

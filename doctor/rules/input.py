@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from doctor.analyse.evidence import Evidence
-from doctor.analyse.reads import ReadPattern, read_pattern
+from doctor.analyse.reads import read_pattern
 from doctor.categories import INPUT_STAGES
 from doctor.rules.base import rule
 from doctor.rules.input_bursts import bursts
 from doctor.rules.input_model import InputFacts, count_of, suggested_workers
-from doctor.rules.input_reads import io_fixes
+from doctor.rules.input_reads import io_cause
+from doctor.rules.input_remote import MAX_WORKERS, REMOTE, in_flight_needed, speedup_in_flight
 from doctor.verdict import Finding, Fix
 
 MIN_SHARE = 0.10
@@ -23,6 +24,7 @@ STAGES = INPUT_STAGES
 # keep up (slow workers make the wait many times the handoff; the measured round trip leaves
 # out the loader's own per-batch work, so the handoff reads low).
 KEEP_UP_HANDOFF = 0.3
+WAITING = 0.5  # of loading in reads, above which the workers wait rather than compute
 
 
 def input_severity(share: float) -> str:
@@ -48,7 +50,11 @@ def input_loader(ev: Evidence) -> list[Finding]:
     speedup = None
     busy = ev.worker_cpu_cores  # summed over workers, during analysed steps
     evidence["worker_busy_cores"] = busy
-    if x.workers == 0:
+    waits = x.stage_shares.get("io", 0.0) >= WAITING  # the loading waits on reads, holds no core
+    if x.workers == 0 and waits and (more := _more_workers(x, None)) is not None:
+        speedup = more.estimated_speedup
+        fixes.append(more)
+    elif x.workers == 0:
         k = suggested_workers(x.free_cores)
         speedup = x.step / x.step_after(x.load, k)
         others = (f", {x.other_load:.1f} of them busy with other processes"
@@ -87,19 +93,9 @@ def input_loader(ev: Evidence) -> list[Finding]:
                 + ("; see the handoff finding." if x.handoff >= MIN_SHARE * x.step else "."),
             code="",
         ))
-    elif busy is not None and x.free_cores - busy >= 1.0 and x.workers < 16:
-        k = min(16, x.workers + int(x.free_cores - busy))
-        speedup = x.step / x.step_after(x.load, k)
-        fixes.append(Fix(
-            title=f"num_workers={x.workers} with {x.free_cores - busy:.1f} idle cores: "
-                  f"set num_workers={k}",
-            why="The workers cannot keep up and cores are idle: more workers load more "
-                "batches at once.",
-            code=f"loader = DataLoader(dataset, {x.batch}, num_workers={k}, "
-                 "persistent_workers=True)",
-            apply={"dataloader": {"num_workers": k, "persistent_workers": True}},
-            estimated_speedup=speedup,
-        ))
+    elif (more := _more_workers(x, busy)) is not None:
+        speedup = more.estimated_speedup
+        fixes.append(more)
     else:
         fixes.append(Fix(
             title=f"{x.workers} workers keep the cores busy: more workers cannot help",
@@ -123,6 +119,39 @@ def input_loader(ev: Evidence) -> list[Finding]:
                   if x.share - x.wait_share >= 0.01 else "")),
         evidence=evidence, fixes=tuple(fixes), estimated_speedup=speedup,
     )]
+
+
+def _at_least_its_fixes(removed: float, fixes: tuple[Fix, ...]) -> float:
+    """Removing a stage gives at least what any of its fixes gives: a remote store's waits
+    come unevenly, so the medians the stage's estimate starts from can read it lower than the
+    means its fixes are sized from."""
+    return max([removed, *(f.estimated_speedup for f in fixes if f.estimated_speedup)])
+
+
+def _more_workers(x: InputFacts, busy: float | None) -> Fix | None:
+    """More workers, where they would help: cores are idle, or the workers wait on reads or
+    a remote store (holding no core: more of them than cores keep more reads in flight)."""
+    waiting = x.stage_shares.get("io", 0.0)
+    if busy is not None and x.free_cores - busy >= 1.0 and x.workers < MAX_WORKERS:
+        k = min(MAX_WORKERS, x.workers + int(x.free_cores - busy))
+        title = f"num_workers={x.workers} with {x.free_cores - busy:.1f} idle cores"
+        why = "The workers cannot keep up and cores are idle: more workers load more batches " \
+              "at once."
+        waiting = 0.0
+    elif waiting >= WAITING and x.workers < MAX_WORKERS:
+        k = min(MAX_WORKERS, in_flight_needed(x))
+        title = (f"The {x.workers} workers wait on reads" if x.workers else
+                 "num_workers=0, and the loading waits on reads") + f" ({waiting:.0%} of loading)"
+        why = "Workers blocked in reads or fetches hold no core, so more of them than cores " \
+              "keep more reads in flight; see the io finding for the cause."
+    else:
+        return None
+    return Fix(title=f"{title}: set num_workers={k}", why=why,
+               code=f"loader = DataLoader(dataset, {x.batch}, num_workers={k}, "
+                    "persistent_workers=True)",
+               apply={"dataloader": {"num_workers": k, "persistent_workers": True}},
+               estimated_speedup=speedup_in_flight(x, k, waiting) if waiting else
+               x.step / x.step_after(x.load, k))
 
 
 @rule("input.unsplit", needs=("ledger",))
@@ -167,6 +196,8 @@ def input_unsplit(ev: Evidence) -> list[Finding]:
 
 _STAGE_WORDS = {"io": "reading data from storage", "decode": "decoding samples",
                 "preprocess": "transforms, augmentation and collation"}
+_CAUSE_WORDS = {"remote store": "fetching data from a remote store",
+                "network filesystem": "reading data from a network filesystem"}
 
 
 @rule("input.stage", needs=("ledger", "input_split"))
@@ -190,16 +221,21 @@ def input_stage(ev: Evidence) -> list[Finding]:
             "cores": x.cores, "batch_handoff_s": x.handoff if x.workers else None,
         }
         reads = read_pattern(ev.host) if stage == "io" else None
+        fixes = _stage_fixes(stage, x, frac)
         if stage == "io":
             evidence["read_mb_per_s"] = _read_rate(ev)
             evidence.update(reads.to_evidence() if reads is not None else {})
+            evidence["cause"], fixes = io_cause(x, frac, reads, ev.data_source, fixes)
+            evidence.update(ev.data_source.to_evidence() if ev.data_source else {})
         if stage == "preprocess":
             evidence["collate_share_of_loading"] = x.collate_share
         findings.append(Finding(
             id=f"input.{stage}", category=stage, severity=input_severity(share),
-            title=f"{share:.0%} of the step goes to {_STAGE_WORDS[stage]}",
-            evidence=evidence, fixes=_stage_fixes(stage, x, frac, reads),
-            estimated_speedup=x.step / new_step,
+            title=f"{share:.0%} of the step goes to "
+                  + _CAUSE_WORDS.get(str(evidence.get("cause")), _STAGE_WORDS[stage]),
+            evidence=evidence, fixes=fixes,
+            estimated_speedup=_at_least_its_fixes(x.step / new_step, fixes)
+            if evidence.get("cause") == REMOTE else x.step / new_step,
         ))
     return findings
 
@@ -253,13 +289,14 @@ def input_handoff(ev: Evidence) -> list[Finding]:
     )]
 
 
-def _stage_fixes(stage: str, x: InputFacts, frac: float, reads: ReadPattern | None = None
-                 ) -> tuple[Fix, ...]:
+def _stage_fixes(stage: str, x: InputFacts, frac: float) -> tuple[Fix, ...]:
+    """The stage's fixes in their plain order (io: keep the data close, more concurrency,
+    shards; doctor.rules.input_reads orders them by what the reads were)."""
     if stage == "io":
         more = min(32, max(2 * x.cores, x.workers * 2, 4))
         # reads wait rather than compute: only the rest of the loading shares the cores
         more_reads = x.step / x.step_after(x.load, more, waiting=frac)
-        return io_fixes(reads, (
+        return (
             Fix(title="Keep the data close: cache it on local disk or in memory",
                 why="Reads that miss the page cache wait on storage; a local copy (or "
                     "/dev/shm for small datasets) turns waits into memory copies.",
@@ -277,7 +314,7 @@ def _stage_fixes(stage: str, x: InputFacts, frac: float, reads: ReadPattern | No
                     "(WebDataset-style) are read sequentially.",
                 code="import webdataset as wds\n"
                      "dataset = wds.WebDataset('shards/train-{000000..000099}.tar')"),
-        ))
+        )
     if stage == "decode":
         return (
             Fix(title="Decode once and cache the decoded arrays",

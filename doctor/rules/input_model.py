@@ -111,7 +111,8 @@ class InputFacts:
             else {}
         self.collate_share = split.collate_share_of_fetch if split else None
         self.load = self.wait if self.workers == 0 else self.step * self.workers
-        worker_cores = ev.worker_cpu_cores
+        worker_cores = self.worker_cores = ev.worker_cpu_cores
+        self.main_cores = ev.main_cpu_cores
         if self.workers and worker_cores:
             # one batch per step: the workers' CPU seconds per step are the loading's CPU work;
             # the time in reads (io), mostly spent blocked, comes on top

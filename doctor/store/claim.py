@@ -34,6 +34,7 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 #: The names doctor gives the files and folders of a run directory (and of a multi-node job's).
 RUN_FILES = frozenset({
     layout.RUN_RECORD, layout.CONTROL, layout.HOST, layout.GPU, layout.GPU_INFO, layout.OTHERS,
+    layout.DATA_FILES, layout.MOUNTS,
     layout.BOOTSTRAP_ERRORS, layout.VERDICT, layout.REPORT, layout.TIMELINE, layout.TRIES,
     layout.NODE_RECORD, layout.NODES_RECORD, layout.STDOUT, layout.STDERR,
     ".doctor-write-check"})

@@ -25,6 +25,7 @@ from doctor.errors import (
     WindowUnavailable,
 )
 from doctor.store import layout
+from doctor.store.data_files import read_mounts, read_scans
 from doctor.store.layout import pid_of
 from doctor.store.records import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, INTERVAL_RINGS
 from doctor.store.ringbuffer import VERSION as RING_VERSION
@@ -197,6 +198,8 @@ def _load_node(run_dir: Path) -> RunData:
         "later_stacks": later_stacks, "later_stack_spans": later_spans,
         "stack_times": stack_times,
         "others": read_others(run_dir, problems).assign(node=0),
+        "fd_scans": read_scans(run_dir, problems).assign(node=0),
+        "mounts": read_mounts(run_dir, problems).assign(node=0),
         "run_steps": _concat(run_steps),
     }
     frames = empty_frames()

@@ -18,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from doctor.store.data_files import MOUNT_NUMBERS, MOUNT_TEXT, SCAN_COLUMNS
 from doctor.store.samples import (
     GPU_COLUMNS,
     GPU_PROC_COLUMNS,
@@ -210,6 +211,8 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "pipeline": PIPELINE_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
     "others": {**_floats(OTHER_COLUMNS), "name": "object", "node": "int64"},
+    "fd_scans": {**_floats(SCAN_COLUMNS), "node": "int64"},
+    "mounts": {**{c: "object" for c in MOUNT_TEXT}, **_floats(MOUNT_NUMBERS), "node": "int64"},
     "run_steps": RUN_STEPS_COLUMNS,
 }
 
@@ -287,6 +290,9 @@ class RunData:
     - ``window_events``: the profiler window's events on the process's clock, capped
       (doctor.trace.window_events), and ``window_status.events`` how many the trace had;
     - ``others``: processes outside the job that took cores, per scan (doctor.probes.others);
+    - ``fd_scans``: the parent's scans of the job's descriptors (data files open, sockets,
+      connections, the namespace's received bytes), and ``mounts`` the mounts its data files
+      were on (doctor.probes.open_files);
     - ``later_windows``: the steps of each later profiler window (opened where the run slowed
       down: ``trace-N.json``), as ``window``'s, with the window's number N; ``later_stacks``
       and ``later_stack_spans`` the stacks sampled beside each (``stacks-N.txt``), with N.
@@ -322,6 +328,8 @@ class RunData:
     sharding: pd.DataFrame
     pipeline: pd.DataFrame
     others: pd.DataFrame
+    fd_scans: pd.DataFrame
+    mounts: pd.DataFrame
     later_windows: pd.DataFrame
     later_stacks: pd.DataFrame
     later_stack_spans: pd.DataFrame

@@ -234,6 +234,25 @@ def test_many_small_files_get_shards_first(tmp_path: Path) -> None:
     io = {f["id"]: f for f in verdict["findings"]}["input.io"]
     assert "pack the small files into large shards" in io["fixes"][0]["title"]
     assert io["evidence"]["mean_read_kib"] < 64 and io["evidence"]["reads_per_s"] > 200
+    assert io["evidence"]["cause"] == "small files"
+
+
+def test_a_remote_store_gets_more_requests_in_flight(tmp_path: Path) -> None:
+    """Items fetched over HTTP from the job's own server on 127.0.0.1, 25 ms a request, two
+    workers: the cause is a remote store, the fix more requests in flight (with an apply), and
+    the parent saw the job's connections and the bytes they brought."""
+    verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "http_loader.py"),
+                      "--steps", "60")
+    assert verdict["bottleneck"] == "io"
+    io = {f["id"]: f for f in verdict["findings"]}["input.io"]
+    assert io["evidence"]["cause"] == "remote store"
+    first = io["fixes"][0]
+    assert first["title"].startswith("A remote store:"), first["title"]
+    assert first["apply"]["dataloader"]["num_workers"] > 2
+    assert first["estimated_speedup"] > 1.5
+    assert io["evidence"]["connections_in_flight"] > 0
+    assert io["evidence"]["network_mb_per_s"] > 0
+    assert (tmp_path / "run" / "data_files.npz").is_file()
 
 
 def test_a_bursty_loader_gets_a_deeper_queue(tmp_path: Path) -> None:

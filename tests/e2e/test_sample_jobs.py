@@ -32,6 +32,7 @@ ABLATED = {**{job: small for job, (_flag, small) in JOBS.items()},
            "input_bound": ["--batch", "2", "--work", "400", "--hidden", "16"],  # exaggerated
            "get_batch_bound": ["--batch", "2", "--block", "16"],
            "pil_transforms": ["--images", "2", "--size", "64", "--batch", "2"],  # in memory
+           "http_loader": ["--batch", "2", "--item-kb", "4", "--hidden", "16", "--workers", "1"],
            "compute_bound": ["--width", "64", "--batch", "8"]}
 SWITCHED_AFTER = ("input_bound", "get_batch_bound")  # they size their data by the blocks
 Finished = dict[tuple[str, bool | str], tuple[subprocess.CompletedProcess[str], Path]]

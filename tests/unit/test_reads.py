@@ -4,30 +4,16 @@ reads that wait on storage get a local copy first, page-cache reads get fewer la
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from doctor.analyse.reads import KIB, read_pattern
 from doctor.rules.input_reads import io_fixes
 from doctor.verdict import Fix
+from tests.support import read_counters as host
 
 PLAIN = (Fix("Keep the data close: cache it", "", "copy"),
          Fix("Read with more concurrency", "", "workers"),
          Fix("Store samples in large sequential shards", "", "shards"))
-
-
-def host(read_kib: float, reads_per_s: float, from_storage: float, seconds: float = 10.0
-         ) -> pd.DataFrame:
-    """Two processes (the training process and a worker) sampled at 2 Hz, reading alike."""
-    t = np.arange(0.0, seconds + 0.25, 0.5)
-    rows = []
-    for pid in (100, 101):
-        calls = reads_per_s / 2 * t
-        chars = calls * read_kib * KIB
-        rows += [{"node": 0, "pid": pid, "t_s": a, "read_count": b, "read_chars": c,
-                  "read_bytes": c * from_storage} for a, b, c in zip(t, calls, chars, strict=True)]
-    return pd.DataFrame(rows)
 
 
 def test_the_counters_give_the_mean_read_the_rate_and_the_storage_share() -> None:

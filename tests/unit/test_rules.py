@@ -9,29 +9,7 @@ from doctor.rules.host import host_contention
 from doctor.rules.input import input_handoff, input_loader, input_stage, input_unsplit
 from doctor.rules.input_model import estimate_with_workers, suggested_workers
 from doctor.rules.other import other_time
-from doctor.verdict import CATEGORIES
-from tests.support import evidence
-
-
-def ledger(n: int = 30, wait: float = 0.0, compute: float = 0.01, other: float = 0.0,
-           spikes: int = 0) -> pd.DataFrame:
-    rows = []
-    for i in range(n):
-        extra = 1.0 if i < spikes else 0.0
-        row = dict.fromkeys(CATEGORIES, 0.0)
-        row.update(preprocess=wait, compute=compute, other=other + extra)
-        wall = wait + compute + other + extra
-        rows.append({"rank": 0, "step": i + 1, "start_s": float(i), "wall_s": wall, **row,
-                     "wait_s": wait, "backward_s": compute / 2, "optimizer_s": compute / 10,
-                     "fetch_s": wait, "warmup": False, "analyzed": True})
-    return pd.DataFrame(rows)
-
-
-def loaders(**settings: object) -> pd.DataFrame:
-    base = {"num_workers": 0, "batch_size": 32, "persistent_workers": False,
-            "prefetch_factor": None, "pin_memory": False}
-    base.update(settings)
-    return pd.DataFrame([base])
+from tests.support import evidence, ledger, loaders
 
 
 def test_input_wait_with_no_workers_suggests_workers_that_fit_the_cores() -> None:
