@@ -101,8 +101,9 @@ def scaling_lines(sections: Sections) -> list[str]:
     if scale is None or far is None:
         return []
     base = scale.points[0]
-    unit = "stages" if scale.kind == "pipeline" else "ranks"
-    return [f"Scaling ({scale.kind}): exposed {format_share(base.shown_exposed_share)} of the "
+    pipeline = scale.kind == "pipeline"
+    unit, what = ("stages", "not computing") if pipeline else ("ranks", "exposed")
+    return [f"Scaling ({scale.kind}): {what} {format_share(base.shown_exposed_share)} of the "
             f"step at {base.ranks} {unit}; at {far.ranks} {unit} with the same global batch "
             f"{format_share(far.shown_exposed_share)}, scaling efficiency "
             f"{format_share(far.efficiency(base))}"]
