@@ -94,7 +94,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                                       comms=s.comms, models=s.models,
                                       # a run recorded with the GC probe (not an older one)
                                       slow_steps=slow if slow.steps and gc else None, gc=gc,
-                                      phases=phases, whole_run=whole))
+                                      phases=phases, whole_run=whole,
+                                      scaling=evidence.scaling))
 
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,

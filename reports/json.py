@@ -2,7 +2,7 @@
 
 The one place where the analysis's typed records become verdict.json's dicts: the verdict's own
 keys (doctor.verdict.Verdict.to_dict), then each section of the analysis (``gpus``, ``memory``,
-``ops``, ``communication``, ``comm_model``, ``slow_steps``, ``gc``, ``phases``;
+``ops``, ``communication``, ``comm_model``, ``scaling``, ``slow_steps``, ``gc``, ``phases``;
 doctor.analyse.analysis.Sections), in that order,
 each where the run has it.
 """
@@ -20,6 +20,7 @@ from doctor.analyse.causes import CauseGroup, SlowSteps
 from doctor.analyse.comm_model import ScalePoint, WhatIf
 from doctor.analyse.comms import CommModel, Link, RankComms
 from doctor.analyse.gpus import GpuSummary
+from doctor.analyse.kind_scaling import KindScaling
 from doctor.analyse.memory import KINDS as MEMORY_KINDS
 from doctor.analyse.memory import MemoryEvidence, RankMemory
 from doctor.analyse.memory_growth import Growth, WorkerGrowth
@@ -56,6 +57,7 @@ def sections_data(s: Sections) -> dict[str, Any]:
             **({"ops": [ops_data(o) for o in s.ops.values()]} if s.ops else {}),
             **({"communication": [comms_data(c) for c in s.comms.values()]} if s.comms else {}),
             **({"comm_model": [model_data(m) for m in s.models.values()]} if s.models else {}),
+            **({"scaling": scaling_data(s.scaling)} if s.scaling else {}),
             **({"slow_steps": slow_steps_data(s.slow_steps)} if s.slow_steps else {}),
             **({"gc": [g.to_dict() for g in s.gc.values()]} if s.gc else {}),
             **({"phases": [p.to_dict() for p in s.phases]} if s.phases else {})}
@@ -171,6 +173,11 @@ def model_data(model: CommModel) -> dict[str, Any]:
 
 def what_if_data(w: WhatIf) -> dict[str, Any]:
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(w).items()}
+
+
+def scaling_data(s: KindScaling) -> dict[str, Any]:
+    """The verdict's ``scaling``: the step at more ranks by the model of the job's kind."""
+    return {"kind": s.kind, "note": s.note, "points": [scale_point_data(p) for p in s.points]}
 
 
 def scale_point_data(p: ScalePoint) -> dict[str, Any]:

@@ -74,7 +74,7 @@ def comm_lines(sections: Sections) -> list[str]:
     share, and at 4x the ranks."""
     model = critical(sections.models)
     if model is None:
-        return []
+        return scaling_lines(sections)
     m, link = model.model, model.link
     parts = [f"{format_value('bytes', m.bytes_per_step)} all-reduced a step in "
              f"{m.calls_per_step:.3g} bucket(s)"]
@@ -91,6 +91,22 @@ def comm_lines(sections: Sections) -> list[str]:
     if far is not None:
         parts.append(f"at {far.ranks} ranks {format_share(far.shown_exposed_share)}")
     return [f"Communication, rank {m.rank}: " + "; ".join(parts)]
+
+
+def scaling_lines(sections: Sections) -> list[str]:
+    """One line for a sharded job's or a pipeline's scaling (doctor.analyse.kind_scaling):
+    the exposed share now and at 4x the ranks, with its scaling efficiency."""
+    scale = sections.scaling
+    far = scale.far_point() if scale is not None else None
+    if scale is None or far is None:
+        return []
+    base = scale.points[0]
+    pipeline = scale.kind == "pipeline"
+    unit, what = ("stages", "not computing") if pipeline else ("ranks", "exposed")
+    return [f"Scaling ({scale.kind}): {what} {format_share(base.shown_exposed_share)} of the "
+            f"step at {base.ranks} {unit}; at {far.ranks} {unit} with the same global batch "
+            f"{format_share(far.shown_exposed_share)}, scaling efficiency "
+            f"{format_share(far.efficiency(base))}"]
 
 
 def _known(value: float) -> bool:

@@ -14,6 +14,7 @@ from doctor.analyse.causes import SlowSteps
 from doctor.analyse.comms import CommModel, RankComms
 from doctor.analyse.gc_pauses import GcSummary
 from doctor.analyse.gpus import GpuCounters
+from doctor.analyse.kind_scaling import KindScaling
 from doctor.analyse.ledger import StepMarks, step_marks
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
@@ -25,8 +26,8 @@ from doctor.verdict import Verdict
 @dataclass(frozen=True)
 class Sections:
     """The analyse stages' records the reports show beside the verdict (verdict.json's
-    ``gpus``, ``memory``, ``ops``, ``communication``, ``comm_model``, ``slow_steps`` and
-    ``gc``); by rank, lowest first; None or empty where the run has none."""
+    ``gpus``, ``memory``, ``ops``, ``communication``, ``comm_model``, ``scaling``,
+    ``slow_steps`` and ``gc``); by rank, lowest first; None or empty where the run has none."""
 
     counters: GpuCounters | None = None  # NVML's counters per GPU (a GPU job)
     memory: MemoryEvidence | None = None  # where each rank's memory goes
@@ -37,6 +38,7 @@ class Sections:
     gc: Mapping[int, GcSummary] = field(default_factory=dict)  # each rank's collections
     phases: tuple[PhaseSummary, ...] = ()  # evaluation, checkpoints, epoch starts per rank
     whole_run: WholeRun | None = None  # every step of a long run, in buckets (the step chart)
+    scaling: KindScaling | None = None  # the step at more ranks, the job's own kind's model
 
     def first_ops(self) -> RankOps | None:
         """The lowest rank's ops (the report shows that rank's)."""

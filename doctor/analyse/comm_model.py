@@ -73,19 +73,23 @@ class LinkFit:
         return calls * self.alpha_s + allreduce_factor(world) * nbytes / self.beta_bytes_s
 
 
-def fit_link(calls: pd.DataFrame, world: int) -> LinkFit | None:
-    """``alpha`` and ``beta`` from a rank's all-reduces of known size that did not wait: a
-    least-squares line where their sizes differ and it explains their times (``MIN_R2``; a
-    collective that shared the link with others, or waited in a way the trace does not show,
-    breaks it); otherwise the best bandwidth seen, with no latency (or, when every call is
-    small, the latency only)."""
+def fit_link(calls: pd.DataFrame, world: int, of: pd.Series | None = None) -> LinkFit | None:
+    """``alpha`` and ``beta`` from a rank's all-reduces of known size that did not wait (or
+    the collectives ``of`` marks, each by its own kind's bus share): a least-squares line
+    where their sizes differ and it explains their times (``MIN_R2``; a collective that shared
+    the link with others, or waited in a way the trace does not show, breaks it); otherwise
+    the best bandwidth seen, with no latency (or, when every call is small, the latency
+    only)."""
     if calls.empty or world < 2:
         return None
-    use = calls[gradient_reduces(calls) & calls["bytes"].notna() &
+    mask = gradient_reduces(calls) if of is None else of
+    use = calls[mask & calls["bytes"].notna() &
                 (calls["seconds"] > 0) & (calls.get("bound", "") != "waiting")]
     if use.empty:
         return None
-    x = use["bytes"].to_numpy(float) * allreduce_factor(world)
+    factors = [bus_factor(COLLECTIVES.index(k), world) if k in COLLECTIVES else 1.0
+               for k in use["kind"].astype(str)]
+    x = use["bytes"].to_numpy(float) * np.asarray(factors, float)
     y = use["seconds"].to_numpy(float)
     if len(x) >= 3 and x.max() >= 4 * x.min():
         slope, intercept = np.polyfit(x, y, 1)

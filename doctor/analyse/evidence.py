@@ -16,7 +16,7 @@ import pandas as pd
 
 from doctor.analyse.bubble import Bubble, pipeline_bubble
 from doctor.analyse.causes import SlowSteps
-from doctor.analyse.comms import CommModel, RankComms
+from doctor.analyse.comms import CommModel, RankComms, inter_node_link
 from doctor.analyse.compiles import Compiles, compiles
 from doctor.analyse.contention import cores_used, within
 from doctor.analyse.data_source import DataSource, data_source
@@ -26,6 +26,7 @@ from doctor.analyse.gc_pauses import GcSummary
 from doctor.analyse.gpus import GpuCounters
 from doctor.analyse.idle_gpus import IdleGpus, idle_gpus
 from doctor.analyse.iterations import Iterations, iterations
+from doctor.analyse.kind_scaling import KindScaling, job_scaling
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.mixed import RankPrecision, precision_evidence
 from doctor.analyse.ops import RankOps
@@ -85,7 +86,9 @@ class Evidence:
     - ``phases``: each rank's evaluation passes, checkpoints and epoch starts
       (doctor.analyse.phase_steps; the pipeline adds it);
     - ``bubble``: a pipeline's stages waiting for their neighbours against the schedule's
-      theory (doctor.analyse.bubble), where ranks sent and received in a pipeline.
+      theory (doctor.analyse.bubble), where ranks sent and received in a pipeline;
+      ``scaling``: the step at more ranks for the same global batch by the model of the job's
+      kind, DDP's, sharded or pipelined (doctor.analyse.kind_scaling).
     - ``data_source``: the filesystem under the job's data files, its connections and network
       bytes over the analysed steps (doctor.analyse.data_source), where the parent scanned them.
     """
@@ -122,6 +125,7 @@ class Evidence:
     parallelism: Parallelism | None = None
     comms: Mapping[int, RankComms] | None = None  # each rank's collectives, with their roles
     bubble: Bubble | None = None  # a pipeline's stages waiting (doctor.analyse.bubble)
+    scaling: KindScaling | None = None  # the step at more ranks, the job's own kind's model
     data_source: DataSource | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:
@@ -141,6 +145,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
     ranks, span = stages.ranks, stages.span
     steady = analysed(stages.ledger)
     ranged = stages.in_range is not None
+    bubble = pipeline_bubble(steady, stages.comms, stages.parallelism, run.pipeline)
     host = within(run.host, span) if ranged else run.host
     system = within(run.system, span) if ranged else run.system
     return Evidence(
@@ -165,7 +170,9 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         precision=precision_evidence(run, ranks, stages.ledger, stages.ops) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
         parallelism=stages.parallelism, comms=stages.comms or None,
-        bubble=pipeline_bubble(steady, stages.comms, stages.parallelism, run.pipeline),
+        bubble=bubble,
+        scaling=job_scaling(stages.parallelism, stages.comms, stages.models, bubble,
+                            inter_node_link(run.record), stages.job.ranks_here),
         data_source=data_source(run.fd_scans, run.mounts, span),
     )
 

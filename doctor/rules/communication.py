@@ -12,6 +12,7 @@ from doctor.analyse.bubble import Bubble, pipeline_bubble, window_as_ledger
 from doctor.analyse.comm_model import WhatIf
 from doctor.analyse.comms import critical
 from doctor.analyse.evidence import Evidence
+from doctor.analyse.kind_scaling import DDP, PIPELINE_KIND
 from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS, ZERO
 from doctor.rules.base import rule
 from doctor.rules.comm_kinds import (
@@ -205,30 +206,39 @@ SCALE_FACTOR = 4
 SCALE_SHARE = 0.3  # exposed communication at that scale that makes it worth saying
 
 
-@rule("comm.scaling", needs=("comm_models",))
+@rule("comm.scaling", needs=("scaling",))
 def scaling_outlook(ev: Evidence) -> list[Finding]:
-    """What the communication model predicts for more ranks on the same global batch: said
-    (as information) where the exposed share would reach SCALE_SHARE."""
+    """What the model of the job's own kind (DDP's all-reduce, a sharded job's gathers and
+    scatters, a pipeline's stages: doctor.analyse.kind_scaling) predicts for more ranks on the
+    same global batch: said (as information) where the exposed share would reach SCALE_SHARE.
+    DDP's fixes go with DDP's model only."""
     model = critical(ev.comm_models or {})
-    if model is None or len(model.scaling) < 2:
+    scale = ev.scaling
+    if scale is None or len(scale.points) < 2:
         return []
-    base = model.scaling[0]
+    base = scale.points[0]
     target = base.ranks * SCALE_FACTOR
-    point = next((p for p in model.scaling if p.ranks >= target), model.scaling[-1])
+    point = next((p for p in scale.points if p.ranks >= target), scale.points[-1])
     if point.exposed_share < SCALE_SHARE:
         return []
+    ddp = scale.kind == DDP and model is not None
+    what = "exposed communication" if scale.kind != PIPELINE_KIND else \
+        "each stage's time not computing (the bubble and its transfers)"
+    unit = "stages" if scale.kind == PIPELINE_KIND else "ranks"
     return [Finding(
         id="comm.scaling", category="communication", severity="info",
-        title=(f"At {point.ranks} ranks with the same global batch, {point.exposed_share:.0%} "
-               f"of the step would be exposed communication (scaling efficiency "
+        title=(f"At {point.ranks} {unit} with the same global batch, {point.exposed_share:.0%} "
+               f"of the step would be {what} (scaling efficiency "
                f"{point.efficiency(base):.0%}; {base.exposed_share:.0%} at {base.ranks} now)"),
-        evidence={"ranks_now": base.ranks, "ranks": point.ranks,
+        evidence={"kind": scale.kind, "model": scale.note,
+                  "ranks_now": base.ranks, "ranks": point.ranks,
                   "step_s_now": base.step_s, "step_s": point.step_s,
                   "exposed_share_now": base.exposed_share,
                   "exposed_share": point.exposed_share,
                   "scaling_efficiency": point.efficiency(base),
                   "across_nodes": point.across_nodes,
-                  "bytes_per_step": model.model.bytes_per_step,
-                  "bus_gb_per_s": model.model.link.beta_bytes_s / 1e9},
-        fixes=(NO_SYNC, COMPRESS),
+                  **({"bytes_per_step": model.model.bytes_per_step,
+                      "bus_gb_per_s": model.model.link.beta_bytes_s / 1e9}
+                     if ddp and model is not None else {})},
+        fixes=(NO_SYNC, COMPRESS) if ddp else (),
     )]

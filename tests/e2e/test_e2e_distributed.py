@@ -115,6 +115,12 @@ def test_an_fsdp2_job_is_named_and_gets_fsdp_fixes(tmp_path: Path) -> None:
     assert "bucket_cap" not in text and "no_sync" not in text and "compress_hook" not in text
     assert "reshard_after_forward=False" in text
     assert not verdict.get("comm_model")  # no DDP all-reduce to model
+    # the step at more ranks by the sharded model: gathers grow to (N-1)/N of each unit
+    scale = verdict["scaling"]
+    assert scale["kind"] == "sharded"
+    points = scale["points"]
+    assert [p["ranks"] for p in points] == [2, 4, 8, 16, 32, 64]
+    assert points[-1]["exposed_share"] > points[0]["exposed_share"]
 
 
 def test_synchronised_batch_statistics_are_counted_to_themselves(tmp_path: Path) -> None:
@@ -145,6 +151,11 @@ def test_a_pipelines_bubble_is_measured_against_its_schedule(tmp_path: Path) -> 
     else:
         assert more.get("estimated_speedup") is None and "waited for a core" in more["why"]
     assert not verdict.get("comm_model")  # no DDP all-reduce to model
+    # more stages at the same micro-batch: the bubble's share of the step grows
+    scale = verdict["scaling"]
+    assert scale["kind"] == "pipeline" and "bubble grows" in scale["note"]
+    assert scale["points"][0]["ranks"] == 2 and scale["points"][-1]["ranks"] == 64
+    assert scale["points"][-1]["exposed_share"] > scale["points"][0]["exposed_share"]
 
 
 def test_an_unbalanced_pipeline_names_its_slow_stage(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from doctor.analyse.comm_model import (
     scaling,
 )
 from doctor.analyse.comms import TIE, CommModel, critical
+from doctor.analyse.kind_scaling import ddp_scaling
 from doctor.rules import communication, run_rules
 from tests.support import comm_calls, comm_model, comm_window, ddp_buckets, evidence, steps
 
@@ -116,13 +117,15 @@ def test_the_exposed_finding_takes_its_fixes_and_estimates_from_the_model() -> N
 
 
 def test_the_scaling_finding_says_the_share_at_four_times_the_ranks() -> None:
-    ev = evidence(comm_models={0: comm_model()})
+    models = {0: comm_model()}
+    ev = evidence(comm_models=models, scaling=ddp_scaling(models))
     (f,) = run_rules(ev, [communication.scaling_outlook]).findings
     assert f.severity == "info" and f.evidence["ranks"] == 8
     assert f.evidence["exposed_share"] > f.evidence["exposed_share_now"]
     assert f"{f.evidence['exposed_share']:.0%}" in f.title
     # little communication: nothing to say
-    quiet = evidence(comm_models={0: comm_model(step=1.0, comm=0.01, exposed=0.001)})
+    little = {0: comm_model(step=1.0, comm=0.01, exposed=0.001)}
+    quiet = evidence(comm_models=little, scaling=ddp_scaling(little))
     assert run_rules(quiet, [communication.scaling_outlook]).findings == []
 
 

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from doctor.analyse.gpus import GpuCounters, GpuSummary
+from doctor.analyse.kind_scaling import ddp_scaling
 from doctor.rules import Evidence, Rule, communication, gpu, run_rules
 from doctor.rules import memory as memory_rules
 from doctor.trace.steps import empty_step_frame
@@ -244,7 +245,8 @@ def everything() -> list[Finding]:
     found += run(steps(htod_pinned_count=5, transfer_s=0.02, transfer_exposed_s=0.01))
     found += run(steps(gemm_s=0.06, gpu_cc=7.0))
 
-    found += run(comm_models={0: comm_model()})
+    models = {0: comm_model()}
+    found += run(comm_models=models, scaling=ddp_scaling(models))
     return found
 
 

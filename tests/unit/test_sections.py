@@ -10,6 +10,7 @@ import pytest
 from doctor.analyse.analysis import Analysis, Sections, Tables
 from doctor.analyse.comm_model import LinkFit, RankComm, ScalePoint
 from doctor.analyse.comms import CommModel, Link
+from doctor.analyse.kind_scaling import KindScaling
 from doctor.analyse.ops import RankOps
 from doctor.categories import CATEGORIES
 from doctor.reports.json import verdict_data
@@ -75,3 +76,23 @@ def test_verdict_json_holds_the_verdicts_keys_then_each_section_in_order() -> No
     assert list(verdict_data(Analysis(verdict, analysis.ledger, "src"))) == list(data)[:-2]
     (line,) = comm_lines(sections)
     assert line.startswith("Communication, rank 1:")  # the rank with the most exposed
+
+
+def test_a_sharded_jobs_scaling_is_its_own_line_and_verdict_key() -> None:
+    points = (ScalePoint(2, 0.2, 0.1, False), ScalePoint(4, 0.19, 0.14, False),
+              ScalePoint(8, 0.2, 0.18, True))
+    scale = KindScaling("sharded", points, "words")
+    sections = Sections(scaling=scale)
+    (line,) = comm_lines(sections)  # no DDP model: the kind's own scaling
+    assert line.startswith("Scaling (sharded): exposed 50% of the step at 2 ranks; at 8 ranks")
+    assert "90%, scaling efficiency 25%" in line
+    verdict = Verdict(bottleneck="communication", shares=dict.fromkeys(CATEGORIES, 0.0),
+                      steps={}, findings=[], probes={}, job={})
+    data = verdict_data(Analysis(verdict, pd.DataFrame(columns=list(LEDGER_COLUMNS)), "src",
+                                 Tables(), sections))
+    assert data["scaling"]["kind"] == "sharded"
+    assert [p["ranks"] for p in data["scaling"]["points"]] == [2, 4, 8]
+    assert data["scaling"]["points"][2]["across_nodes"] is True
+    pipe = Sections(scaling=KindScaling("pipeline", points, "words"))
+    assert comm_lines(pipe)[0].startswith("Scaling (pipeline): not computing 50% of the step "
+                                          "at 2 stages; at 8 stages")
