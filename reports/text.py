@@ -24,7 +24,7 @@ from doctor.verdict import Finding, Verdict, fix_id
 
 #: The bottleneck in words, for headlines.
 BOTTLENECK_WORDS: dict[str, str] = {
-    "io": "Input-bound: reading data from storage",
+    "io": "Input-bound: reading data (from storage or the network)",
     "decode": "Input-bound: decoding samples",
     "preprocess": "Input-bound: preprocessing (transforms, collation)",
     "input": "Input-bound: waiting for the DataLoader",
