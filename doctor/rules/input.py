@@ -39,7 +39,7 @@ def input_loader(ev: Evidence) -> list[Finding]:
         return []
     evidence: dict[str, Any] = {
         "input_wait_share": x.wait_share, "input_share_with_contention": x.share,
-        "median_wait_s": x.wait, "median_step_s": x.step,
+        "wait_s": x.wait, "step_s": x.step,
         "cores": x.cores, "other_load_cores": x.other_load, "num_workers": x.workers,
         "batch_size": x.loader.get("batch_size"),
         "persistent_workers": x.loader.get("persistent_workers"),
@@ -56,7 +56,7 @@ def input_loader(ev: Evidence) -> list[Finding]:
         fixes.append(more)
     elif x.workers == 0:
         k = suggested_workers(x.free_cores)
-        speedup = x.step / x.step_after(x.load, k)
+        speedup = round(x.step / x.step_after(x.load, k), 9)  # no float dust below 1.0
         others = (f", {x.other_load:.1f} of them busy with other processes"
                   if x.other_load else "")
         bound = (f"{x.free_cores:.3g} free cores bound the gain to about {speedup:.1f}x"
@@ -216,7 +216,7 @@ def input_stage(ev: Evidence) -> list[Finding]:
         new_step = min(x.step, x.step_after(x.load * (1.0 - frac), workers)) if x.workers \
             else max(x.step - x.wait * frac, 1e-9)  # removing work never slows a step
         evidence: dict[str, Any] = {
-            "share_of_step": share, "share_of_loading": frac, "median_step_s": x.step,
+            "share_of_step": share, "share_of_loading": frac, "step_s": x.step,
             "top_functions": x.top.get(stage, []), "num_workers": x.workers,
             "cores": x.cores, "batch_handoff_s": x.handoff if x.workers else None,
         }
@@ -283,7 +283,7 @@ def input_handoff(ev: Evidence) -> list[Finding]:
               "a round trip to the worker each",
         evidence={"share_of_step": share, "batch_handoff_s": x.handoff,
                   "batch_tensors": tensors, "fd_handoff_s": ev.fd_handoff_s,
-                  "median_wait_s": x.wait, "median_step_s": x.step, "num_workers": x.workers},
+                  "wait_s": x.wait, "step_s": x.step, "num_workers": x.workers},
         fixes=tuple(fixes),
         estimated_speedup=x.step / (x.step - saved) if saved > 0 else None,
     )]

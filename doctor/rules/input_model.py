@@ -6,9 +6,13 @@ in ``k`` worker processes on ``cores`` cores:
     step ~ max(rest, load / k, (load + rest) / cores)
 
 ``load`` is the wait itself with num_workers=0, and about ``workers x step`` when ``workers``
-processes together deliver one batch per step. Making a stage cheaper removes its fraction of
-``load``. With workers, ``rest`` includes the training process's handoff of each batch: one
-round trip to the worker per tensor (doctor.probes.handoff), which no cheaper stage removes.
+processes together deliver one batch per step. ``step`` is the steps' pace (doctor.step_pace)
+and ``rest`` the median of each step's time beside its wait, not medians subtracted: workers
+that finish together hand over batches in pairs, a long wait then none, whose median step and
+median wait are of different steps (a 2-worker job's own work read about 4x too long). Making a
+stage cheaper removes its fraction of ``load``. With workers, ``rest`` includes the training
+process's handoff of each batch: one round trip to the worker per tensor
+(doctor.probes.handoff), which no cheaper stage removes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pandas as pd
 from doctor.analyse.evidence import Evidence
 from doctor.rules.base import RuleSkipped
 from doctor.rules.host import other_load_cores
+from doctor.step_pace import pace
 
 MIN_OTHER_LOAD = 0.5  # cores other processes keep busy, below which they are noise
 
@@ -91,10 +96,10 @@ class InputFacts:
         contention: pd.Series = ledger["contention_s"] if "contention_s" in ledger \
             else pd.Series(0.0, index=ledger.index)
         self.share = self.wait_share + float(contention.sum()) / self.wall
-        self.step = float(ledger["wall_s"].median())
+        self.step = pace(ledger["wall_s"].tolist()) or 0.0
         self.mean_step = self.wall / len(ledger)
-        self.wait = float(ledger["wait_s"].median())
-        self.rest = max(self.step - self.wait, 0.0)
+        self.wait = pace(ledger["wait_s"].tolist()) or 0.0
+        self.rest = max(float((ledger["wall_s"] - ledger["wait_s"]).median()), 0.0)
         self.cores = ev.job.cores or 1
         # cores other processes keep busy are not the job's to give its workers
         other = other_load_cores(ev)

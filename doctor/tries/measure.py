@@ -7,11 +7,9 @@ step over the candidate's (above 1 is faster), its measured speedup the median o
 and its spread their lowest and highest. (The ratio over all the rounds' steps pooled, which a
 drifting machine skews towards its slow rounds, is kept as ``pooled``.)
 
-A run's time a step is its pace (``pace``): the mean of its analysed steps, the fastest and the
-slowest TRIM of them left out. Not the median: workers that finish their batches together hand
-them over in pairs, a long wait then none, and the median of such steps lands on either kind
-(two workers on a 32 ms batch measured 33 ms, as if one, in one try of two), while the pace is
-what the job gets through; the trim keeps a GC pause or a stray stall from moving it.
+A run's time a step is its pace (doctor.step_pace): the mean of its analysed steps, the fastest
+and the slowest tenth left out, never the median (two workers on a 32 ms batch measured 33 ms,
+as if one, in one try of two).
 """
 
 from __future__ import annotations
@@ -21,21 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.step_pace import pace
+
 #: Below this change of the median step (either way) a try "changed nothing measurable",
 #: unless every round agrees on the direction.
 NOISE = 0.03
-#: The share of the fastest steps and of the slowest left out of a run's pace.
-TRIM = 0.1
-
-
-def pace(step_s: Sequence[float]) -> float | None:
-    """The time a step of a run (see the module docstring), None without steps."""
-    if not step_s:
-        return None
-    ordered = sorted(step_s)
-    cut = int(len(ordered) * TRIM)
-    kept = ordered[cut:len(ordered) - cut]
-    return statistics.fmean(kept)
 
 
 @dataclass

@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # other modules at the top of doctor/ are doors (the last layer) or the pipeline: a new one
     # is placed in one of the three (README's Development map names each).
     ("kernel", ("doctor.errors", "doctor.categories", "doctor.version", "doctor.tuning",
-                "doctor.verdict", "doctor.machine", "doctor.command", "doctor.units")),
+                "doctor.verdict", "doctor.machine", "doctor.command", "doctor.units",
+                "doctor.step_pace")),
     ("trace", ("doctor.trace",)),  # the torch.profiler / Kineto trace reader
     ("store", ("doctor.store",)),  # the run directory: in-job writers, readers -> RunData
     ("record", ("doctor.record",)),  # in the job: the Session, its ring buffers, the tracer
