@@ -28,6 +28,7 @@ record says so (``closed_by``).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -35,6 +36,7 @@ from typing import Any
 
 from ..record.drift import DriftDetector, settings_of
 from ..record.kineto import stop_config_thread
+from ..record.patches import Patches
 from ..record.session import (
     CLOSE,
     EVENT_WINDOW_START,
@@ -53,6 +55,12 @@ IDLE, ACTIVE, DONE, FAILED = "idle", "active", "done", "failed"
 #: Why a window closed (``closed_by`` in its record): its steps were done, the process forked
 #: inside it, or the process ended inside it.
 BY_STEPS, BY_FORK, BY_EXIT = "steps", "fork", "exit"
+BY_JOB = "job_profiler"  # the job made a torch.profiler of its own
+#: Why no window opens beside the job's own profiler (Kineto holds one session per process: a
+#: second one empties the job's profile, and one started inside a scheduled profiler's cycle
+#: crashed the job in its trace export).
+OWN_PROFILER = ("the job runs its own torch.profiler: doctor's window stays closed (a second "
+                "profiler would take its events); the shares come without the window's op split")
 #: "off": the window records no input shapes. The ops then have no FLOPs or bytes (no roofline,
 #: no MFU), and the closing step is cheaper: stopping the profiler processes every op's shapes,
 #: about 2x the stop and export time of a window without them.
@@ -135,6 +143,8 @@ class DeepWindow:
         self._opened_ns = 0
         self._step_ns = 0  # the step before the first window (its cost's usual step)
         self.later: list[dict[str, Any]] = []  # the later windows' records
+        self._patches = Patches()  # the profilers' constructors, watched for the job's own
+        self._making = False  # doctor is making its own profiler
 
     @classmethod
     def for_session(cls, session: Session) -> DeepWindow:
@@ -154,6 +164,52 @@ class DeepWindow:
     def start(self) -> None:
         self.session.on_step(self.on_step)
         self.session.on(CLOSE, self.close)
+        self._watch_job_profilers()
+
+    def _watch_job_profilers(self) -> None:
+        """Each profiler class's constructor wrapped: one the job makes keeps doctor's window
+        away (``job_profiler``); doctor's own (``_making``) passes, and so does the legacy
+        profiler that torch.profiler itself makes as each cycle starts (its caller is
+        torch.profiler's own module)."""
+        try:
+            import torch.autograd.profiler as legacy
+            import torch.profiler as current
+        except ImportError:
+            return
+        for cls in {getattr(current, "profile", None), getattr(legacy, "profile", None)}:
+            init = vars(cls).get("__init__") if isinstance(cls, type) else None
+            if init is None:
+                continue
+
+            def made(prof: Any, *args: Any, _init: Any = init, **kwargs: Any) -> Any:
+                caller = sys._getframe(1).f_globals.get("__name__", "")
+                if not self._making and not caller.startswith("torch.profiler"):
+                    self.job_profiler()
+                return _init(prof, *args, **kwargs)
+
+            self._patches.put(cls, "__init__", made)
+
+    def job_profiler(self) -> None:
+        """The job made a profiler of its own: an open window closes before it can start, and
+        none opens after."""
+        try:
+            if self.state == ACTIVE and threading.get_ident() == self._thread:
+                self._close(BY_JOB)
+            if self.state == IDLE:
+                self._skip(OWN_PROFILER)
+            elif self.drift is not None:
+                self._no_more(OWN_PROFILER)
+        except Exception as err:  # the job's profiler goes ahead whatever happens here
+            self.session.swallowed(self.name, "stepping aside for the job's profiler", err)
+
+    def _skip(self, reason: str) -> None:
+        """No window in this process, for ``reason`` (said in its meta and the report)."""
+        self.state = FAILED
+        self.session.off_step(self.on_step)
+        try:
+            self._note({"state": FAILED, "reason": reason})
+        except OSError:
+            pass
 
     def sample(self) -> None:
         pass  # driven by the Session's step count
@@ -198,12 +254,21 @@ class DeepWindow:
                 return
             # shapes: what each op costs (doctor.trace.op_costs); no stacks, no memory events
             shapes = shapes_wanted(self._environ)
+            enabled = getattr(getattr(getattr(torch, "_C", None), "_autograd", None),
+                              "_profiler_enabled", None)
+            if enabled is not None and enabled():  # a profiler doctor did not see made
+                self._skip(OWN_PROFILER)
+                return
             self._teardown = ask_cupti_teardown(torch, activities, self._environ) \
                 or self._teardown
             # self._prof is the profiler once started: stopping one that never started (the
             # run directory full before it) makes torch print a warning into the job's stderr
-            prof = profile(activities=activities, record_shapes=shapes, profile_memory=False,
-                           with_stack=False)
+            self._making = True
+            try:
+                prof = profile(activities=activities, record_shapes=shapes,
+                               profile_memory=False, with_stack=False)
+            finally:
+                self._making = False
             now = self.session.clock()
             self.index += 1
             self.session.record_event(EVENT_WINDOW_START, count)
@@ -338,6 +403,7 @@ class DeepWindow:
         cost in all (their stack sampling's too) goes to the meta."""
         if self.state == ACTIVE:
             self._close(BY_EXIT)
+        self._patches.restore()
         if self.later and self.drift is not None:
             self.session.update_meta(later_windows_spent_s=self.drift.spent_ns / 1e9)
 
