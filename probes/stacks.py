@@ -23,7 +23,9 @@ that a slow step's own samples can be told from the others'):
   main process samples from its window's start, each worker from its third batch. Where
   py-spy fails only on the job's own processes, once their window has opened, the parent says
   so then, and a main process that listens for LATE_WAIT_S after its window opened starts
-  sampling as soon as it hears.
+  sampling as soon as it hears. It listens at its step boundaries (at most every LATE_POLL_S),
+  with no thread of its own: a listening thread lived 10 s in every job, which a job that
+  joins all its threads waited for (4 s became 15 s) and ``threading.enumerate()`` showed.
 
 Both keep *every* sample of the process's main thread, running or blocked (py-spy ``--idle
 --threads``, keeping the thread whose id is the pid), so that sample counts are proportional to
@@ -96,24 +98,42 @@ def sample_own_stacks_if_asked(session: Session) -> None:
         if in_process_stacks(session.run_dir):
             InProcessSampler(session.directory, target).start()
         elif session.role == "main" and os.environ.get(ENV_PARENT_PID):
-            threading.Thread(target=_start_when_asked, args=(session, target),
-                             name="doctor-stacks-fallback", daemon=True).start()
+            LateAsk(session, target).listen()
     except Exception as err:  # stacks are evidence, never a reason to fail the job
         session.swallowed("stacks", "starting the in-process stack sampler", err)
 
 
-def _start_when_asked(session: Session, target: int, wait_s: float = LATE_WAIT_S) -> None:
-    """Start sampling ``target`` if the parent asks for the in-process sampler within
-    ``wait_s`` (py-spy refused on this process after its window opened)."""
-    deadline = time.monotonic() + wait_s
-    try:
-        while time.monotonic() < deadline:
-            time.sleep(LATE_POLL_S)
-            if in_process_stacks(session.run_dir):
-                InProcessSampler(session.directory, target).start()
-                return
-    except Exception as err:  # stacks are evidence, never a reason to fail the job
-        session.swallowed("stacks", "starting the in-process stack sampler", err)
+class LateAsk:
+    """Starts sampling ``target`` if the parent asks for the in-process sampler within
+    ``wait_s`` (py-spy refused on this process after its window opened): read at the step
+    boundaries, at most every ``poll_s``."""
+
+    def __init__(self, session: Session, target: int, wait_s: float = LATE_WAIT_S,
+                 poll_s: float = LATE_POLL_S) -> None:
+        self.session = session
+        self.target = target
+        self.poll_s = poll_s
+        now = time.monotonic()
+        self.deadline = now + wait_s
+        self.next = now + poll_s
+
+    def listen(self) -> None:
+        self.session.on_step(self.on_step)
+
+    def on_step(self, count: int) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + self.poll_s
+        try:
+            if in_process_stacks(self.session.run_dir):
+                self.session.off_step(self.on_step)
+                InProcessSampler(self.session.directory, self.target).start()
+            elif now >= self.deadline:
+                self.session.off_step(self.on_step)
+        except Exception as err:  # stacks are evidence, never a reason to fail the job
+            self.session.off_step(self.on_step)
+            self.session.swallowed("stacks", "starting the in-process stack sampler", err)
 
 
 class InProcessSampler:
