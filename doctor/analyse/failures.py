@@ -76,7 +76,10 @@ class Death:
 
 def deaths(run: RunData) -> list[Death]:
     """The job's processes killed by a signal, the first first: those the parent saw die, then
-    ranks that left no exit record (when the job failed without being stopped as a whole)."""
+    ranks that left no exit record (when the job failed without being stopped as a whole, and
+    had ranks beside them: a job of one training process that left no exit record and exited
+    with a status, not a signal, ended itself: ``os._exit(3)``, an exec into a shell that
+    exited 7)."""
     procs = run.processes
     mine = procs[procs["node"] == 0] if "node" in procs else procs
     by_pid = {int(p): (int(r), str(role)) for p, r, role in
@@ -90,7 +93,8 @@ def deaths(run: RunData) -> list[Death]:
             out.append(replace(_death({"pid": pid, "signal": sig}, by_pid), reported=True))
             named.add(pid)
     r = run.record
-    if r.exit_code not in (0, None) and not r.signal and len(run.record.nodes) <= 1:
+    ranks = int((procs["role"].astype(str) == "main").sum())
+    if r.exit_code not in (0, None) and not r.signal and len(run.record.nodes) <= 1 and ranks > 1:
         for pid, rank, role, ended, crashed in zip(
                 procs["pid"], procs["rank"], procs["role"], procs["ended_ns"], procs["crashed"],
                 strict=True):

@@ -105,6 +105,17 @@ def test_a_pool_worker_the_job_terminated_is_no_failure_of_a_job_that_exited_1(
     assert not any("301" in n for n in failure_notes(run))
 
 
+def test_a_lone_process_that_exited_with_a_status_was_not_killed(tmp_path: Path) -> None:
+    """One training process, no exit record (os._exit, or an exec into a shell), the job's
+    exit status 7, no signal: it ended itself, no "killed" critical."""
+    from doctor.analyse.failures import failure_finding, failure_notes
+    from doctor.store.reader import load_run
+
+    run = load_run([_run_dir(tmp_path, 7, [], {"rank-0/main-100": {"pid": 100, "rank": 0,
+                                                                   "role": "main"}})])
+    assert failure_notes(run) == [] and failure_finding(run) is None
+
+
 def test_a_rank_that_left_no_exit_record_is_named_where_its_signal_was_missed(
         tmp_path: Path) -> None:
     from doctor.analyse.failures import failure_notes
