@@ -115,9 +115,9 @@ def partial_line(verdict: Verdict) -> str:
     if _is_number(code) and _int(code) != 0:
         how = f"the job stopped with exit status {_int(code)}"
     elif code is None:
-        how = "the job did not finish (crashed or interrupted)"
-    else:
-        how = "the job was interrupted"
+        how = "doctor did not see the job end (still running, crashed or interrupted)"
+    else:  # it ended well: what is partial is what doctor could read of it
+        return "PARTIAL: some of the run's records could not be read (see the notes)."
     return f"PARTIAL: {how}; the figures cover the steps recorded before it stopped."
 
 

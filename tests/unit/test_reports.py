@@ -263,6 +263,18 @@ def test_partial_is_marked() -> None:
     assert render_text(partial()).startswith("PARTIAL: the job stopped with exit status 130")
 
 
+def test_a_job_that_ended_well_is_not_said_interrupted() -> None:
+    """Partial only because a record could not be read (hostile review: it read "the job was
+    interrupted" for a job that exited 0); a job doctor did not see end may still run."""
+    from doctor.reports.text import partial_line
+
+    verdict = partial().verdict
+    verdict.job["exit_code"] = 0
+    assert partial_line(verdict).startswith("PARTIAL: some of the run's records could not be read")
+    verdict.job["exit_code"] = None
+    assert "still running" in partial_line(verdict)
+
+
 def test_trace_only_with_input_share_and_ranks() -> None:
     analysis = trace_only()
     html = render_html(analysis)
