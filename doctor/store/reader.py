@@ -151,7 +151,7 @@ def _load_node(run_dir: Path) -> RunData:
         statuses = _with_stopped_rings(statuses, proc_dir, who, problems)
         for n in (1, *layout.later_stacks(proc_dir)):
             rows, span = _stacks(proc_dir, who, n, problems)
-            stack_times += _stack_times(proc_dir, who, n, span)
+            stack_times += _stack_times(proc_dir, who, n, span, problems)
             if n == 1:
                 stacks += rows
                 spans += [span] if span is not None else []
@@ -238,10 +238,10 @@ def _stacks(proc_dir: Path, who: dict[str, Any], window: int, problems: list[str
 
 
 def _stack_times(proc_dir: Path, who: dict[str, Any], window: int,
-                 span: dict[str, Any] | None) -> list[dict[str, Any]]:
+                 span: dict[str, Any] | None, problems: list[str]) -> list[dict[str, Any]]:
     """The main thread's runs of samples beside a process's ``window``-th window, on the
     shared clock (rows of the stack_times frame); none without the span they are timed from."""
-    runs = read_stack_times(proc_dir, pid_of(proc_dir), window) if span else None
+    runs = read_stack_times(proc_dir, pid_of(proc_dir), window, problems) if span else None
     if not runs or span is None:
         return []
     start = int(span["start_ns"])

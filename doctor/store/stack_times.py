@@ -133,17 +133,23 @@ def _thread_of(frame: str) -> int | None:
         return None
 
 
-def read_stack_times(proc_dir: Path, main_thread: int | None, window: int = 1
-                     ) -> list[Run] | None:
-    """The runs a process folder holds for ``window`` (main_thread's), or None."""
-    from .readback import Unreadable, read_text
+def read_stack_times(proc_dir: Path, main_thread: int | None, window: int = 1,
+                     problems: list[str] | None = None) -> list[Run] | None:
+    """The runs a process folder holds for ``window`` (main_thread's), or None; a file that
+    is there but is no regular file, or cannot be read, is said in ``problems``."""
+    from .readback import Unreadable, read_text, regular_file
 
     path = proc_dir / stack_times_names(window)[0]
     if not os.path.lexists(path):
         return None
+    said = problems if problems is not None else []
+    if not regular_file(path):
+        said.append(f"{path} is not a regular file: left out")
+        return None
     try:
         return parse_times(read_text(path), main_thread)
-    except (Unreadable, ValueError):
+    except (Unreadable, ValueError) as err:
+        said.append(f"{path}: its stack times cannot be read ({type(err).__name__}): left out")
         return None
 
 
