@@ -83,6 +83,9 @@ def _replace(path: Path, data: bytes) -> None:
 
 def _flip(path: Path, rng: random.Random, within: int | None = None) -> None:
     data = bytearray(path.read_bytes())
+    if not data:  # an empty file (no stack samples taken on a loaded machine): one stray byte
+        _replace(path, b"\xff")
+        return
     for _ in range(8):
         i = rng.randrange(min(len(data), within or len(data)))
         data[i] ^= 0xFF

@@ -27,6 +27,10 @@ FORKING_JOB = textwrap.dedent("""
 
     fork_at = {int(s) for s in sys.argv[1].split(",")}
     how = sys.argv[2]
+    # one intra-op thread: a child forked after the parent ran an OpenMP parallel region hangs
+    # in its first parallel op, bare as under doctor (seen on an AMD EPYC VM, where MKL runs
+    # this job's small GEMMs in parallel); what is tested here is doctor's window and Kineto
+    torch.set_num_threads(1)
 
     def train():
         torch.manual_seed(0)
