@@ -13,6 +13,7 @@ from typing import Any
 from doctor.analyse.analysis import Analysis
 from doctor.categories import CATEGORIES
 from doctor.errors import RecordSchemaError
+from doctor.step_pace import pace
 
 #: Job facts worth putting side by side when they differ.
 SETTINGS = ("device", "ranks", "cores", "torch_threads", "num_workers", "pin_memory",
@@ -52,8 +53,10 @@ class ShareChange:
 
 @dataclass(frozen=True)
 class Comparison:
-    """B against A: ``speedup`` is A's median step over B's (above 1: B is faster; None: a
-    side has no median step); ``settings``: the SETTINGS that differ, (A's, B's)."""
+    """B against A: ``speedup`` is A's time a step over B's, each its analysed steps' pace
+    (doctor.step_pace, as doctor try measures; the median step where a side has no ledger;
+    above 1: B is faster; None: a side has no steps); ``settings``: the SETTINGS that differ,
+    (A's, B's)."""
 
     a: Side
     b: Side
@@ -97,7 +100,7 @@ def check_comparison(data: Mapping[str, Any]) -> None:
 def compare(a: Analysis, b: Analysis) -> Comparison:
     """B against A."""
     sa, sb = _side(a), _side(b)
-    ma, mb = sa.median_step_s, sb.median_step_s
+    ma, mb = _pace(a) or sa.median_step_s, _pace(b) or sb.median_step_s
     cats = [c for c in (*CATEGORIES, "input")
             if c in a.verdict.shares or c in b.verdict.shares]
     shares = {}
@@ -111,6 +114,14 @@ def compare(a: Analysis, b: Analysis) -> Comparison:
             settings[key] = (va, vb)
     return Comparison(a=sa, b=sb, speedup=ma / mb if ma and mb else None, shares=shares,
                       settings=settings)
+
+
+def _pace(analysis: Analysis) -> float | None:
+    """The pace of the analysed steps of ``analysis``'s ledger (None: none)."""
+    ledger = analysis.ledger
+    if ledger is None or ledger.empty or not {"analyzed", "wall_s"} <= set(ledger):
+        return None
+    return pace([float(x) for x in ledger.loc[ledger["analyzed"].astype(bool), "wall_s"]])
 
 
 def _side(analysis: Analysis) -> Side:
