@@ -28,7 +28,6 @@ record says so (``closed_by``).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import weakref
@@ -48,6 +47,7 @@ from ..record.session import (
 )
 from ..store.control import post_later_window, post_window
 from ..verdict import ProbeStatus
+from .job_profilers import watch_job_profilers
 from .stack_plan import SPAN_S
 from .stacks import sample_own_stacks_if_asked
 
@@ -164,30 +164,7 @@ class DeepWindow:
     def start(self) -> None:
         self.session.on_step(self.on_step)
         self.session.on(CLOSE, self.close)
-        self._watch_job_profilers()
-
-    def _watch_job_profilers(self) -> None:
-        """Each profiler class's constructor wrapped: one the job makes keeps doctor's window
-        away (``job_profiler``); doctor's own (``_making``) passes, and so does the legacy
-        profiler that torch.profiler itself makes as each cycle starts (its caller is
-        torch.profiler's own module)."""
-        try:
-            import torch.autograd.profiler as legacy
-            import torch.profiler as current
-        except ImportError:
-            return
-        for cls in {getattr(current, "profile", None), getattr(legacy, "profile", None)}:
-            init = vars(cls).get("__init__") if isinstance(cls, type) else None
-            if init is None:
-                continue
-
-            def made(prof: Any, *args: Any, _init: Any = init, **kwargs: Any) -> Any:
-                caller = sys._getframe(1).f_globals.get("__name__", "")
-                if not self._making and not caller.startswith("torch.profiler"):
-                    self.job_profiler()
-                return _init(prof, *args, **kwargs)
-
-            self._patches.put(cls, "__init__", made)
+        watch_job_profilers(self._patches, lambda: self._making, self.job_profiler)
 
     def job_profiler(self) -> None:
         """The job made a profiler of its own: an open window closes before it can start, and
