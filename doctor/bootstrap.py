@@ -49,8 +49,10 @@ def _note_uncaught_exceptions(session: Session) -> None:
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         try:
             if session.recording:
+                from .record.killed_children import killed_children
                 session.update_meta(crashed=f"{exc_type.__name__}: {exc}"[:500],
-                                    crashed_ns=session.clock())
+                                    crashed_ns=session.clock(),
+                                    crashed_children=killed_children(exc))
         except Exception:  # the job's own traceback matters more than our note
             pass
         previous(exc_type, exc, tb)

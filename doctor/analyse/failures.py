@@ -7,9 +7,11 @@ how each process of the tree ended (doctor.probes.exits: the zombie's wait statu
 the OOM killer's count rose), kept in run.json's ``deaths``. The first process killed by a
 signal is named first; the Python exceptions of the others, and the signals torchrun sends the
 survivors, are said to follow from it. Where the parent could not read the status (the process
-was reaped first), a DataLoader worker's death is taken from torch's own error in the training
-process ("DataLoader worker (pid N) is killed by signal: Killed"), and a rank that left neither
-a clean exit nor an exception is named as killed, without a signal.
+was reaped first), a DataLoader worker's death is taken from the training process: the Process
+objects its exception's frames held (torch's ``failed_workers``, each with its returncode:
+doctor.record.killed_children), or torch's own words ("DataLoader worker (pid N) is killed by
+signal: Killed"); and a rank that left neither a clean exit nor an exception is named as
+killed, without a signal.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def deaths(run: RunData) -> list[Death]:
                   key=lambda d: (_int(d.get("signal")) in STOP_SIGNALS, _float(d) or 0.0))
     out = [_death(d, by_pid) for d in seen if _int(d.get("pid")) is not None]
     named = {d.pid for d in out}
-    for pid, sig in _workers_torch_saw_killed(procs["crashed"]):
+    for pid, sig in [*_killed_children(procs["crashed_children"]),
+                     *_workers_torch_saw_killed(procs["crashed"])]:
         if pid not in named:  # reaped before the parent could read it: torch's word for it
             out.append(replace(_death({"pid": pid, "signal": sig}, by_pid), reported=True))
             named.add(pid)
@@ -120,6 +123,19 @@ def _workers_torch_saw_killed(crashed: Iterable[Any]) -> list[tuple[int, int]]:
         for pid, description in _WORKER_KILLED.findall(_text(text)):
             if description.strip() in names:
                 found.append((int(pid), names[description.strip()]))
+    return found
+
+
+def _killed_children(texts: Iterable[Any]) -> list[tuple[int, int]]:
+    """(pid, signal) of each child a training process's uncaught exception was about and a
+    signal killed, as that process read it (doctor.record.killed_children: "PID:SIGNAL" pairs):
+    where it reaped the child before the parent could read its status."""
+    found = []
+    for text in texts:
+        for pair in _text(text).split():
+            pid, _, sig = pair.partition(":")
+            if pid.isdigit() and sig.isdigit():
+                found.append((int(pid), int(sig)))
     return found
 
 

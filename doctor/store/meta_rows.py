@@ -211,6 +211,17 @@ def gc_totals(gc: Any) -> dict[str, float | None]:
             "gc_longest_s": longest * 1e-9 if longest is not None and longest >= 0 else None}
 
 
+def killed_children_text(children: Any) -> str | None:
+    """The children an uncaught exception was about that a signal killed
+    (doctor.record.killed_children) as "PID:SIGNAL" pairs, space-separated; None for none."""
+    pairs = []
+    for child in children if isinstance(children, (list, tuple)) else ():
+        pid, sig = as_int(as_dict(child).get("pid")), as_int(as_dict(child).get("signal"))
+        if pid is not None and pid > 0 and sig is not None and 0 < sig < 128:
+            pairs.append(f"{pid}:{sig}")
+    return " ".join(pairs) or None
+
+
 def log_totals(logging: Any) -> dict[str, float | str | None]:
     """A process's logging calls (doctor.probes.logging_calls, meta.json ``logging``): how many,
     their time in seconds, and the libraries that made them ("logging, tensorboard"); None each

@@ -62,6 +62,9 @@ class ProcessMeta:
     # the bootstrap: the job's uncaught exception, a probe that could not start
     crashed: str | None = None
     crashed_ns: Number | None = None
+    # the child processes (DataLoader workers) that exception was about, killed by a signal
+    # (doctor.record.killed_children): [{"pid": P, "signal": S}]
+    crashed_children: tuple[Mapping[str, Any], ...] = ()
     probe_error: str | None = None
     # the probes: DataLoaders (doctor.probes.dataloader, the recorder), the profiler window
     # (doctor.probes.torch_ops), DDP (doctor.probes.ddp), the model state and activations
@@ -113,6 +116,7 @@ class ProcessMeta:
             cuda_initialized=as_bool(meta.get("cuda_initialized")),
             cuda_device=number("cuda_device"), cuda_uuid=text("cuda_uuid"),
             stopped=record("stopped"), crashed=text("crashed"), crashed_ns=number("crashed_ns"),
+            crashed_children=_records(meta.get("crashed_children")),
             probe_error=text("probe_error"), loaders=_records(meta.get("loaders")),
             batch_tensors=record("batch_tensors"), window=record("window"),
             ddp=_records(meta.get("ddp")), sharding=record("sharding"), pipeline=record("pipeline"),

@@ -55,6 +55,7 @@ WHO = "node rank pid:int64"
 PROCESS_COLUMNS = columns(
     f"{WHO} role path:object ppid started_ns ended_ns cores world_size:float64 "
     "torch_version:object torch_threads:float64 cuda crashed:object crashed_ns:float64 "
+    "crashed_children:object "
     "window_state window_reason window_shapes cuda_initialized cuda_uuid:object cuda_device "
     "start_private_bytes start_rss_bytes start_memory_ns end_private_bytes end_rss_bytes "
     "end_memory_ns:float64 device_name:object gc_collections gc_full gc_pause_s "

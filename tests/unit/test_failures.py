@@ -5,6 +5,7 @@ kernel's count says so) the OOM killer; its peers' broken connections follow fro
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -147,3 +148,70 @@ def test_a_worker_reaped_before_the_parent_read_it_is_named_from_torchs_error(
     assert finding.evidence["role"] == "worker1"
     notes = failure_notes(run)
     assert notes[0].startswith("DataLoader worker 1 of rank 0 (pid 102) was killed by SIGKILL")
+
+
+def test_a_worker_reaped_before_the_parent_read_it_is_named_from_the_exceptions_frames(
+        tmp_path: Path) -> None:
+    """torch's other error, "DataLoader worker (pid(s) 102) exited unexpectedly", names no
+    signal: the training process read it from the worker's Process object as the exception
+    went by (meta.json ``crashed_children``)."""
+    from doctor.analyse.failures import failure_finding, failure_notes
+    from doctor.store.reader import load_run
+
+    crashed = "RuntimeError: DataLoader worker (pid(s) 102) exited unexpectedly"
+    run_dir = _run_dir(tmp_path, 1, [], {
+        "rank-0/main-100": {"pid": 100, "rank": 0, "role": "main", "crashed": crashed,
+                            "crashed_ns": 5, "crashed_children": [
+                                {"pid": 102, "signal": 9}, {"pid": "x", "signal": 9},
+                                {"pid": 103, "signal": 400}, "odd"]},
+        "rank-0/worker1-102": {"pid": 102, "rank": 0, "role": "worker1"}})
+    run = load_run([run_dir])
+    finding = failure_finding(run)
+    assert finding is not None and finding.evidence["signal"] == "SIGKILL"
+    assert finding.evidence["role"] == "worker1"
+    notes = failure_notes(run)
+    assert notes[0].startswith("DataLoader worker 1 of rank 0 (pid 102) was killed by SIGKILL")
+    assert notes[1].startswith("Rank 0 failed (after DataLoader worker 1")
+    assert not any("103" in n for n in notes)
+
+
+def test_the_exceptions_frames_give_the_children_a_signal_killed() -> None:
+    """The Process objects an exception's frames hold (a local list, as torch's
+    ``failed_workers``, or a frame's ``self._workers``), each ended by its signal; a child that
+    exited with a status, or still runs, is not one."""
+    import multiprocessing
+    import time
+
+    from doctor.record.killed_children import killed_children
+
+    ctx = multiprocessing.get_context("fork")
+    killed, exited, running = (ctx.Process(target=time.sleep, args=(30,)),
+                               ctx.Process(target=exit, args=(3,)),
+                               ctx.Process(target=time.sleep, args=(30,)))
+    for p in (killed, exited, running):
+        p.start()
+    try:
+        assert killed.pid is not None
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.join()
+        exited.join()
+
+        class Iterator:
+            def __init__(self) -> None:
+                self._workers = [exited, running]
+
+            def fail(self) -> None:
+                failed_workers = [killed]
+                raise RuntimeError(f"DataLoader worker (pid(s) {failed_workers[0].pid}) "
+                                   "exited unexpectedly")
+
+        try:
+            Iterator().fail()
+        except RuntimeError as exc:
+            found = killed_children(exc)
+        assert found == [{"pid": killed.pid, "signal": signal.SIGKILL}]
+        assert running.is_alive()  # looked at, never waited on
+        assert killed_children(None) == []
+    finally:
+        running.kill()
+        running.join()
