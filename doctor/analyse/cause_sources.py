@@ -5,7 +5,8 @@ recorded, each ``(run, stages) -> Cause | None`` (None: the run has none of it):
 collector's pauses (doctor.analyse.gc_pauses), other processes on the machine's cores
 (doctor.analyse.machine_load) and torch.compile's compilations (doctor.analyse.compiles, whose
 findings are doctor.rules.compiles'); then the run's phases (evaluation, checkpoints, epoch starts:
-doctor.analyse.phase_steps), whose findings are doctor.rules.phases'. A new cause is one more
+doctor.analyse.phase_steps), whose findings are doctor.rules.phases'. A wait for another rank
+(doctor.analyse.peer_waits) is found last, from the others' slow steps. A new cause is one more
 function here; its slow steps then get its name, its group and, from doctor.rules.causes, its
 finding.
 """
@@ -20,6 +21,7 @@ from doctor.analyse.compiles import compile_cause
 from doctor.analyse.gc_pauses import GcSummary, gc_cause, gc_summaries
 from doctor.analyse.lost_slow_steps import lost_slow_steps
 from doctor.analyse.machine_load import machine_cause
+from doctor.analyse.peer_waits import with_peer_waits
 from doctor.analyse.phase_steps import phase_causes
 from doctor.analyse.spike_calls import step_sites
 from doctor.analyse.stages import Stages
@@ -44,12 +46,14 @@ def find_causes(run: RunData, stages: Stages) -> list[Cause]:
 
 def run_slow_steps(run: RunData, stages: Stages, run_s: float | None,
                    whole: WholeRun | None = None) -> SlowSteps:
-    """The run's slow steps, each with its cause (doctor.analyse.causes.slow_steps), the calls
+    """The run's slow steps, each with its cause (doctor.analyse.causes.slow_steps; then a wait
+    for another rank's slow step, doctor.analyse.peer_waits, for those still unexplained), the calls
     that the stack samples saw in those they cover (doctor.analyse.spike_calls), and, where the
     rings hold only the run's newest steps, the slow steps of the others (``whole``'s buckets:
     doctor.analyse.lost_slow_steps)."""
     causes = find_causes(run, stages)
-    slow = slow_steps(stages.table, causes, export_seconds(stages.ranks), run_s)
+    slow = with_peer_waits(
+        slow_steps(stages.table, causes, export_seconds(stages.ranks), run_s), stages.table)
     sites = step_sites(run, stages.ranks, stages.table,
                        ((s.rank, s.step, s.start_s, s.seconds) for s in slow.steps))
     lost, lost_s = lost_slow_steps(whole, stages.table, causes)

@@ -104,6 +104,8 @@ class Cause:
     intervals: Mapping[int, Intervals]
     fix: Fix | None = None
     machine: bool = False
+    follows: str | None = None  # the cause it follows from (a wait for another rank: the
+    # cause of that rank's slow steps, doctor.analyse.peer_waits)
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,14 @@ def with_lost(slow: SlowSteps, lost: Sequence[SlowStep], lost_s: float) -> SlowS
                    groups=_groups(steps, list(slow.causes.values()), slow.whole_s, steps_s))
 
 
+def regrouped(slow: SlowSteps, steps: Sequence[SlowStep]) -> SlowSteps:
+    """``slow`` with its steps replaced by ``steps`` (causes given again), grouped again over
+    ``slow``'s causes."""
+    return replace(slow, steps=tuple(steps),
+                   groups=_groups(list(steps), list(slow.causes.values()), slow.whole_s,
+                                  slow.steps_s))
+
+
 def with_causes(findings: list[Finding], slow: SlowSteps) -> list[Finding]:
     """The long-stall findings (doctor.analyse.stalls), each with its step's cause where one is
     known: said after its title, and in its evidence (``cause``, ``what``); where none is, the
@@ -298,5 +308,5 @@ def _where(in_window: bool, analyzed: bool, sampled: bool) -> str:
 
 
 __all__ = ["EXPLAINS", "MIN_PART", "SPIKE", "UNEXPLAINED", "Cause", "CauseGroup",
-           "Intervals", "SlowStep", "SlowSteps", "attributed", "slow_steps",
+           "Intervals", "SlowStep", "SlowSteps", "attributed", "regrouped", "slow_steps",
            "with_causes", "with_lost"]

@@ -3,7 +3,8 @@
 The analysis gives each slow step its cause (doctor.analyse.causes); here each group of them
 becomes a finding: the garbage collector's (``steps.gc``: freeze the heap after setup and
 collect on a schedule, with the speedup its measured pauses allow), other processes on the
-machine's cores (``steps.machine``: the machine, not the job), and any other cause with the fix
+machine's cores (``steps.machine``: the machine, not the job), a wait for another rank's slow
+step (``steps.peer``, with the fix of what made that rank slow), and any other cause with the fix
 it carries (``steps.cause.NAME``). Slow steps with no known cause stay doctor.rules.other's
 ``steps.spikes``; those of a phase (evaluation, checkpoints, epoch starts) are
 doctor.rules.phases'.
@@ -12,12 +13,14 @@ doctor.rules.phases'.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from doctor.analyse.causes import UNEXPLAINED, CauseGroup, SlowSteps
 from doctor.analyse.compiles import COMPILE
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.gc_pauses import GC, GcSummary
 from doctor.analyse.machine_load import MACHINE, MACHINE_FIX
+from doctor.analyse.peer_waits import PEER
 from doctor.analyse.phases import PHASES
 from doctor.rules.base import rule
 from doctor.verdict import Finding, Fix
@@ -61,6 +64,8 @@ def slow_step_causes(ev: Evidence) -> list[Finding]:
             out.append(gc_finding(group, ev.gc or {}))
         elif group.cause == MACHINE:
             out.append(machine_finding(group))
+        elif group.cause == PEER:
+            out.append(peer_finding(group, slow))
         else:
             out.append(cause_finding(group, slow))
     return out
@@ -114,6 +119,23 @@ def machine_finding(group: CauseGroup) -> Finding:
               "machine, not the job)",
         evidence={**_evidence(group), "what": words[:3]}, fixes=(MACHINE_FIX,),
         estimated_speedup=1.0 / max(1e-9, 1.0 - group.steps_share))
+
+
+def peer_finding(group: CauseGroup, slow: SlowSteps) -> Finding:
+    """Slow steps that waited for another rank's slow step: whose, and what made it slow."""
+    words = list(dict.fromkeys(w for s in group.steps for w in s.words))
+    cause = slow.causes.get(group.cause)
+    fixes: tuple[Fix, ...] = (cause.fix,) if cause and cause.fix else ()
+    if cause is not None and cause.follows == GC and fixes:  # the collector's fix is here
+        fixes = (replace(fixes[0], code=GC_FREEZE.code), GC_THRESHOLD)
+    first = f" ({words[0]})" if words else ""
+    return Finding(
+        id="steps.peer", category="other", severity=_severity(group),
+        title=f"{group.count} slow step{'s' if group.count > 1 else ''} waited for another "
+              f"rank's slow step{first}: {group.over_s:.1f} s, {_shares(group)}",
+        evidence={**_evidence(group), "what": words[:3],
+                  "waited_for": cause.follows if cause else None},
+        fixes=fixes, estimated_speedup=1.0 / max(1e-9, 1.0 - group.steps_share))
 
 
 def _shares(group: CauseGroup) -> str:
