@@ -9,10 +9,13 @@ workers keep up on average: each serves every n-th batch in turn, so the slowest
 per batch (its ``fetch`` intervals) must fit in n training steps (a worker that gets every slow
 batch, or workers slow on average, wait the same way and are no burst). The queue
 holds ``num_workers * prefetch_factor`` batches (prefetch_factor 2 by default); a slow batch was
-dispatched that many batches before it is needed, so it is hidden when the queue's batches take
-the loop at least its loading time: the queue needed is the typical burst (the median wait of
-the top steps) plus the step's own training time, in training steps, and ``prefetch_factor`` is
-that over the workers (at most MAX_PREFETCH). Hidden bursts leave the step without the waits
+dispatched that many batches before it is needed and still made the loop wait the typical burst
+(the median wait of the top steps): its loading took the burst plus that queue's training steps.
+It is hidden when the queue's batches take the loop at least that long, so the queue needs the
+burst plus a step's own training time, in training steps, beyond what it holds:
+``prefetch_factor`` grows by that over the workers (at most MAX_PREFETCH). (Sized from the burst
+alone, the queue the job already had was forgotten: bursty_loader's 2 workers got 3 for 2, which
+hid nothing, where 8 took its loop 1.33x faster.) Hidden bursts leave the step without the waits
 above the median step's.
 """
 
@@ -84,8 +87,8 @@ def bursts(ledger: pd.DataFrame, workers: int, prefetch: int | None,
         return None
     long = int((wait >= 0.5 * burst).sum())
     have = prefetch if prefetch and prefetch > 0 else DEFAULT_PREFETCH
-    needed = (burst + train) / max(train, 1e-6)  # batches in flight to hide one burst
-    suggested = min(MAX_PREFETCH, max(have + 1, math.ceil(needed / workers)))
+    more = (burst + train) / max(train, 1e-6)  # batches in flight beyond today's to hide it
+    suggested = min(MAX_PREFETCH, have + math.ceil(more / workers))
     quiet = float(np.median(wait))
     after = float(np.mean(wall - np.maximum(wait - quiet, 0.0)))
     return Bursts(burst, quiet, long, len(wait), train, have, suggested,

@@ -8,8 +8,8 @@ and its spread their lowest and highest. (The ratio over all the rounds' steps p
 drifting machine skews towards its slow rounds, is kept as ``pooled``.)
 
 A run's time a step is its pace (doctor.step_pace): the mean of its analysed steps, the fastest
-and the slowest tenth left out, never the median (two workers on a 32 ms batch measured 33 ms,
-as if one, in one try of two).
+and the slowest 1 % left out (a lone stray stall; a loader's bursts stay in), never the median
+(two workers on a 32 ms batch measured 33 ms, as if one, in one try of two).
 """
 
 from __future__ import annotations
