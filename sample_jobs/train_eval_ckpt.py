@@ -11,8 +11,10 @@ steps should be too.
 
 The job times its own evaluation passes, saves and logging calls, and prints them with its step
 times, one JSON line at the end: ``eval_s``/``eval_passes``/``eval_share``, ``ckpt_s``/
-``ckpts``/``ckpt_share``/``ckpt_bytes`` and ``log_s``/``log_calls``/``log_share`` (shares of
-the loop's time).
+``ckpts``/``ckpt_share``/``ckpt_bytes``, ``log_s``/``log_calls``/``log_share`` and
+``epoch_start_s``/``epochs``/``epoch_start_share`` (each epoch after the first, from asking its
+loader for an iterator to its first batch: with ``--workers N``, the workers' start unless
+``--persistent``); shares of the loop's time.
 """
 
 from __future__ import annotations
@@ -112,13 +114,18 @@ def main() -> None:
     logger.propagate = False
     logger.setLevel(logging.INFO)
     logger.addHandler(SlowRemoteHandler(os.path.join(folder, "train.log"), args.log_ms / 1e3))
-    eval_s = ckpt_s = log_s = 0.0
-    passes = saves = written = logs = 0
+    eval_s = ckpt_s = log_s = epoch_s = 0.0
+    passes = saves = written = logs = epochs = 0
     timer = StepTimer()
     step = 0
     try:
         while step < args.steps:
+            t_epoch: float | None = time.perf_counter()
             for x, y in train_loader:
+                if t_epoch is not None and step > 0:  # an epoch's start after the first: its
+                    epoch_s += time.perf_counter() - t_epoch  # iterator and first batch
+                    epochs += 1
+                t_epoch = None
                 t0 = time.perf_counter()
                 loss = nn.functional.cross_entropy(model(x), y)
                 opt.zero_grad()
@@ -156,7 +163,8 @@ def main() -> None:
     timer.report(eval_s=round(eval_s, 4), eval_passes=passes, eval_share=round(eval_s / loop_s, 4),
                  ckpt_s=round(ckpt_s, 4), ckpts=saves, ckpt_share=round(ckpt_s / loop_s, 4),
                  ckpt_bytes=written, log_s=round(log_s, 4), log_calls=logs,
-                 log_share=round(log_s / loop_s, 4))
+                 log_share=round(log_s / loop_s, 4), epoch_start_s=round(epoch_s, 4),
+                 epochs=epochs, epoch_start_share=round(epoch_s / loop_s, 4))
 
 
 if __name__ == "__main__":
