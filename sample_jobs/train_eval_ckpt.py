@@ -12,9 +12,9 @@ steps should be too.
 The job times its own evaluation passes, saves and logging calls, and prints them with its step
 times, one JSON line at the end: ``eval_s``/``eval_passes``/``eval_share``, ``ckpt_s``/
 ``ckpts``/``ckpt_share``/``ckpt_bytes``, ``log_s``/``log_calls``/``log_share`` and
-``epoch_start_s``/``epochs``/``epoch_start_share`` (each epoch after the first, from asking its
-loader for an iterator to its first batch: with ``--workers N``, the workers' start unless
-``--persistent``); shares of the loop's time.
+``epoch_start_s``/``epochs``/``epoch_start_share`` (each epoch after the first, from the end of
+the last step before it to its first batch: the loader's end and its iterator, with ``--workers
+N`` the workers' shutdown and start unless ``--persistent``); shares of the loop's time.
 """
 
 from __future__ import annotations
@@ -119,13 +119,14 @@ def main() -> None:
     timer = StepTimer()
     step = 0
     try:
+        t_end = 0.0  # the last step's end
         while step < args.steps:
-            t_epoch: float | None = time.perf_counter()
-            for x, y in train_loader:
-                if t_epoch is not None and step > 0:  # an epoch's start after the first: its
-                    epoch_s += time.perf_counter() - t_epoch  # iterator and first batch
+            first = step > 0  # an epoch after the first: from the last step of the one before
+            for x, y in train_loader:  # (its loader's end, the workers' shutdown) to the first
+                if first:  # batch of this one (its iterator, the workers' start)
+                    epoch_s += time.perf_counter() - t_end
                     epochs += 1
-                t_epoch = None
+                    first = False
                 t0 = time.perf_counter()
                 loss = nn.functional.cross_entropy(model(x), y)
                 opt.zero_grad()
@@ -154,6 +155,7 @@ def main() -> None:
                     saves += 1
                     written += os.path.getsize(path)
                 timer.step()
+                t_end = time.perf_counter()
                 if step >= args.steps:
                     break
     finally:
