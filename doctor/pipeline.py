@@ -50,6 +50,7 @@ from doctor.analyse.whole_run import lost_stall_findings, whole_run, whole_run_n
 from doctor.analyse.window_drift import drift_notes
 from doctor.rules import RuleOutcome, default_rules, run_rules
 from doctor.rules.frameworks import in_framework_words, job_framework
+from doctor.rules.order import bottleneck_first
 from doctor.rules.sound import job_settings, sound_findings
 from doctor.store.reader import load_run
 from doctor.store.rundata import TRACE, RunData
@@ -112,7 +113,7 @@ def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summa
         sound_findings(outcome.findings, job_settings(stages.job, stages.loaders),
                        compiled=compiled, autocasts=stages.job.autocast),
         stages.job, stages.loaders)
-    findings = attach_verified(offered, run.record.tries)
+    findings = attach_verified(bottleneck_first(offered, summary.bottleneck), run.record.tries)
     if summary.no_steps:
         findings.insert(0, no_steps_finding(facts.no_steps_reason(run, stages.ranks),
                                             run.record.kind == TRACE,
