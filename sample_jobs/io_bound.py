@@ -7,7 +7,10 @@ Switch: ``--cached`` serves the reads from the page cache: the same reads of the
 (their own copy, read once before training and never dropped), so only the storage wait goes,
 which is what the io share says and what a local or in-memory copy of a dataset gives.
 ``--cache memory`` keeps the sample arrays in memory instead, which also saves the reads'
-copies into fresh buffers and their passes through the CPU caches. ``--workers N`` sets
+copies into fresh buffers and their passes through the CPU caches. ``--cache shards`` packs
+the same samples into one large file read from the disk as before (its pages dropped at each
+pass over it), a sample a slice read at its offset: the fix for many small files (one open,
+sequential reads the kernel reads ahead), not a cache. ``--workers N`` sets
 DataLoader num_workers. The files are written (and fsync'ed, so their pages can be dropped) into a
 temporary directory at start-up, or into ``--data DIR``.
 """
@@ -58,6 +61,41 @@ def features(raw: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(raw.reshape(FEATURES, -1)[:, 0].astype(np.float32) / 256.0)
 
 
+def write_shard(root: str, paths: list[str]) -> str:
+    """The sample files packed, in order, into one file (synced, so that DONTNEED evicts it)."""
+    shard = os.path.join(root, "samples.shard")
+    with open(shard, "wb") as out:
+        for path in paths:
+            with open(path, "rb") as f:
+                out.write(f.read())
+        out.flush()
+        os.fsync(out.fileno())
+    return shard
+
+
+class ShardDataset(Dataset):
+    """The samples of ``count`` files of ``nbytes`` each, packed into one shard: each read a
+    slice at its offset, the shard's pages dropped as each pass over it begins (cold reads, as
+    the files'), its descriptor opened once per process."""
+
+    def __init__(self, shard: str, count: int, nbytes: int, n: int) -> None:
+        self.shard, self.count, self.nbytes, self.n = shard, count, nbytes, n
+        self._fd: int | None = None
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self._fd is None or self._pid != os.getpid():  # a worker opens its own
+            self._fd, self._pid = os.open(self.shard, os.O_RDONLY), os.getpid()
+        k = i % self.count
+        if k == 0:
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        raw = np.frombuffer(os.pread(self._fd, self.nbytes, k * self.nbytes), dtype=np.uint8)
+        return features(raw), i % 10
+
+
 class FileDataset(Dataset):
     """``cache``: None reads every sample from the disk, "page" from the page cache, "memory"
     from arrays read once."""
@@ -85,7 +123,10 @@ def train(args: argparse.Namespace, root: str) -> None:
         side = os.path.join(root, "cached" if cached else "uncached")
         os.makedirs(side, exist_ok=True)
         paths = write_files(side, args.files, args.file_mb)
-        dataset = FileDataset(paths, n, args.cache if cached else None)
+        dataset: Dataset = (
+            ShardDataset(write_shard(side, paths), len(paths), os.path.getsize(paths[0]), n)
+            if cached and args.cache == "shards" else
+            FileDataset(paths, n, args.cache if cached else None))
         return DataLoader(dataset, batch_size=args.batch, shuffle=False,
                           num_workers=args.workers)
 
@@ -108,9 +149,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--cached", action="store_true",
                     help="serve the reads from the page cache: removes the bottleneck")
-    ap.add_argument("--cache", choices=("page", "memory"), default="page",
+    ap.add_argument("--cache", choices=("page", "memory", "shards"), default="page",
                     help="what --cached (or the switch of --ablate, --switch-after) caches: "
-                         "the files' pages (default), or the sample arrays in memory")
+                         "the files' pages (default), or the sample arrays in memory; "
+                         "shards: the samples packed into one file, read cold (the fix for "
+                         "many small files)")
     add_ablation_arg(ap)
     ap.add_argument("--data", help="directory for the sample files (default: a temporary one)")
     args = ap.parse_args()

@@ -68,8 +68,9 @@ def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, ...],
                          why="Each small file costs an open, a stat and a read call, and on "
                              f"network or cloud storage a round trip each ({cached}). Large "
                              "shards read sequentially (WebDataset tar files, or one "
-                             "np.memmap'ed array) turn thousands of calls into a few."
-                             + _opens(source))
+                             "np.memmap'ed array) turn thousands of calls into a few. "
+                             "Its estimate is the reads' own time, a floor: the calls around "
+                             "each file (its open, a fresh buffer) go too." + _opens(source))
         return (shards, more, close)
     if cause == STORAGE:
         close = replace(close, title="Reads wait on storage "

@@ -235,6 +235,9 @@ def test_many_small_files_get_shards_first(tmp_path: Path) -> None:
     assert "pack the small files into large shards" in io["fixes"][0]["title"]
     assert io["evidence"]["mean_read_kib"] < 64 and io["evidence"]["reads_per_s"] > 200
     assert io["evidence"]["cause"] == "small files"
+    # its estimate: the reads' time saved, a floor (the calls around each file go too)
+    assert io["fixes"][0]["estimated_speedup"] == pytest.approx(io["estimated_speedup"])
+    assert io["estimated_speedup"] > 1.5
 
 
 def test_a_remote_store_gets_more_requests_in_flight(tmp_path: Path) -> None:
