@@ -43,7 +43,8 @@ def start_from_env() -> Session | None:
 
 def _note_uncaught_exceptions(session: Session) -> None:
     """Record in the process's meta an exception that ends it (which rank failed, and why),
-    then hand it to the hook that was there before: the job prints what it always printed."""
+    then hand it to the hook that was there before, its traceback without doctor's wrappers
+    (doctor.record.own_frames): the job prints what it always printed."""
     previous = sys.excepthook
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
@@ -55,6 +56,10 @@ def _note_uncaught_exceptions(session: Session) -> None:
                                     crashed_children=killed_children(exc))
         except Exception:  # the job's own traceback matters more than our note
             pass
+        if exc is not None:  # the job's traceback as the job would print it
+            from .record.own_frames import exception_without_own_frames
+            exception_without_own_frames(exc)
+            tb = exc.__traceback__
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

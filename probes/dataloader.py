@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from typing import Any
 
 from ..machine import private_bytes, rss_bytes
+from ..record.own_frames import exception_without_own_frames
 from ..record.session import STEP_DATALOADER, Session
 from ..store.records import loader_key
 from ..verdict import ProbeStatus
@@ -173,6 +175,7 @@ class DataLoaderProbe:
 
         self._patch(fetch._BaseDatasetFetcher, "__init__", fetcher_init)
 
+        self._worker_tracebacks()
         orig_loop = worker._worker_loop
         worker_id_at = list(inspect.signature(orig_loop).parameters).index("worker_id")
 
@@ -191,6 +194,29 @@ class DataLoaderProbe:
         # wrapper by name once their own bootstrap has patched the module.
         self._patched.append((worker, "_worker_loop", orig_loop))
         worker._worker_loop = _worker_loop
+
+    def _worker_tracebacks(self) -> None:
+        """A worker's exception is formatted in the worker by torch's ExceptionWrapper, into
+        the "Original Traceback" the main process prints: formatted without doctor's wrappers
+        (``fetch``, the collate_fn's timer; doctor.record.own_frames)."""
+        from torch import _utils as torch_utils
+
+        cls = torch_utils.ExceptionWrapper
+        orig = cls.__init__
+
+        @functools.wraps(orig)
+        def __init__(self: Any, exc_info: Any = None, where: str = "in background") -> None:
+            if exc_info is None:
+                exc_info = sys.exc_info()
+            try:
+                if exc_info[1] is not None:
+                    exception_without_own_frames(exc_info[1])
+                    exc_info = (exc_info[0], exc_info[1], exc_info[1].__traceback__)
+            except Exception:  # a tuple of another shape: formatted as it came
+                pass
+            orig(self, exc_info, where)
+
+        self._patch(cls, "__init__", __init__)
 
     def sample(self) -> None:
         pass  # the patched iterator records as the job runs
