@@ -1,0 +1,288 @@
+"""Where gradients overflow: once a GradScaler has skipped an iteration past its calibration, a
+few iterations are watched to name the parameters (and so the layers) whose gradients were first
+inf or NaN in the backward pass of a skipped iteration.
+
+Armed by the steps probe (probes/steps.py) at a GradScaler ``update()`` that ended a skipped
+iteration (no optimizer stepped) after at least one that stepped, or where the scale fell while
+the optimizer stepped (a fused optimizer skips inside its kernel). Armed, each watched parameter
+(the stepped optimizers' parameters that require grad, up to MAX_PARAMS) carries a
+``register_post_accumulate_grad_hook`` that appends its index to a list: the order in which the
+backward pass accumulated the gradients, and nothing else (no tensor op, read-only). At the
+update that ends a watched iteration the scaler skipped, each gradient's largest magnitude is
+taken on its device (``torch._foreach_norm(grads, inf)``: inf or NaN where any element is) and
+stacked into one flag per parameter, read at once on a CPU or, on a GPU, copied non-blocking
+behind a CUDA event and read at a later update once the event has passed (nothing waits). The
+first parameter in backward order whose gradient was not finite names the layer where the
+overflow began: the layers after it in backward order (before it in the forward) take inf/NaN
+from it.
+
+Bounded: a period lasts WATCH_ITERATIONS updates or until CAPTURE skipped iterations were read,
+at most PERIODS periods a run; every hook is removed at the period's end (the handles are
+kept). Not armed, it costs the steps probe one attribute test per update. Never armed where the
+job compiles (hooks on a compiled model's parameters could make Dynamo compile again). Names
+come from the nn.Module that holds the parameters, found once per period in the calling frames'
+locals (the job's ``model``, or a ``self`` that holds it: a Trainer); a parameter no module
+names is named by its index and shape. Any failure turns the watch off, removes its hooks and
+is said once in the steps probe's status; nothing here changes a value, a graph or an exception
+of the job. Recorded in the process's meta (``overflow``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from typing import Any
+
+from ..record.session import Session
+
+WATCH_ITERATIONS = 20  # iterations (scaler updates) a period watches at most
+CAPTURE = 3  # skipped iterations read, in all, before the watch stops for good
+PERIODS = 2  # periods a run at most
+MAX_PARAMS = 4096  # parameters watched (beyond them: not hooked, said in the meta)
+MAX_ORDER = 1 << 16  # gradients' accumulations kept per iteration
+MAX_FRAMES = 40  # calling frames searched for the model
+BAD_NAMED = 8  # non-finite parameters named per iteration, in backward order
+SLOTS = 4  # reads in flight on a GPU
+
+
+class OverflowWatch:
+    """What the steps probe calls: ``iteration_ended(stepped)`` after each GradScaler update,
+    ``scale_fell()`` where a scale read lower than the last, ``stop()`` at the end."""
+
+    def __init__(self, session: Session, torch: Any) -> None:
+        self.session = session
+        self._torch = torch
+        self.off = False  # a failure or a compiled job stopped it for good
+        self.armed = False
+        self.periods: list[dict[str, Any]] = []  # each period: when armed, how long, params
+        self.captured: list[dict[str, Any]] = []  # each skipped iteration read
+        self.handles: list[Any] = []
+        self._updates = 0  # scaler updates seen
+        self._clean = False  # an update that stepped was seen (past the calibration)
+        self._every = False  # flags at every watched update (a fused optimizer)
+        self._left = 0
+        self._params: list[Any] = []
+        self._names: list[dict[str, Any]] = []
+        self._order: list[int] = []
+        self._pending: deque[tuple[int, list[int], Any, Any]] = deque()
+
+    # ----- what the steps probe calls ----------------------------------------------------
+    def iteration_ended(self, stepped: bool) -> None:
+        """A GradScaler update ended an iteration whose optimizer stepped or not."""
+        if self.off:
+            return
+        self._updates += 1
+        if not self.armed and not self._pending:
+            if stepped:
+                self._clean = True
+            elif self._clean:
+                self._arm(every=False)
+            return
+        try:
+            if self.armed:
+                if not stepped or self._every:
+                    self._flags()
+                self._order.clear()  # the list the hooks append to
+                self._left -= 1
+            self._read()
+            if self.armed and (self._left <= 0 or len(self.captured) >= CAPTURE):
+                self._disarm()
+        except Exception as err:
+            self._fail(err)
+
+    def scale_fell(self) -> None:
+        """A scale read lower than the last while the watch is not armed: armed to flag every
+        update (the optimizer may skip inside its kernel)."""
+        if not self.off and not self.armed and self._clean:
+            self._arm(every=True)
+
+    def stop(self) -> None:
+        """The hooks removed; the reads that have landed taken; never armed again."""
+        if self.armed:
+            self._disarm()
+        try:
+            self._read()
+        except Exception as err:
+            self._fail(err)
+        self.off = True
+
+    # ----- arming ------------------------------------------------------------------------
+    def _arm(self, every: bool) -> None:
+        if len(self.periods) >= PERIODS or len(self.captured) >= CAPTURE:
+            return
+        try:
+            if _compiles():
+                self.off = True
+                self._say(not_armed="the job compiles: hooks on its parameters could make "
+                                    "torch.compile compile again")
+                return
+            params = _watched(self.session.optimizers)
+            if not params:
+                return
+            names = parameter_names(self._torch, sys._getframe(2), params)
+            order = self._order = []  # cleared, never replaced, while armed
+
+            def hooked(i: int) -> Any:
+                def accumulated(_param: Any) -> None:
+                    if len(order) < MAX_ORDER:
+                        order.append(i)
+                return accumulated
+
+            self._params, self._names = params, names
+            self.armed, self._every, self._left = True, every, WATCH_ITERATIONS
+            self.periods.append({"armed_at": self._updates - 1, "params": len(params),
+                                 "every": every, "watched": 0})
+            for i, p in enumerate(params):
+                self.handles.append(p.register_post_accumulate_grad_hook(hooked(i)))
+            self._say()
+        except Exception as err:
+            self._fail(err)
+
+    def _disarm(self) -> None:
+        handles, self.handles = self.handles, []
+        for h in handles:
+            try:
+                h.remove()
+            except Exception as err:  # said; the others are still removed
+                self.session.swallowed("steps", "removing a gradient hook", err)
+        if self.armed and self.periods:
+            self.periods[-1]["watched"] = WATCH_ITERATIONS - self._left
+        self.armed = False
+        self._params = []  # the watch keeps no tensor of the job's past its period
+        self._order = []
+        self._say()
+
+    def _fail(self, err: BaseException) -> None:
+        self.off = True
+        self._pending.clear()
+        self._disarm()
+        self.session.swallowed("steps", "watching where gradients overflow", err)
+
+    # ----- flags -------------------------------------------------------------------------
+    def _flags(self) -> None:
+        """One flag per gradient accumulated this iteration (in backward order), per device:
+        finite or not, computed on the device, put to be read late."""
+        if len(self._pending) >= SLOTS:
+            return
+        torch = self._torch
+        by_device: dict[Any, tuple[list[int], list[Any]]] = {}
+        for i in dict.fromkeys(self._order):
+            g = self._params[i].grad
+            if g is None or type(g) is not torch.Tensor or g.is_sparse:
+                continue  # a DTensor's largest value would be a collective: not watched
+            indices, grads = by_device.setdefault(g.device, ([], []))
+            indices.append(i)
+            grads.append(g.detach())
+        for indices, grads in by_device.values():
+            norms = torch._foreach_norm(grads, float("inf"))
+            finite = torch.isfinite(torch.stack([n.float() for n in norms]))
+            if finite.is_cuda:
+                if torch.cuda.is_current_stream_capturing():
+                    continue
+                buf = torch.empty(finite.shape, dtype=finite.dtype, pin_memory=True)
+                buf.copy_(finite, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(finite.device))
+                self._pending.append((self._updates - 1, indices, buf, event))
+            else:
+                self._pending.append((self._updates - 1, indices, finite, None))
+
+    def _read(self) -> None:
+        """The flags that have landed (none waited for): each iteration with a gradient that
+        was not finite, captured with its first such parameter."""
+        while self._pending:
+            update, indices, flags, event = self._pending[0]
+            if event is not None and not event.query():
+                return
+            self._pending.popleft()
+            bad = [i for i, ok in zip(indices, flags.tolist(), strict=True) if not ok]
+            if bad and len(self.captured) < CAPTURE:
+                self.captured.append({"iteration": update, "params": len(indices),
+                                      "nonfinite": len(bad),
+                                      "first": self._names[bad[0]] if self._names else {},
+                                      "then": _modules_after(bad, self._names)})
+                self._say()
+
+    def _say(self, **extra: Any) -> None:
+        self.session.update_meta(overflow={"periods": self.periods, "iterations": self.captured,
+                                           **extra})
+
+
+def _modules_after(bad: list[int], names: list[dict[str, Any]]) -> list[str]:
+    """The modules of the non-finite parameters after the first, each once, in backward order
+    (at most BAD_NAMED)."""
+    first = names[bad[0]].get("module") if names else None
+    later = dict.fromkeys(names[i].get("module") or names[i].get("param", "") for i in bad[1:])
+    return [m for m in later if m != first][:BAD_NAMED]
+
+
+def _watched(optimizers: list[Any]) -> list[Any]:
+    """The optimizers' parameters that take gradients, each once, at most MAX_PARAMS."""
+    seen: dict[int, Any] = {}
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group.get("params", ()):
+                if getattr(p, "requires_grad", False) and id(p) not in seen:
+                    seen[id(p)] = p
+                    if len(seen) >= MAX_PARAMS:
+                        return list(seen.values())
+    return list(seen.values())
+
+
+def _compiles() -> bool:
+    """Whether torch.compile has compiled a graph in this process."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:
+        return bool(counters is not None and counters["stats"]["unique_graphs"])
+    except Exception:  # a Dynamo of another shape: taken as compiling
+        return True
+
+
+def parameter_names(torch: Any, frame: Any, params: list[Any]) -> list[dict[str, Any]]:
+    """For each of ``params``: its module's path and class and its own name where a module in
+    the frames from ``frame`` out holds it, else its index and shape ({"param": "#3 (64x8)"})."""
+    module_type = torch.nn.Module
+    roots: dict[int, Any] = {}
+    for _ in range(MAX_FRAMES):
+        if frame is None:
+            break
+        for key, value in list(frame.f_locals.items()):
+            if issubclass(type(value), module_type):
+                roots.setdefault(id(value), value)
+            elif key == "self":
+                for attr in list(getattr(value, "__dict__", {}).values())[:256]:
+                    if issubclass(type(attr), module_type):
+                        roots.setdefault(id(attr), attr)
+        frame = frame.f_back
+    wanted = {id(p): i for i, p in enumerate(params)}
+    named: dict[int, tuple[str, str, str]] = {}
+    best: list[tuple[int, int, Any]] = []
+    for root in roots.values():
+        hits = [n for n, p in root.named_parameters() if id(p) in wanted]
+        best.append((-len(hits), sum(map(len, hits)), root))
+    for _hits, _length, root in sorted(best, key=lambda b: (b[0], b[1])):
+        classes = {path: type(m).__name__ for path, m in root.named_modules()}
+        for name, p in root.named_parameters():
+            i = wanted.get(id(p))
+            if i is not None and i not in named:
+                path, _, leaf = name.rpartition(".")
+                named[i] = (_unwrapped(path), classes.get(path, ""), leaf)
+    out = []
+    for i, p in enumerate(params):
+        shape = "x".join(str(int(d)) for d in getattr(p, "shape", ()))
+        if i in named:
+            module, cls, leaf = named[i]
+            out.append({"module": module, "class": cls, "param": leaf, "shape": shape})
+        else:
+            out.append({"module": "", "class": "", "param": f"#{i}", "shape": shape})
+    return out
+
+
+def _unwrapped(path: str) -> str:
+    """A module's path without the wrappers' own prefixes (DDP's ``module.``, a compiled
+    module's ``_orig_mod.``)."""
+    for prefix in ("module.", "_orig_mod."):
+        while path.startswith(prefix):
+            path = path[len(prefix):]
+    return path if path not in ("module", "_orig_mod") else ""
