@@ -37,8 +37,10 @@ class Overflow:
         named: "parameter #3 (16x16)"."""
         if self.module:
             return f"{self.module} ({self.module_class})" if self.module_class else self.module
-        if self.param.startswith("#") or not self.param:
-            return f"parameter {self.param or '?'} ({self.shape})"
+        if not self.param:
+            return "a parameter doctor could not name"
+        if self.param.startswith("#"):
+            return f"parameter {self.param} ({self.shape})"
         return f"the model's own {self.param} ({self.module_class or self.shape})"
 
 
