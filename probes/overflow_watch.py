@@ -20,29 +20,29 @@ Bounded: a period lasts WATCH_ITERATIONS updates or until CAPTURE skipped iterat
 at most PERIODS periods a run; every hook is removed at the period's end (the handles are
 kept). Not armed, it costs the steps probe one attribute test per update. Never armed where the
 job compiles (hooks on a compiled model's parameters could make Dynamo compile again). Names
-come from the nn.Module that holds the parameters, found once per period in the calling frames'
-locals (the job's ``model``, or a ``self`` that holds it: a Trainer); a parameter no module
-names is named by its index and shape. Any failure turns the watch off, removes its hooks and
-is said once in the steps probe's status; nothing here changes a value, a graph or an exception
-of the job. Recorded in the process's meta (``overflow``).
+come from the nn.Module that holds the parameters, found once per period
+(doctor.probes.param_names); a parameter no module holds is named by its index and shape. Any
+failure turns the watch off, removes its hooks and is said once in the steps probe's status;
+nothing here changes a value, a graph or an exception of the job. Recorded in the process's
+meta (``overflow``).
 """
 
 from __future__ import annotations
 
 import sys
-from collections import deque
+import weakref
 from typing import Any
 
+from ..record.late_reads import LateReads
 from ..record.session import Session
+from .param_names import parameter_names
 
 WATCH_ITERATIONS = 20  # iterations (scaler updates) a period watches at most
 CAPTURE = 3  # skipped iterations read, in all, before the watch stops for good
 PERIODS = 2  # periods a run at most
 MAX_PARAMS = 4096  # parameters watched (beyond them: not hooked, said in the meta)
 MAX_ORDER = 1 << 16  # gradients' accumulations kept per iteration
-MAX_FRAMES = 40  # calling frames searched for the model
 BAD_NAMED = 8  # non-finite parameters named per iteration, in backward order
-SLOTS = 4  # reads in flight on a GPU
 
 
 class OverflowWatch:
@@ -64,7 +64,19 @@ class OverflowWatch:
         self._params: list[Any] = []
         self._names: list[dict[str, Any]] = []
         self._order: list[int] = []
-        self._pending: deque[tuple[int, list[int], Any, Any]] = deque()
+        self._reads = LateReads(torch)
+        self._partial: dict[int, list[Any]] = {}  # an iteration's flags, device by device
+        self._trained: Any = None  # a weak reference to the module last put in training mode
+        self._trained_id = 0
+
+    def saw_trained(self, module: Any) -> None:
+        """The job called ``module.train()`` (doctor.probes.eval_mode): kept weakly, for the
+        parameters' names."""
+        if id(module) != self._trained_id:
+            try:
+                self._trained, self._trained_id = weakref.ref(module), id(module)
+            except TypeError:  # a module that takes no weak reference: named another way
+                pass
 
     # ----- what the steps probe calls ----------------------------------------------------
     def iteration_ended(self, stepped: bool) -> None:
@@ -72,7 +84,7 @@ class OverflowWatch:
         if self.off:
             return
         self._updates += 1
-        if not self.armed and not self._pending:
+        if not self.armed and not self._reads.pending:
             if stepped:
                 self._clean = True
             elif self._clean:
@@ -119,7 +131,8 @@ class OverflowWatch:
             params = _watched(self.session.optimizers)
             if not params:
                 return
-            names = parameter_names(self._torch, sys._getframe(2), params)
+            trained = self._trained() if self._trained is not None else None
+            names = parameter_names(self._torch, params, trained)
             order = self._order = []  # cleared, never replaced, while armed
 
             def hooked(i: int) -> Any:
@@ -154,7 +167,6 @@ class OverflowWatch:
 
     def _fail(self, err: BaseException) -> None:
         self.off = True
-        self._pending.clear()
         self._disarm()
         self.session.swallowed("steps", "watching where gradients overflow", err)
 
@@ -162,42 +174,42 @@ class OverflowWatch:
     def _flags(self) -> None:
         """One flag per gradient accumulated this iteration (in backward order), per device:
         finite or not, computed on the device, put to be read late."""
-        if len(self._pending) >= SLOTS:
-            return
         torch = self._torch
-        by_device: dict[Any, tuple[list[int], list[Any]]] = {}
-        for i in dict.fromkeys(self._order):
+        by_device: dict[Any, tuple[list[tuple[int, int]], list[Any]]] = {}
+        for position, i in enumerate(dict.fromkeys(self._order)):
             g = self._params[i].grad
             if g is None or type(g) is not torch.Tensor or g.is_sparse:
                 continue  # a DTensor's largest value would be a collective: not watched
-            indices, grads = by_device.setdefault(g.device, ([], []))
-            indices.append(i)
+            pairs, grads = by_device.setdefault(g.device, ([], []))
+            pairs.append((position, i))
             grads.append(g.detach())
-        for indices, grads in by_device.values():
+        for pairs, grads in by_device.values():
             norms = torch._foreach_norm(grads, float("inf"))
             finite = torch.isfinite(torch.stack([n.float() for n in norms]))
-            if finite.is_cuda:
-                if torch.cuda.is_current_stream_capturing():
-                    continue
-                buf = torch.empty(finite.shape, dtype=finite.dtype, pin_memory=True)
-                buf.copy_(finite, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(finite.device))
-                self._pending.append((self._updates - 1, indices, buf, event))
-            else:
-                self._pending.append((self._updates - 1, indices, finite, None))
+            tag = (self._updates - 1, pairs, len(by_device))
+            self._take(self._reads.put(finite, tag))
+        if self._reads.off:
+            raise RuntimeError("the flags could not be read (doctor.record.late_reads)")
 
     def _read(self) -> None:
-        """The flags that have landed (none waited for): each iteration with a gradient that
-        was not finite, captured with its first such parameter."""
-        while self._pending:
-            update, indices, flags, event = self._pending[0]
-            if event is not None and not event.query():
-                return
-            self._pending.popleft()
-            bad = [i for i, ok in zip(indices, flags.tolist(), strict=True) if not ok]
+        """The flags that have landed (none waited for)."""
+        if self._reads.pending:
+            self._take(self._reads.ready())
+
+    def _take(self, ready: list[tuple[Any, Any]]) -> None:
+        """Each iteration read with a gradient that was not finite, captured with its first
+        such parameter (in backward order)."""
+        for (update, pairs, devices), flags in ready:
+            part = self._partial.setdefault(update, [0, 0, []])  # devices read, flags, bad
+            part[0] += 1
+            part[1] += len(pairs)
+            part[2] += [pi for pi, ok in zip(pairs, _listed(flags), strict=True) if not ok]
+            if part[0] < devices:
+                continue
+            del self._partial[update]
+            bad = [i for _position, i in sorted(part[2])]
             if bad and len(self.captured) < CAPTURE:
-                self.captured.append({"iteration": update, "params": len(indices),
+                self.captured.append({"iteration": update, "params": part[1],
                                       "nonfinite": len(bad),
                                       "first": self._names[bad[0]] if self._names else {},
                                       "then": _modules_after(bad, self._names)})
@@ -206,6 +218,11 @@ class OverflowWatch:
     def _say(self, **extra: Any) -> None:
         self.session.update_meta(overflow={"periods": self.periods, "iterations": self.captured,
                                            **extra})
+
+
+def _listed(flags: Any) -> list[Any]:
+    """Flags as the late reader gives them: a list, or a float for a single gradient."""
+    return flags if isinstance(flags, list) else [flags]
 
 
 def _modules_after(bad: list[int], names: list[dict[str, Any]]) -> list[str]:
@@ -237,52 +254,3 @@ def _compiles() -> bool:
         return bool(counters is not None and counters["stats"]["unique_graphs"])
     except Exception:  # a Dynamo of another shape: taken as compiling
         return True
-
-
-def parameter_names(torch: Any, frame: Any, params: list[Any]) -> list[dict[str, Any]]:
-    """For each of ``params``: its module's path and class and its own name where a module in
-    the frames from ``frame`` out holds it, else its index and shape ({"param": "#3 (64x8)"})."""
-    module_type = torch.nn.Module
-    roots: dict[int, Any] = {}
-    for _ in range(MAX_FRAMES):
-        if frame is None:
-            break
-        for key, value in list(frame.f_locals.items()):
-            if issubclass(type(value), module_type):
-                roots.setdefault(id(value), value)
-            elif key == "self":
-                for attr in list(getattr(value, "__dict__", {}).values())[:256]:
-                    if issubclass(type(attr), module_type):
-                        roots.setdefault(id(attr), attr)
-        frame = frame.f_back
-    wanted = {id(p): i for i, p in enumerate(params)}
-    named: dict[int, tuple[str, str, str]] = {}
-    best: list[tuple[int, int, Any]] = []
-    for root in roots.values():
-        hits = [n for n, p in root.named_parameters() if id(p) in wanted]
-        best.append((-len(hits), sum(map(len, hits)), root))
-    for _hits, _length, root in sorted(best, key=lambda b: (b[0], b[1])):
-        classes = {path: type(m).__name__ for path, m in root.named_modules()}
-        for name, p in root.named_parameters():
-            i = wanted.get(id(p))
-            if i is not None and i not in named:
-                path, _, leaf = name.rpartition(".")
-                named[i] = (_unwrapped(path), classes.get(path, ""), leaf)
-    out = []
-    for i, p in enumerate(params):
-        shape = "x".join(str(int(d)) for d in getattr(p, "shape", ()))
-        if i in named:
-            module, cls, leaf = named[i]
-            out.append({"module": module, "class": cls, "param": leaf, "shape": shape})
-        else:
-            out.append({"module": "", "class": "", "param": f"#{i}", "shape": shape})
-    return out
-
-
-def _unwrapped(path: str) -> str:
-    """A module's path without the wrappers' own prefixes (DDP's ``module.``, a compiled
-    module's ``_orig_mod.``)."""
-    for prefix in ("module.", "_orig_mod."):
-        while path.startswith(prefix):
-            path = path[len(prefix):]
-    return path if path not in ("module", "_orig_mod") else ""

@@ -94,7 +94,7 @@ class StepsProbe:
         self._wrap_graph_replay(torch)
         self._wrap_scaler_update(torch)
         amp.wrap_autocast(self._patches)
-        watch_modes(session, self._patches, torch)
+        watch_modes(session, self._patches, torch, overflow.saw_trained)
 
     def _wrap_graph_replay(self, torch: Any) -> None:
         """A training step captured whole as a CUDA graph replays with no optimizer step or

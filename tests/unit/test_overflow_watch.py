@@ -17,7 +17,8 @@ from doctor.analyse.overflows import NotFound, Overflow, overflows
 from doctor.analyse.steps import training_processes
 from doctor.pipeline import analyze_run
 from doctor.probes import overflow_watch
-from doctor.probes.overflow_watch import CAPTURE, PERIODS, WATCH_ITERATIONS, parameter_names
+from doctor.probes.overflow_watch import CAPTURE, PERIODS, WATCH_ITERATIONS
+from doctor.probes.param_names import parameter_names
 from doctor.probes.steps import StepsProbe
 from doctor.record.session import Session
 from doctor.store import layout
@@ -79,6 +80,7 @@ def fp16_loop(model: Net, iterations: int) -> list[bool]:
     """Train ``model`` under CPU fp16 autocast, a batch 1e4 times larger every third iteration;
     whether each iteration stepped (the scale held)."""
     torch.manual_seed(1)
+    model.train()  # the module the names are taken from (boom_loop's are found alive)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10**6)
     stepped = []
@@ -226,13 +228,26 @@ def test_a_failing_watch_leaves_the_jobs_weights_as_without_doctor(
 
 
 def test_a_parameter_no_module_holds_is_named_by_index_and_shape() -> None:
-    import sys
-
     model = nn.Linear(3, 4)
     loose = nn.Parameter(torch.zeros(5, 2))
-    names = parameter_names(torch, sys._getframe(), [model.weight, loose])
+    names = parameter_names(torch, [model.weight, loose])
     assert names[0] == {"module": "", "class": "Linear", "param": "weight", "shape": "4x3"}
     assert names[1] == {"module": "", "class": "", "param": "#1", "shape": "5x2"}
+
+
+def test_names_come_from_the_model_put_in_training_mode_else_the_outermost() -> None:
+    from collections import OrderedDict
+
+    model = Net()
+    outer = nn.Sequential(OrderedDict(net=model))
+    ddp_like = nn.Module()
+    ddp_like.module = nn.Sequential(OrderedDict(net=Net()))
+    mid = model.mid.weight
+    assert parameter_names(torch, [mid], trained=model)[0]["module"] == "mid"
+    assert parameter_names(torch, [mid])[0]["module"] == "net.mid"  # outer holds model
+    assert outer.net is model
+    other = ddp_like.module.net.mid.weight  # a wrapper's own "module." is no part of the name
+    assert parameter_names(torch, [other])[0]["module"] == "net.mid"
 
 
 OVERFLOW = {"periods": [{"armed_at": 2, "params": 10, "every": False, "watched": 9}],
@@ -295,3 +310,42 @@ def test_a_watch_that_read_nothing_says_why(tmp_path: Path) -> None:
     run = load_run(tmp_path)
     [where] = overflows(run, training_processes(run)).values()
     assert isinstance(where, NotFound)
+
+
+def test_a_fused_optimizer_arms_the_watch_by_the_scale(tmp_path: Path) -> None:
+    """Adam(fused=True) under a scaler steps every iteration and skips inside its kernel: the
+    watch arms where the scale fell, flags every watched iteration and names the layer."""
+    model = Boom()
+
+    def loop() -> None:
+        torch.manual_seed(2)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=10**6)
+        for i in range(30):
+            model.boom = i % 3 == 2
+            loss = model(torch.randn(8, 16)).float().pow(2).mean()
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+    meta, _probe = under_doctor(tmp_path, loop)
+    found = meta["overflow"]
+    assert found["periods"][0]["every"] is True
+    assert [it["first"]["module"] for it in found["iterations"]] == ["encoder.2"] * CAPTURE
+    assert hooks_on(model) == 0
+
+
+def test_flags_of_several_devices_are_merged_in_backward_order(tmp_path: Path) -> None:
+    """An iteration's gradients on two devices are flagged and read apart: the first non-finite
+    is the earliest in backward order over both."""
+    s = Session(tmp_path, window_start=10**9)
+    watch = overflow_watch.OverflowWatch(s, torch)
+    watch._names = [{"module": f"layer{i}"} for i in range(6)]
+    watch._take([((5, [(0, 3), (2, 5)], 2), [True, False])])
+    assert watch.captured == []  # the other device's flags not read yet
+    watch._take([((5, [(1, 4)], 2), 0.0)])
+    [it] = watch.captured
+    assert (it["iteration"], it["params"], it["nonfinite"]) == (5, 3, 2)
+    assert it["first"] == {"module": "layer4"} and it["then"] == ["layer5"]
+    s.close()
