@@ -10,7 +10,8 @@ median iteration over the rounds:
 * ``idle``: the steps probe, the watch not armed (what every job pays: nothing, it should read
   as bare);
 * ``armed``: the watch armed through the whole block (its period made endless for the bench):
-  a post-accumulate-grad hook per parameter appending its index, no tensor op;
+  a post-accumulate-grad hook per parameter appending its index, and a forward hook per module
+  taking its output's smallest and largest value (doctor.probes.output_watch);
 * ``flagged``: armed and flagging every iteration (what a skipped iteration, or every watched
   iteration of a fused optimizer, pays): each gradient's largest magnitude taken, stacked, read.
 

@@ -35,7 +35,8 @@ from typing import Any
 
 from ..record.late_reads import LateReads
 from ..record.session import Session
-from .param_names import parameter_names
+from .output_watch import OutputWatch
+from .param_names import holding_model, parameter_names
 
 WATCH_ITERATIONS = 20  # iterations (scaler updates) a period watches at most
 CAPTURE = 3  # skipped iterations read, in all, before the watch stops for good
@@ -65,7 +66,9 @@ class OverflowWatch:
         self._names: list[dict[str, Any]] = []
         self._order: list[int] = []
         self._reads = LateReads(torch)
-        self._partial: dict[int, list[Any]] = {}  # an iteration's flags, device by device
+        self._partial: dict[tuple[str, int], list[Any]] = {}  # flags read, device by device
+        self._outputs = OutputWatch(torch)
+        self._forward: dict[int, dict[str, Any] | None] = {}  # iteration -> first output bad
         self._trained: Any = None  # a weak reference to the module last put in training mode
         self._trained_id = 0
 
@@ -93,7 +96,9 @@ class OverflowWatch:
         try:
             if self.armed:
                 if not stepped or self._every:
+                    self._output_flags()
                     self._flags()
+                self._outputs.clear()
                 self._order.clear()  # the list the hooks append to
                 self._left -= 1
             self._read()
@@ -147,11 +152,19 @@ class OverflowWatch:
                                  "every": every, "watched": 0})
             for i, p in enumerate(params):
                 self.handles.append(p.register_post_accumulate_grad_hook(hooked(i)))
+            model = holding_model(self._torch, params, trained)
+            if model is not None:
+                self._outputs.arm(model)
+                self.periods[-1]["modules"] = len(self._outputs.handles)
             self._say()
         except Exception as err:
             self._fail(err)
 
     def _disarm(self) -> None:
+        try:
+            self._outputs.disarm()
+        except Exception as err:  # said; the gradients' hooks are still removed
+            self.session.swallowed("steps", "removing a forward hook", err)
         handles, self.handles = self.handles, []
         for h in handles:
             try:
@@ -171,6 +184,14 @@ class OverflowWatch:
         self.session.swallowed("steps", "watching where gradients overflow", err)
 
     # ----- flags -------------------------------------------------------------------------
+    def _output_flags(self) -> None:
+        """One flag per module output of this iteration (in the order the forwards ended),
+        per device, put to be read late before the gradients' flags."""
+        groups = self._outputs.flags()
+        for pairs, finite in groups:
+            self._take(self._reads.put(finite, ("forward", self._updates - 1, pairs,
+                                                len(groups))))
+
     def _flags(self) -> None:
         """One flag per gradient accumulated this iteration (in backward order), per device:
         finite or not, computed on the device, put to be read late."""
@@ -186,7 +207,7 @@ class OverflowWatch:
         for pairs, grads in by_device.values():
             norms = torch._foreach_norm(grads, float("inf"))
             finite = torch.isfinite(torch.stack([n.float() for n in norms]))
-            tag = (self._updates - 1, pairs, len(by_device))
+            tag = ("backward", self._updates - 1, pairs, len(by_device))
             self._take(self._reads.put(finite, tag))
         if self._reads.off:
             raise RuntimeError("the flags could not be read (doctor.record.late_reads)")
@@ -199,20 +220,26 @@ class OverflowWatch:
     def _take(self, ready: list[tuple[Any, Any]]) -> None:
         """Each iteration read with a gradient that was not finite, captured with its first
         such parameter (in backward order)."""
-        for (update, pairs, devices), flags in ready:
-            part = self._partial.setdefault(update, [0, 0, []])  # devices read, flags, bad
+        for (kind, update, pairs, devices), flags in ready:
+            part = self._partial.setdefault((kind, update), [0, 0, []])  # devices, flags, bad
             part[0] += 1
             part[1] += len(pairs)
             part[2] += [pi for pi, ok in zip(pairs, _listed(flags), strict=True) if not ok]
             if part[0] < devices:
                 continue
-            del self._partial[update]
+            del self._partial[(kind, update)]
             bad = [i for _position, i in sorted(part[2])]
+            if kind == "forward":
+                names = self._outputs.names
+                self._forward[update] = names[bad[0]] if bad and bad[0] < len(names) else None
+                continue
+            forward = self._forward.pop(update, None)
             if bad and len(self.captured) < CAPTURE:
                 self.captured.append({"iteration": update, "params": part[1],
                                       "nonfinite": len(bad),
                                       "first": self._names[bad[0]] if self._names else {},
-                                      "then": _modules_after(bad, self._names)})
+                                      "then": _modules_after(bad, self._names),
+                                      **({"forward": forward} if forward else {})})
                 self._say()
 
     def _say(self, **extra: Any) -> None:

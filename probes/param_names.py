@@ -13,6 +13,7 @@ moment (a batch, the logits) until the frame ends. Nothing here changes a module
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 MAX_ROOTS = 64  # models compared for the parameters they hold
@@ -23,11 +24,13 @@ def parameter_names(torch: Any, params: list[Any], trained: Any = None) -> list[
     first, then every model alive) holds it, else {"param": "#i", "shape"}."""
     wanted = {id(p): i for i, p in enumerate(params)}
     named: dict[int, tuple[str, str, str]] = {}
-    if trained is not None:
-        _name(trained, wanted, named)
-    if len(named) < len(params):
-        for root in _roots(torch.nn.Module, wanted):
+    for root in _candidates(torch.nn.Module, trained, wanted):
+        try:
             _name(root, wanted, named)
+        except Exception:  # a module of odd ways: its parameters are named another way
+            continue
+        if len(named) == len(params):
+            break
     out = []
     for i, p in enumerate(params):
         shape = "x".join(str(int(d)) for d in getattr(p, "shape", ()))
@@ -39,6 +42,26 @@ def parameter_names(torch: Any, params: list[Any], trained: Any = None) -> list[
     return out
 
 
+def holding_model(torch: Any, params: list[Any], trained: Any = None) -> Any:
+    """The model that holds the most of ``params`` (``trained`` where it holds any); None
+    where no module does."""
+    wanted = {id(p): i for i, p in enumerate(params)}
+    for root in _candidates(torch.nn.Module, trained, wanted):
+        try:
+            if any(id(p) in wanted for p in root.parameters()):
+                return root
+        except Exception:  # a module of odd ways: the next
+            continue
+    return None
+
+
+def _candidates(module_type: type, trained: Any, wanted: dict[int, int]) -> Iterator[Any]:
+    """``trained`` where given, then the models alive (see _roots), lazily."""
+    if trained is not None:
+        yield trained
+    yield from _roots(module_type, wanted)
+
+
 def _roots(module_type: type, wanted: dict[int, int]) -> list[Any]:
     """The modules alive that no other module holds, those that hold most of ``wanted`` (then
     with the shortest names: a model before the wrapper around it) first."""
@@ -46,7 +69,10 @@ def _roots(module_type: type, wanted: dict[int, int]) -> list[Any]:
     held = {id(c) for m in found for c in (vars(m).get("_modules") or {}).values()}
     ranked: list[tuple[int, int, int, Any]] = []
     for root in (m for m in found if id(m) not in held):
-        hits = [n for n, p in root.named_parameters() if id(p) in wanted]
+        try:
+            hits = [n for n, p in root.named_parameters() if id(p) in wanted]
+        except Exception:  # a module whose parameters cannot be listed: not a candidate
+            continue
         if hits:
             ranked.append((-len(hits), sum(map(len, hits)), len(ranked), root))
     ranked.sort(key=lambda r: r[:3])

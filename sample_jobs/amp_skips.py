@@ -6,12 +6,13 @@ Every ``--skip-every``-th iteration, a gradient in the backward pass is multipli
 itself, standing in for a forward pass that overflows), so the scaler finds inf/NaN gradients and
 ``scaler.step`` does not step. The model is ``--layers`` hidden blocks (``fcN`` Linear, ReLU)
 and a ``head``; the gradient of block ``--overflow-at``'s output overflows, so ``fcN`` is the
-layer whose gradients turn inf first (printed as ``overflow_layer``). The forward runs under
-``torch.autocast("cpu", dtype=...)``
-(``--autocast fp16``, the default, ``bf16`` or ``off``); ``--accumulate N`` runs N micro-batches
-(backward() calls) per iteration. The job counts its iterations, the ones it skipped (the scale
-drops at each one), their share of the loop's time, and its non-finite losses, and prints them,
-with its last loss and a checksum of its weights (the same with and without doctor).
+layer whose gradients turn inf first (printed as ``overflow_layer``); ``--overflow output``: that
+block's input is scaled up so that its fp16 output overflows in the forward pass. The forward
+runs under ``torch.autocast("cpu", dtype=...)`` (``--autocast fp16``, the default, ``bf16``
+or ``off``); ``--accumulate N`` runs N micro-batches (backward() calls) per iteration. The job
+counts its iterations, the ones it skipped (the scale drops at each one), their share of the
+loop's time, and its non-finite losses, and prints them, with its last loss and a checksum of
+its weights (the same with and without doctor).
 
 Switches: ``--skip-every 0`` removes the overflow (no iteration is skipped); ``--autocast off``
 removes autocast's casts.
@@ -39,8 +40,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=90, help="iterations")
     ap.add_argument("--skip-every", type=int, default=3, help="overflow every N-th (0: never)")
-    ap.add_argument("--overflow", choices=("grad", "loss"), default="grad",
-                    help="what overflows: a gradient in backward, or the loss itself")
+    ap.add_argument("--overflow", choices=("grad", "loss", "output"), default="grad",
+                    help="what overflows: a gradient in backward, the loss itself, or the "
+                         "forward output of block --overflow-at (its input scaled by 1e5)")
     ap.add_argument("--autocast", choices=("fp16", "bf16", "off"), default="fp16")
     ap.add_argument("--accumulate", type=int, default=1, help="micro-batches per iteration")
     ap.add_argument("--width", type=int, default=512)
@@ -70,6 +72,8 @@ def main() -> None:
                                 enabled=args.autocast != "off"):
                 hidden = x
                 for n in range(args.layers):
+                    if overflow and args.overflow == "output" and n == args.overflow_at:
+                        hidden = hidden * 1e5  # past fp16's 65504 in this block's output
                     hidden = model[2 * n + 1](model[2 * n](hidden))
                     if overflow and args.overflow == "grad" and n == args.overflow_at:
                         hidden.register_hook(lambda g: g * float("inf"))

@@ -30,6 +30,15 @@ class Overflow:
     nonfinite: int  # non-finite gradients in the first such iteration ...
     params: int  # ... of those flagged
     then: str  # the modules that followed in backward order, comma-separated
+    forward: str = ""  # the module whose output was first inf/NaN, most often ("": none seen)
+    forward_class: str = ""
+    forward_in: int = 0  # skipped iterations read that named it
+
+    @property
+    def forward_where(self) -> str:
+        """The forward's layer as words: "mid (Linear)", "the model" for the outermost."""
+        name = self.forward or "the model"
+        return f"{name} ({self.forward_class})" if self.forward_class else name
 
     @property
     def where(self) -> str:
@@ -70,9 +79,14 @@ def overflows(run: RunData, ranks: Mapping[int, RankSteps]) -> dict[int, Overflo
         keys = list(zip(read["module"], read["param"], strict=True))
         (module, param), count = Counter(keys).most_common(1)[0]
         first = read.iloc[keys.index((module, param))]
+        seen = read[read["forward_class"] != ""]
+        outputs = list(zip(seen["forward"], seen["forward_class"], strict=True))
+        (forward, forward_class), forward_in = Counter(outputs).most_common(1)[0] \
+            if outputs else (("", ""), 0)
         out[rank] = Overflow(
             rank=rank, module=str(module), module_class=str(first["module_class"]),
             param=str(param), shape=str(first["shape"]), first_in=int(count), read=len(read),
             watched=int(periods["watched"].sum()), nonfinite=int(first["nonfinite"]),
-            params=int(first["params"]), then=str(first["then"]))
+            params=int(first["params"]), then=str(first["then"]), forward=str(forward),
+            forward_class=str(forward_class), forward_in=int(forward_in))
     return out

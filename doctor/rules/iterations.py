@@ -50,7 +50,9 @@ def _overflow_evidence(found: Overflow | NotFound | None) -> dict[str, object]:
             "overflow_shape": found.shape, "overflow_first_in": found.first_in,
             "overflow_read": found.read, "overflow_watched": found.watched,
             "overflow_nonfinite_grads": found.nonfinite, "overflow_grads_flagged": found.params,
-            **({"overflow_then": found.then} if found.then else {})}
+            **({"overflow_then": found.then} if found.then else {}),
+            **({"overflow_forward_layer": found.forward_where,
+                "overflow_forward_in": found.forward_in} if found.forward_in else {})}
 
 
 def _overflow_words(found: Overflow) -> str:
@@ -58,10 +60,32 @@ def _overflow_words(found: Overflow) -> str:
            f"{found.read} skipped iterations read ({found.watched} watched)"
 
 
+def _forward_words(found: Overflow) -> str:
+    return f"the forward's outputs first turned inf/NaN in {found.forward_where}, in " \
+           f"{found.forward_in} of the {found.read} skipped iterations read"
+
+
+def _output_fix(ev: Evidence, found: Overflow) -> Fix:
+    """The module whose output first overflowed in the forward pass."""
+    name = found.forward or "the model"
+    return Fix(
+        title=f"Keep {found.forward_where} in range: its outputs overflow first",
+        why=f"in {found.forward_in} of the {found.read} skipped iterations doctor read, "
+            f"{name} was the first module whose output held inf or NaN (the modules inside it "
+            "were finite): the 16-bit type's range ends at 65504. Run it outside autocast (in "
+            "fp32), or scale what enters it down (a normalisation before it, a smaller init)",
+        code=_fp32_code(ev, found.rank, name))
+
+
+def _fp32_code(ev: Evidence, rank: int, name: str) -> str:
+    ran = (ev.precision or {}).get(rank)
+    device = ran.autocasts[0][0] if ran is not None and ran.autocasts else ev.job.device
+    return f"with torch.autocast(\"{device}\", enabled=False):  # {name} in fp32\n" \
+           "    out = layer(x.float())"
+
+
 def _layer_fix(ev: Evidence, found: Overflow) -> Fix:
     """The layer where the gradients first overflowed, and how to keep it in range."""
-    ran = (ev.precision or {}).get(found.rank)
-    device = ran.autocasts[0][0] if ran is not None and ran.autocasts else ev.job.device
     then = f"; the layers before it in the forward pass ({found.then}) take inf/NaN from it" \
         if found.then else ""
     name = f"{found.module}.{found.param}" if found.module else found.param
@@ -73,8 +97,7 @@ def _layer_fix(ev: Evidence, found: Overflow) -> Fix:
             f"{then}. Run that layer outside autocast (in fp32), or bring its output's gradient "
             "into fp16's range (a normalisation before it, a smaller init, a loss not summed "
             "over a large dimension)",
-        code=f"with torch.autocast(\"{device}\", enabled=False):  # {found.module or name} in "
-             "fp32\n    out = layer(x.float())")
+        code=_fp32_code(ev, found.rank, found.module or name))
 
 
 def _grow_slower(it: Iterations, interval: float | None) -> Fix:
@@ -153,7 +176,10 @@ def _recurring(ev: Evidence, it: Iterations) -> Finding:
     collapsed = it.collapsed_at is not None
     where = _overflow(ev, it)
     layer = where if isinstance(where, Overflow) and not forward else None
-    fixes = [*_bf16(ev, speedup), FIND_OVERFLOW if layer is None else _layer_fix(ev, layer)]
+    output = where if isinstance(where, Overflow) and where.forward_in else None
+    found_fix = _output_fix(ev, output) if output is not None and forward else \
+        _layer_fix(ev, layer) if layer is not None else FIND_OVERFLOW
+    fixes = [*_bf16(ev, speedup), found_fix]
     if forward or collapsed or layer is not None:
         fixes.reverse()  # no type or scale helps a value that is not finite: find it first
     if not (forward or collapsed):
@@ -165,6 +191,8 @@ def _recurring(ev: Evidence, it: Iterations) -> Finding:
     if forward:
         why += f"; {found.nonfinite if found else 0} losses were already inf/NaN: the forward " \
                "pass overflows"
+    if output is not None:
+        why += f"; {_forward_words(output)}"
     if layer is not None:
         why += f"; {_overflow_words(layer)}"
     calibrating = f" ({it.calibrating} calibrating at the start)" if it.calibrating else ""

@@ -95,9 +95,10 @@ COMPILE_CAUSE_COLUMNS = columns(f"{WHO} kind:object frame nth:int64 reason funct
 #: was armed: the iteration it was armed at, the parameters watched, the iterations watched),
 #: kind "iteration" (each skipped iteration read: its number from 0, the gradients flagged, the
 #: non-finite ones, the first one's module path, class, parameter name and shape, the modules
-#: that followed in backward order, comma-separated) and kind "not_armed" (why, as the note).
+#: that followed in backward order, comma-separated; the first module whose forward output was
+#: inf or NaN and its class, "" for none) and kind "not_armed" (why, as the note).
 OVERFLOW_COLUMNS = columns(f"{WHO} kind:object iteration params nonfinite watched:int64 "
-                           "module module_class param shape then note:object")
+                           "module module_class param shape then forward forward_class note:object")
 #: The ops of each process's profiler window (doctor.trace.ops.OP_COLUMNS).
 OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
                       "kernels:int64 flops bytes:float64 costed_calls:int64 layout_s:float64 "

@@ -65,6 +65,8 @@ def test_the_layer_whose_gradients_overflow_is_named(tmp_path: Path) -> None:
     assert ev["overflow_then"] == "fc1, fc0"  # the blocks before it take inf from it
     assert f"first overflowed in {job['overflow_layer']} (Linear)" in found["title"]
     assert found["fixes"][0]["title"].startswith(f"Keep {job['overflow_layer']} (Linear)")
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert f"first overflowed in {job['overflow_layer']} (Linear)" in report
     bare = subprocess.run([sys.executable, str(SAMPLE_JOBS / "amp_skips.py"), *args],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
@@ -72,3 +74,16 @@ def test_the_layer_whose_gradients_overflow_is_named(tmp_path: Path) -> None:
                if line.startswith('{"median_step_s"')]
     assert (alone["final_loss"], alone["weights_sum"], alone["skipped"]) == \
         (job["final_loss"], job["weights_sum"], job["skipped"])
+
+
+def test_the_layer_whose_output_overflows_is_named(tmp_path: Path) -> None:
+    """Block 1's fp16 output overflowing every third iteration: the loss is inf, and the finding
+    names fc1 as the first module whose output was, as the job says."""
+    job, verdict = run_sample_job(tmp_path / "run", "amp_skips.py", "--steps", "30", "--layers",
+                                  "3", "--overflow", "output", "--overflow-at", "1",
+                                  "--width", "64")
+    assert job["nonfinite_losses"] == job["skipped"] == 10
+    [found] = [f for f in verdict["findings"] if f["id"] == "steps.skipped"]
+    assert found["evidence"]["overflow_forward_layer"] == f"{job['overflow_layer']} (Linear)"
+    assert found["fixes"][0]["title"] == \
+        f"Keep {job['overflow_layer']} (Linear) in range: its outputs overflow first"

@@ -76,16 +76,16 @@ class Boom(nn.Module):
         return self.head(x)
 
 
-def fp16_loop(model: Net, iterations: int) -> list[bool]:
-    """Train ``model`` under CPU fp16 autocast, a batch 1e4 times larger every third iteration;
-    whether each iteration stepped (the scale held)."""
+def fp16_loop(model: Net, iterations: int, big: float = 1e4) -> list[bool]:
+    """Train ``model`` under CPU fp16 autocast, a batch ``big`` times larger every third
+    iteration; whether each iteration stepped (the scale held)."""
     torch.manual_seed(1)
     model.train()  # the module the names are taken from (boom_loop's are found alive)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10**6)
     stepped = []
     for i in range(iterations):
-        x = torch.randn(64, 32) * (1e4 if i % 3 == 2 else 1.0)
+        x = torch.randn(64, 32) * (big if i % 3 == 2 else 1.0)
         with torch.autocast("cpu", dtype=torch.float16):
             loss = model(x).float().pow(2).mean()
         opt.zero_grad()
@@ -140,6 +140,7 @@ def test_the_layer_whose_fp16_gradients_overflow_is_named(tmp_path: Path) -> Non
         assert it["first"] == {"module": "mid", "class": "Linear", "param": "weight",
                                "shape": "32x32"}
         assert it["nonfinite"] == 1 and it["then"] == []  # mid.weight alone overflowed
+        assert "forward" not in it  # every output was finite
         assert it["iteration"] % 3 == 2  # the large batches
     assert hooks_on(model) == 0
     run = load_run(tmp_path)
@@ -342,10 +343,50 @@ def test_flags_of_several_devices_are_merged_in_backward_order(tmp_path: Path) -
     s = Session(tmp_path, window_start=10**9)
     watch = overflow_watch.OverflowWatch(s, torch)
     watch._names = [{"module": f"layer{i}"} for i in range(6)]
-    watch._take([((5, [(0, 3), (2, 5)], 2), [True, False])])
+    watch._take([(("backward", 5, [(0, 3), (2, 5)], 2), [True, False])])
     assert watch.captured == []  # the other device's flags not read yet
-    watch._take([((5, [(1, 4)], 2), 0.0)])
+    watch._take([(("backward", 5, [(1, 4)], 2), 0.0)])
     [it] = watch.captured
     assert (it["iteration"], it["params"], it["nonfinite"]) == (5, 3, 2)
     assert it["first"] == {"module": "layer4"} and it["then"] == ["layer5"]
     s.close()
+
+
+class Loud(Net):
+    """Net whose mid layer's weights are 30 times larger: a batch of large inputs makes mid's
+    fp16 output overflow (its input, inp's output, still fits), and the loss with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.no_grad():
+            self.mid.weight.mul_(3e5)  # 1e-4 from Net, times 3e5: 30 times the init
+
+
+def test_the_module_whose_fp16_output_overflows_is_named(tmp_path: Path) -> None:
+    model = Loud()
+    bare = Loud()
+    bare.load_state_dict(model.state_dict())
+    meta, _probe = under_doctor(tmp_path, lambda: fp16_loop(model, 24, big=5e3))
+    stepped = fp16_loop(bare, 24, big=5e3)
+    assert not all(stepped)
+    found = meta["overflow"]
+    assert found["iterations"], found
+    for it in found["iterations"]:
+        assert it["forward"] == {"module": "mid", "class": "Linear"}
+    for a, b in zip(weights(model), weights(bare), strict=True):
+        assert torch.equal(a, b)
+    assert hooks_on(model) == 0
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_an_inf_loss_with_its_forward_layer_names_that_layer(tmp_path: Path) -> None:
+    loud = {**OVERFLOW, "iterations": [
+        {**it, "forward": {"module": "encoder.1", "class": "Linear"}}
+        for it in OVERFLOW["iterations"]]}
+    found = skipped_finding(tmp_path, loud, nonfinite={i for i in range(60) if i % 3 == 2})
+    assert "the forward's outputs first turned inf/NaN in encoder.1 (Linear), in 3 of the 3 " \
+           "skipped iterations read" in found["title"]
+    assert "first overflowed" not in found["title"]  # the gradients' order says nothing here
+    assert found["fixes"][0]["title"] == \
+        "Keep encoder.1 (Linear) in range: its outputs overflow first"
+    assert found["evidence"]["overflow_forward_in"] == 3
