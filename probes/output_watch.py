@@ -7,14 +7,18 @@ or not) and read late with the gradients' flags: the first module whose output w
 where the forward pass overflowed.
 
 A hook returns None (the output is the module's own, untouched), reads a detached view, and
-appends at most MAX_OUTPUTS values an iteration; outputs that are not a floating tensor (or a
-tuple or list whose first item is one) are not read. Never armed where the job compiles (the
+appends at most MAX_OUTPUTS values an iteration; outputs that are not a plain, strided floating
+tensor (or a tuple or list whose first item is one) are not read. A hook that fails keeps the
+error (never raised into the forward) and reads no more; the watch says it at the update and
+stops. Never armed where the job compiles (the
 overflow watch's rule). The hooks are removed with the gradients' hooks.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from .param_names import unwrapped
 
 MAX_MODULES = 4096  # modules hooked
 MAX_OUTPUTS = 1 << 14  # outputs read per iteration
@@ -28,6 +32,7 @@ class OutputWatch:
         self.handles: list[Any] = []
         self.names: list[dict[str, str]] = []  # each hooked module's path and class
         self._seen: list[tuple[int, Any]] = []  # (module index, its output's (min, max))
+        self.failed: list[BaseException] = []  # what a hook caught (the watch says it, stops)
 
     def arm(self, model: Any) -> None:
         """A forward hook on each of ``model``'s modules (up to MAX_MODULES)."""
@@ -36,25 +41,38 @@ class OutputWatch:
         seen = self._seen
         self.names = []
 
+        failed = self.failed
+
         def hooked(i: int) -> Any:
             def ended(_module: Any, _args: Any, output: Any) -> None:
-                if len(seen) >= MAX_OUTPUTS:
+                if len(seen) >= MAX_OUTPUTS or failed:
                     return None
-                t = output[0] if isinstance(output, tuple | list) and output else output
-                if type(t) is tensor and t.is_floating_point() and t.numel():
-                    seen.append((i, aminmax(t.detach())))
+                try:
+                    t = output[0] if isinstance(output, tuple | list) and output else output
+                    if type(t) is tensor and t.is_floating_point() and not t.is_nested \
+                            and t.layout == strided and t.numel():
+                        seen.append((i, aminmax(t.detach())))
+                except Exception as err:  # never into the job's forward: said at the update
+                    failed.append(err)
                 return None
             return ended
 
-        for i, (path, module) in enumerate(model.named_modules()):
-            if i >= MAX_MODULES:
+        strided = self._torch.strided
+        for path, module in model.named_modules():
+            if len(self.handles) >= MAX_MODULES:
                 break
-            self.names.append({"module": path, "class": type(module).__name__})
-            self.handles.append(module.register_forward_hook(hooked(i)))
+            try:
+                handle = module.register_forward_hook(hooked(len(self.names)))
+            except Exception:  # a module that takes no hook (a scripted one): not read
+                continue
+            self.handles.append(handle)
+            self.names.append({"module": unwrapped(path), "class": type(module).__name__})
 
     def flags(self) -> list[tuple[list[tuple[int, int]], Any]]:
         """The outputs read since the last call, per device: ((position in the order the
         forwards ended, module index) each, one finite-or-not flag each, on the device)."""
+        if self.failed:
+            raise self.failed[0]
         seen = list(self._seen)
         self._seen.clear()
         torch = self._torch
@@ -67,6 +85,9 @@ class OutputWatch:
                 for pairs, ends in by_device.values()]
 
     def clear(self) -> None:
+        """The outputs read since the last call dropped (an iteration that stepped)."""
+        if self.failed:
+            raise self.failed[0]
         self._seen.clear()
 
     def disarm(self) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 from ..record.late_reads import LateReads
 from ..record.session import Session
 from .output_watch import OutputWatch
-from .param_names import holding_model, parameter_names
+from .param_names import parameter_names
 
 WATCH_ITERATIONS = 20  # iterations (scaler updates) a period watches at most
 CAPTURE = 3  # skipped iterations read, in all, before the watch stops for good
@@ -137,7 +137,7 @@ class OverflowWatch:
             if not params:
                 return
             trained = self._trained() if self._trained is not None else None
-            names = parameter_names(self._torch, params, trained)
+            names, model = parameter_names(self._torch, params, trained)
             order = self._order = []  # cleared, never replaced, while armed
 
             def hooked(i: int) -> Any:
@@ -152,7 +152,6 @@ class OverflowWatch:
                                  "every": every, "watched": 0})
             for i, p in enumerate(params):
                 self.handles.append(p.register_post_accumulate_grad_hook(hooked(i)))
-            model = holding_model(self._torch, params, trained)
             if model is not None:
                 self._outputs.arm(model)
                 self.periods[-1]["modules"] = len(self._outputs.handles)

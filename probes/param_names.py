@@ -19,16 +19,23 @@ from typing import Any
 MAX_ROOTS = 64  # models compared for the parameters they hold
 
 
-def parameter_names(torch: Any, params: list[Any], trained: Any = None) -> list[dict[str, Any]]:
+def parameter_names(torch: Any, params: list[Any], trained: Any = None
+                    ) -> tuple[list[dict[str, Any]], Any]:
     """For each of ``params``: {"module", "class", "param", "shape"} where a model (``trained``
-    first, then every model alive) holds it, else {"param": "#i", "shape"}."""
+    first, then every model alive) holds it, else {"param": "#i", "shape"}; and the model that
+    named the first of them (``trained``, or the one alive that holds most; None: no module
+    holds any)."""
     wanted = {id(p): i for i, p in enumerate(params)}
     named: dict[int, tuple[str, str, str]] = {}
+    model = None
     for root in _candidates(torch.nn.Module, trained, wanted):
+        before = len(named)
         try:
             _name(root, wanted, named)
         except Exception:  # a module of odd ways: its parameters are named another way
             continue
+        if model is None and len(named) > before:
+            model = root
         if len(named) == len(params):
             break
     out = []
@@ -39,20 +46,7 @@ def parameter_names(torch: Any, params: list[Any], trained: Any = None) -> list[
             out.append({"module": module, "class": cls, "param": leaf, "shape": shape})
         else:
             out.append({"module": "", "class": "", "param": f"#{i}", "shape": shape})
-    return out
-
-
-def holding_model(torch: Any, params: list[Any], trained: Any = None) -> Any:
-    """The model that holds the most of ``params`` (``trained`` where it holds any); None
-    where no module does."""
-    wanted = {id(p): i for i, p in enumerate(params)}
-    for root in _candidates(torch.nn.Module, trained, wanted):
-        try:
-            if any(id(p) in wanted for p in root.parameters()):
-                return root
-        except Exception:  # a module of odd ways: the next
-            continue
-    return None
+    return out, model
 
 
 def _candidates(module_type: type, trained: Any, wanted: dict[int, int]) -> Iterator[Any]:
@@ -85,10 +79,10 @@ def _name(root: Any, wanted: dict[int, int], named: dict[int, tuple[str, str, st
         i = wanted.get(id(p))
         if i is not None and i not in named:
             path, _, leaf = name.rpartition(".")
-            named[i] = (_unwrapped(path), classes.get(path, ""), leaf)
+            named[i] = (unwrapped(path), classes.get(path, ""), leaf)
 
 
-def _unwrapped(path: str) -> str:
+def unwrapped(path: str) -> str:
     """A module's path without the wrappers' own prefixes (DDP's ``module.``, a compiled
     module's ``_orig_mod.``)."""
     for prefix in ("module.", "_orig_mod."):

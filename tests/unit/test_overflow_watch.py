@@ -231,7 +231,8 @@ def test_a_failing_watch_leaves_the_jobs_weights_as_without_doctor(
 def test_a_parameter_no_module_holds_is_named_by_index_and_shape() -> None:
     model = nn.Linear(3, 4)
     loose = nn.Parameter(torch.zeros(5, 2))
-    names = parameter_names(torch, [model.weight, loose])
+    names, holder = parameter_names(torch, [model.weight, loose])
+    assert holder is model
     assert names[0] == {"module": "", "class": "Linear", "param": "weight", "shape": "4x3"}
     assert names[1] == {"module": "", "class": "", "param": "#1", "shape": "5x2"}
 
@@ -244,11 +245,11 @@ def test_names_come_from_the_model_put_in_training_mode_else_the_outermost() -> 
     ddp_like = nn.Module()
     ddp_like.module = nn.Sequential(OrderedDict(net=Net()))
     mid = model.mid.weight
-    assert parameter_names(torch, [mid], trained=model)[0]["module"] == "mid"
-    assert parameter_names(torch, [mid])[0]["module"] == "net.mid"  # outer holds model
+    assert parameter_names(torch, [mid], trained=model)[0][0]["module"] == "mid"
+    assert parameter_names(torch, [mid])[0][0]["module"] == "net.mid"  # outer holds model
     assert outer.net is model
     other = ddp_like.module.net.mid.weight  # a wrapper's own "module." is no part of the name
-    assert parameter_names(torch, [other])[0]["module"] == "net.mid"
+    assert parameter_names(torch, [other])[0][0]["module"] == "net.mid"
 
 
 OVERFLOW = {"periods": [{"armed_at": 2, "params": 10, "every": False, "watched": 9}],
@@ -390,3 +391,25 @@ def test_an_inf_loss_with_its_forward_layer_names_that_layer(tmp_path: Path) -> 
     assert found["fixes"][0]["title"] == \
         "Keep encoder.1 (Linear) in range: its outputs overflow first"
     assert found["evidence"]["overflow_forward_in"] == 3
+
+
+def test_a_failing_forward_hook_never_reaches_the_jobs_forward(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Loud()
+    bare = Loud()
+    bare.load_state_dict(model.state_dict())
+    stepped_bare = fp16_loop(bare, 12, big=5e3)
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("aminmax broke")
+
+    monkeypatch.setattr(torch, "aminmax", broken)
+    stepped: list[bool] = []
+    meta, probe = under_doctor(tmp_path, lambda: stepped.extend(fp16_loop(model, 12, big=5e3)))
+    assert stepped == stepped_bare
+    for a, b in zip(weights(model), weights(bare), strict=True):
+        assert torch.equal(a, b)
+    assert "watching where gradients overflow failed: RuntimeError: aminmax broke" in \
+        meta["probes"]["steps"]["reason"]
+    assert probe._overflow is not None and probe._overflow.off
+    assert hooks_on(model) == 0 and all(not m._forward_hooks for m in model.modules())
