@@ -133,7 +133,7 @@ class OverflowWatch:
                 self._say(not_armed="the job compiles: hooks on its parameters could make "
                                     "torch.compile compile again")
                 return
-            params = _watched(self.session.optimizers)
+            params, total = _watched(self.session.optimizers)
             if not params:
                 return
             trained = self._trained() if self._trained is not None else None
@@ -149,7 +149,8 @@ class OverflowWatch:
             self._params, self._names = params, names
             self.armed, self._every, self._left = True, every, WATCH_ITERATIONS
             self.periods.append({"armed_at": self._updates - 1, "params": len(params),
-                                 "every": every, "watched": 0})
+                                 "every": every, "watched": 0,
+                                 **({"of_params": total} if total > len(params) else {})})
             for i, p in enumerate(params):
                 self.handles.append(p.register_post_accumulate_grad_hook(hooked(i)))
             if model is not None:
@@ -259,17 +260,16 @@ def _modules_after(bad: list[int], names: list[dict[str, Any]]) -> list[str]:
     return [m for m in later if m != first][:BAD_NAMED]
 
 
-def _watched(optimizers: list[Any]) -> list[Any]:
-    """The optimizers' parameters that take gradients, each once, at most MAX_PARAMS."""
+def _watched(optimizers: list[Any]) -> tuple[list[Any], int]:
+    """The optimizers' parameters that take gradients, each once, at most MAX_PARAMS; and how
+    many there are."""
     seen: dict[int, Any] = {}
     for opt in optimizers:
         for group in opt.param_groups:
             for p in group.get("params", ()):
-                if getattr(p, "requires_grad", False) and id(p) not in seen:
-                    seen[id(p)] = p
-                    if len(seen) >= MAX_PARAMS:
-                        return list(seen.values())
-    return list(seen.values())
+                if getattr(p, "requires_grad", False):
+                    seen.setdefault(id(p), p)
+    return list(seen.values())[:MAX_PARAMS], len(seen)
 
 
 def _compiles() -> bool:
