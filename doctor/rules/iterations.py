@@ -41,18 +41,22 @@ def _overflow(ev: Evidence, it: Iterations) -> Overflow | NotFound | None:
     return (ev.overflows or {}).get(it.rank)
 
 
-def _overflow_evidence(found: Overflow | NotFound | None) -> dict[str, object]:
+def _overflow_evidence(found: Overflow | NotFound | None, forward: bool) -> dict[str, object]:
+    """What the overflow watch read; the gradients' first layer left out where the losses were
+    already inf/NaN (every gradient is then, from the last layer on: that layer is no cause)."""
     if isinstance(found, NotFound):
         return {"overflow_not_found": found.reason}
     if found is None:
         return {}
-    return {"overflow_layer": found.where, "overflow_param": found.param,
-            "overflow_shape": found.shape, "overflow_first_in": found.first_in,
-            "overflow_read": found.read, "overflow_watched": found.watched,
-            "overflow_nonfinite_grads": found.nonfinite, "overflow_grads_flagged": found.params,
-            **({"overflow_then": found.then} if found.then else {}),
+    read = {"overflow_read": found.read, "overflow_watched": found.watched,
             **({"overflow_forward_layer": found.forward_where,
                 "overflow_forward_in": found.forward_in} if found.forward_in else {})}
+    if forward:
+        return read
+    return {**read, "overflow_layer": found.where, "overflow_param": found.param,
+            "overflow_shape": found.shape, "overflow_first_in": found.first_in,
+            "overflow_nonfinite_grads": found.nonfinite, "overflow_grads_flagged": found.params,
+            **({"overflow_then": found.then} if found.then else {})}
 
 
 def _overflow_words(found: Overflow) -> str:
@@ -153,7 +157,7 @@ def _evidence(ev: Evidence, it: Iterations) -> dict[str, object]:
             **({"nonfinite_losses": found.nonfinite} if found is not None else {}),
             **({f"scaler_{k}": v for k, v in (found.scaler or {}).items()}
                if found is not None else {}),
-            **_overflow_evidence(_overflow(ev, it))}
+            **_overflow_evidence(_overflow(ev, it), found is not None and found.nonfinite > 0)}
 
 
 def _bf16(ev: Evidence, speedup: float | None) -> list[Fix]:

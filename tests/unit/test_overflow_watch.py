@@ -391,6 +391,7 @@ def test_an_inf_loss_with_its_forward_layer_names_that_layer(tmp_path: Path) -> 
     assert found["fixes"][0]["title"] == \
         "Keep encoder.1 (Linear) in range: its outputs overflow first"
     assert found["evidence"]["overflow_forward_in"] == 3
+    assert "overflow_layer" not in found["evidence"]  # the head's gradients: no cause
 
 
 def test_a_failing_forward_hook_never_reaches_the_jobs_forward(
