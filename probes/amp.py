@@ -12,6 +12,7 @@ the job: a failure stops that reading and says so once in the probe's status.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ..record.late_reads import LateReads
@@ -35,6 +36,7 @@ class AmpWatch:
         self._scales_seen: dict[int, float] = {}  # scaler id -> the last scale recorded
         self._scales = LateReads(torch)
         self._losses = LateReads(torch)
+        self.scale_fell: Callable[[], None] | None = None  # told where a scale read lower
 
     # ----- autocast -------------------------------------------------------------------------
     def wrap_autocast(self, patches: Patches) -> None:
@@ -102,8 +104,11 @@ class AmpWatch:
     def _scale_read(self, who: int, t: int, value: float) -> None:
         """Scaler ``who``'s scale from ``t`` on, recorded where it changed (a scale that
         stays keeps the ring for the changes: doctor.analyse.scaler carries it forward)."""
-        if value != self._scales_seen.get(who):
+        last = self._scales_seen.get(who)
+        if value != last:
             self._scales_seen[who] = value
+            if self.scale_fell is not None and last is not None and value < last:
+                self.scale_fell()
             self.session.record_interval("scale", t, self.session.clock(), scale_key(value))
 
     # ----- losses ---------------------------------------------------------------------------

@@ -12,14 +12,17 @@ Runs inside the job; a failure here is never the job's.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from ..record.patches import Patches
 from ..record.session import Session
 
 
-def watch_modes(session: Session, patches: Patches, torch: Any) -> None:
-    """``nn.Module.train`` wrapped to write each eval-mode stretch (restored with ``patches``)."""
+def watch_modes(session: Session, patches: Patches, torch: Any,
+                trained: Callable[[Any], None] | None = None) -> None:
+    """``nn.Module.train`` wrapped to write each eval-mode stretch (restored with ``patches``),
+    and to tell ``trained`` each module the job puts in training mode (the outermost call)."""
     module = getattr(getattr(torch, "nn", None), "Module", None)
     orig = getattr(module, "train", None)
     if orig is None:
@@ -38,6 +41,8 @@ def watch_modes(session: Session, patches: Patches, torch: Any) -> None:
         finally:
             state["depth"] = 0
             try:
+                if mode and trained is not None:
+                    trained(self)
                 if was is True and not mode:
                     state["since"] = clock()
                 elif was is False and mode and state["since"]:

@@ -24,6 +24,7 @@ from ..record.session import STEP_BACKWARD, Session
 from ..verdict import ProbeStatus
 from .amp import AmpWatch
 from .eval_mode import watch_modes
+from .overflow_watch import OverflowWatch
 
 
 class StepsProbe:
@@ -37,6 +38,7 @@ class StepsProbe:
         self._optimizers: list[dict[str, Any]] = []  # each optimizer's facts, as it first stepped
         self._keys: dict[int, int] = {}
         self._amp: AmpWatch | None = None
+        self._overflow: OverflowWatch | None = None
 
     def check(self) -> ProbeStatus:
         try:
@@ -77,6 +79,8 @@ class StepsProbe:
                          register_optimizer_step_post_hook(post)]
 
         amp = self._amp = AmpWatch(session, torch)
+        overflow = self._overflow = OverflowWatch(session, torch)
+        amp.scale_fell = overflow.scale_fell
 
         def backward_ended(t0: int, args: tuple[Any, ...]) -> None:
             t1 = session.clock()
@@ -90,7 +94,7 @@ class StepsProbe:
         self._wrap_graph_replay(torch)
         self._wrap_scaler_update(torch)
         amp.wrap_autocast(self._patches)
-        watch_modes(session, self._patches, torch)
+        watch_modes(session, self._patches, torch, overflow.saw_trained)
 
     def _wrap_graph_replay(self, torch: Any) -> None:
         """A training step captured whole as a CUDA graph replays with no optimizer step or
@@ -105,12 +109,15 @@ class StepsProbe:
         key 1 where an optimizer stepped since the last one, 0 where the scaler skipped it; and
         its scale (probes/amp.py: nothing waits for the GPU)."""
         session = self.session
-        amp = self._amp
+        amp, overflow = self._amp, self._overflow
 
         def updated(t0: int, args: tuple[Any, ...]) -> None:
             t1 = session.clock()
-            session.record_interval("scaler", t0, t1, 1 if self._stepped else 0)
+            stepped = self._stepped
+            session.record_interval("scaler", t0, t1, 1 if stepped else 0)
             self._stepped = False
+            if overflow is not None:
+                overflow.iteration_ended(stepped)
             if amp is not None and args:
                 amp.updated(args[0], t1)
 
@@ -150,6 +157,8 @@ class StepsProbe:
             h.remove()
         self._handles = []
         self._patches.restore()
+        if self._overflow is not None:
+            self._overflow.stop()
         if self._amp is not None:
             self._amp.stop()
 

@@ -4,10 +4,15 @@ scaler skips those iterations' optimizer step, and their forward and backward ar
 Every ``--skip-every``-th iteration, a gradient in the backward pass is multiplied by inf
 (standing in for an op whose gradient overflows the 16-bit range; ``--overflow loss``: the loss
 itself, standing in for a forward pass that overflows), so the scaler finds inf/NaN gradients and
-``scaler.step`` does not step. The forward runs under ``torch.autocast("cpu", dtype=...)``
-(``--autocast fp16``, the default, ``bf16`` or ``off``); ``--accumulate N`` runs N micro-batches
-(backward() calls) per iteration. The job counts its iterations, the ones it skipped (the scale
-drops at each one), their share of the loop's time, and its non-finite losses, and prints them.
+``scaler.step`` does not step. The model is ``--layers`` hidden blocks (``fcN`` Linear, ReLU)
+and a ``head``; the gradient of block ``--overflow-at``'s output overflows, so ``fcN`` is the
+layer whose gradients turn inf first (printed as ``overflow_layer``); ``--overflow output``: that
+block's input is scaled up so that its fp16 output overflows in the forward pass. The forward
+runs under ``torch.autocast("cpu", dtype=...)`` (``--autocast fp16``, the default, ``bf16``
+or ``off``); ``--accumulate N`` runs N micro-batches (backward() calls) per iteration. The job
+counts its iterations, the ones it skipped (the scale drops at each one), their share of the
+loop's time, and its non-finite losses, and prints them, with its last loss and a checksum of
+its weights (the same with and without doctor).
 
 Switches: ``--skip-every 0`` removes the overflow (no iteration is skipped); ``--autocast off``
 removes autocast's casts.
@@ -20,6 +25,7 @@ import math
 import os
 import sys
 import time
+from collections import OrderedDict
 
 import torch
 from torch import nn
@@ -34,14 +40,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=90, help="iterations")
     ap.add_argument("--skip-every", type=int, default=3, help="overflow every N-th (0: never)")
-    ap.add_argument("--overflow", choices=("grad", "loss"), default="grad",
-                    help="what overflows: a gradient in backward, or the loss itself")
+    ap.add_argument("--overflow", choices=("grad", "loss", "output"), default="grad",
+                    help="what overflows: a gradient in backward, the loss itself, or the "
+                         "forward output of block --overflow-at (its input scaled by 1e5)")
     ap.add_argument("--autocast", choices=("fp16", "bf16", "off"), default="fp16")
     ap.add_argument("--accumulate", type=int, default=1, help="micro-batches per iteration")
     ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=1, help="hidden blocks (Linear, ReLU)")
+    ap.add_argument("--overflow-at", type=int, default=0,
+                    help="the block whose output's gradient overflows (from 0)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, args.width), nn.ReLU(), nn.Linear(args.width, 10))
+    blocks: list[tuple[str, nn.Module]] = []
+    for n in range(args.layers):
+        blocks += [(f"fc{n}", nn.Linear(256 if n == 0 else args.width, args.width)),
+                   (f"relu{n}", nn.ReLU())]
+    model = nn.Sequential(OrderedDict([*blocks, ("head", nn.Linear(args.width, 10))]))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     # growth_interval: long enough that the scale never grows back within the run
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=10**6)
@@ -56,10 +70,14 @@ def main() -> None:
         for _ in range(args.accumulate):
             with torch.autocast("cpu", dtype=DTYPES.get(args.autocast, torch.float32),
                                 enabled=args.autocast != "off"):
-                hidden = model[1](model[0](x))
-                if overflow and args.overflow == "grad":
-                    hidden.register_hook(lambda g: g * float("inf"))
-                loss = nn.functional.cross_entropy(model[2](hidden), y) / args.accumulate
+                hidden = x
+                for n in range(args.layers):
+                    if overflow and args.overflow == "output" and n == args.overflow_at:
+                        hidden = hidden * 1e5  # past fp16's 65504 in this block's output
+                    hidden = model[2 * n + 1](model[2 * n](hidden))
+                    if overflow and args.overflow == "grad" and n == args.overflow_at:
+                        hidden.register_hook(lambda g: g * float("inf"))
+                loss = nn.functional.cross_entropy(model.head(hidden), y) / args.accumulate
             if overflow and args.overflow == "loss":
                 loss = loss * float("inf")
             nonfinite += not math.isfinite(loss.item())
@@ -77,7 +95,9 @@ def main() -> None:
                  overflow=args.overflow, iterations=args.steps, skipped=skipped,
                  skipped_share=skipped_s / loop_s if loop_s else 0.0,
                  nonfinite_losses=nonfinite, micro_batches=args.accumulate,
-                 final_scale=scaler.get_scale())
+                 final_scale=scaler.get_scale(), final_loss=loss.item(),
+                 weights_sum=sum(float(p.detach().double().sum()) for p in model.parameters()),
+                 overflow_layer=f"fc{args.overflow_at}")
 
 
 if __name__ == "__main__":

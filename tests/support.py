@@ -209,16 +209,19 @@ def scaled_loop(run_dir: Path, iterations: int, skip: set[int], micro_batches: i
                 step_s: float = 0.03, *, scale: float | None = None,
                 fused: bool = False, nonfinite: set[int] = frozenset(),  # type: ignore[assignment]
                 growth_interval: int = 2000, autocast: tuple[str, str] | None = None,
-                peaks: dict[str, Any] | None = None) -> None:
+                peaks: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> None:
     """A loop under a GradScaler: ``skip`` holds the iterations (from 0) whose optimizer step
     the scaler skipped; each runs ``micro_batches`` backward() calls. With ``scale``, the
     scaler's scale is recorded as the probe does (its start, halved at each skip, doubled after
     ``growth_interval`` clean iterations) with its settings in the meta; ``fused``: the
     optimizer steps every iteration (it skips inside its kernel: only the scale says so);
     ``nonfinite``: the iterations whose losses were inf; ``autocast``: the (device, dtype) the
-    process entered; ``peaks``: the machine's measured roofs (run.json)."""
+    process entered; ``peaks``: the machine's measured roofs (run.json); ``meta``: more of the
+    process's meta.json (what the overflow watch read: doctor.probes.overflow_watch)."""
     clock = FakeClock()
     s = Session(run_dir, clock=clock, window_start=10**9)
+    if meta:
+        s.update_meta(**meta)
     if autocast is not None:
         s.update_meta(autocast=[{"device": autocast[0], "dtype": autocast[1], "enabled": True}])
     if scale is not None:

@@ -30,6 +30,7 @@ from doctor.analyse.kind_scaling import KindScaling, job_scaling
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.mixed import RankPrecision, precision_evidence
 from doctor.analyse.ops import RankOps
+from doctor.analyse.overflows import NotFound, Overflow, overflows
 from doctor.analyse.parallelism import Parallelism
 from doctor.analyse.phase_steps import PhaseSummary
 from doctor.analyse.split import (
@@ -79,6 +80,8 @@ class Evidence:
     - ``iterations``: each rank's iterations under a GradScaler, the skipped ones and the
       micro-batches per iteration (doctor.analyse.iterations), where a scaler updated;
       ``compiles``: each rank's torch.compile compilations (doctor.analyse.compiles);
+      ``overflows``: where each rank's gradients first overflowed in skipped iterations, or why
+      that was not found (doctor.analyse.overflows), where the overflow watch ran;
     - ``precision``: each rank's mixed precision (its autocasts, scaler, losses not finite, the
       casts' cost: doctor.analyse.mixed), where it recorded any;
     - ``optimizers``: each training process's optimizers as they first stepped (class,
@@ -119,6 +122,7 @@ class Evidence:
     gc: Mapping[int, GcSummary] | None = None
     iterations: Mapping[int, Iterations] | None = None
     compiles: Mapping[int, Compiles] | None = None
+    overflows: Mapping[int, Overflow | NotFound] | None = None
     precision: Mapping[int, RankPrecision] | None = None
     optimizers: pd.DataFrame | None = None
     phases: tuple[PhaseSummary, ...] | None = None
@@ -167,6 +171,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         idle_gpus=idle_gpus(run, stages.job, ranks),
         iterations=iterations(run, ranks) or None,
         compiles=compiles(run, ranks, stages.table) or None,
+        overflows=overflows(run, ranks) or None,
         precision=precision_evidence(run, ranks, stages.ledger, stages.ops) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
         parallelism=stages.parallelism, comms=stages.comms or None,

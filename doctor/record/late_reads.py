@@ -1,5 +1,6 @@
-"""One-element tensors read without making the job wait: the loss of each backward() (is it
-finite?) and a GradScaler's scale after each update (probes/steps.py).
+"""Small tensors read without making the job wait: the loss of each backward() (is it finite?)
+and a GradScaler's scale after each update (probes/steps.py), one element each; the overflow
+watch's flags, one per gradient (probes/overflow_watch.py), read as a list.
 
 On a CPU the value is read at once (``item()``: a fraction of a microsecond, nothing to wait
 for). On a GPU it is copied, non-blocking, into a pinned host buffer behind a CUDA event, and
@@ -24,7 +25,8 @@ SLOTS = 4  # copies in flight on a GPU: a step late, or a few where the host run
 
 
 class LateReads:
-    """Values of one-element tensors, each with the tag it was put with, in the order put."""
+    """Values of small tensors (a float for one element, else a list), each with the tag it
+    was put with, in the order put."""
 
     def __init__(self, torch: Any) -> None:
         self._torch = torch
@@ -33,9 +35,14 @@ class LateReads:
         self.off = False  # a failure turned the reader off
         self.dropped = 0  # values not read: every slot in flight, or the stream capturing
 
-    def put(self, tensor: Any, tag: Any) -> list[tuple[Any, float]]:
-        """Read ``tensor`` (one element) with ``tag``: the (tag, value) pairs ready now, in the
-        order they were put (``tensor``'s own among them on a CPU)."""
+    @property
+    def pending(self) -> bool:
+        """Whether a value is still in flight."""
+        return bool(self._pending)
+
+    def put(self, tensor: Any, tag: Any) -> list[tuple[Any, Any]]:
+        """Read ``tensor`` with ``tag``: the (tag, value) pairs ready now, in the order they
+        were put (``tensor``'s own among them on a CPU)."""
         if self.off:
             return []
         try:
@@ -44,20 +51,20 @@ class LateReads:
                 self._copy(tensor, tag)
                 return ready
             if tensor.is_cpu:  # nothing in flight: the CPU's values are read at once
-                value = float(tensor.item())
+                value = _value(tensor)
                 return [*self.ready(), (tag, value)] if self._pending else [(tag, value)]
             return self.ready()
         except Exception:  # never into the job: an odd tensor, a CUDA error
             self.off = True
             return []
 
-    def ready(self) -> list[tuple[Any, float]]:
+    def ready(self) -> list[tuple[Any, Any]]:
         """The values whose copies have landed, in the order put; none waits."""
         out = []
         try:
             while self._pending and self._pending[0][2].query():
                 tag, buf, event = self._pending.popleft()
-                out.append((tag, float(buf.item())))
+                out.append((tag, _value(buf)))
                 self._free.setdefault((buf.dtype, buf.shape), []).append((buf, event))
         except Exception:
             self.off = True
@@ -77,3 +84,8 @@ class LateReads:
         buf.copy_(tensor.detach(), non_blocking=True)
         event.record()
         self._pending.append((tag, buf, event))
+
+
+def _value(tensor: Any) -> Any:
+    """A host tensor's value: a float for one element, else its list."""
+    return float(tensor.item()) if tensor.numel() == 1 else tensor.tolist()

@@ -13,6 +13,7 @@ import math
 
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.iterations import Iterations, scale_words
+from doctor.analyse.overflows import NotFound, Overflow
 from doctor.analyse.precision import BF16
 from doctor.rules.base import rule
 from doctor.verdict import Finding, Fix
@@ -34,6 +35,73 @@ FIND_OVERFLOW = Fix(
          "scaler.unscale_(optimizer)\n"
          "bad = [n for n, p in model.named_parameters()\n"
          "       if p.grad is not None and not torch.isfinite(p.grad).all()]")
+
+
+def _overflow(ev: Evidence, it: Iterations) -> Overflow | NotFound | None:
+    return (ev.overflows or {}).get(it.rank)
+
+
+def _overflow_evidence(found: Overflow | NotFound | None, forward: bool) -> dict[str, object]:
+    """What the overflow watch read; the gradients' first layer left out where the losses were
+    already inf/NaN (every gradient is then, from the last layer on: that layer is no cause)."""
+    if isinstance(found, NotFound):
+        return {"overflow_not_found": found.reason}
+    if found is None:
+        return {}
+    read = {"overflow_read": found.read, "overflow_watched": found.watched,
+            **({"overflow_forward_layer": found.forward_where,
+                "overflow_forward_in": found.forward_in} if found.forward_in else {})}
+    if forward:
+        return read
+    return {**read, "overflow_layer": found.where, "overflow_param": found.param,
+            "overflow_shape": found.shape, "overflow_first_in": found.first_in,
+            "overflow_nonfinite_grads": found.nonfinite, "overflow_grads_flagged": found.params,
+            **({"overflow_then": found.then} if found.then else {})}
+
+
+def _overflow_words(found: Overflow) -> str:
+    return f"the gradients first overflowed in {found.where}, in {found.first_in} of the " \
+           f"{found.read} skipped iterations read ({found.watched} watched)"
+
+
+def _forward_words(found: Overflow) -> str:
+    return f"the forward's outputs first turned inf/NaN in {found.forward_where}, in " \
+           f"{found.forward_in} of the {found.read} skipped iterations read"
+
+
+def _output_fix(ev: Evidence, found: Overflow) -> Fix:
+    """The module whose output first overflowed in the forward pass."""
+    name = found.forward or "the model"
+    return Fix(
+        title=f"Keep {found.forward_where} in range: its outputs overflow first",
+        why=f"in {found.forward_in} of the {found.read} skipped iterations doctor read, "
+            f"{name} was the first module whose output held inf or NaN (the modules inside it "
+            "were finite): the 16-bit type's range ends at 65504. Run it outside autocast (in "
+            "fp32), or scale what enters it down (a normalisation before it, a smaller init)",
+        code=_fp32_code(ev, found.rank, name))
+
+
+def _fp32_code(ev: Evidence, rank: int, name: str) -> str:
+    ran = (ev.precision or {}).get(rank)
+    device = ran.autocasts[0][0] if ran is not None and ran.autocasts else ev.job.device
+    return f"with torch.autocast(\"{device}\", enabled=False):  # {name} in fp32\n" \
+           "    out = layer(x.float())"
+
+
+def _layer_fix(ev: Evidence, found: Overflow) -> Fix:
+    """The layer where the gradients first overflowed, and how to keep it in range."""
+    then = f"; the layers before it in the forward pass ({found.then}) take inf/NaN from it" \
+        if found.then else ""
+    name = f"{found.module}.{found.param}" if found.module else found.param
+    return Fix(
+        title=f"Keep {found.where} in range: its gradients overflow first",
+        why=f"in {found.first_in} of the {found.read} skipped iterations doctor read "
+            f"({found.watched} watched), the first gradient of the backward pass that was inf or "
+            f"NaN was {name} ({found.shape}; {found.nonfinite} of {found.params} gradients were)"
+            f"{then}. Run that layer outside autocast (in fp32), or bring its output's gradient "
+            "into fp16's range (a normalisation before it, a smaller init, a loss not summed "
+            "over a large dimension)",
+        code=_fp32_code(ev, found.rank, found.module or name))
 
 
 def _grow_slower(it: Iterations, interval: float | None) -> Fix:
@@ -88,7 +156,8 @@ def _evidence(ev: Evidence, it: Iterations) -> dict[str, object]:
             **({"micro_batches": micro} if micro == micro else {}),
             **({"nonfinite_losses": found.nonfinite} if found is not None else {}),
             **({f"scaler_{k}": v for k, v in (found.scaler or {}).items()}
-               if found is not None else {})}
+               if found is not None else {}),
+            **_overflow_evidence(_overflow(ev, it), found is not None and found.nonfinite > 0)}
 
 
 def _bf16(ev: Evidence, speedup: float | None) -> list[Fix]:
@@ -109,10 +178,15 @@ def _recurring(ev: Evidence, it: Iterations) -> Finding:
     found = (ev.precision or {}).get(it.rank)
     forward = found is not None and found.nonfinite > 0
     collapsed = it.collapsed_at is not None
-    fixes = [*_bf16(ev, speedup), FIND_OVERFLOW]
-    if forward or collapsed:
+    where = _overflow(ev, it)
+    layer = where if isinstance(where, Overflow) and not forward else None
+    output = where if isinstance(where, Overflow) and where.forward_in else None
+    found_fix = _output_fix(ev, output) if output is not None and forward else \
+        _layer_fix(ev, layer) if layer is not None else FIND_OVERFLOW
+    fixes = [*_bf16(ev, speedup), found_fix]
+    if forward or collapsed or layer is not None:
         fixes.reverse()  # no type or scale helps a value that is not finite: find it first
-    else:
+    if not (forward or collapsed):
         fixes.append(_grow_slower(it, _scaler_setting(ev, it.rank, "growth_interval")))
     why = ""
     if collapsed:
@@ -121,6 +195,10 @@ def _recurring(ev: Evidence, it: Iterations) -> Finding:
     if forward:
         why += f"; {found.nonfinite if found else 0} losses were already inf/NaN: the forward " \
                "pass overflows"
+    if output is not None:
+        why += f"; {_forward_words(output)}"
+    if layer is not None:
+        why += f"; {_overflow_words(layer)}"
     calibrating = f" ({it.calibrating} calibrating at the start)" if it.calibrating else ""
     return Finding(
         id="steps.skipped", category="compute",

@@ -88,6 +88,39 @@ def compile_cause_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str,
     return rows
 
 
+def overflow_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
+    """Where gradients overflowed (doctor.probes.overflow_watch): a row per period the watch was
+    armed, per skipped iteration it read (the first non-finite gradient's module), and one for
+    why it was not armed; a period or iteration without its numbers is left out."""
+    record = meta.overflow
+    empty = {"module": "", "module_class": "", "param": "", "shape": "", "then": "", "note": "",
+             "forward": "", "forward_class": ""}
+    rows = []
+    for p in map(as_dict, as_list(record.get("periods"))):
+        at, params, watched = (as_int(p.get(k)) for k in ("armed_at", "params", "watched"))
+        if at is not None and params is not None:
+            rows.append({**who, **empty, "kind": "period", "iteration": at, "params": params,
+                         "nonfinite": 0, "watched": watched or 0})
+    for it in map(as_dict, as_list(record.get("iterations"))):
+        n, params, bad = (as_int(it.get(k)) for k in ("iteration", "params", "nonfinite"))
+        if n is None or params is None or bad is None:
+            continue
+        first, forward = as_dict(it.get("first")), as_dict(it.get("forward"))
+        then = [t for t in as_list(it.get("then")) if isinstance(t, str)]
+        rows.append({**who, **empty, "kind": "iteration", "iteration": n, "params": params,
+                     "nonfinite": bad, "watched": 0,
+                     **{col: as_str(first.get(key)) or "" for col, key in (
+                         ("module", "module"), ("module_class", "class"), ("param", "param"),
+                         ("shape", "shape"))},
+                     "then": ", ".join(then), "forward": as_str(forward.get("module")) or "",
+                     "forward_class": as_str(forward.get("class")) or ""})
+    note = as_str(record.get("not_armed"))
+    if note:
+        rows.append({**who, **empty, "kind": "not_armed", "iteration": -1, "params": 0,
+                     "nonfinite": 0, "watched": 0, "note": note})
+    return rows
+
+
 def model_state_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:
     """The model-state probe's rows of one process (doctor.probes.model_state), with its tag;
     each optimizer's class a row of kind "optimizer" (its name as the dtype, no bytes)."""

@@ -80,6 +80,8 @@ class ProcessMeta:
     scalers: tuple[Mapping[str, Any], ...] = ()  # each GradScaler as it first updated
     # why torch.compile compiled again, where it broke the graph (probes/compile_causes.py)
     compile_causes: Mapping[str, Any] = field(default_factory=dict)
+    # where gradients of skipped iterations overflowed (probes/overflow_watch.py)
+    overflow: Mapping[str, Any] = field(default_factory=dict)
     model_state: Mapping[str, Any] = field(default_factory=dict)  # tag -> rows, optimizers
     saved_tensors: Mapping[str, Any] = field(default_factory=dict)
     memory_at_start: Mapping[str, Any] = field(default_factory=dict)
@@ -122,7 +124,8 @@ class ProcessMeta:
             ddp=_records(meta.get("ddp")), sharding=record("sharding"), pipeline=record("pipeline"),
             optimizers=_records(meta.get("optimizers")),
             autocast=_records(meta.get("autocast")), scalers=_records(meta.get("scalers")),
-            compile_causes=record("compile_causes"), model_state=record("model_state"),
+            compile_causes=record("compile_causes"), overflow=record("overflow"),
+            model_state=record("model_state"),
             saved_tensors=record("saved_tensors"), memory_at_start=record("memory_at_start"),
             memory_at_end=record("memory_at_end"), gc=record("gc"), logging=record("logging"),
             tried=record("tried"),

@@ -69,6 +69,7 @@ from .meta_rows import (
     log_totals,
     model_state_rows,
     optimizer_rows,
+    overflow_rows,
     pipeline_rows,
     sharding_rows,
 )
@@ -126,6 +127,7 @@ def _load_node(run_dir: Path) -> RunData:
     optimizers: list[dict[str, Any]] = []
     amp: list[dict[str, Any]] = []
     compile_causes: list[dict[str, Any]] = []
+    overflows: list[dict[str, Any]] = []
     problems: list[str] = []
     for proc_dir, rank, role, pid in layout.process_dirs(run_dir):
         if not real_dir_inside(proc_dir, run_dir):
@@ -143,6 +145,7 @@ def _load_node(run_dir: Path) -> RunData:
         optimizers += optimizer_rows(who, meta)
         amp += amp_rows(who, meta)
         compile_causes += compile_cause_rows(who, meta)
+        overflows += overflow_rows(who, meta)
         loaders += loader_rows(who, meta)
         marks.append(_ring(proc_dir, "steps", who, problems))
         for name in INTERVAL_RINGS:
@@ -194,7 +197,7 @@ def _load_node(run_dir: Path) -> RunData:
         "window_status": window_status, "model_state": model_states, "ops": _concat(ops),
         "collectives": _concat(collectives), "ddp": ddp, "sharding": sharding,
         "pipeline": pipeline, "optimizers": optimizers, "amp": amp,
-        "compile_causes": compile_causes,
+        "compile_causes": compile_causes, "overflows": overflows,
         "window_events": _concat(window_events), "later_windows": _concat(later),
         "later_stacks": later_stacks, "later_stack_spans": later_spans,
         "stack_times": stack_times,

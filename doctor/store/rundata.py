@@ -91,6 +91,14 @@ AMP_COLUMNS = columns(f"{WHO} kind device dtype enabled:object init_scale growth
 #: the job's code, with the times Dynamo met it while tracing).
 COMPILE_CAUSE_COLUMNS = columns(f"{WHO} kind:object frame nth:int64 reason function file:object "
                                 "line count:int64")
+#: Where gradients overflowed (doctor.probes.overflow_watch): kind "period" (each time the watch
+#: was armed: the iteration it was armed at, the parameters watched, the iterations watched),
+#: kind "iteration" (each skipped iteration read: its number from 0, the gradients flagged, the
+#: non-finite ones, the first one's module path, class, parameter name and shape, the modules
+#: that followed in backward order, comma-separated; the first module whose forward output was
+#: inf or NaN and its class, "" for none) and kind "not_armed" (why, as the note).
+OVERFLOW_COLUMNS = columns(f"{WHO} kind:object iteration params nonfinite watched:int64 "
+                           "module module_class param shape then forward forward_class note:object")
 #: The ops of each process's profiler window (doctor.trace.ops.OP_COLUMNS).
 OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:float64 "
                       "kernels:int64 flops bytes:float64 costed_calls:int64 layout_s:float64 "
@@ -207,7 +215,7 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "later_stack_spans": {**STACK_SPAN_COLUMNS, "window": "int64"},
     "stack_times": STACK_TIME_COLUMNS,
     "model_state": MODEL_STATE_COLUMNS, "optimizers": OPTIMIZER_COLUMNS, "amp": AMP_COLUMNS,
-    "compile_causes": COMPILE_CAUSE_COLUMNS, "ops": OPS_COLUMNS,
+    "compile_causes": COMPILE_CAUSE_COLUMNS, "overflows": OVERFLOW_COLUMNS, "ops": OPS_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS, "ddp": DDP_COLUMNS, "sharding": SHARDING_COLUMNS,
     "pipeline": PIPELINE_COLUMNS,
     "window_events": WINDOW_EVENT_COLUMNS,
@@ -282,7 +290,8 @@ class RunData:
       optimizer's class and foreach/fused settings, as it first stepped (doctor.probes.steps);
       ``amp``: the autocasts each process entered and its GradScalers' settings
       (doctor.probes.amp); ``compile_causes``: each recompilation's failed guard and each
-      graph break's reason and place (doctor.probes.compile_causes);
+      graph break's reason and place (doctor.probes.compile_causes); ``overflows``: where the
+      gradients of skipped iterations first overflowed (doctor.probes.overflow_watch);
     - ``ops``: one row per op name of each process's profiler window (doctor.trace.ops);
     - ``collectives``: one row per collective of each window (doctor.trace.comm_calls);
     - ``ddp``: each DistributedDataParallel's settings and buckets (doctor.probes.ddp);
@@ -322,6 +331,7 @@ class RunData:
     optimizers: pd.DataFrame
     amp: pd.DataFrame
     compile_causes: pd.DataFrame
+    overflows: pd.DataFrame
     ops: pd.DataFrame
     collectives: pd.DataFrame
     ddp: pd.DataFrame

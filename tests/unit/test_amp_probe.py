@@ -106,12 +106,19 @@ class FakeBuffer:
     def item(self) -> float:
         return self.value
 
+    def numel(self) -> int:
+        return len(self.value) if isinstance(self.value, list) else 1
+
+    def tolist(self) -> Any:
+        return self.value
+
 
 class FakeTensor:
-    is_cuda, is_cpu, shape, dtype = True, False, (), "float32"
+    is_cuda, is_cpu, dtype = True, False, "float32"
 
-    def __init__(self, value: float) -> None:
+    def __init__(self, value: Any) -> None:
         self.value = value
+        self.shape = (len(value),) if isinstance(value, list) else ()
 
     def detach(self) -> FakeTensor:
         return self
@@ -151,6 +158,15 @@ def test_on_a_gpu_values_are_read_once_their_copies_landed_in_order() -> None:
     fake.land()
     assert reads.ready() == [("c", 3.0)]
     assert len(fake.events) == 2  # the landed slots are used again
+
+
+def test_on_a_gpu_flags_are_read_as_a_list_once_landed() -> None:
+    """The overflow watch's flags, one per gradient (probes/overflow_watch.py)."""
+    fake = FakeTorch()
+    reads = LateReads(fake)
+    assert reads.put(FakeTensor([True, False, True]), "flags") == [] and reads.pending
+    fake.land()
+    assert reads.ready() == [("flags", [True, False, True])] and not reads.pending
 
 
 def test_on_a_gpu_running_ahead_drops_values_rather_than_wait() -> None:
