@@ -16,6 +16,10 @@ from doctor.categories import INPUT_PIPELINE
 from doctor.verdict import Finding
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
+#: Findings that fix a bottleneck of another category than their own: a straggling rank (its
+#: category is what made it slow: its input, its compute) is what the other ranks' all-reduce
+#: waits, the communication the verdict names, are spent on.
+ALSO_ADDRESSES = {"distributed.straggler": frozenset({"communication"})}
 
 
 def bottleneck_first(findings: Sequence[Finding], bottleneck: str | None) -> list[Finding]:
@@ -24,7 +28,8 @@ def bottleneck_first(findings: Sequence[Finding], bottleneck: str | None) -> lis
         return list(findings)
     group = set(INPUT_PIPELINE) if bottleneck in INPUT_PIPELINE else {bottleneck}
     return sorted(findings, key=lambda f: (SEVERITY.get(f.severity, len(SEVERITY)),
-                                           f.category not in group))
+                                           f.category not in group
+                                           and not group & ALSO_ADDRESSES.get(f.id, set())))
 
 
 __all__ = ["bottleneck_first"]

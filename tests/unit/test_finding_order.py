@@ -22,3 +22,12 @@ def test_the_bottlenecks_findings_lead_within_each_severity() -> None:
     ids = [f.id for f in bottleneck_first(rules_order, "compute")]
     assert ids[:3] == ["killed", "ops.fp32_gemm", "input.preprocess"]
     assert [f.id for f in bottleneck_first(rules_order, None)] == [f.id for f in rules_order]
+
+
+def test_a_straggler_leads_a_communication_bound_verdict() -> None:
+    """The other ranks' all-reduce waits are the straggler's own work: its finding (category:
+    what made it slow) leads where the verdict is communication."""
+    rules_order = [finding("comm.exposed", "communication"),
+                   finding("distributed.straggler", "preprocess"), finding("ops.x", "compute")]
+    ids = [f.id for f in bottleneck_first(rules_order, "communication")]
+    assert ids == ["comm.exposed", "distributed.straggler", "ops.x"]
