@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from doctor.analyse.roofline import Roofs
 from doctor.reports.charts import _chart_context, _tidy, _to_svg
@@ -45,8 +46,19 @@ def roofline_chart(top: pd.DataFrame | None, roofs: Roofs | None) -> str | None:
                            edgecolors="white", linewidths=0.5)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # plain "1e+03" labels: the default's mathtext
+            axis.set_major_formatter(FuncFormatter(_power_of_ten))  # ($10^{3}$) took most
+            axis.set_minor_formatter(NullFormatter())  # of the report's time to parse
         ax.set_xlabel("arithmetic intensity (FLOP per byte)")
         ax.set_ylabel("achieved FLOP/s")
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
         _tidy(ax, "y")
         return _to_svg(fig, "roofline")
+
+
+def _power_of_ten(value: float, _pos: int | None = None) -> str:
+    """A log axis's major tick: "1e3", "1e-2", "1" (no mathtext)."""
+    if value <= 0 or not math.isfinite(value):
+        return ""
+    exp = round(math.log10(value))
+    return "1" if exp == 0 else f"1e{exp}"
