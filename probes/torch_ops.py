@@ -61,6 +61,12 @@ BY_JOB = "job_profiler"  # the job made a torch.profiler of its own
 #: crashed the job in its trace export).
 OWN_PROFILER = ("the job runs its own torch.profiler: doctor's window stays closed (a second "
                 "profiler would take its events); the shares come without the window's op split")
+#: Why no window opens from a thread other than the one that imported torch: Kineto's first
+#: start there prints "ERROR: External init callback must run in same thread as registerClient"
+#: into the job's stderr (torch registers its Kineto client as it loads).
+OTHER_THREAD = ("the job trains in a thread other than the one that imported torch: a first "
+                "torch.profiler there prints a Kineto error line into the job's output, so no "
+                "window opens; the shares come without the window's op split")
 #: "off": the window records no input shapes. The ops then have no FLOPs or bytes (no roofline,
 #: no MFU), and the closing step is cheaper: stopping the profiler processes every op's shapes,
 #: about 2x the stop and export time of a window without them.
@@ -131,6 +137,7 @@ class DeepWindow:
         self._opened_at = 0
         self._count = 0
         self._thread = 0  # the thread that opened the window (the profiler's state is its own)
+        self._torch_thread = threading.get_ident()  # the thread that imported torch (start())
         self._record: dict[str, Any] = {}
         self.index = 0  # windows opened so far (the first is 1)
         self._environ = environ
@@ -162,6 +169,7 @@ class DeepWindow:
         return ProbeStatus(True)
 
     def start(self) -> None:
+        self._torch_thread = threading.get_ident()  # called as torch is imported
         self.session.on_step(self.on_step)
         self.session.on(CLOSE, self.close)
         watch_job_profilers(self._patches, lambda: self._making, self.job_profiler)
@@ -217,6 +225,12 @@ class DeepWindow:
 
     def _open(self, count: int) -> None:
         later = self.index > 0
+        if threading.get_ident() != self._torch_thread:
+            if later:
+                self._no_more(OTHER_THREAD)
+            else:
+                self._skip(OTHER_THREAD)
+            return
         try:
             import torch
             from torch.profiler import profile

@@ -109,6 +109,11 @@ def _iterated_a_loader(run: RunData, main: RankSteps) -> bool:
     return not run.rows("loaders", main.process).empty
 
 
+#: Words of the window's reasons for staying closed by choice (doctor.probes.torch_ops: the
+#: job's own profiler, a training thread that did not import torch), not a failure.
+STEPPED_ASIDE = ("window stays closed", "no window opens")
+
+
 def window_status(run: RunData, main: RankSteps, problem: str | None) -> ProbeStatus:
     """Whether the rank's profiler window gave its split, and if not why."""
     proc = run.rows("processes", main.process).iloc[0]
@@ -123,7 +128,11 @@ def window_status(run: RunData, main: RankSteps, problem: str | None) -> ProbeSt
             return ProbeStatus(False, "the job ended before the profiler window opened",
                                NO_WINDOW_HINT)
     if state == "failed":
-        return ProbeStatus(False, f"torch.profiler failed: {proc['window_reason']}",
+        reason = str(proc["window_reason"])
+        if any(words in reason for words in STEPPED_ASIDE):  # closed by choice, not broken
+            return ProbeStatus(False, f"no torch.profiler window: {reason}",
+                               "the verdict uses step timings and stack samples")
+        return ProbeStatus(False, f"torch.profiler failed: {reason}",
                            "the verdict uses step timings only")
     if read.empty:
         return ProbeStatus(False, "the job ended inside the profiler window",
@@ -317,8 +326,9 @@ def source_notes(ranks: dict[int, RankSteps], window: pd.DataFrame, split: bool)
     """What the split of the time outside the input wait rests on."""
     notes = []
     if any(r.kind != WINDOW for r in ranks.values()) and not split:
-        notes.append("No torch.profiler window was recorded, so compute includes any Python "
-                     "between steps (logging, checkpoints): run 25 steps or more for the split.")
+        notes.append("No torch.profiler window was recorded (the probes say why: a run of "
+                     "fewer than 25 steps, the job's own profiler), so compute includes any "
+                     "Python between steps (logging, checkpoints).")
     own = of_processes(window, (r.process for r in ranks.values() if r.kind == WINDOW))
     kinds = set(own["boundary"]) - {"profiler_step"}
     if kinds:

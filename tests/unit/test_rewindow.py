@@ -241,3 +241,32 @@ def test_the_parent_samples_a_later_window_s_stacks_apart(tmp_path: Path) -> Non
     later = read_stacks(proc, window=2)
     assert later is not None and later.taken == 3
     assert later.stacks == {("f (x.py:1)",): 3}  # 60 ms at the plan's 50 Hz
+
+
+def test_no_window_from_a_thread_other_than_torchs(tmp_path: Path) -> None:
+    """A job that trains in a thread that did not import torch: the first torch.profiler there
+    makes Kineto print 'External init callback must run in same thread as registerClient' into
+    the job's stderr, so the window stays closed and says why."""
+    import threading
+
+    from doctor.probes import torch_ops
+    from doctor.record.session import STEP_OPTIMIZER, Session
+
+    clock = FakeClock()
+    session = Session(tmp_path, clock=clock, window_start=8, window_steps=5)
+    window = torch_ops.DeepWindow(session, 8, 5, environ=dict(QUICK))
+    window.start()  # as torch is imported: this thread
+
+    def train() -> None:
+        for _ in range(20):
+            clock.tick(0.01)
+            session.count_step(STEP_OPTIMIZER)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    trainer.join()
+    session.close()
+    assert window.index == 0 and window.state == torch_ops.FAILED
+    meta = json.loads(next(tmp_path.glob("rank-0/main-*/meta.json")).read_text())
+    assert meta["window"]["reason"] == torch_ops.OTHER_THREAD
+    assert not list(tmp_path.glob("rank-0/main-*/trace*"))
