@@ -88,9 +88,25 @@ def analyse_runs(dirs: Sequence[Path], steps: tuple[int | None, int | None] | No
             notes += node_notes(nodes)
         else:
             expanded.append(run_dir)
+    if len(expanded) > 1:
+        _one_job(expanded)
     analysis = analyze_run(expanded, steps)
     analysis.verdict.notes.extend(notes)
     return analysis
+
+
+def _one_job(dirs: Sequence[Path]) -> None:
+    """Several run directories are the nodes of one job only where no rank is in two of them:
+    two runs that each hold rank 0 are two runs (a UsageError that says what to do instead)."""
+    held: dict[int, Path] = {}
+    for run_dir in dirs:
+        for rank in sorted({rank for _dir, rank, _role, _pid in layout.process_dirs(run_dir)}):
+            if rank in held:
+                raise UsageError(
+                    f"{held[rank]} and {run_dir} both hold rank {rank}: they are two runs, not "
+                    f"the nodes of one job; report each (doctor report {run_dir}), or compare "
+                    f"them (doctor compare {held[rank]} {run_dir})")
+            held[rank] = run_dir
 
 
 def node_notes(nodes: JobNodes) -> list[str]:

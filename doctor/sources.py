@@ -45,6 +45,12 @@ def report_sources(paths: Sequence[Path], *, steps: bool = False) -> Sources:
         bad = [t for t in traces if not t.name.endswith(TRACE_SUFFIXES)]
         if bad:
             raise UsageError(f"{bad[0]} is not a trace (*.json or *.json.gz)")
+        ours = [t for t in traces if t.name == layout.TIMELINE
+                and (t.parent / layout.RUN_RECORD).is_file()]
+        if ours:
+            raise UsageError(f"{ours[0]} is doctor's own timeline of the run in {ours[0].parent} "
+                             "(open it in ui.perfetto.dev), not a torch.profiler trace: its "
+                             f"report is doctor report {ours[0].parent}")
         if steps:
             raise UsageError("--steps applies to run directories, not to traces")
     return Sources(dirs, traces)
