@@ -6,13 +6,15 @@
 # doctor's own folders, so that `doctor` is never in the job's sys.modules: a project with its
 # own package or module named `doctor` imports its own. Nothing heavy is imported here (no
 # numpy, torch or pandas): the probes start once the job imports torch.
-# It names RUN_DIR/bootstrap-errors itself (doctor.store.layout.BOOTSTRAP_ERRORS): it writes there
-# when doctor cannot be imported at all.
+# The file parses on any Python from 2.7 (no annotations, no f-strings): a Python 2 child of the
+# job runs it too, and a syntax error here would print "'import sitecustomize' failed" into the
+# job's output. It names RUN_DIR/bootstrap-errors itself (doctor.store.layout.BOOTSTRAP_ERRORS):
+# it writes there when doctor cannot be imported at all.
 PRIVATE = "_doctor_job"  # doctor.record.session.PRIVATE_PACKAGE says the same
 ENV_PROBES_DIR = "DOCTOR_PROBES_DIR"  # doctor.launch sets it: where doctor.probes lives
 
 
-def _doctor_bootstrap() -> None:
+def _doctor_bootstrap():
     import os
 
     if not os.environ.get("DOCTOR_RUN_DIR"):
@@ -26,15 +28,15 @@ def _doctor_bootstrap() -> None:
         try:
             run_dir = os.environ["DOCTOR_RUN_DIR"]
             os.makedirs(os.path.join(run_dir, "bootstrap-errors"), exist_ok=True)
-            path = os.path.join(run_dir, "bootstrap-errors", f"{os.getpid()}.txt")
+            path = os.path.join(run_dir, "bootstrap-errors", "{}.txt".format(os.getpid()))  # noqa: UP032
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "w") as f:
-                f.write(f"{type(err).__name__}: {err}\n")
+                f.write("{}: {}\n".format(type(err).__name__, err))  # noqa: UP032 (Python 2)
         except OSError:
             pass
 
 
-def _install_private_package() -> None:
+def _install_private_package():
     """Make PRIVATE a package over doctor's folder (its __init__, the public API, is not run)
     and over the folder that holds doctor.probes: the in-job modules import each other
     relatively, so they load as PRIVATE.* from doctor's own files, without a finder of ours."""
@@ -63,7 +65,7 @@ def _install_private_package() -> None:
     sys.modules[PRIVATE] = module
 
 
-def _chain_to_shadowed_sitecustomize() -> None:
+def _chain_to_shadowed_sitecustomize():
     import importlib.machinery
     import importlib.util
     import os
@@ -79,5 +81,34 @@ def _chain_to_shadowed_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
-_doctor_bootstrap()
-_chain_to_shadowed_sitecustomize()
+def _chain_on_an_old_python():
+    """A Python 2 (or 3 before 3.5) child of the job: doctor records nothing there, and runs
+    the sitecustomize it shadows, if there is one, as that Python would have."""
+    import imp
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    try:
+        found = imp.find_module("sitecustomize", rest)
+    except ImportError:
+        return
+    try:
+        imp.load_module("sitecustomize", *found)
+    finally:
+        if found[0] is not None:
+            found[0].close()
+
+
+def _main():
+    import sys
+
+    if sys.version_info < (3, 5):  # noqa: UP036  (the job's children: any Python)
+        _chain_on_an_old_python()
+        return
+    _doctor_bootstrap()
+    _chain_to_shadowed_sitecustomize()
+
+
+_main()
