@@ -104,22 +104,32 @@ def _inside(spans: Spans, at: np.ndarray) -> np.ndarray:
     return (i >= 0) & (e[np.maximum(i, 0)] >= at)
 
 
-def units(at: np.ndarray, sharding: EventArrays, names: list[str]) -> tuple[list[str], list[str]]:
+def units(at: np.ndarray, sharding: EventArrays, names: list[str]
+          ) -> tuple[list[str], list[str], list[bool]]:
     """At each host time, the sharding library whose hook was running (``FSDP2``, ``FSDP``, or
-    "" for none) and the unit it named (``FSDP::all_gather (layers.3)``: ``layers.3``; "")."""
-    owners, unit_names = [], []
+    "" for none), the unit it named (``FSDP::all_gather (layers.3)``: ``layers.3``; ""), and
+    whether one of the hooks around it was a prefetch (``FSDP::forward_prefetch for layers.3``,
+    ``FullyShardedDataParallel._pre_backward_prefetch``): the unit's gather issued ahead of
+    its own hook, while another unit was still to compute."""
+    owners, unit_names, ahead = [], [], []
     starts, ends = sharding.start, sharding.end
     codes = sharding.attrs.get("name", np.empty(0, np.int64))
     for t in at.tolist():
         k = int(np.searchsorted(starts, t, side="right")) - 1
-        found = ""
+        found, prefetch = "", False
         for j in range(k, max(k - NESTING, -1), -1):  # the innermost around it: latest start
             if ends[j] >= t:
-                found = names[int(codes[j])]
-                break
+                name = names[int(codes[j])]
+                found = found or name
+                prefetch = prefetch or PREFETCH in name.lower()
         owners.append(owner(found))
         unit_names.append(unit_of(found))
-    return owners, unit_names
+        ahead.append(prefetch)
+    return owners, unit_names, ahead
+
+
+#: The word FSDP's prefetching hooks carry in their annotations (FSDP2 and FSDP1).
+PREFETCH = "prefetch"
 
 
 def owner(name: str) -> str:
