@@ -120,11 +120,11 @@ class ShardPhases:
             rows.append({"rank": self.rank, "phase": p.phase, "unit": "(all)", "calls": p.calls,
                          "bytes": p.bytes, "time_s": p.seconds, "exposed_s": p.exposed_s,
                          "overlapped_s": p.overlapped_s, "bus_gb_per_s": p.bus_gb_per_s,
-                         "of_link": p.of_link, "prefetch": p.prefetch})
+                         "link_share": p.of_link, "prefetch": p.prefetch})
             rows += [{"rank": self.rank, "phase": p.phase, "unit": u.unit, "calls": u.calls,
                       "bytes": u.bytes, "time_s": u.seconds, "exposed_s": u.exposed_s,
                       "overlapped_s": max(u.seconds - u.exposed_s, 0.0),
-                      "bus_gb_per_s": u.bus_gb_per_s, "of_link": float("nan"),
+                      "bus_gb_per_s": u.bus_gb_per_s, "link_share": float("nan"),
                       "prefetch": "ahead" if u.prefetched >= PREFETCHED_AHEAD else ""}
                      for u in self.units if u.phase == p.phase]
         return pd.DataFrame(rows)
