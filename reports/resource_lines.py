@@ -109,6 +109,8 @@ def shard_lines(sections: Sections) -> list[str]:
             words += f" at {p.bus_gb_per_s:.3g} GB/s bus"
             if _known(p.of_link) and phases.link is not None:
                 words += f" ({format_share(p.of_link)} of {phases.link.name})"
+        if p.hook_s > p.seconds:
+            words += f", FSDP's hooks around them {format_value('time_s', p.hook_s)}"
         if p.prefetch:
             words += f", prefetch {p.prefetch}"
         parts.append(words)

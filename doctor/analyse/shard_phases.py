@@ -12,6 +12,11 @@ link, and for the all-gathers whether prefetching worked:
   FSDP2's synchronous unshard; or too little compute to hide them);
 - ``none``: each unit gathered on demand, in its own hook, with nothing beside it.
 
+``hook_s`` is the time FSDP's hooks around a phase's collectives held the thread that issued
+them (FSDP2's ``FSDP::pre_forward (unit)``...: copying the shards in and the gathered
+parameters out, dividing the gradients, waiting), each hook shared by the collectives issued
+inside it (doctor.trace.comm_context.units): what the training thread lost to the phase.
+
 ``hideable_s`` bounds what prefetching one unit ahead can hide: per all-gather, the lesser of
 its exposed time and the compute it could have run beside (doctor.trace.comm_calls): issued on
 demand, the compute between the previous all-gather of its phase and its start
@@ -68,6 +73,8 @@ class PhaseCost:
     of_link: float  # the bus bandwidth's share of the link's; nan: the link is not known
     prefetched: float  # the share of its calls a prefetch hook issued
     prefetch: str  # WORKED, AHEAD, NONE; "" for reduce-scatters
+    hook_s: float = 0.0  # the time FSDP's hooks around them held the issuing thread (copies in
+    # and out, waits): what the thread lost to the phase, the collectives' own time included
 
     @property
     def overlapped_s(self) -> float:
@@ -119,11 +126,12 @@ class ShardPhases:
         for p in self.phases:
             rows.append({"rank": self.rank, "phase": p.phase, "unit": "(all)", "calls": p.calls,
                          "bytes": p.bytes, "time_s": p.seconds, "exposed_s": p.exposed_s,
-                         "overlapped_s": p.overlapped_s, "bus_gb_per_s": p.bus_gb_per_s,
+                         "overlapped_s": p.overlapped_s, "hook_s": p.hook_s,
+                         "bus_gb_per_s": p.bus_gb_per_s,
                          "link_share": p.of_link, "prefetch": p.prefetch})
             rows += [{"rank": self.rank, "phase": p.phase, "unit": u.unit, "calls": u.calls,
                       "bytes": u.bytes, "time_s": u.seconds, "exposed_s": u.exposed_s,
-                      "overlapped_s": max(u.seconds - u.exposed_s, 0.0),
+                      "overlapped_s": max(u.seconds - u.exposed_s, 0.0), "hook_s": float("nan"),
                       "bus_gb_per_s": u.bus_gb_per_s, "link_share": float("nan"),
                       "prefetch": "ahead" if u.prefetched >= PREFETCHED_AHEAD else ""}
                      for u in self.units if u.phase == p.phase]
@@ -159,7 +167,7 @@ def rank_phases(calls: pd.DataFrame, steps: int, rank: int = 0, link: Link | Non
     if mine.empty:
         return None
     for col, default in (("prefetched", False), ("compute_before_s", 0.0),
-                         ("compute_after_s", 0.0), ("unit", "")):
+                         ("compute_after_s", 0.0), ("hook_s", 0.0), ("unit", "")):
         if col not in mine:
             mine = mine.assign(**{col: default})
     mine = mine.assign(prefetched=mine["prefetched"].fillna(False).astype(bool),
@@ -197,7 +205,8 @@ def _phase_cost(name: str, part: pd.DataFrame, steps: int, link: Link | None) ->
                      seconds / steps, float(exposed.sum()) / steps,
                      float(hideable.sum()) / steps, bus,
                      bus / link.gb_per_s if link is not None and link.gb_per_s > 0
-                     else float("nan"), prefetched, state)
+                     else float("nan"), prefetched, state,
+                     float(part["hook_s"].fillna(0.0).sum()) / steps)
 
 
 def _median_gb(part: pd.DataFrame) -> float:

@@ -24,7 +24,7 @@ from doctor.trace.ops import last_of, look_up
 
 CALL_COLUMNS = ("kind", "start_us", "end_us", "seconds", "bytes", "group", "exposed_s",
                 "alg_bytes_s", "bus_bytes_s", "on_gpu", "phase", "owner", "unit", "prefetched",
-                "compute_before_s", "compute_after_s")
+                "hook_s", "compute_before_s", "compute_after_s")
 
 
 def collective_calls(t: Timeline) -> pd.DataFrame:
@@ -32,7 +32,9 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     the part of it no compute overlaps (``exposed_s``), its bandwidths, and where it was issued
     from (doctor.trace.comm_context): the step's ``phase`` (forward, backward, optimizer), and
     the sharding library (``owner``: FSDP2, FSDP or "") and ``unit`` whose hook issued it,
-    whether that hook was a prefetch (``prefetched``), and the compute between it and the
+    whether that hook was a prefetch (``prefetched``), its share of the time of the outermost
+    sharding hook around it (``hook_s``: FSDP's copies in and out, its waits), and the compute
+    between it and the
     collectives of its kind before and after it in the same phase (``compute_before_s``,
     ``compute_after_s``: what it could run beside, issued one unit earlier or, issued ahead
     already, not blocking its thread).
@@ -66,7 +68,7 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     bw = bandwidths(kind.tolist(), sizes.tolist(), seconds.tolist(), group.tolist())
     backward = named(t.host_ops, t.names, lambda n: n.startswith(BACKWARD_OP))
     opt = t.optimizer_steps
-    owners, unit_names, ahead = units(at, where(t.comm_ops, sharding), t.names)
+    owners, unit_names, ahead, hook_s = units(at, where(t.comm_ops, sharding), t.names)
     phase = phases(at, union(t.host_ops.start[backward], t.host_ops.end[backward]),
                    union(opt.start, opt.end))
     return pd.DataFrame({
@@ -75,6 +77,7 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
         "exposed_s": np.maximum(seconds - overlap, 0.0),
         "alg_bytes_s": [a for a, _ in bw], "bus_bytes_s": [b for _, b in bw], "on_gpu": gpu,
         "phase": phase, "owner": owners, "unit": unit_names, "prefetched": ahead,
+        "hook_s": hook_s,
         **compute_beside(kind, phase, c.start, c.end, compute),
     })
 

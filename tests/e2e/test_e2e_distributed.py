@@ -138,6 +138,11 @@ def test_an_fsdp2_job_is_named_and_gets_fsdp_fixes(tmp_path: Path) -> None:
         assert sum(x["seconds"] for x in by.values()) * p["steps"] == pytest.approx(
             sum(k["time_s"] for k in kinds), rel=1e-4)  # rounded to the us a step
         assert sum(x["exposed_s"] for x in by.values()) < verdict["steps"]["median_s"]
+        # FSDP's hooks hold the thread through each collective and its copies: at least the
+        # collectives' time, and about all the communication the step frame counts
+        assert all(x["hook_s"] >= x["seconds"] for x in by.values())
+        hooks = sum(x["hook_s"] for x in by.values())
+        assert 0.6 < hooks / comm["evidence"]["comm_s_per_step"] < 1.25
         # synchronous unshards on the CPU: nothing prefetched
         assert by["forward all-gathers"]["prefetched"] == 0
         assert by["forward all-gathers"]["prefetch"] != "worked"

@@ -140,6 +140,10 @@ def test_a_step_splits_into_forward_and_backward_gathers_and_reduce_scatters() -
     assert [x.phase for x in p.phases] == [FORWARD_GATHERS, BACKWARD_GATHERS, REDUCE_SCATTERS]
     assert p.of(REDUCE_SCATTERS).prefetch == ""  # type: ignore[union-attr]
     assert p.seconds == pytest.approx(sum(x.seconds for x in p.phases))
+    # the hooks around them held the thread longer than gloo worked: pre_forward, pre_backward
+    # and the root's post-backward callback around the reduce-scatter's hook
+    assert [x.hook_s for x in p.phases] == pytest.approx([450e-6, 440e-6, 400e-6])
+    assert [x.seconds for x in p.phases] == pytest.approx([400e-6, 400e-6, 360e-6])
     data = json.loads(json.dumps(p.to_dict()))
     assert [x["phase"] for x in data["phases"]] == [FORWARD_GATHERS, BACKWARD_GATHERS,
                                                       REDUCE_SCATTERS]
@@ -242,6 +246,7 @@ def test_the_reports_show_each_phase_from_the_record() -> None:
     (line,) = shard_lines(sections)
     assert line.startswith("Sharded collectives a step, rank 0: forward all-gathers ")
     assert "prefetch none" in line and "reduce-scatters" in line
+    assert "FSDP's hooks around them 450 µs" in line
     verdict = Verdict(bottleneck="communication", shares=dict.fromkeys(CATEGORIES, 0.0),
                       steps={}, findings=[], probes={}, job={})
     data = verdict_data(Analysis(verdict, pd.DataFrame(columns=list(LEDGER_COLUMNS)), "src",
