@@ -32,6 +32,7 @@ from doctor.analyse.gpus import gpu_tables
 from doctor.analyse.periods import period_summaries
 from doctor.analyse.phase_steps import phase_summaries
 from doctor.analyse.phases import PHASES
+from doctor.analyse.shard_phases import shard_phases, shard_table
 from doctor.analyse.stages import Stages, run_stages
 from doctor.analyse.stalls import (
     MAX_FINDINGS,
@@ -96,7 +97,8 @@ def analyse(run: RunData, steps: tuple[int | None, int | None] | None = None) ->
                                       # a run recorded with the GC probe (not an older one)
                                       slow_steps=slow if slow.steps and gc else None, gc=gc,
                                       phases=phases, whole_run=whole,
-                                      scaling=evidence.scaling))
+                                      scaling=evidence.scaling,
+                                      shard_phases=evidence.shard_phases or {}))
 
 
 def _findings(run: RunData, stages: Stages, outcome: RuleOutcome, summary: Summary,
@@ -151,7 +153,7 @@ def _tables(run: RunData, stages: Stages) -> Tables:
                                   s.splits, s.outside),
                   **gpu_tables(s.counters), **memory_tables(s.memory),
                   **({"ops": next(iter(s.ops.values())).top()} if s.ops else {}),
-                  **comms_table(s.comms),
+                  **comms_table(s.comms), **shard_table(shard_phases(s.comms)),
                   **({"comm_what_if": m.table()} if (m := critical(s.models)) is not None
                      else {}))
 

@@ -54,6 +54,9 @@ TABLE_TITLES: dict[str, str] = {
     "ops": "Top ops of the lowest rank's window: time, class and share of the roof",
     "communication": "Per rank: collectives by kind (bytes, time, exposed, bus bandwidth, "
                      "waiting for other ranks, and what bounds them)",
+    "sharded_phases": "Sharded collectives by phase and unit, a step (all-gathers before "
+                      "forward and backward, reduce-scatters after; exposed and overlapped "
+                      "time, bus bandwidth against the link, whether prefetch worked)",
     "comm_what_if": "What the communication model predicts: each change's exposed "
                     "communication and step (the measured step changed by that alone), and the "
                     "step at more ranks for the same global batch",

@@ -58,6 +58,8 @@ def sections_data(s: Sections) -> dict[str, Any]:
             **({"communication": [comms_data(c) for c in s.comms.values()]} if s.comms else {}),
             **({"comm_model": [model_data(m) for m in s.models.values()]} if s.models else {}),
             **({"scaling": scaling_data(s.scaling)} if s.scaling else {}),
+            **({"sharded_phases": [p.to_dict() for _, p in sorted(s.shard_phases.items())]}
+               if s.shard_phases else {}),
             **({"slow_steps": slow_steps_data(s.slow_steps)} if s.slow_steps else {}),
             **({"gc": [g.to_dict() for g in s.gc.values()]} if s.gc else {}),
             **({"phases": [p.to_dict() for p in s.phases]} if s.phases else {})}

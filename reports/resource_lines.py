@@ -8,6 +8,7 @@ import math
 
 from doctor.analyse.analysis import Sections
 from doctor.analyse.comms import critical
+from doctor.analyse.shard_phases import critical_phases
 from doctor.reports.text import format_share, format_value
 
 
@@ -91,6 +92,29 @@ def comm_lines(sections: Sections) -> list[str]:
     if far is not None:
         parts.append(f"at {far.ranks} ranks {format_share(far.shown_exposed_share)}")
     return [f"Communication, rank {m.rank}: " + "; ".join(parts)]
+
+
+def shard_lines(sections: Sections) -> list[str]:
+    """One line for a sharded job's critical rank (doctor.analyse.shard_phases): each phase's
+    time a step, its exposed part, bus bandwidth against the link, and whether prefetch
+    worked."""
+    phases = critical_phases(sections.shard_phases)
+    if phases is None:
+        return []
+    parts = []
+    for p in phases.phases:
+        words = (f"{p.phase} {format_value('time_s', p.seconds)} "
+                 f"({format_value('time_s', p.exposed_s)} exposed)")
+        if _known(p.bus_gb_per_s):
+            words += f" at {p.bus_gb_per_s:.3g} GB/s bus"
+            if _known(p.of_link) and phases.link is not None:
+                words += f" ({format_share(p.of_link)} of {phases.link.name})"
+        if p.hook_s > p.seconds:
+            words += f", FSDP's hooks around them {format_value('time_s', p.hook_s)}"
+        if p.prefetch:
+            words += f", prefetch {p.prefetch}"
+        parts.append(words)
+    return [f"Sharded collectives a step, rank {phases.rank}: " + "; ".join(parts)]
 
 
 def scaling_lines(sections: Sections) -> list[str]:

@@ -226,7 +226,13 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
     """
     from doctor.reports.periods import period_line
     from doctor.reports.phases import phase_lines
-    from doctor.reports.resource_lines import comm_lines, gpu_lines, memory_lines, ops_lines
+    from doctor.reports.resource_lines import (
+        comm_lines,
+        gpu_lines,
+        memory_lines,
+        ops_lines,
+        shard_lines,
+    )
     from doctor.reports.slow_steps import slow_step_lines
 
     verdict = analysis.verdict
@@ -242,6 +248,7 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
     sections = analysis.sections
     out += [clean(f"  {line}") for line in gpu_lines(sections) + memory_lines(sections)
                                              + ops_lines(sections) + comm_lines(sections)
+                                             + shard_lines(sections)
                                              + phase_lines(sections)
                                              + slow_step_lines(sections)]
     out += _share_bars(verdict, width)

@@ -9,8 +9,12 @@ Switches: ``--no-shard`` trains the same model on each rank without FSDP (no col
 per-rank work alone, which is what the communication's share is measured against);
 ``--no-reshard`` keeps each unit's parameters gathered after forward
 (``reshard_after_forward=False``): the all-gathers before backward are gone, for the memory of
-the gathered parameters. ``--ablate N`` times both sides in one process, in alternating
-blocks of N steps (with ``--no-shard`` or ``--no-reshard`` naming the switched side).
+the gathered parameters; ``--prefetch`` has each unit gather the next one ahead, in forward
+(``set_modules_to_forward_prefetch``) and in backward (``set_modules_to_backward_prefetch``),
+without blocking the thread that issued it (FSDP2's asynchronous unshard: on the CPU a
+synchronous all-gather holds the training thread, prefetched or not). ``--ablate N`` times both
+sides in one process, in alternating blocks of N steps (with ``--no-shard``, ``--no-reshard``
+or ``--prefetch`` naming the switched side).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import cast
 
 import torch
 from torch import nn
@@ -35,6 +40,8 @@ def main() -> None:
     ap.add_argument("--no-shard", action="store_true", help="no FSDP: each rank trains alone")
     ap.add_argument("--no-reshard", action="store_true",
                     help="reshard_after_forward=False: no all-gather before backward")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="prefetch the next unit's all-gather, asynchronously")
     ap.add_argument("--ablate", type=int, default=0,
                     help="alternate blocks of N steps without and with the switch")
     args = ap.parse_args()
@@ -45,16 +52,19 @@ def main() -> None:
     if args.ablate > 0:  # the job as it is and with its switch, in alternating blocks
         train("fsdp_sharded", build(args, False, False), data, args.steps,
               nn.functional.mse_loss, ablate=args.ablate,
-              switched=build(args, args.no_shard, args.no_reshard),
-              no_shard=args.no_shard, no_reshard=args.no_reshard)
+              switched=build(args, args.no_shard, args.no_reshard, args.prefetch),
+              no_shard=args.no_shard, no_reshard=args.no_reshard, prefetch=args.prefetch)
         return
-    train("fsdp_sharded", build(args, args.no_shard, args.no_reshard), data, args.steps,
-          nn.functional.mse_loss, no_shard=args.no_shard, no_reshard=args.no_reshard)
+    train("fsdp_sharded", build(args, args.no_shard, args.no_reshard, args.prefetch), data,
+          args.steps, nn.functional.mse_loss, no_shard=args.no_shard,
+          no_reshard=args.no_reshard, prefetch=args.prefetch)
 
 
-def build(args: argparse.Namespace, no_shard: bool, no_reshard: bool) -> nn.Module:
+def build(args: argparse.Namespace, no_shard: bool, no_reshard: bool,
+          prefetch: bool = False) -> nn.Module:
     """The model: each layer an FSDP2 unit (``reshard_after_forward`` unless ``no_reshard``),
-    or, with ``no_shard``, a plain local module."""
+    or, with ``no_shard``, a plain local module; ``prefetch``: each unit gathers the next one
+    ahead, in forward and in backward, asynchronously."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU())
                             for _ in range(args.layers)])
@@ -64,6 +74,15 @@ def build(args: argparse.Namespace, no_shard: bool, no_reshard: bool) -> nn.Modu
         for unit in model:
             fully_shard(unit, reshard_after_forward=not no_reshard)
         fully_shard(model, reshard_after_forward=not no_reshard)
+        if prefetch:
+            from torch.distributed.fsdp import FSDPModule
+
+            units = [cast(FSDPModule, m) for m in model]
+            for i, fsdp_unit in enumerate(units):
+                fsdp_unit.set_modules_to_forward_prefetch(units[i + 1:i + 2])
+                fsdp_unit.set_modules_to_backward_prefetch(units[max(i - 1, 0):i])
+            # the gathers no longer hold the thread that issued them
+            cast(FSDPModule, model)._set_unshard_async_op(True)
     return model
 
 

@@ -19,6 +19,7 @@ from doctor.analyse.ledger import StepMarks, step_marks
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.ops import RankOps
 from doctor.analyse.phase_steps import PhaseSummary
+from doctor.analyse.shard_phases import ShardPhases
 from doctor.analyse.whole_run import WholeRun
 from doctor.verdict import Verdict
 
@@ -39,6 +40,8 @@ class Sections:
     phases: tuple[PhaseSummary, ...] = ()  # evaluation, checkpoints, epoch starts per rank
     whole_run: WholeRun | None = None  # every step of a long run, in buckets (the step chart)
     scaling: KindScaling | None = None  # the step at more ranks, the job's own kind's model
+    #: a sharded job's collectives by phase and unit (doctor.analyse.shard_phases)
+    shard_phases: Mapping[int, ShardPhases] = field(default_factory=dict)
 
     def first_ops(self) -> RankOps | None:
         """The lowest rank's ops (the report shows that rank's)."""
@@ -60,6 +63,7 @@ class Tables:
     memory_over_run: pd.DataFrame | None = None  # each rank's memory over the run (a chart)
     ops: pd.DataFrame | None = None  # the lowest rank's top ops
     communication: pd.DataFrame | None = None  # every rank's collectives by kind
+    sharded_phases: pd.DataFrame | None = None  # a sharded job's collectives by phase and unit
     comm_what_if: pd.DataFrame | None = None  # what the communication model predicts
 
     def present(self) -> list[tuple[str, pd.DataFrame]]:

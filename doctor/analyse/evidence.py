@@ -33,6 +33,7 @@ from doctor.analyse.ops import RankOps
 from doctor.analyse.overflows import NotFound, Overflow, overflows
 from doctor.analyse.parallelism import Parallelism
 from doctor.analyse.phase_steps import PhaseSummary
+from doctor.analyse.shard_phases import ShardPhases, shard_phases
 from doctor.analyse.split import (
     InputSplit,
     OutsideLoader,
@@ -128,6 +129,8 @@ class Evidence:
     phases: tuple[PhaseSummary, ...] | None = None
     parallelism: Parallelism | None = None
     comms: Mapping[int, RankComms] | None = None  # each rank's collectives, with their roles
+    #: a sharded job's collectives by phase and unit, per rank (doctor.analyse.shard_phases)
+    shard_phases: Mapping[int, ShardPhases] | None = None
     bubble: Bubble | None = None  # a pipeline's stages waiting (doctor.analyse.bubble)
     scaling: KindScaling | None = None  # the step at more ranks, the job's own kind's model
     data_source: DataSource | None = None
@@ -175,6 +178,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         precision=precision_evidence(run, ranks, stages.ledger, stages.ops) or None,
         optimizers=of_processes(run.optimizers, (r.process for r in ranks.values())),
         parallelism=stages.parallelism, comms=stages.comms or None,
+        shard_phases=shard_phases(stages.comms) or None,
         bubble=bubble,
         scaling=job_scaling(stages.parallelism, stages.comms, stages.models, bubble,
                             inter_node_link(run.record), stages.job.ranks_here),

@@ -1,10 +1,10 @@
 """The fixes for exposed communication that fit the collectives' kind of parallelism
-(doctor.analyse.parallelism): a sharded job's all-gathers and reduce-scatters (prefetch, keep
-the last units gathered after forward, fewer and larger units), synchronised batch statistics
+(doctor.analyse.parallelism): synchronised batch statistics
 (plain BatchNorm where each rank's batch is large enough, GroupNorm, a larger batch a rank), a
 sharded optimizer's parameter broadcasts (one bucket a rank, the step overlapped with DDP's
 backward, a whole optimizer a rank where memory allows);
-a pipeline's sends and receives are doctor.rules.comm_pipeline's. DDP's own fixes
+a sharded job's all-gathers and reduce-scatters are doctor.rules.shard_fixes', a pipeline's
+sends and receives doctor.rules.comm_pipeline's. DDP's own fixes
 (bucket size, no_sync, compression) are doctor.rules.communication's, for DDP's all-reduces
 alone.
 
@@ -27,14 +27,12 @@ from doctor.analyse.parallelism import (
     SHARDED,
     STATS,
     ZERO,
-    Parallelism,
 )
 from doctor.rules.window import speedup
 from doctor.verdict import Fix
 
 #: A role whose share of the exposed communication is at least this gets its fixes.
 ROLE_SHARE = 0.1
-MIB = 2**20
 WORDS = {SHARDED: "all-gathers and reduce-scatters of the sharded parameters",
          STATS: "small collectives of batch statistics (synchronised BatchNorm)",
          PIPELINE: "pipeline sends and receives", GRADIENTS: "gradient all-reduces",
@@ -84,73 +82,12 @@ def exposed_by_role(comms: Mapping[int, RankComms] | None) -> Exposed | None:
     return best
 
 
-def _estimate(share: float, ex: Exposed, saved_s: float) -> float | None:
+def estimate_of(share: float, ex: Exposed, saved_s: float) -> float | None:
     """The speedup of taking ``saved_s`` of the exposed time a step off (None: under 2 %)."""
     if ex.total_s <= 0 or saved_s <= 0:
         return None
     value = speedup(1.0, share * min(saved_s, ex.total_s) / ex.total_s)
     return value if value >= 1.02 else None
-
-
-def sharded_fixes(ex: Exposed, par: Parallelism | None, share: float, overlap_cores: float,
-                  compute_s: float) -> list[Fix]:
-    """FSDP's fixes: reshard_after_forward=False (the backward all-gathers gone, for the memory
-    of the gathered units), prefetch (the all-gathers beside compute, as far as a core is free
-    for them), fewer and larger units."""
-    fsdp1 = par is not None and par.sharded == "FSDP"
-    out: list[Fix] = []
-    back = ex.of(SHARDED, "allgather", "backward")
-    if len(back):
-        saved = float(back["exposed_s"].sum()) / ex.steps
-        gathered = float(back["bytes"].sum()) / ex.steps * (ex.world - 1) / ex.world
-        first = back.sort_values("start_us").groupby("unit", sort=False).head(1)
-        last_unit = str(first["unit"].iloc[0]) if len(first) else ""
-        last = back[back["unit"] == last_unit] if last_unit else back.iloc[:0]
-        last_saved = float(last["exposed_s"].sum()) / ex.steps
-        last_bytes = float(last["bytes"].sum()) / ex.steps * (ex.world - 1) / ex.world
-        why = (f"each unit is gathered again before its backward: {saved * 1e3:.1f} ms of exposed "
-               f"all-gathers a step, for {gathered / MIB:.1f} MiB more a rank held from forward "
-               "to backward (all units)")
-        if last_unit and last_bytes < gathered:
-            why += (f"; the last unit ({last_unit}) alone, whose backward follows its forward at "
-                    f"once: {last_saved * 1e3:.1f} ms for {last_bytes / MIB:.1f} MiB")
-        code = ("fully_shard(model.layers[-1], reshard_after_forward=False)  # the last units\n"
-                "fully_shard(model)  # the root: FSDP2 keeps it gathered after forward already")
-        if fsdp1:
-            code = ("FullyShardedDataParallel(model, ...,\n"
-                    "    sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)  # ZeRO-2: no regather")
-        out.append(Fix(title="Keep the last units gathered after forward "
-                             "(reshard_after_forward=False)",
-                       why=why, code=code, estimated_speedup=_estimate(share, ex, saved)))
-    gathers = ex.of(SHARDED, "allgather")
-    if len(gathers):
-        exposed = float(gathers["exposed_s"].sum()) / ex.steps
-        hidden = min(exposed, compute_s) * overlap_cores
-        why = (f"{exposed * 1e3:.1f} ms of all-gathers a step wait with no compute beside them; "
-               "gathering the next units while this one computes hides them")
-        if overlap_cores <= 0:
-            why += " (on this machine no core is free for the communication threads)"
-        code = ("# FSDP2: gather the next 2 units ahead, in forward and in backward\n"
-                "for i, layer in enumerate(layers):\n"
-                "    layer.set_modules_to_forward_prefetch(layers[i + 1:i + 3])\n"
-                "    layer.set_modules_to_backward_prefetch(layers[max(i - 2, 0):i][::-1])")
-        if fsdp1:
-            code = ("FullyShardedDataParallel(model, ..., forward_prefetch=True,\n"
-                    "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE)")
-        out.append(Fix(title="Prefetch the next units' all-gathers", why=why, code=code,
-                       estimated_speedup=_estimate(share, ex, hidden)))
-        calls = len(gathers) / ex.steps
-        size = float(gathers["bytes"].median())
-        units = par.units if par is not None and par.units else 0
-        out.append(Fix(
-            title="Wrap fewer, larger units",
-            why=(f"{calls:g} all-gathers a step of {size / MIB:.2f} MiB each (median)"
-                 + (f" over {units} units" if units else "")
-                 + ": each collective pays its latency; a unit of several layers gathers "
-                   "them in one call, for its larger unsharded size held at once"),
-            code=("for block in model.blocks:  # a transformer block, not each of its layers\n"
-                  "    fully_shard(block)\nfully_shard(model)")))
-    return out
 
 
 def stats_fixes(ex: Exposed, share: float) -> list[Fix]:
@@ -171,13 +108,13 @@ def stats_fixes(ex: Exposed, share: float) -> list[Fix]:
         Fix(title="Use plain BatchNorm where each rank's batch is large enough",
             why=why, code="model = torch.nn.SyncBatchNorm.revert_sync_batchnorm(model)  # or "
                           "build the model with nn.BatchNorm2d",
-            estimated_speedup=_estimate(share, ex, saved)),
+            estimated_speedup=estimate_of(share, ex, saved)),
         Fix(title="Normalise without batch statistics (GroupNorm)",
             why="GroupNorm normalises each sample on its own: no statistics to synchronise, "
                 "and the same result at any batch size a rank",
             code="nn.GroupNorm(num_groups=32, num_channels=c)  # instead of a synchronised "
                  "BatchNorm2d(c)",
-            estimated_speedup=_estimate(share, ex, saved)),
+            estimated_speedup=estimate_of(share, ex, saved)),
         Fix(title="Train on a larger batch a rank",
             why="the statistics' collectives are the same whatever the batch: more samples a "
                 "step pay them fewer times an epoch (with gradient accumulation where memory "

@@ -14,6 +14,7 @@ from doctor.analyse.comms import critical
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.kind_scaling import DDP, PIPELINE_KIND
 from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS, ZERO
+from doctor.analyse.shard_phases import critical_phases
 from doctor.rules.base import rule
 from doctor.rules.comm_kinds import (
     ROLE_SHARE,
@@ -21,11 +22,11 @@ from doctor.rules.comm_kinds import (
     Exposed,
     all_to_all_fixes,
     exposed_by_role,
-    sharded_fixes,
     stats_fixes,
     zero_fixes,
 )
 from doctor.rules.comm_pipeline import bubble_evidence, pipeline_fixes
+from doctor.rules.shard_fixes import sharded_fixes
 from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 
@@ -147,6 +148,7 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
                               bubble)
     par = ev.parallelism.describe() if ev.parallelism is not None else ""
     mostly = max(roles, key=lambda r: roles[r]) if roles else ""
+    phases = critical_phases(ev.shard_phases) if roles.get(SHARDED, 0.0) > 0 else None
     return [window_finding(
         "comm.exposed", "communication", share=share, bands=(0.2, 0.05),
         title=(
@@ -161,7 +163,8 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
                       world_size=world if isinstance(world, int) else None,
                       **({"parallelism": par} if par else {}),
                       **({"exposed_by_role": roles} if roles else {}),
-                      **({"pipeline_bubble": bubble_evidence(bubble)} if bubble else {})),
+                      **({"pipeline_bubble": bubble_evidence(bubble)} if bubble else {}),
+                      **({"sharded_phases": phases.to_dict(units=False)} if phases else {})),
         fixes=fixes, step_s=step, removed_s=removed * step,
     )]
 

@@ -23,14 +23,21 @@ from doctor.trace.kinds import K_COMM, SHARDING_OP
 from doctor.trace.ops import last_of, look_up
 
 CALL_COLUMNS = ("kind", "start_us", "end_us", "seconds", "bytes", "group", "exposed_s",
-                "alg_bytes_s", "bus_bytes_s", "on_gpu", "phase", "owner", "unit")
+                "alg_bytes_s", "bus_bytes_s", "on_gpu", "phase", "owner", "unit", "prefetched",
+                "hook_s", "compute_before_s", "compute_after_s")
 
 
 def collective_calls(t: Timeline) -> pd.DataFrame:
     """One row per collective of the trace: its kind, span, bytes (nan: unknown), group size,
     the part of it no compute overlaps (``exposed_s``), its bandwidths, and where it was issued
     from (doctor.trace.comm_context): the step's ``phase`` (forward, backward, optimizer), and
-    the sharding library (``owner``: FSDP2, FSDP or "") and ``unit`` whose hook issued it.
+    the sharding library (``owner``: FSDP2, FSDP or "") and ``unit`` whose hook issued it,
+    whether that hook was a prefetch (``prefetched``), its share of the time of the outermost
+    sharding hook around it (``hook_s``: FSDP's copies in and out, its waits), and the compute
+    between it and the
+    collectives of its kind before and after it in the same phase (``compute_before_s``,
+    ``compute_after_s``: what it could run beside, issued one unit earlier or, issued ahead
+    already, not blocking its thread).
 
     On a GPU trace the collectives are the NCCL kernels (the host ops only enqueue them), their
     message from their own arguments or else from the host op that launched them, issued when
@@ -61,16 +68,40 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     bw = bandwidths(kind.tolist(), sizes.tolist(), seconds.tolist(), group.tolist())
     backward = named(t.host_ops, t.names, lambda n: n.startswith(BACKWARD_OP))
     opt = t.optimizer_steps
-    owners, unit_names = units(at, where(t.comm_ops, sharding), t.names)
+    owners, unit_names, ahead, hook_s = units(at, where(t.comm_ops, sharding), t.names)
+    phase = phases(at, union(t.host_ops.start[backward], t.host_ops.end[backward]),
+                   union(opt.start, opt.end))
     return pd.DataFrame({
         "kind": [COLLECTIVES[int(x)] for x in kind], "start_us": c.start, "end_us": c.end,
         "seconds": seconds, "bytes": sizes, "group": group,
         "exposed_s": np.maximum(seconds - overlap, 0.0),
         "alg_bytes_s": [a for a, _ in bw], "bus_bytes_s": [b for _, b in bw], "on_gpu": gpu,
-        "phase": phases(at, union(t.host_ops.start[backward], t.host_ops.end[backward]),
-                        union(opt.start, opt.end)),
-        "owner": owners, "unit": unit_names,
+        "phase": phase, "owner": owners, "unit": unit_names, "prefetched": ahead,
+        "hook_s": hook_s,
+        **compute_beside(kind, phase, c.start, c.end, compute),
     })
+
+
+def compute_beside(kind: np.ndarray, phase: list[str], start: np.ndarray, end: np.ndarray,
+                   compute: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per collective, the compute (s) between it and the previous collective of its kind
+    (``compute_before_s``: its end to this one's start) and the next (``compute_after_s``),
+    where the calls of that span are all of its phase (a run of calls of one phase: in
+    forward, the previous unit's compute before a unit's all-gather; in backward, the later
+    unit's gradients); 0 for the first (last) of a run."""
+    n = len(start)
+    spans = {name: (np.zeros(n), np.zeros(n)) for name in ("compute_before_s", "compute_after_s")}
+    last: dict[int, tuple[int, int]] = {}  # kind -> (its latest call, the phase's run then)
+    previous, run = "", 0  # a run: calls of one phase in a row
+    for i in np.argsort(start, kind="stable").tolist():
+        run += phase[i] != previous
+        j, its_run = last.get(int(kind[i]), (-1, -1))
+        if its_run == run and end[j] < start[i]:
+            spans["compute_before_s"][0][i], spans["compute_before_s"][1][i] = end[j], start[i]
+            spans["compute_after_s"][0][j], spans["compute_after_s"][1][j] = end[j], start[i]
+        last[int(kind[i])], previous = (i, run), phase[i]
+    return {name: overlap_per_span(compute[0], compute[1], lo, hi) * 1e-6
+            for name, (lo, hi) in spans.items()}
 
 
 def _backend_work(t: Timeline) -> tuple[EventArrays, np.ndarray]:

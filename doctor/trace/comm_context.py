@@ -104,22 +104,43 @@ def _inside(spans: Spans, at: np.ndarray) -> np.ndarray:
     return (i >= 0) & (e[np.maximum(i, 0)] >= at)
 
 
-def units(at: np.ndarray, sharding: EventArrays, names: list[str]) -> tuple[list[str], list[str]]:
+def units(at: np.ndarray, sharding: EventArrays, names: list[str]
+          ) -> tuple[list[str], list[str], list[bool], np.ndarray]:
     """At each host time, the sharding library whose hook was running (``FSDP2``, ``FSDP``, or
-    "" for none) and the unit it named (``FSDP::all_gather (layers.3)``: ``layers.3``; "")."""
-    owners, unit_names = [], []
+    "" for none), the unit it named (``FSDP::all_gather (layers.3)``: ``layers.3``; ""), and
+    whether one of the hooks around it was a prefetch (``FSDP::forward_prefetch for layers.3``,
+    ``FullyShardedDataParallel._pre_backward_prefetch``): the unit's gather issued ahead of
+    its own hook, while another unit was still to compute; and the time of the outermost hook
+    around it (``FSDP::pre_backward (layers.3)``: its copies in and out with its gathers), shared
+    equally by the collectives issued inside it (0: none around it)."""
+    owners, unit_names, ahead, hook = [], [], [], []
     starts, ends = sharding.start, sharding.end
     codes = sharding.attrs.get("name", np.empty(0, np.int64))
     for t in at.tolist():
         k = int(np.searchsorted(starts, t, side="right")) - 1
-        found = ""
+        found, prefetch, outer = "", False, -1
         for j in range(k, max(k - NESTING, -1), -1):  # the innermost around it: latest start
             if ends[j] >= t:
-                found = names[int(codes[j])]
-                break
+                name = names[int(codes[j])]
+                found = found or name
+                prefetch = prefetch or PREFETCH in name.lower()
+                outer = j
         owners.append(owner(found))
         unit_names.append(unit_of(found))
-    return owners, unit_names
+        ahead.append(prefetch)
+        hook.append(outer)
+    outers = np.array(hook, dtype=np.int64)
+    shared = np.zeros(len(outers))
+    around = outers >= 0
+    if around.any():
+        held, counts = np.unique(outers[around], return_counts=True)
+        per_call = (ends[held] - starts[held]) * 1e-6 / counts
+        shared[around] = per_call[np.searchsorted(held, outers[around])]
+    return owners, unit_names, ahead, shared
+
+
+#: The word FSDP's prefetching hooks carry in their annotations (FSDP2 and FSDP1).
+PREFETCH = "prefetch"
 
 
 def owner(name: str) -> str:

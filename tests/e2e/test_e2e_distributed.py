@@ -104,7 +104,7 @@ def test_a_rank_that_crashes_leaves_a_partial_report_naming_it(tmp_path: Path) -
 
 
 def test_an_fsdp2_job_is_named_and_gets_fsdp_fixes(tmp_path: Path) -> None:
-    verdict, _ = torchrun(tmp_path, "fsdp_sharded.py", "--steps", "25")
+    verdict, out = torchrun(tmp_path, "fsdp_sharded.py", "--steps", "25")
     assert verdict["job"]["parallelism"].startswith("FSDP2 over 2 ranks, reshard after forward")
     assert verdict["bottleneck"] == "communication"
     assert verdict["shares"]["communication"] > 0.5
@@ -121,6 +121,45 @@ def test_an_fsdp2_job_is_named_and_gets_fsdp_fixes(tmp_path: Path) -> None:
     points = scale["points"]
     assert [p["ranks"] for p in points] == [2, 4, 8, 16, 32, 64]
     assert points[-1]["exposed_share"] > points[0]["exposed_share"]
+    # phase by phase: each of the 6 units gathered before forward and again before backward,
+    # its gradient reduce-scattered after, on each rank; the phases add up to the collectives
+    phases = {p["rank"]: p for p in verdict["sharded_phases"]}
+    assert set(phases) == {0, 1}
+    for rank, p in phases.items():
+        by = {x["phase"]: x for x in p["phases"]}
+        assert list(by) == ["forward all-gathers", "backward all-gathers", "reduce-scatters"]
+        assert all(x["calls"] == 6 for x in by.values())
+        assert {u["unit"] for u in p["units"]} == {str(i) for i in range(6)}
+        # the same parameters gathered twice and their gradients scattered: the same bytes
+        fwd = by["forward all-gathers"]["bytes"]
+        assert by["backward all-gathers"]["bytes"] == fwd == by["reduce-scatters"]["bytes"]
+        assert all(0 <= x["exposed_s"] <= x["seconds"] + 1e-9 for x in by.values())
+        kinds = next(c for c in verdict["communication"] if c["rank"] == rank)["by_kind"]
+        assert sum(x["seconds"] for x in by.values()) * p["steps"] == pytest.approx(
+            sum(k["time_s"] for k in kinds), rel=1e-4)  # rounded to the us a step
+        assert sum(x["exposed_s"] for x in by.values()) < verdict["steps"]["median_s"]
+        # FSDP's hooks hold the thread through each collective and its copies: at least the
+        # collectives' time, and about all the communication the step frame counts
+        assert all(x["hook_s"] >= x["seconds"] for x in by.values())
+        hooks = sum(x["hook_s"] for x in by.values())
+        assert 0.6 < hooks / comm["evidence"]["comm_s_per_step"] < 1.25
+        # synchronous unshards on the CPU: nothing prefetched
+        assert by["forward all-gathers"]["prefetched"] == 0
+        assert by["forward all-gathers"]["prefetch"] != "worked"
+    assert comm["evidence"]["sharded_phases"]["rank"] in (0, 1)
+    assert any(f["title"].startswith(("Forward all-gathers exposed", "Backward all-gathers "
+                                      "exposed")) for f in comm["fixes"])
+    assert "Sharded collectives by phase and unit" in (out / "report.html").read_text()
+
+
+def test_an_fsdp2_job_that_prefetches_is_seen_to(tmp_path: Path) -> None:
+    verdict, _ = torchrun(tmp_path, "fsdp_sharded.py", "--steps", "25", "--prefetch")
+    for p in verdict["sharded_phases"]:
+        by = {x["phase"]: x for x in p["phases"]}
+        # every unit but the first of each pass gathered ahead by its neighbour's prefetch hook
+        assert by["forward all-gathers"]["prefetched"] == pytest.approx(5 / 6)
+        assert by["backward all-gathers"]["prefetched"] == pytest.approx(5 / 6)
+        assert by["forward all-gathers"]["prefetch"] in ("worked", "issued ahead, not overlapped")
 
 
 def test_synchronised_batch_statistics_are_counted_to_themselves(tmp_path: Path) -> None:

@@ -9,56 +9,15 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from doctor.analyse.comms import RankComms, classify, comms_parallelism, waiting_times
-from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, ZERO, roles
+from doctor.analyse.comms import comms_parallelism
+from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, ZERO
 from doctor.rules import communication, run_rules
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import build_timeline
 from doctor.trace.steps import step_frame_from_timeline
 from doctor.verdict import Finding
+from tests.collective_frames import GLOO, calls, ev, fsdp_step, rank_comms
 from tests.support import evidence, steps
-
-MAIN, GLOO = 1, 9
-
-
-def ev(cat: str, name: str, ts: float, dur: float, tid: int = MAIN, **args: Any
-       ) -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid,
-            "args": args}
-
-
-def gather(ts: float, unit: str, floats: int = 1000, dur: float = 400) -> list[dict[str, Any]]:
-    """FSDP2 gathering a unit: its annotation, c10d's call (output, input), gloo's work."""
-    return [
-        ev("user_annotation", f"FSDP::all_gather ({unit})", ts, dur + 20),
-        ev("cpu_op", "c10d::_allgather_base_", ts + 5, 5,
-           **{"Input Dims": [[2 * floats], [floats]], "Input type": ["float", "float"]}),
-        ev("user_annotation", "gloo:all_gather", ts + 12, dur, GLOO,
-           **{"Input Dims": [[floats]], "Input type": ["float"]}),
-    ]
-
-
-def fsdp_step() -> list[dict[str, Any]]:
-    """One FSDP2 step of one unit over 2 ranks: gathered in forward (400 us), computed (100 us),
-    gathered again in backward inside the autograd node, its gradient reduce-scattered (gloo
-    all-reduces it) at the end of backward, then the optimizer."""
-    return [
-        ev("user_annotation", "ProfilerStep#1", 0, 2000),
-        ev("user_annotation", "FSDP::pre_forward (0)", 0, 450),
-        *gather(10, "0"),
-        ev("cpu_op", "aten::addmm", 500, 100),
-        ev("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 700, 700),
-        ev("user_annotation", "FSDP::pre_backward (0)", 705, 440),
-        *gather(710, "0"),
-        ev("cpu_op", "aten::mm", 1200, 150),
-        ev("user_annotation", "FSDP::root_post_backward_callback", 1420, 400),
-        ev("user_annotation", "FSDP::post_backward_reduce (0)", 1425, 390),
-        ev("cpu_op", "c10d::_reduce_scatter_base_", 1430, 5,
-           **{"Input Dims": [[1000], [2000]], "Input type": ["float", "float"]}),
-        ev("user_annotation", "gloo:all_reduce", 1440, 360, GLOO,
-           **{"Input Dims": [[2000]], "Input type": ["float"]}),
-        ev("user_annotation", "Optimizer.step#SGD.step", 1850, 100),
-    ]
 
 
 def test_fsdp_collectives_are_named_by_the_call_that_issued_them() -> None:
@@ -77,22 +36,6 @@ def test_fsdp_collectives_are_named_by_the_call_that_issued_them() -> None:
     assert row["excl_communication_s"] == pytest.approx((450 + 440 + 400) * 1e-6)  # the hooks
 
 
-def calls(rows: list[tuple[str, str, float, float]], ranks: int = 2, **extra: Any
-          ) -> pd.DataFrame:
-    """(kind, phase, bytes, seconds) rows, the same on each rank, one after the other."""
-    out = []
-    for rank in range(ranks):
-        for i, (kind, phase, nbytes, seconds) in enumerate(rows):
-            out.append({"rank": rank, "kind": kind, "phase": phase, "bytes": nbytes,
-                        "seconds": seconds, "exposed_s": seconds, "start_us": i * 1e4,
-                        "end_us": i * 1e4 + seconds * 1e6, "group": 2,
-                        "bus_bytes_s": nbytes / seconds, "owner": "", "unit": "", **extra})
-    frame = pd.DataFrame(out)
-    frame = classify(frame, waiting_times(frame))
-    frame["role"] = roles(frame)
-    return frame
-
-
 #: A synchronised BatchNorm of 4 layers: a 2 KB gather each in forward, the gradient of the
 #: gathered 4 KB all-reduced in backward, and DDP's one 8 MB bucket.
 SYNC_BN = [*[("allgather", "forward", 2048, 1e-3)] * 4, ("allreduce", "backward", 8e6, 4e-3),
@@ -109,11 +52,6 @@ def test_the_sync_batchnorm_pattern_is_told_from_ddp_buckets() -> None:
     # all-gathers of parameters, whoever issued them, are a sharded job's
     assert set(calls([("allgather", "forward", 4e6, 1e-3),
                       ("reducescatter", "backward", 4e6, 1e-3)])["role"]) == {SHARDED}
-
-
-def rank_comms(frame: pd.DataFrame, steps_: int = 1) -> dict[int, RankComms]:
-    return {r: RankComms(r, frame[frame["rank"] == r].reset_index(drop=True), 0.1, steps=steps_)
-            for r in sorted(set(frame["rank"]))}
 
 
 def test_the_job_section_names_the_parallelism() -> None:
