@@ -15,6 +15,7 @@ ENV_PROBES_DIR = "DOCTOR_PROBES_DIR"  # doctor.launch sets it: where doctor.prob
 
 
 def _doctor_bootstrap():
+    # type: () -> None
     import os
 
     if not os.environ.get("DOCTOR_RUN_DIR"):
@@ -37,6 +38,7 @@ def _doctor_bootstrap():
 
 
 def _install_private_package():
+    # type: () -> None
     """Make PRIVATE a package over doctor's folder (its __init__, the public API, is not run)
     and over the folder that holds doctor.probes: the in-job modules import each other
     relatively, so they load as PRIVATE.* from doctor's own files, without a finder of ours."""
@@ -66,6 +68,7 @@ def _install_private_package():
 
 
 def _chain_to_shadowed_sitecustomize():
+    # type: () -> None
     import importlib.machinery
     import importlib.util
     import os
@@ -82,6 +85,7 @@ def _chain_to_shadowed_sitecustomize():
 
 
 def _chain_on_an_old_python():
+    # type: () -> None
     """A Python 2 (or 3 before 3.5) child of the job: doctor records nothing there, and runs
     the sitecustomize it shadows, if there is one, as that Python would have."""
     import imp
@@ -95,13 +99,14 @@ def _chain_on_an_old_python():
     except ImportError:
         return
     try:
-        imp.load_module("sitecustomize", *found)
+        imp.load_module("sitecustomize", *found)  # type: ignore[arg-type]
     finally:
         if found[0] is not None:
             found[0].close()
 
 
 def _main():
+    # type: () -> None
     import sys
 
     if sys.version_info < (3, 5):  # noqa: UP036  (the job's children: any Python)
