@@ -53,7 +53,8 @@ def run_slow_steps(run: RunData, stages: Stages, run_s: float | None,
     doctor.analyse.lost_slow_steps)."""
     causes = find_causes(run, stages)
     slow = with_peer_waits(
-        slow_steps(stages.table, causes, export_seconds(stages.ranks), run_s), stages.table)
+        slow_steps(stages.table, causes, export_seconds(stages.ranks), run_s), stages.table,
+        {rank: r.node for rank, r in stages.ranks.items()})
     sites = step_sites(run, stages.ranks, stages.table,
                        ((s.rank, s.step, s.start_s, s.seconds) for s in slow.steps))
     lost, lost_s = lost_slow_steps(whole, stages.table, causes)

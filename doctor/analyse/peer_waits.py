@@ -23,7 +23,7 @@ the peer's cause's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -68,10 +68,14 @@ def stragglers(table: pd.DataFrame, steps: Sequence[SlowStep]) -> set[tuple[int,
     return out
 
 
-def peer_cause(slow: SlowSteps, table: pd.DataFrame) -> Cause | None:
+def peer_cause(slow: SlowSteps, table: pd.DataFrame,
+               nodes: Mapping[int, int] | None = None) -> Cause | None:
     """The ``peer`` cause of a run of two or more ranks: on each rank, the other ranks' slow
-    steps that were slow of their own accord; None where there are none."""
+    steps that were slow of their own accord; None where there are none. ``nodes``: each
+    rank's node, where the run has several: only ranks of one node are compared (each node's
+    times are from its own start, on its own clock)."""
     ranks = sorted({int(r) for r in table["rank"]}) if "rank" in table else []
+    node = dict(nodes or {})
     if len(ranks) < 2:
         return None
     sources = _sources(slow.steps, stragglers(table, slow.steps))
@@ -79,7 +83,8 @@ def peer_cause(slow: SlowSteps, table: pd.DataFrame) -> Cause | None:
         return None
     intervals = {}
     for rank in ranks:
-        theirs = [s for s in sources if s.rank != rank]
+        theirs = [s for s in sources if s.rank != rank
+                  and node.get(s.rank, 0) == node.get(rank, 0)]
         if theirs:
             intervals[rank] = Intervals.of(
                 [s.start_s for s in theirs], [s.start_s + s.seconds for s in theirs],
@@ -97,10 +102,11 @@ def _sources(steps: Sequence[SlowStep], own: set[tuple[int, int]]) -> list[SlowS
             and s.cause != PEER and (s.cause != UNEXPLAINED or (s.rank, s.step) in own)]
 
 
-def with_peer_waits(slow: SlowSteps, table: pd.DataFrame) -> SlowSteps:
-    """``slow`` with each unexplained slow step that waited for another rank's slow step given
-    the cause ``peer``, and the groups made again."""
-    peer = peer_cause(slow, table)
+def with_peer_waits(slow: SlowSteps, table: pd.DataFrame,
+                    nodes: Mapping[int, int] | None = None) -> SlowSteps:
+    """``slow`` with each unexplained slow step that waited for another rank's slow step (of
+    its node) given the cause ``peer``, and the groups made again."""
+    peer = peer_cause(slow, table, nodes)
     if peer is None:
         return slow
     own = stragglers(table, slow.steps)

@@ -108,3 +108,17 @@ def test_one_rank_or_a_cause_of_its_own_is_left_as_it_was() -> None:
     one = table[table["rank"] == 0]
     alone = slow_steps(one, [])
     assert with_peer_waits(alone, one) is alone
+
+
+def test_ranks_of_different_nodes_are_not_compared() -> None:
+    """Each node's times are from its own start: a rank on node 1 is no peer of node 0's."""
+    n = 20
+    walls = {0: [0.4] * n, 1: [0.4] * n}
+    walls[0][10] = walls[1][10] = 2.0
+    running = {0: [0.3] * n, 1: [0.3] * n}
+    running[1][10] = 1.8
+    table = two_ranks(walls, running)
+    same = with_peer_waits(slow_steps(table, []), table, {0: 0, 1: 0})
+    assert {(s.rank, s.cause) for s in same.steps} == {(0, PEER), (1, UNEXPLAINED)}
+    apart = with_peer_waits(slow_steps(table, []), table, {0: 0, 1: 1})
+    assert {s.cause for s in apart.steps} == {UNEXPLAINED}
