@@ -18,9 +18,23 @@ from __future__ import annotations
 import os
 from types import TracebackType
 
-#: The folders of doctor's packages whose frames are doctor's (this package's and probes').
-_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # doctor/
-OWN_DIRS = (_HERE + os.sep, os.path.join(os.path.dirname(_HERE), "probes") + os.sep)
+
+def _own_dirs() -> tuple[str, ...]:
+    """The folders whose frames are doctor's: its package's, and its probes' where they live
+    apart (a source checkout's ``probes/`` beside ``doctor/``, named by the launcher's
+    DOCTOR_PROBES_DIR or found there, and only if it is doctor's: never another package of
+    that name beside an installed doctor)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # doctor/
+    probes = os.environ.get("DOCTOR_PROBES_DIR") or os.path.join(os.path.dirname(here), "probes")
+    probes = os.path.abspath(probes)
+    doctors = os.path.isfile(os.path.join(probes, "torch_ops.py")) and \
+        os.path.isfile(os.path.join(probes, "dataloader.py"))
+    if doctors and not (probes + os.sep).startswith(here + os.sep):
+        return (here + os.sep, probes + os.sep)
+    return (here + os.sep,)
+
+
+OWN_DIRS = _own_dirs()
 MAX_LINKS = 10_000  # a deep recursion's traceback is rewritten this far
 
 
