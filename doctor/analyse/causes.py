@@ -177,6 +177,13 @@ class SlowSteps:
                 return s.cause
         return None
 
+    def cause_words(self, step: SlowStep) -> str:
+        """A slow step's cause in words: its label and what its first interval was
+        ("Python's garbage collector (generation 2 collection, 600 ms, ...)")."""
+        cause = self.causes.get(step.cause)
+        label = cause.label if cause else step.cause
+        return label + (f" ({step.words[0]})" if step.words else "")
+
     def explained(self) -> set[tuple[int, int]]:
         """(rank, step) of each slow step of the step table that has a cause."""
         return {(s.rank, s.step) for s in self.steps if s.cause != UNEXPLAINED
@@ -287,10 +294,7 @@ def with_causes(findings: list[Finding], slow: SlowSteps) -> list[Finding]:
                 f, title=f"{f.title}; its stack samples: {calls.words()}",
                 evidence={**f.evidence, **calls.to_evidence()}))
             continue
-        cause = slow.causes.get(step.cause)
-        label = cause.label if cause else step.cause
-        what = f" ({step.words[0]})" if step.words else ""
-        out.append(replace(f, title=f"{f.title}; it overlapped {label}{what}",
+        out.append(replace(f, title=f"{f.title}; it overlapped {slow.cause_words(step)}",
                            evidence={**f.evidence, "cause": step.cause,
                                      "what": list(step.words)}))
     return out

@@ -68,17 +68,18 @@ def stragglers(table: pd.DataFrame, steps: Sequence[SlowStep]) -> set[tuple[int,
     return out
 
 
-def peer_cause(slow: SlowSteps, table: pd.DataFrame,
+def peer_cause(slow: SlowSteps, table: pd.DataFrame, own: set[tuple[int, int]],
                nodes: Mapping[int, int] | None = None) -> Cause | None:
     """The ``peer`` cause of a run of two or more ranks: on each rank, the other ranks' slow
-    steps that were slow of their own accord; None where there are none. ``nodes``: each
-    rank's node, where the run has several: only ranks of one node are compared (each node's
-    times are from its own start, on its own clock)."""
+    steps that were slow of their own accord (a cause of their own, or in ``own``: the
+    stragglers); None where there are none. ``nodes``: each rank's node, where the run has
+    several: only ranks of one node are compared (each node's times are from its own start,
+    on its own clock)."""
     ranks = sorted({int(r) for r in table["rank"]}) if "rank" in table else []
     node = dict(nodes or {})
     if len(ranks) < 2:
         return None
-    sources = _sources(slow.steps, stragglers(table, slow.steps))
+    sources = _sources(slow.steps, own)
     if not sources:
         return None
     intervals = {}
@@ -106,10 +107,10 @@ def with_peer_waits(slow: SlowSteps, table: pd.DataFrame,
                     nodes: Mapping[int, int] | None = None) -> SlowSteps:
     """``slow`` with each unexplained slow step that waited for another rank's slow step (of
     its node) given the cause ``peer``, and the groups made again."""
-    peer = peer_cause(slow, table, nodes)
+    own = stragglers(table, slow.steps)
+    peer = peer_cause(slow, table, own, nodes)
     if peer is None:
         return slow
-    own = stragglers(table, slow.steps)
     causes = [*slow.causes.values(), peer]
     steps = [attributed(s.rank, s.step, s.start_s, s.seconds, s.median_s, s.where, s.stall,
                         causes)
@@ -122,10 +123,7 @@ def _words(step: SlowStep, slow: SlowSteps) -> str:
     if step.cause == UNEXPLAINED:
         return (f"rank {step.rank}, step {step.step}: its own work, "
                 f"{step.over_s:.2f} s over its median on a core")
-    cause = slow.causes.get(step.cause)
-    label = cause.label if cause is not None else step.cause
-    what = f" ({step.words[0]})" if step.words else ""
-    return f"rank {step.rank}, step {step.step}: {label}{what}"
+    return f"rank {step.rank}, step {step.step}: {slow.cause_words(step)}"
 
 
 def _main_cause(sources: Sequence[SlowStep]) -> str:
