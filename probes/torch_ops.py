@@ -45,6 +45,7 @@ from ..record.session import (
     WINDOW_START,
     Session,
 )
+from ..record.window import OTHER_THREAD, OWN_PROFILER
 from ..store.control import post_later_window, post_window
 from ..verdict import ProbeStatus
 from .job_profilers import watch_job_profilers
@@ -56,17 +57,6 @@ IDLE, ACTIVE, DONE, FAILED = "idle", "active", "done", "failed"
 #: inside it, or the process ended inside it.
 BY_STEPS, BY_FORK, BY_EXIT = "steps", "fork", "exit"
 BY_JOB = "job_profiler"  # the job made a torch.profiler of its own
-#: Why no window opens beside the job's own profiler (Kineto holds one session per process: a
-#: second one empties the job's profile, and one started inside a scheduled profiler's cycle
-#: crashed the job in its trace export).
-OWN_PROFILER = ("the job runs its own torch.profiler: doctor's window stays closed (a second "
-                "profiler would take its events); the shares come without the window's op split")
-#: Why no window opens from a thread other than the one that imported torch: Kineto's first
-#: start there prints "ERROR: External init callback must run in same thread as registerClient"
-#: into the job's stderr (torch registers its Kineto client as it loads).
-OTHER_THREAD = ("the job trains in a thread other than the one that imported torch: a first "
-                "torch.profiler there prints a Kineto error line into the job's output, so no "
-                "window opens; the shares come without the window's op split")
 #: "off": the window records no input shapes. The ops then have no FLOPs or bytes (no roofline,
 #: no MFU), and the closing step is cheaper: stopping the profiler processes every op's shapes,
 #: about 2x the stop and export time of a window without them.

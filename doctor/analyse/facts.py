@@ -15,6 +15,7 @@ from doctor.command import bootstrap_blockers
 from doctor.probes import JOB, probes_of
 from doctor.probes.stack_plan import ENV_STACKS, RATE_HZ
 from doctor.record.guard import GUARD_HINT
+from doctor.record.window import STEPPED_ASIDE
 from doctor.store.rundata import TRACE, RunData, of_processes, process_labels
 from doctor.verdict import Fix, ProbeStatus
 
@@ -109,11 +110,6 @@ def _iterated_a_loader(run: RunData, main: RankSteps) -> bool:
     return not run.rows("loaders", main.process).empty
 
 
-#: Words of the window's reasons for staying closed by choice (doctor.probes.torch_ops: the
-#: job's own profiler, a training thread that did not import torch), not a failure.
-STEPPED_ASIDE = ("window stays closed", "no window opens")
-
-
 def window_status(run: RunData, main: RankSteps, problem: str | None) -> ProbeStatus:
     """Whether the rank's profiler window gave its split, and if not why."""
     proc = run.rows("processes", main.process).iloc[0]
@@ -129,7 +125,7 @@ def window_status(run: RunData, main: RankSteps, problem: str | None) -> ProbeSt
                                NO_WINDOW_HINT)
     if state == "failed":
         reason = str(proc["window_reason"])
-        if any(words in reason for words in STEPPED_ASIDE):  # closed by choice, not broken
+        if reason in STEPPED_ASIDE:  # closed by choice, not broken
             return ProbeStatus(False, f"no torch.profiler window: {reason}",
                                "the verdict uses step timings and stack samples")
         return ProbeStatus(False, f"torch.profiler failed: {reason}",

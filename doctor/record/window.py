@@ -18,6 +18,21 @@ from ..errors import UsageError
 
 ENV_WINDOW = "DOCTOR_WINDOW"  # "START,STEPS", or "off"
 
+#: Why no window opens beside the job's own profiler (Kineto holds one session per process: a
+#: second one empties the job's profile, and one started inside a scheduled profiler's cycle
+#: crashed the job in its trace export).
+OWN_PROFILER = ("the job runs its own torch.profiler: doctor's window stays closed (a second "
+                "profiler would take its events); the shares come without the window's op split")
+#: Why no window opens from a thread other than the one that imported torch: Kineto's first
+#: start there prints "ERROR: External init callback must run in same thread as registerClient"
+#: into the job's stderr (torch registers its Kineto client as it loads).
+OTHER_THREAD = ("the job trains in a thread other than the one that imported torch: a first "
+                "torch.profiler there prints a Kineto error line into the job's output, so no "
+                "window opens; the shares come without the window's op split")
+#: The reasons the window stays closed by choice (doctor.probes.torch_ops), not by failure
+#: (doctor.analyse.facts says "no torch.profiler window" for them, not "failed").
+STEPPED_ASIDE = (OWN_PROFILER, OTHER_THREAD)
+
 
 class Window(NamedTuple):
     """Profile ``steps`` steps from step ``start``; off when ``steps`` is 0."""
