@@ -5,7 +5,6 @@ the loading model of doctor.rules.input_model.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from doctor.analyse.evidence import Evidence
@@ -14,7 +13,7 @@ from doctor.categories import INPUT_STAGES
 from doctor.rules.base import rule
 from doctor.rules.input_bursts import bursts
 from doctor.rules.input_model import InputFacts, count_of, suggested_workers
-from doctor.rules.input_reads import SMALL_FILES, io_cause
+from doctor.rules.input_reads import io_cause
 from doctor.rules.input_remote import MAX_WORKERS, REMOTE, in_flight_needed, speedup_in_flight
 from doctor.verdict import Finding, Fix
 
@@ -226,11 +225,8 @@ def input_stage(ev: Evidence) -> list[Finding]:
         if stage == "io":
             evidence["read_mb_per_s"] = _read_rate(ev)
             evidence.update(reads.to_evidence() if reads is not None else {})
-            evidence["cause"], fixes = io_cause(x, frac, reads, ev.data_source, fixes)
-            if evidence["cause"] == SMALL_FILES and fixes[0].estimated_speedup is None:
-                # the shards save at least the reads' time (a floor: the calls around each
-                # small file, its open and its fresh buffer, go too)
-                fixes = (replace(fixes[0], estimated_speedup=x.step / new_step), *fixes[1:])
+            evidence["cause"], fixes = io_cause(x, frac, reads, ev.data_source, fixes,
+                                                x.step / new_step)
             evidence.update(ev.data_source.to_evidence() if ev.data_source else {})
         if stage == "preprocess":
             evidence["collate_share_of_loading"] = x.collate_share

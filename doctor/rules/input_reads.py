@@ -30,9 +30,10 @@ SMALL_FILES, STORAGE, PAGE_CACHE = "small files", "storage", "page cache"
 
 
 def io_cause(x: InputFacts, frac: float, reads: ReadPattern | None,
-             source: DataSource | None, plain: tuple[Fix, ...]
+             source: DataSource | None, plain: tuple[Fix, ...], reads_saved: float | None = None
              ) -> tuple[str | None, tuple[Fix, ...]]:
-    """(the io stage's cause, its fixes in the order it calls for)."""
+    """(the io stage's cause, its fixes in the order it calls for); ``reads_saved``: the
+    speedup of the io stage's time gone (the small files' shards' estimate)."""
     top = x.top.get("io", [])
     if is_remote(top, source):
         more, own = remote_fixes(x, frac, top, source)
@@ -40,7 +41,7 @@ def io_cause(x: InputFacts, frac: float, reads: ReadPattern | None,
     stage = staging_fix(source, reads) if source is not None else None
     if stage is not None:
         return NETWORK_FS, (stage, plain[MORE], plain[SHARDS])
-    return read_cause(reads, _files_read(source)), io_fixes(reads, plain, source)
+    return read_cause(reads, _files_read(source)), io_fixes(reads, plain, source, reads_saved)
 
 
 def read_cause(reads: ReadPattern | None, files_read: bool = True) -> str | None:
@@ -52,10 +53,13 @@ def read_cause(reads: ReadPattern | None, files_read: bool = True) -> str | None
 
 
 def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, ...],
-             source: DataSource | None = None) -> tuple[Fix, ...]:
+             source: DataSource | None = None, reads_saved: float | None = None
+             ) -> tuple[Fix, ...]:
     """``plain`` (keep the data close, more concurrency, shards) ordered and worded by what the
     reads were (small files unless ``source`` saw fetches and no data file), with the files
-    seen open a second where the parent looked."""
+    seen open a second where the parent looked; small files' shards estimated at
+    ``reads_saved`` (a floor: the calls around each file go too), where the shards fix has no
+    estimate of its own."""
     if reads is None:
         return plain
     close, more, shards = plain[CLOSE], plain[MORE], plain[SHARDS]
@@ -70,7 +74,8 @@ def io_fixes(reads: ReadPattern | None, plain: tuple[Fix, ...],
                              "shards read sequentially (WebDataset tar files, or one "
                              "np.memmap'ed array) turn thousands of calls into a few. "
                              "Its estimate is the reads' own time, a floor: the calls around "
-                             "each file (its open, a fresh buffer) go too." + _opens(source))
+                             "each file (its open, a fresh buffer) go too." + _opens(source),
+                         estimated_speedup=shards.estimated_speedup or reads_saved)
         return (shards, more, close)
     if cause == STORAGE:
         close = replace(close, title="Reads wait on storage "
