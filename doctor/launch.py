@@ -31,6 +31,7 @@ from doctor.job_record import BOOTSTRAP_DIR, RunEnd, run_record
 from doctor.progress import Say, WindowProgress, start_line
 from doctor.record.tracer import ENV_PARENT_PID
 from doctor.record.window import ENV_WINDOW, Window, window_of
+from doctor.report_warmup import ReportWarmup
 from doctor.sampler import SAMPLE_INTERVAL_S, ParentSampler
 from doctor.store.rundir import write_run_record
 from doctor.verdict import ProbeStatus
@@ -72,7 +73,8 @@ def probes_dir() -> Path:
 
 @dataclass(frozen=True)
 class Launch:
-    """How ``doctor try`` starts a job instead of as typed (``doctor run`` uses the defaults):
+    """How ``doctor try`` starts a job instead of as typed (``doctor run`` uses the defaults,
+    and imports its report's modules while the job starts: ``warm_report``):
     the environment it starts from, where it runs, where its output goes, how long it may
     take before it is stopped (SIGTERM, then SIGKILL), and who hears doctor's progress lines
     (doctor.progress: the start, the deep window; None, the default, says nothing)."""
@@ -83,6 +85,7 @@ class Launch:
     stderr: IO[Any] | None = None
     timeout_s: float | None = None
     measure_handoff: bool = True  # measure the machine after the job (doctor.after_job)
+    warm_report: bool = False  # import the report's modules while the job starts
     progress: Say | None = None
 
 
@@ -123,6 +126,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: Window | None = None,
     timed_out = False
     exit_wait = ExitWait(proc)
     cpu0 = time.process_time()  # the parent's own CPU while the job runs: its always-on cost
+    warmup = ReportWarmup().start() if launch.warm_report else None  # a one-off cost, apart
 
     def wait(seconds: float) -> bool:
         nonlocal timed_out
@@ -148,7 +152,7 @@ def run_job(command: JobCommand, run_dir: Path, *, window: Window | None = None,
         restore()
     rc = ended[0]
     duration = clock() - t0
-    parent_cpu_s = time.process_time() - cpu0
+    parent_cpu_s = time.process_time() - cpu0 - (warmup.cpu_s() if warmup else 0.0)
     if progress is not None:
         _progress_step(progress, WindowProgress.finish)
     host = samplers.running.get("host")

@@ -32,7 +32,7 @@ def run_and_report(command: Sequence[str], *, out: Path | None, window: Window, 
     lines (None: quiet). The job's exit status."""
     job = resolve_command(tuple(command))
     node = node_of(job.argv, os.environ)
-    launch = Launch(progress=say)
+    launch = Launch(progress=say, warm_report=True)
     if (mismatch := numpy_mismatch()) is not None:
         print(mismatch, file=sys.stderr)
     if node is None:

@@ -53,6 +53,9 @@ def test_compute_bound_job(tmp_path: Path) -> None:
     assert verdict["steps"]["count"] == 39
     assert "compute.bound" in finding_ids(verdict)
     assert window_trace_verdict(tmp_path / "run")["bottleneck"] == "compute"  # the other door
+    # the report's imports while the job started (doctor.report_warmup, about a CPU second)
+    # are a one-off, not the parent's sampling cost
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["sampler_cpu_s"] < 0.3
 
 
 def test_input_bound_job(tmp_path: Path) -> None:

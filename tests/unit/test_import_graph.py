@@ -47,7 +47,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                "doctor.outputs", "doctor.run_summary", "doctor.progress", "doctor.nodes",
                "doctor.job_record", "doctor.compat", "doctor.exit_wait", "doctor.sampler",
                "doctor.sources", "doctor.reporting", "doctor.run_door", "doctor.tries",
-               "doctor.after_job")),
+               "doctor.after_job", "doctor.report_warmup")),
 )
 
 Edges = Mapping[tuple[str, str], list[str]]  # (node, node) -> "file:line imports module"
