@@ -2,6 +2,11 @@
 (a Python loop of small ops per tensor) or as lists (foreach), where one fused kernel per step
 does the same update. Named where the optimizer step is a real share of the step, with the
 fused (or foreach) setting as the fix and an ``apply`` that ``doctor try`` can measure.
+
+The collectives a step of the optimizer issues (a sharded optimizer's parameter broadcasts, a
+gradient norm's all-reduce: the profiler window's calls of phase ``optimizer``) are its time but
+not its update's: a fused kernel takes none of them off, so their exposed time is left out of the
+optimizer's share (said in the evidence); communication's findings have them.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ FUSED_CUTS, FOREACH_CUTS = 0.6, 0.3
 def unfused(ev: Evidence) -> list[Finding]:
     ledger, optimizers = ev.ledger, ev.optimizers
     assert ledger is not None and optimizers is not None  # guaranteed by needs
-    wall = float(ledger["wall_s"].sum())
-    share = float(ledger["optimizer_s"].sum()) / wall if wall > 0 else 0.0
+    steps = max(len(ledger), 1)
+    wall = float(ledger["wall_s"].sum()) / steps
+    collectives = collectives_in_step_s(ev)
+    share = max(float(ledger["optimizer_s"].sum()) / steps - collectives, 0.0) / wall \
+        if wall > 0 else 0.0
     rows = optimizers[optimizers["optimizer"].isin(FUSABLE) & ~optimizers["fused"].eq(True)]
     if share < OPTIMIZER_SHARE or rows.empty:
         return []
@@ -55,11 +63,22 @@ def unfused(ev: Evidence) -> list[Finding]:
     return [Finding(
         id="optimizer.unfused", category="compute",
         severity="warning" if share >= WARN_SHARE else "info",
-        title=f"The optimizer step takes {share:.0%} of the step: {name} over {tensors} "
-              f"tensors, {how}",
+        title=f"The optimizer step takes {share:.0%} of the step"
+              + (" (its collectives apart)" if collectives > 0 else "")
+              + f": {name} over {tensors} tensors, {how}",
         evidence={"optimizer": name, "optimizer_share": share, "tensors": tensors,
-                  "device": device, "foreach": row["foreach"], "fused": row["fused"]},
+                  "device": device, "foreach": row["foreach"], "fused": row["fused"],
+                  **({"collectives_in_step_s": collectives} if collectives > 0 else {})},
         fixes=tuple(fixes), estimated_speedup=fixes[0].estimated_speedup)]
+
+
+def collectives_in_step_s(ev: Evidence) -> float:
+    """The exposed seconds of the collectives issued inside the optimizer's step, a window step
+    (the ranks' mean; 0 without a window's collectives)."""
+    per_rank = [float(c.calls.loc[c.calls["phase"] == "optimizer", "exposed_s"].sum()) / c.steps
+                for c in (ev.comms or {}).values()
+                if c.steps > 0 and {"phase", "exposed_s"} <= set(c.calls.columns)]
+    return sum(per_rank) / len(per_rank) if per_rank else 0.0
 
 
 def _speedup(share: float, cuts: float) -> float:
