@@ -8,7 +8,6 @@ It formats only; the findings, shares and speedups come from the rules.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import textwrap
@@ -169,12 +168,12 @@ def format_value(key: str, value: Any) -> str:
             value = value.item()
     if isinstance(value, bool):
         return "yes" if value else "no"
-    name = key.lower()
+    name = key.lower().removesuffix("_per_step")  # comm_s_per_step: seconds
     if isinstance(value, int | float):
         if name.endswith("_per_s"):  # a rate: read_mb_per_s, samples_per_s
             unit = name.removesuffix("_per_s").rsplit("_", 1)[-1]
             return f"{value:.4g} {unit.upper() if unit in BYTE_UNITS else unit}/s"
-        if name.endswith("_s"):
+        if name.endswith("_s") or name == "seconds":
             return format_seconds(value)
         if name.endswith("_pct") or name.endswith("percent"):
             return f"{float(value):.1f}%"
@@ -187,11 +186,19 @@ def format_value(key: str, value: Any) -> str:
         if isinstance(value, int):
             return f"{value:,}" if abs(value) >= 10_000 else str(value)
         return f"{value:.4g}"
-    if isinstance(value, Mapping):
-        return json.dumps({str(k): v for k, v in value.items()}, default=str)
+    if isinstance(value, Mapping):  # each value by its own key's unit, else by this one's
+        return "{" + ", ".join(f"{k}: {_nested(str(k), key, v)}" for k, v in value.items()) + "}"
     if isinstance(value, list | tuple):
-        return ", ".join(format_value(key, v) for v in value)
+        items = ", ".join(format_value(key, v) for v in value)
+        return f"[{items}]" if any(isinstance(v, Mapping) for v in value) else items
     return str(value)
+
+
+def _nested(key: str, parent: str, value: Any) -> str:
+    """A value of a mapping under ``parent``: by its own key's unit where that names one
+    (``theory``, a rank's "0" do not), else by the parent's (``by_rank``, ``transfer_s``)."""
+    own = format_value(key, value)
+    return own if own != format_value("", value) else format_value(parent, value)
 
 
 def _is_number(value: Any) -> bool:

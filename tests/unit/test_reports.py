@@ -359,3 +359,17 @@ def test_evidence_values_carry_their_units() -> None:
     assert format_value("median_step_s", 0.072) == "72.0 ms"
     assert format_value("read_mb_per_s", 466.2) == "466.2 MB/s"  # a rate, not seconds
     assert format_value("samples_per_s", 12.5) == "12.5 samples/s"
+    assert format_value("comm_s_per_step", 0.0317) == "31.7 ms"  # seconds a step
+
+
+def test_nested_evidence_reads_as_words_with_units_not_json() -> None:
+    from doctor.reports.text import format_value
+
+    bubble = {"schedule": "GPipe", "theory": 1 / 3, "by_rank": {"0": 0.41},
+              "transfer_s_per_step": {"0": 0.000362, "1": 0.0012},
+              "phases": [{"phase": "forward all-gathers", "seconds": 0.018, "bytes": 6 * 2**20}]}
+    text = format_value("pipeline_bubble", bubble)
+    assert text == ("{schedule: GPipe, theory: 0.3333, by_rank: {0: 0.41}, "
+                    "transfer_s_per_step: {0: 362 µs, 1: 1.2 ms}, "
+                    "phases: [{phase: forward all-gathers, seconds: 18.0 ms, bytes: 6.0 MiB}]}")
+    assert format_value("waits_s", {"0": 0.5}) == "{0: 500.0 ms}"  # a rank's: its parent's unit
