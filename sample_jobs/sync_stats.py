@@ -14,7 +14,6 @@ times both in one process, in alternating blocks of N steps.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 from typing import Any
@@ -75,20 +74,21 @@ def main() -> None:
                     help="alternate blocks of N steps with and without --plain-norm")
     args = ap.parse_args()
     rank = start_gloo()
-    layers: list[nn.Module] = []
-    for _ in range(args.layers):
-        layers += [nn.Linear(args.width, args.width),
-                   SyncStatsNorm(args.width, sync=not args.plain_norm), nn.ReLU()]
-    model = DistributedDataParallel(nn.Sequential(*layers, nn.Linear(args.width, 10)))
+
+    def build(sync: bool) -> nn.Module:
+        layers: list[nn.Module] = []
+        for _ in range(args.layers):
+            layers += [nn.Linear(args.width, args.width), SyncStatsNorm(args.width, sync=sync),
+                       nn.ReLU()]
+        return DistributedDataParallel(nn.Sequential(*layers, nn.Linear(args.width, 10)))
+
+    model = build(sync=not args.plain_norm)
     gen = torch.Generator().manual_seed(rank)
     data = [(torch.randn(args.batch, args.width, generator=gen),
              torch.randint(0, 10, (args.batch,), generator=gen)) for _ in range(8)]
-    switched = None
-    if args.ablate > 0:  # the same layers with their own statistics, in alternating blocks
-        switched = copy.deepcopy(model)
-        for m in switched.modules():
-            if isinstance(m, SyncStatsNorm):
-                m.sync = False
+    # the same layers with their own statistics, in alternating blocks: a model of its own (a
+    # deep copy of the DDP model made the original's collectives 3x quicker than alone)
+    switched = build(sync=False) if args.ablate > 0 else None
     train("sync_stats", model, data, args.steps, nn.functional.cross_entropy,
           ablate=args.ablate, switched=switched, plain_norm=args.plain_norm)
 
