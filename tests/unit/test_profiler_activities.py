@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from torch.profiler import ProfilerActivity
 
-from doctor.probes.torch_ops import ENV_TEARDOWN, ask_cupti_teardown, profiler_activities
+from doctor.probes.profiler_activities import ENV_TEARDOWN, ask_cupti_teardown, profiler_activities
 
 
 def fake_torch(available: bool, initialized: bool) -> SimpleNamespace:
