@@ -5,7 +5,7 @@
   ``set_modules_to_backward_prefetch``, FSDP1's ``forward_prefetch`` / ``backward_prefetch``):
   at most what one unit ahead can hide (the phase's ``hideable_s``: each exposed all-gather up to
   the compute before it), as far as a core is free for the communication threads; none where
-  the phase's prefetch already worked;
+  the phase's prefetch already worked, or where FSDP1's own setting for it is already on;
 - keep the last units gathered after forward (``reshard_after_forward=False``): the backward
   all-gathers' exposed time, for the memory of the gathered units held to backward;
 - wrap fewer, larger units (no estimate: one unit size measured says nothing of the latency a
@@ -53,7 +53,7 @@ def sharded_fixes(ex: Exposed, par: Parallelism | None, share: float, overlap_co
     sharded = phases.exposed_s
     for phase in (phases.of(FORWARD_GATHERS), phases.of(BACKWARD_GATHERS)):
         if phase is None or phase.prefetch == WORKED or sharded <= 0 or \
-                phase.exposed_s < PHASE_SHARE * sharded:
+                phase.exposed_s < PHASE_SHARE * sharded or prefetch_set(par, phase.phase):
             continue
         has_before = "compute_before_s" in ex.calls
         hidden = (phase.hideable_s if has_before else min(phase.exposed_s, compute_s)) * \
@@ -78,6 +78,17 @@ def sharded_fixes(ex: Exposed, par: Parallelism | None, share: float, overlap_co
             code=("for block in model.blocks:  # a transformer block, not each of its layers\n"
                   "    fully_shard(block)\nfully_shard(model)")))
     return out
+
+
+#: FSDP1's settings (as the sharding probe records them) that already prefetch each phase.
+FSDP1_PREFETCH = {FORWARD_GATHERS: "forward_prefetch=True", BACKWARD_GATHERS: "BACKWARD_PRE"}
+
+
+def prefetch_set(par: Parallelism | None, phase: str) -> bool:
+    """Whether the job's FSDP1 modules already prefetch ``phase`` (the fix would be its own
+    setting: none is given)."""
+    return par is not None and par.sharded == "FSDP" and \
+        FSDP1_PREFETCH.get(phase, "\0") in par.settings
 
 
 def prefetch_fix(phase: PhaseCost, fsdp1: bool, on_gpu: bool, overlap_cores: float,

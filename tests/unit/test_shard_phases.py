@@ -15,7 +15,7 @@ import pytest
 
 from doctor.analyse.analysis import Analysis, Sections, Tables
 from doctor.analyse.comms import Link, RankComms, classify, waiting_times
-from doctor.analyse.parallelism import roles
+from doctor.analyse.parallelism import Parallelism, roles
 from doctor.analyse.shard_phases import (
     AHEAD,
     BACKWARD_GATHERS,
@@ -163,11 +163,12 @@ def test_units_without_names_are_told_apart_by_their_order_in_each_step() -> Non
                                                               ("#2", 8e6, 2e-3)]
 
 
-def finding(events: list[dict[str, Any]], cores: int = 8) -> Finding:
+def finding(events: list[dict[str, Any]], cores: int = 8, par: Parallelism | None = None
+            ) -> Finding:
     c = comms(events)
     window = steps(device="cpu", gpu_busy_s=0.0, comm_s=0.08, comm_exposed_s=0.08)
     [f] = run_rules(evidence(window=window, comms=c, shard_phases=shard_phases(c), cores=cores,
-                             ranks_here=2),
+                             ranks_here=2, parallelism=par),
                     [communication.exposed_communication]).findings
     return f
 
@@ -195,6 +196,21 @@ def test_a_phase_whose_prefetch_worked_gets_no_prefetch_fix() -> None:
     f = finding(forward("ahead_async"))
     assert not any("prefetch them" in x.title for x in f.fixes)
     assert f.evidence["sharded_phases"]["phases"][0]["prefetch"] == WORKED
+
+
+def test_fsdp1_already_prefetching_forward_is_not_told_to_and_fsdp2_is_not_read_so() -> None:
+    def fsdp(api: str, settings: str) -> Parallelism:
+        return Parallelism(2, False, api, 3, True, 0.0, 0.0, settings=settings)
+
+    told = finding(forward("on_demand"), par=fsdp("FSDP", "forward_prefetch=False"))
+    fix = next(x for x in told.fixes if x.title.startswith("Forward all-gathers exposed"))
+    assert "forward_prefetch=True" in fix.code
+    on = finding(forward("on_demand"), par=fsdp("FSDP", "sharding_strategy=FULL_SHARD, "
+                                                        "forward_prefetch=True"))
+    assert not any(x.title.startswith("Forward all-gathers exposed") for x in on.fixes)
+    # FSDP2 has no such setting: its fix stays whatever the settings' words
+    two = finding(forward("on_demand"), par=fsdp("FSDP2", "forward_prefetch=True"))
+    assert any(x.title.startswith("Forward all-gathers exposed") for x in two.fixes)
 
 
 def test_gathers_in_backward_alone_are_not_fsdps_shape_and_get_none_of_its_fixes() -> None:
