@@ -90,6 +90,29 @@ def estimate_of(share: float, ex: Exposed, saved_s: float) -> float | None:
     return value if value >= 1.02 else None
 
 
+def bucket_saving(calls: pd.DataFrame, world: int, steps: int) -> tuple[float, float] | None:
+    """(the time of ``world`` broadcasts of the same bytes as a share of the ``n`` measured
+    ones', their latency), from the broadcasts of a step: the latency, the median time of the
+    smallest (up to twice the smallest size); the bandwidth, the best the larger ones reached
+    beyond that latency.
+    Medians and bests, not a fitted line: a call that waited for its peer stretches a line's
+    latency, not these. None where every broadcast is of one size."""
+    sized = calls[calls["bytes"].notna() & (calls["seconds"] > 0)]
+    if sized.empty or steps <= 0:
+        return None
+    small = sized["bytes"] <= 2 * float(sized["bytes"].min())
+    if small.all():
+        return None
+    alpha = float(sized.loc[small, "seconds"].median())
+    large = sized[~small & (sized["seconds"] > alpha)]
+    if large.empty:
+        return None
+    beta = float((large["bytes"] / (large["seconds"] - alpha)).max())
+    n, total = len(calls) / steps, float(sized["bytes"].sum()) / steps
+    now, then = n * alpha + total / beta, world * alpha + total / beta
+    return (min(then / now, 1.0), alpha) if now > 0 else None
+
+
 def stats_fixes(ex: Exposed, share: float) -> list[Fix]:
     """Synchronised batch statistics: plain BatchNorm where each rank's batch is large enough
     (the collectives gone), GroupNorm, or a larger batch a rank."""
@@ -141,13 +164,17 @@ def all_to_all_fixes(ex: Exposed) -> list[Fix]:
               "for _ in range(steps):\n    pipeline.progress(data_iterator)"))]
 
 
-def zero_fixes(ex: Exposed) -> list[Fix]:
+def zero_fixes(ex: Exposed, share: float) -> list[Fix]:
     """A sharded optimizer's (ZeRO-1) parameter broadcasts: one bucket a rank instead of one
     broadcast a parameter, the step and its broadcasts overlapped with DDP's backward, or a
     whole optimizer on every rank where its state fits (the broadcasts gone, for (N-1)/N more
-    optimizer state a rank and N times the optimizer's step). No estimates: the broadcasts'
-    time is measured, but not what a bucket costs, nor the whole optimizer's step (on a 2-rank
-    gloo job the switches measured 1.5x and 2.7x where their exposed time said 9x)."""
+    optimizer state a rank and N times the optimizer's step).
+
+    Estimates from the run: the bucket's, from a latency-bandwidth model of the broadcasts
+    themselves (doctor.rules.comm_kinds.bucket_saving: N broadcasts of the same bytes against
+    the n measured), of their exposed time. The whole optimizer's and the overlap's get none
+    (N times the updates against the broadcasts: both run slower in the profiler window than
+    outside it, by amounts that differ; what the overlap hides depends on DDP's buckets)."""
     calls = ex.of(ZERO)
     if calls.empty:
         return []
@@ -156,15 +183,22 @@ def zero_fixes(ex: Exposed) -> list[Fix]:
     trip = float(calls["seconds"].median())
     out = []
     if n > 2 * ex.world:
+        bucket = bucket_saving(calls, ex.world, ex.steps)
+        why = (f"{n:g} broadcasts a step after the optimizer's step, one a parameter "
+               f"({float(calls['bytes'].median()) / 1024:.1f} KiB median), "
+               f"{exposed * 1e3:.1f} ms exposed: each pays a round trip (a median "
+               f"{trip * 1e3:.2f} ms here); a bucket view sends each rank's shard as one "
+               f"tensor, {ex.world} broadcasts a step")
+        if bucket is not None:
+            why += (f"; with the latency of the smallest ({bucket[1] * 1e3:.2f} ms a call) and "
+                    f"the best bandwidth of the larger, the {ex.world} take {bucket[0]:.0%} of "
+                    f"the {n:g}'s time")
         out.append(Fix(
-            title="Broadcast one bucket a rank (parameters_as_bucket_view=True)",
-            why=(f"{n:g} broadcasts a step after the optimizer's step, one a parameter "
-                 f"({float(calls['bytes'].median()) / 1024:.1f} KiB median), "
-                 f"{exposed * 1e3:.1f} ms exposed: each pays a round trip (a median "
-                 f"{trip * 1e3:.2f} ms here); a bucket view sends each rank's shard as one "
-                 f"tensor, {ex.world} broadcasts a step"),
+            title="Broadcast one bucket a rank (parameters_as_bucket_view=True)", why=why,
             code=("ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,"
-                  "\n    parameters_as_bucket_view=True, lr=lr)")))
+                  "\n    parameters_as_bucket_view=True, lr=lr)"),
+            estimated_speedup=None if bucket is None else
+            estimate_of(share, ex, exposed * (1.0 - bucket[0]))))
     out.append(Fix(
         title="Overlap the sharded step with DDP's backward (overlap_with_ddp=True)",
         why=("each rank steps its shard and broadcasts it after backward, with nothing beside "
@@ -180,7 +214,10 @@ def zero_fixes(ex: Exposed) -> list[Fix]:
         title="Step a whole optimizer on each rank where its state fits",
         why=(f"the broadcasts ({exposed * 1e3:.1f} ms exposed a step) are the price of holding "
              f"1/{ex.world} of the optimizer state a rank; where memory allows, each rank "
-             f"keeps all of it ({ex.world - 1}/{ex.world} more) and broadcasts nothing"),
+             f"keeps all of it ({ex.world - 1}/{ex.world} more) and broadcasts nothing, for "
+             f"{ex.world} times the updates a step (no estimate: the profiler window's many "
+             "small broadcasts and updates both run slower than outside it, and by how much "
+             "differs)"),
         code="optimizer = torch.optim.Adam(model.parameters(), lr=lr)  # instead of "
              "ZeroRedundancyOptimizer"))
     return out

@@ -189,7 +189,7 @@ def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
     if ex.share(PIPELINE) >= ROLE_SHARE and bubble is not None:
         fixes += pipeline_fixes(bubble)
     if ex.share(ZERO) >= ROLE_SHARE:
-        fixes += zero_fixes(ex)
+        fixes += zero_fixes(ex, share)
     if ex.share(OTHER) >= ROLE_SHARE:
         fixes += all_to_all_fixes(ex)
     return sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)), roles

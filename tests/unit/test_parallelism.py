@@ -210,3 +210,23 @@ def test_a_sharded_optimizers_broadcasts_get_their_role_and_fixes() -> None:
     assert "parameters_as_bucket_view=True" in text and "overlap_with_ddp=True" in text
     assert "bucket_cap" not in text  # DDP's all-reduce is under a tenth of the exposed time
     assert "sharded optimizer (ZeRO-1)" in f.title
+
+
+def test_a_sharded_optimizers_bucket_is_estimated_from_its_broadcasts_latency() -> None:
+    # 20 broadcasts a step: 10 weights of 1 MB at 1 GB/s over a 1 ms latency, 10 biases of
+    # 1 KB (1 ms); one bucket a rank: 2 calls of the same 10 MB, 2 ms + 10 ms
+    rows = [("allreduce", "backward", 8e6, 1e-4)]
+    for _ in range(10):
+        rows += [("broadcast", "optimizer", 1e6, 2e-3), ("broadcast", "optimizer", 1e3, 1e-3)]
+    f = comm_finding(calls(rows))
+    bucket = next(x for x in f.fixes if "parameters_as_bucket_view" in x.title)
+    kept = (2 * 1e-3 + 10.01e6 / 1e9) / 30e-3  # of the broadcasts' 30 ms
+    zero_share = 30e-3 / 30.1e-3  # of the exposed communication; communication: 0.8 of the step
+    assert bucket.estimated_speedup == pytest.approx(1 / (1 - 0.8 * zero_share * (1 - kept)),
+                                                     rel=0.02)
+    assert "1.00 ms a call" in bucket.why
+    # every broadcast one size: no latency apart from bandwidth, no estimate
+    same = [("allreduce", "backward", 8e6, 1e-4), *[("broadcast", "optimizer", 4096, 2e-3)] * 10]
+    alone = next(x for x in comm_finding(calls(same)).fixes
+                 if "parameters_as_bucket_view" in x.title)
+    assert alone.estimated_speedup is None
