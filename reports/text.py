@@ -280,10 +280,11 @@ def render_text(analysis: Analysis, *, width: int = 100, full: bool = False,
     if off:
         out.append("")
         out.append("Probes that did not run:")
+        said: dict[tuple[str, str], list[str]] = {}  # probes of one reason said once
         for name, probe in off.items():
-            line = f"{name}: {probe.reason or 'unavailable'}"
-            if probe.hint:
-                line += f" (hint: {probe.hint})"
+            said.setdefault((probe.reason or "unavailable", probe.hint or ""), []).append(name)
+        for (reason, hint), names in said.items():
+            line = f"{', '.join(names)}: {reason}" + (f" (hint: {hint})" if hint else "")
             out += _wrap(line, width, "  ", "    ")
 
     if full:

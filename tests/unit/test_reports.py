@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -373,3 +374,17 @@ def test_nested_evidence_reads_as_words_with_units_not_json() -> None:
                     "transfer_s_per_step: {0: 362 µs, 1: 1.2 ms}, "
                     "phases: [{phase: forward all-gathers, seconds: 18.0 ms, bytes: 6.0 MiB}]}")
     assert format_value("waits_s", {"0": 0.5}) == "{0: 500.0 ms}"  # a rank's: its parent's unit
+
+
+def test_probes_off_for_one_reason_are_named_together_once() -> None:
+    from doctor.reports.text import render_text
+
+    reason = "no Python process of the job recorded anything"
+    probes = {"steps": ProbeStatus(False, reason), "dataloader": ProbeStatus(False, reason),
+              "gpu": ProbeStatus(False, "NVML library not found", "needs a GPU"),
+              "host": ProbeStatus(True)}
+    analysis = input_bound()
+    text = render_text(replace(analysis, verdict=replace(analysis.verdict, probes=probes)))
+    assert text.count(reason) == 1
+    assert f"steps, dataloader: {reason}" in text
+    assert "gpu: NVML library not found (hint: needs a GPU)" in text
