@@ -15,8 +15,9 @@ from doctor.categories import CATEGORIES
 from doctor.errors import RecordSchemaError
 from doctor.step_pace import pace
 
-#: Job facts worth putting side by side when they differ.
-SETTINGS = ("device", "ranks", "cores", "torch_threads", "num_workers", "pin_memory",
+#: Job facts worth putting side by side when they differ (``command``: the job's argv as typed,
+#: secrets already redacted: two runs of different commands are two jobs, not one changed).
+SETTINGS = ("command", "device", "ranks", "cores", "torch_threads", "num_workers", "pin_memory",
             "batch_size")
 SIDE_KEYS = ("source", "bottleneck", "median_step_s", "steps", "shares", "settings")
 
@@ -127,6 +128,8 @@ def _pace(analysis: Analysis) -> float | None:
 def _side(analysis: Analysis) -> Side:
     v = analysis.verdict
     job = dict(v.job)
+    if isinstance(job.get("argv"), list | tuple):
+        job["command"] = " ".join(str(x) for x in job["argv"])
     loaders = analysis.tables.loaders
     if loaders is not None and not loaders.empty:
         first = loaders.iloc[0]

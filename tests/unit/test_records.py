@@ -21,12 +21,14 @@ from doctor.store.try_record import TRY_FORMAT, TryRecord
 from doctor.verdict import LEDGER_COLUMNS, Verdict
 
 
-def analysis(source: str, median_s: float, compute: float, workers: int) -> Analysis:
+def analysis(source: str, median_s: float, compute: float, workers: int,
+             argv: list[str] | None = None) -> Analysis:
     shares = dict.fromkeys(CATEGORIES, 0.0)
     shares.update(compute=compute, decode=1.0 - compute)
     verdict = Verdict(bottleneck="decode" if compute < 0.5 else "compute", shares=shares,
                       steps={"count": 50, "analyzed": 40, "median_s": median_s}, findings=[],
-                      probes={}, job={"device": "cpu", "ranks": 1, "cores": 8})
+                      probes={}, job={"device": "cpu", "ranks": 1, "cores": 8,
+                                      "argv": argv or ["python", "train.py"]})
     loaders = pd.DataFrame({"num_workers": [workers], "pin_memory": [False],
                             "batch_size": [32]})
     return Analysis(verdict, pd.DataFrame(columns=list(LEDGER_COLUMNS)), source,
@@ -44,6 +46,13 @@ def test_a_comparison_round_trips_through_its_json() -> None:
     again = Comparison.from_dict(data)
     assert json.loads(json.dumps(again.to_dict())) == data
     assert render_compare_text(again) == render_compare_text(got)
+
+
+def test_runs_of_two_commands_say_so() -> None:
+    got = compare(analysis("runs/a", 0.2, 0.3, 0), analysis("runs/b", 0.1, 0.3, 0,
+                                                             ["python", "eval.py", "--fast"]))
+    assert got.settings == {"command": ("python train.py", "python eval.py --fast")}
+    assert "command: A python train.py, B python eval.py --fast" in render_compare_text(got)
 
 
 def test_a_comparison_missing_what_its_reader_needs_is_one_schema_error() -> None:
