@@ -59,7 +59,8 @@ def main() -> None:
              torch.randint(0, 10, (args.batch,), generator=gen)) for _ in range(8)]
     switch = {"switch_stage": args.switch_stage, "switch_threshold": args.switch_threshold,
               "switch_bf16": args.switch_bf16}
-    switched = any(v not in (None, False) for v in switch.values())
+    switched = args.switch_stage is not None or args.switch_threshold is not None or \
+        args.switch_bf16
     timer, blocks = plan(args.steps, args.ablate, switched)
     sides = {side for side, _ in blocks}
     engines = {side: build(args, deepspeed, switched=side) for side in sorted(sides)}

@@ -73,4 +73,8 @@ def test_a_deepspeed_zero3_job_gets_deepspeeds_keys_never_ddp_fsdp_or_batchnorm(
     assert any("stage3_param_persistence_threshold: 0" in t for t in titles)  # 8 kept whole
     assert any("communication_data_type: bf16" in t for t in titles)  # fp32 reductions
     assert all(x["code"].startswith("ds_config = {") for x in exposed["fixes"])
-    assert all(x.get("estimated_speedup") for x in exposed["fixes"])
+    estimated = {x["title"].split(" (")[0] for x in exposed["fixes"]
+                 if x.get("estimated_speedup")}
+    assert estimated == {"ZeRO stage 3 -> 2 where the parameters fit whole on each rank",
+                         "Reduce the gradients in bf16"}
+    assert exposed["fixes"][0]["title"].startswith("ZeRO stage 3 -> 2")  # the best estimate
