@@ -7,8 +7,11 @@ its settings (FSDP2: ``reshard_after_forward``, the mesh's size, the bytes of th
 call shards, those not yet sharded by an inner call; FSDP1: ``sharding_strategy``,
 ``forward_prefetch``, ``backward_prefetch``, ``limit_all_gathers``). Once it imports
 ``torch.distributed.optim``, the ZeRO-1 optimizer ``ZeroRedundancyOptimizer`` is wrapped the
-same way (its optimizer class, ``parameters_as_bucket_view``, ``overlap_with_ddp``). Nothing runs
-per step; the totals go to meta.json (``sharding``) when the profiler window ends and at exit.
+same way (its optimizer class, ``parameters_as_bucket_view``, ``overlap_with_ddp``). Once it
+imports ``deepspeed.runtime.engine``, ``DeepSpeedEngine.__init__`` is wrapped: each engine built
+is counted, and the first one's ZeRO stage and communication settings are read from it after its
+construction (doctor.probes.deepspeed_config). Nothing runs per step; the totals go to
+meta.json (``sharding``) when the profiler window ends and at exit.
 
 Runs inside the job at construction time only; a failure records nothing and never stops the
 job (the wrapped call's own result and errors pass through untouched).
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..record.session import Session
+from .deepspeed_config import engine_config
 from .on_import import OnImportProbe
 
 #: The modules that export FSDP2's fully_shard, by torch release.
@@ -32,6 +36,8 @@ FULLY_SHARD_AT = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard
 MAX_UNITS_KEPT = 64  # units whose bytes are kept one by one (the count is always whole)
 ZERO_API = "ZeroRedundancyOptimizer"
 ZERO_SETTINGS = ("parameters_as_bucket_view", "overlap_with_ddp")
+DEEPSPEED_MODULE = "deepspeed.runtime.engine"
+DEEPSPEED_API = "DeepSpeedEngine"
 FSDP1_SETTINGS = ("sharding_strategy", "forward_prefetch", "backward_prefetch",
                   "limit_all_gathers")
 
@@ -46,27 +52,49 @@ class ShardingProbe(OnImportProbe):
                                       "unit_bytes": []}
         self.fsdp1: dict[str, Any] = {"units": 0}
         self.zero: dict[str, Any] = {"units": 0}
+        self.deepspeed: dict[str, Any] = {"units": 0}
 
     def imports(self) -> dict[str, Callable[[], None]]:
-        return {**super().imports(), "torch.distributed.optim": self.wrap_zero}
+        return {**super().imports(), "torch.distributed.optim": self.wrap_zero,
+                DEEPSPEED_MODULE: self.wrap_deepspeed}
+
+    def wrap_deepspeed(self) -> None:
+        self.wrap_init(DEEPSPEED_MODULE, DEEPSPEED_API, self._deepspeed_init)
+
+    def _deepspeed_init(self, orig: Any) -> Any:
+        def note(this: Any, record: dict[str, Any], *_: Any) -> None:
+            if "config" not in record:  # the first engine: training's
+                record["config"] = engine_config(this)
+
+        return self._counted(orig, self.deepspeed, note, "reading DeepSpeed's config")
 
     def wrap_zero(self) -> None:
         self.wrap_init("torch.distributed.optim", ZERO_API, self._zero_init)
 
     def _zero_init(self, orig: Any) -> Any:
-        settings = self.zero
+        def note(_this: Any, record: dict[str, Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+            optimizer = kwargs.get("optimizer_class", args[1] if len(args) > 1 else None)
+            record["settings"] = ", ".join([
+                f"{getattr(optimizer, '__name__', optimizer)} state sharded",
+                *(f"{k}={bool(kwargs.get(k, False))}" for k in ZERO_SETTINGS)])
+
+        return self._counted(orig, self.zero, note, "reading ZeroRedundancyOptimizer")
+
+    def _counted(self, orig: Any, record: dict[str, Any],
+                 note: Callable[[Any, dict[str, Any], tuple[Any, ...], dict[str, Any]], None],
+                 what: str) -> Any:
+        """``orig`` (a constructor) as it is, then each object it built counted in ``record``
+        and ``note``d; a failure to note is the probe's, never the job's."""
 
         @functools.wraps(orig)
         def __init__(this: Any, *args: Any, **kwargs: Any) -> None:
             orig(this, *args, **kwargs)
             try:
-                settings["units"] += 1
-                optimizer = kwargs.get("optimizer_class", args[1] if len(args) > 1 else None)
-                settings["settings"] = ", ".join([
-                    f"{getattr(optimizer, '__name__', optimizer)} state sharded",
-                    *(f"{k}={bool(kwargs.get(k, False))}" for k in ZERO_SETTINGS)])
+                record["units"] += 1
+                note(this, record, args, kwargs)
             except Exception as err:
-                self.session.swallowed(self.name, "reading ZeroRedundancyOptimizer", err)
+                self.session.swallowed(self.name, what, err)
 
         return __init__
 
@@ -149,6 +177,8 @@ class ShardingProbe(OnImportProbe):
             out["FullyShardedDataParallel"] = dict(self.fsdp1)
         if self.zero["units"]:
             out[ZERO_API] = dict(self.zero)
+        if self.deepspeed["units"]:
+            out[DEEPSPEED_API] = dict(self.deepspeed)
         if out:
             try:
                 self.session.update_meta(sharding=out)

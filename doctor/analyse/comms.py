@@ -35,7 +35,14 @@ from doctor.analyse.comm_model import (
     scaling,
 )
 from doctor.analyse.gpus import PCIE_LANE_GB_PER_S
-from doctor.analyse.parallelism import Parallelism, RoleCost, parallelism, role_costs, roles
+from doctor.analyse.parallelism import (
+    Parallelism,
+    RoleCost,
+    deepspeed_config,
+    parallelism,
+    role_costs,
+    roles,
+)
 from doctor.analyse.steps import RankSteps
 from doctor.store.rundata import RunData, RunRecord
 
@@ -197,7 +204,7 @@ def comms_evidence(run: RunData, ranks: Mapping[int, RankSteps], window: pd.Data
     calls["rank"] = [mains[(int(n), int(p))] for n, p in
                      zip(calls["node"], calls["pid"], strict=True)]
     calls = classify(calls, waiting_times(calls))
-    calls["role"] = roles(calls)
+    calls["role"] = roles(calls, deepspeed=deepspeed_config(run.sharding) is not None)
     nodes = {m.node for m in ranks.values()}
     hosts = {run.record.nodes[n] for n in nodes if n < len(run.record.nodes)}
     one_host = len(hosts) == 1 and None not in hosts  # nodes side by side (a test, loopback)

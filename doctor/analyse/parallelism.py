@@ -5,8 +5,11 @@ Each collective of the window (doctor.trace.comm_calls: its kind, bytes, the ste
 was issued in, and the sharding library whose hook issued it) gets a role:
 
 - ``sharded``: a sharded data-parallel job's parameter all-gathers and gradient reduce-scatters:
-  issued by FSDP's hooks (FSDP2 or FSDP), or, with no hook seen (DeepSpeed ZeRO, a trace without
-  host annotations), all-gathers and reduce-scatters of ``STATS_BYTES`` or more;
+  issued by FSDP's hooks (FSDP2 or FSDP), or, with no hook seen (a trace without host
+  annotations), all-gathers and reduce-scatters of ``STATS_BYTES`` or more; where the job built a
+  DeepSpeed engine (the sharding probe saw it), every all-gather, reduce-scatter and all-reduce
+  of any size: ZeRO's parameter gathers (stage 3's small ones too: a bias is no batch statistic)
+  and its gradient reductions, never DDP's;
 - ``stats``: synchronised batch statistics (SyncBatchNorm, detectron2's NaiveSyncBatchNorm),
   recognised by their pattern, not by a class: small collectives (all-gather or all-reduce under
   ``STATS_BYTES``) issued in forward, and the all-reduces in backward of the same sizes (each
@@ -19,14 +22,15 @@ was issued in, and the sharding library whose hook issued it) gets a role:
 - ``gradients``: the all-reduces left (DDP's buckets, or a hand-written gradient all-reduce);
 - ``other``: the rest (broadcasts, all-to-all, barriers).
 
-Only the ``gradients`` all-reduces are DDP's: the communication model (doctor.analyse.comm_model)
-is fitted to them alone, and DDP's fixes are for them alone.
+Only the ``gradients`` all-reduces are DDP's (none in a DeepSpeed job): the communication model
+(doctor.analyse.comm_model) is fitted to them alone, and DDP's fixes are for them alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,15 +43,43 @@ ROLES = (SHARDED, STATS, PIPELINE, ZERO, GRADIENTS, OTHER)
 STATS_BYTES = 64 * 1024
 #: The sharding probe's name of torch's ZeRO-1 optimizer (doctor.probes.sharding).
 ZERO_API = "ZeroRedundancyOptimizer"
+#: The sharding probe's name of DeepSpeed's engine (doctor.probes.sharding).
+DEEPSPEED_API = "DeepSpeedEngine"
 #: Forward collectives of statistics a step (per rank) that make the pattern.
 MIN_STATS_CALLS = 2
+#: The DeepSpeed settings the job section names (doctor.probes.deepspeed_config), by stage.
+DEEPSPEED_WORDS = ("overlap_comm", "reduce_bucket_size", "allgather_bucket_size",
+                   "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+                   "stage3_param_persistence_threshold", "gradient_accumulation_steps",
+                   "communication_data_type", "offload_optimizer", "offload_param")
+STAGE3_ONLY = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+               "stage3_param_persistence_threshold", "offload_param")
 
 
-def roles(calls: pd.DataFrame) -> pd.Series:
-    """The role of each collective (see the module docstring), index of ``calls``."""
+def deepspeed_config(probe: pd.DataFrame | None) -> dict[str, Any] | None:
+    """The first DeepSpeed engine's config the sharding probe recorded (its ZeRO ``stage`` and
+    communication settings), None where the job built none; {} where none could be read."""
+    if probe is None or probe.empty or "api" not in probe:
+        return None
+    rows = probe[probe["api"] == DEEPSPEED_API]
+    if rows.empty:
+        return None
+    configs = [c for c in rows.sort_values(["rank", "pid"]).get("config", pd.Series(dtype=object))
+               if isinstance(c, dict)]
+    return dict(configs[0]) if configs else {}
+
+
+def roles(calls: pd.DataFrame, deepspeed: bool = False) -> pd.Series:
+    """The role of each collective (see the module docstring), index of ``calls``;
+    ``deepspeed``: the job built a DeepSpeed engine."""
     if calls.empty:
         return pd.Series(dtype=object, index=calls.index)
     kind = calls["kind"].astype(str)
+    if deepspeed:
+        out = pd.Series(OTHER, index=calls.index, dtype=object)
+        out[kind.isin(("allgather", "reducescatter", "allreduce"))] = SHARDED
+        out[kind == "sendrecv"] = PIPELINE  # DeepSpeed's pipeline engine
+        return out
     nbytes = calls["bytes"].astype(float)
     phase = calls["phase"].fillna("").astype(str) if "phase" in calls else \
         pd.Series("", index=calls.index)
@@ -131,6 +163,12 @@ class Parallelism:
     microbatches: int = 0  # the schedule's micro-batches a step (0: not known)
     zero_calls: float = 0.0  # a sharded optimizer's parameter broadcasts a step
     zero: str = ""  # the sharded optimizer's class and settings, as the job built it (probe)
+    deepspeed: tuple[tuple[str, Any], ...] = ()  # a DeepSpeed engine's config (probe), sorted
+
+    @property
+    def deepspeed_config(self) -> dict[str, Any] | None:
+        """The DeepSpeed engine's config (doctor.probes.deepspeed_config), None: no engine."""
+        return dict(self.deepspeed) if self.sharded.startswith("DeepSpeed") else None
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -196,6 +234,9 @@ def parallelism(calls: pd.DataFrame, steps: Mapping[int, int], world: int | None
         row = schedules.sort_values(["rank", "pid"]).iloc[0]  # the first built: training's
         found = replace(found, schedule=str(row["schedule"]), stages=int(row["stages"]),
                         microbatches=int(row["microbatches"]))
+    engine = deepspeed_config(probe)
+    if engine is not None:
+        return _deepspeed(found, engine)
     if probe is not None and not probe.empty:
         zero = probe[probe["api"] == ZERO_API]
         probe = probe[probe["api"] != ZERO_API]
@@ -241,3 +282,24 @@ def _from_collectives(calls: pd.DataFrame, steps: Mapping[int, int], world: int 
         # whether units are gathered again before backward: said of FSDP's own units only
         int(units[units != ""].nunique()), reshard if owner in ("FSDP2", "FSDP") else None,
         per_step(role == STATS), per_step(role == PIPELINE), zero_calls=per_step(role == ZERO))
+
+
+def _deepspeed(found: Parallelism, config: Mapping[str, Any]) -> Parallelism:
+    """The job's parallelism where it built a DeepSpeed engine: ZeRO at its stage, with the
+    settings that shape its collectives; its all-reduces are ZeRO's, not DDP's."""
+    stage = config.get("stage")
+    name = f"DeepSpeed ZeRO-{stage}" if isinstance(stage, int) else "DeepSpeed"
+    world = found.world or (config.get("world") if isinstance(config.get("world"), int) else None)
+    words = [f"{k}={_setting(config[k])}" for k in DEEPSPEED_WORDS if k in config
+             and (stage == 3 or k not in STAGE3_ONLY)
+             and (stage != 3 or k != "allgather_bucket_size")]
+    return replace(found, world=world, sharded=name, units=0, reshard_after_forward=None,
+                   settings=", ".join(words), stats_calls=0.0, zero_calls=0.0, zero="",
+                   deepspeed=tuple(sorted(config.items())))
+
+
+def _setting(value: Any) -> str:
+    """A setting in words: a byte or element count as ``5e+08``, the rest as it is."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 10_000:
+        return f"{value:.3g}"
+    return str(value)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pandas as pd
+
 from doctor.analyse.bubble import Bubble, pipeline_bubble, window_as_ledger
 from doctor.analyse.comm_model import WhatIf
 from doctor.analyse.comms import critical
@@ -26,6 +28,7 @@ from doctor.rules.comm_kinds import (
     zero_fixes,
 )
 from doctor.rules.comm_pipeline import bubble_evidence, pipeline_fixes
+from doctor.rules.deepspeed_fixes import deepspeed_fixes
 from doctor.rules.shard_fixes import sharded_fixes
 from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
@@ -148,13 +151,15 @@ def exposed_communication(ev: Evidence) -> list[Finding]:
                               bubble)
     par = ev.parallelism.describe() if ev.parallelism is not None else ""
     mostly = max(roles, key=lambda r: roles[r]) if roles else ""
+    words = WORDS if ev.parallelism is None or ev.parallelism.deepspeed_config is None else \
+        {**WORDS, SHARDED: "DeepSpeed ZeRO's parameter all-gathers and gradient reductions"}
     phases = critical_phases(ev.shard_phases) if roles.get(SHARDED, 0.0) > 0 else None
     return [window_finding(
         "comm.exposed", "communication", share=share, bands=(0.2, 0.05),
         title=(
             f"Collectives take {share:.0%} of the step with no compute beside them "
             f"({overlapped:.0%} of communication is overlapped)"
-            + (f", {roles[mostly]:.0%} of it {WORDS[mostly]}" if mostly else "")
+            + (f", {roles[mostly]:.0%} of it {words[mostly]}" if mostly else "")
         ),
         evidence=dict(comm_s_per_step=comm, comm_exposed_s_per_step=exposed,
                       waiting_for_straggler_s_per_step=waited,
@@ -182,7 +187,11 @@ def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
     fixes: list[Fix] = []
     if ex.share(GRADIENTS) >= ROLE_SHARE:
         fixes += model_fixes(ev, ddp_devices, share * ex.share(GRADIENTS))
-    if ex.share(SHARDED) >= ROLE_SHARE:
+    deepspeed = ev.parallelism is not None and ev.parallelism.deepspeed_config is not None
+    if ex.share(SHARDED) >= ROLE_SHARE and deepspeed and ev.parallelism is not None:
+        every = pd.concat([c.calls for c in (ev.comms or {}).values()], ignore_index=True)
+        fixes += deepspeed_fixes(ex, ev.parallelism, share, every)
+    elif ex.share(SHARDED) >= ROLE_SHARE:
         fixes += sharded_fixes(ex, ev.parallelism, share, overlap_cores, step * (1 - share))
     if ex.share(STATS) >= ROLE_SHARE:
         fixes += stats_fixes(ex, share)

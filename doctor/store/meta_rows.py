@@ -198,8 +198,15 @@ def sharding_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]
             **{k: None if record.get(k) is None else str(record.get(k))
                for k in ("sharding_strategy", "forward_prefetch", "backward_prefetch",
                          "settings")},
+            "config": _settings(record.get("config")) or None,
         })
     return rows
+
+
+def _settings(value: Any) -> dict[str, bool | int | float | str]:
+    """A recorded settings object (DeepSpeed's config): its plain values, nothing else."""
+    return {str(k): v for k, v in as_dict(value).items()
+            if isinstance(v, bool | int | float | str)}
 
 
 def pipeline_rows(who: dict[str, Any], meta: ProcessMeta) -> list[dict[str, Any]]:

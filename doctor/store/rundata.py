@@ -116,10 +116,12 @@ DDP_COLUMNS = columns(f"{WHO} bucket_cap_bytes buckets:int64 bucket_bytes last_b
                       "gradient_as_bucket_view static_graph find_unused_parameters:bool")
 #: The sharded data-parallel modules of a process (doctor.probes.sharding): the API (FSDP2's
 #: ``fully_shard``, FSDP1's ``FullyShardedDataParallel`` or the ZeRO-1 optimizer
-#: ``ZeroRedundancyOptimizer``), its units and settings (``settings``: the optimizer's, in words).
+#: ``ZeroRedundancyOptimizer``, DeepSpeed's ``DeepSpeedEngine``), its units and settings
+#: (``settings``: the optimizer's, in words; ``config``: DeepSpeed's ZeRO stage and communication
+#: settings, a dict: doctor.probes.deepspeed_config).
 SHARDING_COLUMNS = columns(f"{WHO} api:object units:int64 reshard_after_forward:object "
                            "mesh_size:int64 unit_bytes:float64 sharding_strategy "
-                           "forward_prefetch backward_prefetch settings:object")
+                           "forward_prefetch backward_prefetch settings config:object")
 #: The pipeline schedules of a process (doctor.probes.pipelining): the schedule's class, its
 #: micro-batches, the pipeline's stages, this process's stage indices (comma-separated) and the
 #: bytes of their parameters.

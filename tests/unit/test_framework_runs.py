@@ -51,3 +51,30 @@ def test_lightnings_closure_is_not_the_optimizers_cost(tmp_path: Path) -> None:
     assert "torch.optim.Adam(self.parameters(), lr=self.lr, fused=True)" in fused["code"]
     assert fused["apply"] == {"optimizer": {"fused": True}}
 
+
+
+def test_a_deepspeed_zero3_job_gets_deepspeeds_keys_never_ddp_fsdp_or_batchnorm(
+        tmp_path: Path) -> None:
+    verdict = verdict_of("deepspeed_zero3", tmp_path)
+    job = verdict["job"]
+    assert job["framework"] == "DeepSpeed 0.19.8"
+    assert job["parallelism"].startswith("DeepSpeed ZeRO-3 over 2 ranks (overlap_comm=True, ")
+    assert "stage3_param_persistence_threshold=1e+05" in job["parallelism"]
+    assert job["parallel_kinds"] == ["sharded"]  # no DDP, no batch statistics
+    assert verdict["bottleneck"] == "communication"
+    exposed = finding(verdict, "comm.exposed")
+    assert exposed["evidence"]["exposed_by_role"] == {"sharded": 1.0}
+    words = "\n".join(x["title"] + x["why"] + x["code"] for x in exposed["fixes"])
+    for foreign in ("bucket_cap", "no_sync", "compress_hook", "fully_shard", "set_modules_to",
+                    "BatchNorm", "GroupNorm"):
+        assert foreign not in words
+    titles = [x["title"] for x in exposed["fixes"]]
+    assert any("ZeRO stage 3 -> 2" in t for t in titles)
+    assert any("stage3_param_persistence_threshold: 0" in t for t in titles)  # 8 kept whole
+    assert any("communication_data_type: bf16" in t for t in titles)  # fp32 reductions
+    assert all(x["code"].startswith("ds_config = {") for x in exposed["fixes"])
+    estimated = {x["title"].split(" (")[0] for x in exposed["fixes"]
+                 if x.get("estimated_speedup")}
+    assert estimated == {"ZeRO stage 3 -> 2 where the parameters fit whole on each rank",
+                         "Reduce the gradients in bf16"}
+    assert exposed["fixes"][0]["title"].startswith("ZeRO stage 3 -> 2")  # the best estimate
