@@ -5,11 +5,17 @@ Two ablations: ``--skip-allreduce`` keeps DDP as it is (its hooks, its buckets, 
 views of them) and registers a communication hook that hands each bucket back unreduced: the
 collectives alone are gone, so the communication share is measured by it. ``--no-allreduce``
 drops DDP altogether (each rank trains its own copy): that also removes DDP's own work on the
-training thread, more than its communication."""
+training thread, more than its communication.
+
+Gradient accumulation: ``--accumulate M`` runs M micro-batches (backward() calls) a step, each
+all-reducing its gradients as DDP does by default; ``--no-sync`` wraps the first M-1 in
+``model.no_sync()`` (one all-reduce a step, the same optimizer step); ``--ablate N`` times both in
+one process, in alternating blocks of N steps (the same model: only no_sync() differs)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -33,6 +39,11 @@ def ddp_arguments(ap: argparse.ArgumentParser, steps: int = 30) -> None:
                     help="the same training without DDP: no all-reduce")
     ap.add_argument("--skip-allreduce", action="store_true",
                     help="DDP as it is, but its buckets are not all-reduced")
+    ap.add_argument("--accumulate", type=int, default=1, help="micro-batches a step")
+    ap.add_argument("--no-sync", action="store_true",
+                    help="the first micro-batches of a step in model.no_sync()")
+    ap.add_argument("--ablate", type=int, default=0,
+                    help="alternate blocks of N steps without and with --no-sync")
 
 
 def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
@@ -49,7 +60,11 @@ def run(job: str, model: nn.Module, batches: Callable[[int], list[Batch]],
         print(json.dumps({"settings": {
             "bucket_cap_mb": wrapped.bucket_bytes_cap / 2**20,
             "gradient_as_bucket_view": wrapped.gradient_as_bucket_view}}), flush=True)
+    no_sync_on = (True,) if args.ablate > 0 else (False, True) if args.no_sync else ()
+    if args.accumulate > 1:
+        extra.update(micro_batches=args.accumulate, no_sync=args.no_sync)
     train(job, wrapped, batches(rank), args.steps, nn.functional.cross_entropy,
+          ablate=args.ablate, accumulate=args.accumulate, no_sync_on=no_sync_on,
           no_allreduce=args.no_allreduce, skip_allreduce=args.skip_allreduce, **extra)
 
 
@@ -64,11 +79,14 @@ def start_gloo() -> int:
 
 def train(job: str, model: nn.Module, data: list[Batch], steps: int,
           loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *, ablate: int = 0,
-          switched: nn.Module | None = None, **extra: object) -> None:
+          switched: nn.Module | None = None, accumulate: int = 1,
+          no_sync_on: tuple[bool, ...] = (), **extra: object) -> None:
     """Train ``model`` (already wrapped, in an initialised process group) for ``steps`` steps on
-    ``data``; rank 0 prints the job's timing with ``extra``; the process group is destroyed.
-    ``ablate`` N > 0: blocks of N steps alternate between ``model`` and ``switched`` (the job
-    with its switch), both timed in one process (_timing.AblationTimer)."""
+    ``data``, ``accumulate`` micro-batches a step; rank 0 prints the job's timing with
+    ``extra``; the process group is destroyed. ``ablate`` N > 0: blocks of N steps alternate
+    between ``model`` and ``switched`` (the job with its switch), both timed in one process
+    (_timing.AblationTimer). ``no_sync_on``: the sides (False: the job, True: the switched)
+    whose first micro-batches of a step run in DDP's no_sync()."""
     rank = dist.get_rank()
     models = {False: model, True: switched if switched is not None else model}
     opts = {side: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01)
@@ -78,10 +96,14 @@ def train(job: str, model: nn.Module, data: list[Batch], steps: int,
     for side, length in blocks:
         timer.start_block(side)
         for _ in range(length):
-            x, y = data[step % len(data)]
-            loss = loss_fn(models[side](x), y)
             opts[side].zero_grad()
-            loss.backward()
+            for i in range(accumulate):
+                x, y = data[(step * accumulate + i) % len(data)]
+                quiet = side in no_sync_on and i < accumulate - 1 and \
+                    isinstance(models[side], DistributedDataParallel)
+                with models[side].no_sync() if quiet else contextlib.nullcontext():
+                    loss = loss_fn(models[side](x), y)
+                    (loss / accumulate if accumulate > 1 else loss).backward()
             opts[side].step()
             timer.step()
             step += 1

@@ -252,8 +252,16 @@ def bucket_what_ifs(m: RankComm) -> list[WhatIf]:
     return out
 
 
-def no_sync_what_if(m: RankComm, every: int = ACCUMULATION) -> WhatIf:
-    """Gradient accumulation: one all-reduce every ``every`` steps (the others skip it)."""
+def no_sync_what_if(m: RankComm, every: int = ACCUMULATION, micro_batches: int = 1) -> WhatIf:
+    """Gradient accumulation: one all-reduce every ``every`` steps (the others skip it); where
+    the job already accumulates ``micro_batches`` M > 1 a step and each all-reduces, no_sync()
+    on its first M-1: one all-reduce a step, the same optimizer step and batch."""
+    if micro_batches > 1:
+        return _what_if(m, "no_sync", f"no_sync() on {micro_batches - 1} of the job's "
+                        f"{micro_batches} micro-batches a step", m.exposed_s / micro_batches,
+                        f"the job accumulates {micro_batches} micro-batches a step and each "
+                        "all-reduces its gradients; its optimizer step and batch stay as they "
+                        "are", value=micro_batches)
     exposed = m.exposed_s / every
     return _what_if(m, "no_sync", f"no_sync() on {every - 1} of {every} steps", exposed,
                     f"the optimizer then steps every {every} batches")

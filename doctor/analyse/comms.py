@@ -302,11 +302,13 @@ class CommModel:
 
 
 def comm_models(run: RunData, comms: Mapping[int, RankComms], window: pd.DataFrame,
-                job: JobFacts, inter_node: LinkFit | None = None) -> dict[int, CommModel]:
+                job: JobFacts, inter_node: LinkFit | None = None,
+                micro_batches: Mapping[int, float] | None = None) -> dict[int, CommModel]:
     """Each rank's model, from its window's analysed steps, its collectives and its DDP
     settings; a rank's waits for a slower rank (its time waiting in collectives beyond the
     least-waiting rank's) are taken out of its exposed time first. ``inter_node``: the link
-    between nodes, for the scaling past one node."""
+    between nodes, for the scaling past one node; ``micro_batches``: each rank's backward()
+    calls a step (the ledger's median), for the no_sync() of a job that accumulates."""
     world = job.world_size if isinstance(job.world_size, int) else len(comms)
     # every rank waits a little in each collective for its peers (jitter, the ring's own
     # rounds): only the wait beyond the least-waiting rank's is for a slower rank
@@ -332,12 +334,29 @@ def comm_models(run: RunData, comms: Mapping[int, RankComms], window: pd.DataFra
                           link_bytes_s=c.link.gb_per_s * 1e9 if c.link else None)
         if model is None:
             continue
-        fixes = [*bucket_what_ifs(model), no_sync_what_if(model)]
+        accumulates = each_micro_batch_reduces(model, (micro_batches or {}).get(rank), ddp)
+        fixes = [*bucket_what_ifs(model)]
+        if accumulates != 0:  # 0: the job's micro-batches already skip the all-reduce
+            fixes.append(no_sync_what_if(model, micro_batches=accumulates or 1))
         if (w := compress_what_if(model)) is not None:
             fixes.append(w)
         points = scaling(model, link=inter_node, ranks_per_node=job.ranks_here)
         out[rank] = CommModel(model, tuple(fixes), tuple(points), c.link)
     return out
+
+
+def each_micro_batch_reduces(model: RankComm, micro: float | None, ddp: pd.DataFrame
+                             ) -> int | None:
+    """For a rank that accumulates M (``micro``, rounded) micro-batches a step: M where each
+    all-reduces its gradients (the all-reduces a step are M times DDP's buckets, or at least M
+    where DDP's buckets are not known), 0 where they do not (no_sync() already); None where
+    the job does not accumulate."""
+    if micro is None or micro != micro or round(micro) < 2:
+        return None
+    m = round(micro)
+    buckets = float(ddp["buckets"].iloc[0]) if not ddp.empty and "buckets" in ddp else 0.0
+    each = model.calls_per_step >= (0.75 * m * buckets if buckets > 0 else m)
+    return m if each else 0
 
 
 def sized_by_ddp(calls: pd.DataFrame, ddp: pd.DataFrame) -> pd.DataFrame:

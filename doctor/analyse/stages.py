@@ -165,7 +165,8 @@ def run_stages(run: RunData, steps: tuple[int | None, int | None] | None = None)
                              job.world_size)
     ops = ops_evidence(run, job.device, ranks, window, counters)
     comms = comms_evidence(run, ranks, window)
-    models = comm_models(run, comms, window, job, inter_node_link(run.record))
+    micro = backward_calls(ledger)
+    models = comm_models(run, comms, window, job, inter_node_link(run.record), micro)
     # before the first window vs after it, in its own period
     drifts = window_drift(first_period(ledger, starts), fault_rates(run, ranks))
     return Stages(
@@ -263,3 +264,11 @@ def window_analysed(window: pd.DataFrame, ranks: dict[int, RankSteps],
         if mine.sum() == len(flags):
             out.loc[mine, "analyzed"] = flags
     return out
+
+
+def backward_calls(ledger: pd.DataFrame) -> dict[int, float]:
+    """Each rank's median backward() calls a step (its micro-batches), as the ledger counts."""
+    if ledger.empty or not {"rank", "micro_batches"} <= set(ledger):
+        return {}
+    medians = ledger.groupby("rank")["micro_batches"].median()
+    return {int(str(r)): float(m) for r, m in medians.items()}

@@ -105,7 +105,9 @@ def model_fixes(ev: Evidence, ddp_devices: str, share: float) -> tuple[Fix, ...]
         w = model.best(name)
         if (value := estimate(w)) is not None and w is not None:
             why = fix.why + (f" ({w.note})" if w.note else "")
-            fixes.append(replace(fix, why=why, estimated_speedup=value))
+            code = fix.code if w.value is None or name != "no_sync" else \
+                fix.code.replace("accumulation_steps", f"{w.value:g}")  # the job's own M
+            fixes.append(replace(fix, why=why, code=code, estimated_speedup=value))
     # none the model can size (the critical rank's exposed time was all waiting): the fixes
     # as they are, without estimates
     return tuple(sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0))) or (

@@ -74,6 +74,21 @@ def test_many_tiny_buckets_are_latency_bound_and_the_model_picks_a_larger_cap(tm
     assert comm["fixes"][0] is bucket  # the best fix first
 
 
+def test_micro_batches_that_each_all_reduce_get_no_sync_for_the_job_s_own_count(tmp_path: Path
+                                                                               ) -> None:
+    verdict, _ = torchrun(tmp_path, "ddp_allreduce_bound.py", "--steps", "24",
+                          "--accumulate", "4")
+    assert verdict["steps"]["micro_batches"] == 4
+    no_sync = next(f for f in findings(verdict)["comm.exposed"]["fixes"]
+                   if "no_sync" in f["title"])
+    assert "the job accumulates 4 micro-batches a step" in no_sync["why"]
+    assert "% 4 == 0" in no_sync["code"] and no_sync["estimated_speedup"] > 1.3
+    quiet, _ = torchrun(tmp_path / "quiet", "ddp_allreduce_bound.py", "--steps", "24",
+                        "--accumulate", "4", "--no-sync")
+    assert not any("no_sync" in f["title"]
+                   for f in findings(quiet).get("comm.exposed", {}).get("fixes", []))
+
+
 def test_an_all_reduce_hidden_behind_compute_is_not_the_bottleneck(tmp_path: Path) -> None:
     verdict, _ = torchrun(tmp_path, "ddp_overlapped.py", "--steps", "20")
     assert verdict["bottleneck"] == "compute"

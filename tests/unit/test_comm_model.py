@@ -224,3 +224,26 @@ def test_caps_the_model_cannot_tell_apart_go_to_the_one_with_fewest_calls() -> N
     assert picked.speedup >= max(caps.values()) * (1 - TIE)
     assert any(v > picked.value and x < max(caps.values()) * (1 - TIE) for v, x in caps.items()
                if v is not None), caps
+
+
+def test_a_job_accumulating_micro_batches_that_each_all_reduce_gets_its_own_no_sync() -> None:
+    from doctor.analyse.comms import each_micro_batch_reduces
+
+    # 4 micro-batches a step, each all-reducing DDP's 2 buckets: 8 all-reduces a step
+    each = rank_comm(0, 2, comm_window(0.2, 0.1, 0.1), comm_calls([10 * MB] * 8, [0.0125] * 8),
+                     ddp_buckets(buckets=2, bucket_bytes=20 * MB))
+    assert each is not None
+    assert each_micro_batch_reduces(each, 4.0, ddp_buckets(buckets=2)) == 4
+    w = no_sync_what_if(each, micro_batches=4)
+    assert w.exposed_s == pytest.approx(each.exposed_s / 4) and w.value == 4
+    assert "of the job's 4 micro-batches" in w.setting
+    # the same 4 micro-batches in no_sync() but the last: 2 all-reduces a step, nothing to save
+    quiet = rank_comm(0, 2, comm_window(0.2, 0.1, 0.1), comm_calls([10 * MB] * 2, [0.05] * 2),
+                      ddp_buckets(buckets=2, bucket_bytes=20 * MB))
+    assert quiet is not None
+    assert each_micro_batch_reduces(quiet, 4.0, ddp_buckets(buckets=2)) == 0
+    # one backward() a step: not accumulating (the fix then asks for it, every 4 steps)
+    assert each_micro_batch_reduces(each, 1.0, ddp_buckets(buckets=2)) is None
+    assert each_micro_batch_reduces(each, float("nan"), ddp_buckets(buckets=2)) is None
+    # DDP's buckets unknown: at least one all-reduce a micro-batch
+    assert each_micro_batch_reduces(each, 4.0, ddp_buckets().iloc[0:0]) == 4
