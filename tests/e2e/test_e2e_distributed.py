@@ -152,7 +152,9 @@ def test_an_fsdp2_job_is_named_and_gets_fsdp_fixes(tmp_path: Path) -> None:
         kinds = next(c for c in verdict["communication"] if c["rank"] == rank)["by_kind"]
         assert sum(x["seconds"] for x in by.values()) * p["steps"] == pytest.approx(
             sum(k["time_s"] for k in kinds), rel=1e-4)  # rounded to the us a step
-        assert sum(x["exposed_s"] for x in by.values()) < verdict["steps"]["median_s"]
+        # within the window's own steps (the ledger's median is of other, unprofiled steps)
+        window = next(c for c in verdict["communication"] if c["rank"] == rank)["window_s"]
+        assert sum(x["exposed_s"] for x in by.values()) * p["steps"] < window
         # FSDP's hooks hold the thread through each collective and its copies: at least the
         # collectives' time, and about all the communication the step frame counts
         assert all(x["hook_s"] >= x["seconds"] for x in by.values())
