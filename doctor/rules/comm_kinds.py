@@ -127,6 +127,10 @@ def stats_fixes(ex: Exposed, share: float) -> list[Fix]:
            "a round trip for a few KB: synchronising statistics pays where each rank's batch "
            "is too small for its own (under about 16-32 samples); above that, each rank's own "
            "are as good")
+    if ex.share(GRADIENTS) > 0:
+        why += ("; the estimate counts their own exposed time alone, a floor: the gradients' "
+                "all-reduces, queued behind them in the one process group, then overlap "
+                "backward too")
     return [
         Fix(title="Use plain BatchNorm where each rank's batch is large enough",
             why=why, code="model = torch.nn.SyncBatchNorm.revert_sync_batchnorm(model)  # or "
