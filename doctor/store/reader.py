@@ -26,7 +26,6 @@ from doctor.errors import (
 )
 from doctor.store import layout
 from doctor.store.data_files import read_mounts, read_scans
-from doctor.store.layout import pid_of
 from doctor.store.records import EVENT_WINDOW_START, EVENT_WINDOW_STOP_BEGIN, INTERVAL_RINGS
 from doctor.store.ringbuffer import VERSION as RING_VERSION
 from doctor.store.ringbuffer import read_ring
@@ -48,14 +47,7 @@ from doctor.store.samples import (
     read_memory,
     read_others,
 )
-from doctor.store.stack_times import read_stack_times
-from doctor.store.stacks import (
-    DEFAULT_RATE_HZ,
-    MAIN_THREAD,
-    PRODUCER_THREAD,
-    read_stacks,
-    read_stacks_meta,
-)
+from doctor.store.stack_rows import stack_rows, stack_time_rows
 from doctor.store.tries import read_tries
 from doctor.store.windows import on_process_clock, read_window
 
@@ -77,7 +69,6 @@ from .process_meta import ProcessMeta, read_meta
 from .readback import (
     Unreadable,
     as_bool,
-    as_float,
     as_int,
     as_str,
     printable,
@@ -154,8 +145,8 @@ def _load_node(run_dir: Path) -> RunData:
         run_steps.append(_ring(proc_dir, "run_steps", who, problems))
         statuses = _with_stopped_rings(statuses, proc_dir, who, problems)
         for n in (1, *layout.later_stacks(proc_dir)):
-            rows, span = _stacks(proc_dir, who, n, problems)
-            stack_times += _stack_times(proc_dir, who, n, span, problems)
+            rows, span = stack_rows(proc_dir, who, n, problems)
+            stack_times += stack_time_rows(proc_dir, who, n, span, problems)
             if n == 1:
                 stacks += rows
                 spans += [span] if span is not None else []
@@ -211,46 +202,6 @@ def _load_node(run_dir: Path) -> RunData:
         if len(rows):
             frames[name] = typed(rows, FRAME_COLUMNS[name])
     return RunData(record=_record(run_dir, run, problems), **frames)
-
-
-def _stacks(proc_dir: Path, who: dict[str, Any], window: int, problems: list[str]
-            ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The stack samples beside a process's ``window``-th window (rows of the stacks frame)
-    and how they were taken (a row of stack_spans), or none; one that cannot be read is left
-    out, with a note."""
-    txt, desc = layout.stacks_names(window)
-    taken = read_stacks_meta(proc_dir, window)
-    samples = read_stacks(proc_dir, taken, window) if taken is not None else None
-    if (os.path.lexists(proc_dir / desc) and taken is None) or (
-            taken is not None and samples is None and os.path.lexists(proc_dir / txt)):
-        problems.append(f"{proc_dir}: its stack samples cannot be read: left out")
-        taken = samples = None
-    rows = [] if samples is None else [
-        *({**who, "stack": s, "count": n, "thread": MAIN_THREAD}
-          for s, n in samples.stacks.items()),
-        *({**who, "stack": s, "count": n, "thread": PRODUCER_THREAD}
-          for s, n in samples.producers.items())]
-    if taken is None:
-        return rows, None
-    rate = as_float(taken.get("rate_hz"))
-    return rows, {**who, "recorder": str(taken.get("recorder", "?")),
-                  "rate_hz": rate if rate and rate > 0 else DEFAULT_RATE_HZ,
-                  "start_ns": as_int(taken.get("start_ns")) or 0,
-                  "end_ns": as_int(taken.get("end_ns")) or 0,
-                  "taken": as_int(taken.get("taken")) or 0,
-                  **{k: _count(taken.get(k)) for k in ("busy_threads", "threads")}}
-
-
-def _stack_times(proc_dir: Path, who: dict[str, Any], window: int,
-                 span: dict[str, Any] | None, problems: list[str]) -> list[dict[str, Any]]:
-    """The main thread's runs of samples beside a process's ``window``-th window, on the
-    shared clock (rows of the stack_times frame); none without the span they are timed from."""
-    runs = read_stack_times(proc_dir, pid_of(proc_dir), window, problems) if span else None
-    if not runs or span is None:
-        return []
-    start = int(span["start_ns"])
-    return [{**who, "t0_ns": start + t0 * 1000, "t1_ns": start + t1 * 1000, "stack": stack,
-             "window": window} for t0, t1, stack in runs]
 
 
 def _later_windows(proc_dir: Path, who: dict[str, Any], problems: list[str]
@@ -407,9 +358,3 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
 
 __all__ = ["load_run"]
 
-
-def _count(value: object) -> float:
-    """A thread count of stacks.json, NaN where it is not one (an older run, the in-process
-    sampler)."""
-    found = as_int(value)
-    return float(found) if found is not None and found >= 0 else float("nan")
