@@ -46,7 +46,7 @@ from _timing import plan
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
-class Sleepy(torch.autograd.Function):
+class ScaleThenSleep(torch.autograd.Function):
     """x * w, then a sleep of ``row_s`` a row (forward) or twice that (backward)."""
 
     @staticmethod
@@ -63,7 +63,7 @@ class Sleepy(torch.autograd.Function):
         return grad * w, (grad * x).sum(0), None
 
 
-class SleepyLayer(nn.Module):
+class DeviceLikeLayer(nn.Module):
     """A layer whose compute is device-like: a tiny real op, then time off the CPU in
     proportion to the micro-batch's rows."""
 
@@ -73,12 +73,12 @@ class SleepyLayer(nn.Module):
         self.row_s = row_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return Sleepy.apply(x, self.weight, self.row_s)
+        return ScaleThenSleep.apply(x, self.weight, self.row_s)
 
 
 def stage_module(kind: str, layers: int, width: int, row_s: float) -> nn.Module:
     if kind == "sleep":
-        return nn.Sequential(*[SleepyLayer(width, row_s) for _ in range(layers)])
+        return nn.Sequential(*[DeviceLikeLayer(width, row_s) for _ in range(layers)])
     return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU())
                            for _ in range(layers)])
 
