@@ -10,6 +10,12 @@ Switches: ``--microbatches M`` splits each batch into M micro-batches (more: a s
 ``--schedule 1f1b`` runs Schedule1F1B instead of GPipe; ``--unbalance F`` gives the last stage F
 times the layers of the others (the other stages wait for it). ``--ablate N`` times the job and
 the job with ``--switch-microbatches M2`` in one process, in alternating blocks of N steps.
+``--stage-compute sleep`` makes each stage's compute device-like: each layer does a tiny real op
+(a scale by a learned vector) and then sleeps ``--row-us`` microseconds a row of its micro-batch
+in forward and twice that in backward, off the CPU as a GPU stage's thread is while its kernels
+run; the stages then overlap on any number of cores, and their compute a step does not depend on
+how the batch is split (no per-call cost of the host's matrix products), so the bubble's model
+can be checked on a small machine. The default, ``cpu``, computes real linear layers on the CPU.
 
 The job times its own stage: its forward and backward of each micro-batch and its optimizer
 step (the stage's compute); the rest of its step is what it waited for its neighbours and for
@@ -38,6 +44,43 @@ from _ddp import start_gloo
 from _timing import plan
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+class ScaleThenSleep(torch.autograd.Function):
+    """x * w, then a sleep of ``row_s`` a row (forward) or twice that (backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, row_s: float) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.row_s = row_s
+        time.sleep(row_s * x.shape[0])
+        return x * w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, w = ctx.saved_tensors
+        time.sleep(2 * ctx.row_s * x.shape[0])
+        return grad * w, (grad * x).sum(0), None
+
+
+class DeviceLikeLayer(nn.Module):
+    """A layer whose compute is device-like: a tiny real op, then time off the CPU in
+    proportion to the micro-batch's rows."""
+
+    def __init__(self, width: int, row_s: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.row_s = row_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ScaleThenSleep.apply(x, self.weight, self.row_s)
+
+
+def stage_module(kind: str, layers: int, width: int, row_s: float) -> nn.Module:
+    if kind == "sleep":
+        return nn.Sequential(*[DeviceLikeLayer(width, row_s) for _ in range(layers)])
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU())
+                           for _ in range(layers)])
 
 
 class ComputeClock:
@@ -77,13 +120,16 @@ def main() -> None:
                     help="alternate blocks of N steps with --microbatches and "
                          "--switch-microbatches")
     ap.add_argument("--switch-microbatches", type=int, default=4)
+    ap.add_argument("--stage-compute", choices=("cpu", "sleep"), default="cpu",
+                    help="sleep: each layer sleeps --row-us a row (device-like compute)")
+    ap.add_argument("--row-us", type=float, default=25.0,
+                    help="with --stage-compute sleep: a layer's forward time a row (us)")
     args = ap.parse_args()
     rank = start_gloo()
     world = dist.get_world_size()
     last = rank == world - 1
     layers = max(1, round(args.layers * args.unbalance)) if last else args.layers
-    module = nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU())
-                             for _ in range(layers)])
+    module = stage_module(args.stage_compute, layers, args.width, args.row_us * 1e-6)
     clock = ComputeClock()
     sides = {False: args.microbatches, True: args.switch_microbatches}
     schedules = {}
@@ -131,7 +177,8 @@ def main() -> None:
         theory = {s: (p - 1) / (m + p - 1) for s, m in sides.items()}
         print(json.dumps({"settings": {"schedule": args.schedule, "stages": p,
                                        "microbatches": args.microbatches,
-                                       "unbalance": args.unbalance}}), flush=True)
+                                       "unbalance": args.unbalance,
+                                       "stage_compute": args.stage_compute}}), flush=True)
         timer.report(job="pipeline_stages", world_size=world,
                      idle_share_by_rank=[s[False] for s in shares],
                      bubble_theory=theory[False],

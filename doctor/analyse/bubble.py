@@ -17,9 +17,22 @@ schedules' with v > 1; zero-bubble schedules have none in theory (no figure is g
 The model behind the estimates: with per-step compute c_s on stage s, a fill-drain schedule's
 step is (sum(c) + (n-1) max(c)) / n for n = v*m chunks; the stage that computes most paces the
 pipeline and waits (sum(c) - max(c)) / n a step. What the measured step holds beyond the model
-and beyond the pacing stage's time outside the pipeline is each micro-batch's own cost (sends
-and receives, the schedule's Python, smaller products' lower speed): it is taken to grow with
-the count of micro-batches. Balanced stages take (n-1)/n of (max(c) - mean(c)) off the step.
+and beyond the pacing stage's time outside the pipeline is each chunk's own cost on every stage
+(its sends and receives, the schedule's Python): a cost d a chunk and stage lies on the
+pipeline's critical path as a chunk's compute does, n + p - 1 times a step (the fill-drain step
+with c_s + n d in place of c_s), so it is taken to grow as n + p - 1. Balanced stages take
+(n-1)/n of (max(c) - mean(c)) off the step.
+
+The compute a step is taken as it was measured, at this run's micro-batches: more, smaller
+micro-batches compute no faster a row, and often slower (each of a layer's matrix products
+reads its weights, writes and accumulates their gradient once a call whatever its rows, and
+small products use the machine less well), which one run at one micro-batch size does not show.
+So the step with more micro-batches is a bound, the least it can be: measured on a 2-core CPU,
+a stage's compute a step grew 15-20% from 128 rows a micro-batch to 64 and ate the bubble's
+saving; with device-like compute (the thread off the CPU, its time in proportion to the rows:
+sample_jobs/pipeline_stages.py --stage-compute sleep) the bound fell within the spread of the
+speedup measured.
+Interleaving keeps each micro-batch's rows (its chunks are fewer layers), so it is estimated.
 """
 
 from __future__ import annotations
@@ -114,23 +127,33 @@ class Bubble:
         n = max(chunks, 1.0)
         return (sum(c) + (n - 1) * max(c)) / n
 
-    def overhead_s(self) -> float:
+    def overhead_s(self, chunks: float | None = None) -> float:
         """The pacing stage's step beyond what the model and the step's time outside the
-        pipeline explain: each micro-batch's own cost (its sends and receives, the schedule's
-        Python, jitter), taken to grow with their count."""
+        pipeline explain: each chunk's own cost (its sends and receives, the schedule's
+        Python), on the critical path n + p - 1 times a step; at ``chunks`` chunks where given
+        (see the module docstring)."""
         s = self.pacing
         outside = max(s.step_s - s.compute_s - s.wait_s - s.transfer_s, 0.0)
-        return max(self.step_s() - outside - self.fill_drain_s(self._chunks()), 0.0)
+        now = max(self.step_s() - outside - self.fill_drain_s(self._chunks()), 0.0)
+        if chunks is None:
+            return now
+        return now * self._slots(chunks) / self._slots(self._chunks())
 
     def _chunks(self) -> float:
         return float(max(self.microbatches, 1) * self.virtual)
 
+    def _slots(self, chunks: float) -> float:
+        """The chunks' turns on the critical path of a fill-drain step: n + p - 1."""
+        return max(chunks, 1.0) + max(self.ranks, 1) - 1
+
     def more_microbatches(self, times: int) -> float:
-        """The step with ``times`` as many micro-batches: the model's at ``times`` the chunks,
-        with the time outside the pipeline as measured and the overhead ``times`` as large."""
+        """The step with ``times`` as many chunks: the model's, with the time outside the
+        pipeline as measured, each chunk's own cost as it was and each stage's compute a step
+        as measured; with more micro-batches that is a bound, the least the step can be (see
+        the module docstring)."""
+        chunks = self._chunks() * times
         outside = self.step_s() - self.fill_drain_s(self._chunks()) - self.overhead_s()
-        return max(outside, 0.0) + self.fill_drain_s(self._chunks() * times) + \
-            self.overhead_s() * times
+        return max(outside, 0.0) + self.fill_drain_s(chunks) + self.overhead_s(chunks)
 
     def interleaved(self, virtual: int) -> float:
         """The step with ``virtual`` times the stages a rank (interleaved): as many chunks a

@@ -3,7 +3,10 @@ micro-batches, a 1F1B or interleaved schedule, balanced stages; never DDP's buck
 compression, which are for gradient all-reduces alone (doctor.rules.communication).
 
 Each estimate is the pipeline model's step after the change against the step measured
-(doctor.analyse.bubble.Bubble). None of them is a setting ``doctor try`` can apply: the
+(doctor.analyse.bubble.Bubble). More micro-batches get a bound, not an estimate: the model takes
+each stage's compute a step as measured, and smaller micro-batches compute no faster a row,
+often slower, which one run at one micro-batch size does not show; the bound is the speedup the
+bubble's shrinking would give at most. None of them is a setting ``doctor try`` can apply: the
 schedule, its micro-batches and the split into stages are the job's code."""
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 from doctor.analyse.bubble import Bubble, bubble_theory
 from doctor.verdict import Fix
 
-#: The micro-batches the estimate is for, as a multiple of the job's: one doubling (the model
+#: The micro-batches the bound is for, as a multiple of the job's: one doubling (the model
 #: leaves out that smaller micro-batches compute less efficiently, which grows with the factor).
 TIMES = 2
 #: Stages computing this much more than their mean are worth balancing.
@@ -43,7 +46,17 @@ def bubble_evidence(b: Bubble) -> dict[str, Any]:
             "transfer_s_per_step": {str(s.rank): s.transfer_s for s in b.stages},
             "compute_s_per_step": {str(s.rank): s.compute_s for s in b.stages},
             "pacing_rank": b.pacing.rank, "imbalance": b.imbalance,
-            "waiting_for_a_core": b.core_wait}
+            "waiting_for_a_core": b.core_wait,
+            "more_microbatches_at_most": more_microbatches_bound(b)}
+
+
+def more_microbatches_bound(b: Bubble) -> float | None:
+    """The most ``TIMES`` as many micro-batches can speed the step up, by the model (the
+    stages' compute a step as measured); None where the schedule's bubble is not known."""
+    if b.theory is None or b.microbatches <= 0:
+        return None
+    then = b.more_microbatches(TIMES)
+    return b.step_s() / then if then > 0 else None
 
 
 def pipeline_fixes(b: Bubble) -> list[Fix]:
@@ -68,22 +81,30 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
                  "ranks and other processes share too few cores): a pipeline's stages overlap "
                  "only where each has a core of its own, so no estimate is given for more "
                  "overlap here")
-    gain = None if crowded else _speedup(step, b.more_microbatches(TIMES))
+    bound = more_microbatches_bound(b)
+    gain = None if crowded or bound is None else _speedup(bound, 1.0)
     # more overlap where the model finds it (or cannot tell: stages short of cores); a change
-    # the model predicts no gain for is left out, as the communication model's are
+    # the model predicts no gain for even at best is left out, as the communication model's are
     overlap = m > 0 and theory is not None and (crowded or gain is not None)
     if overlap:
         m2 = m * TIMES
+        why = said + f"; at {m2} it would be {bubble_theory(p, m2 * b.virtual):.0%}"
+        if gain is not None:
+            why += (f". The step would be at most {gain:.2f}x faster: the model fitted to the "
+                    f"run gives {b.more_microbatches(TIMES) * 1e3:.0f} ms a step at {m2} "
+                    f"against {step * 1e3:.0f} ms now, the stages' fill and drain shrinking "
+                    f"while each micro-batch's own cost ({b.overhead_s() * 1e3:.1f} ms a step "
+                    "now beyond the model: sends and receives, the schedule's Python) grows "
+                    "with their count. A bound, not an estimate: it takes each stage's compute "
+                    f"a step as measured at {m} micro-batches, and smaller ones compute no "
+                    "faster a row, often slower (each matrix product reads its weights, and "
+                    "writes and accumulates their gradients, once a micro-batch; small products "
+                    "use the machine less well), which one run does not show: time the step at "
+                    f"{m2}")
         fixes.append(Fix(
             title=f"Split each batch into more micro-batches ({m} -> {m2})",
-            why=(said + f"; at {m2} it would be {bubble_theory(p, m2 * b.virtual):.0%}. The "
-                 f"model fitted to the run gives {b.more_microbatches(TIMES) * 1e3:.0f} ms a "
-                 f"step at {m2} against {step * 1e3:.0f} ms now: the stages' fill and drain "
-                 f"shrink, while each micro-batch's own cost ({b.overhead_s() * 1e3:.1f} ms a "
-                 "step now beyond the model: sends and receives, the schedule's Python, "
-                 f"smaller products) grows with their count; the batch must split into {m2}"),
-            code=f"schedule = {cls}(stage, n_microbatches={m2}, loss_fn=loss_fn)",
-            estimated_speedup=gain))
+            why=why + f"; the batch must split into {m2}",
+            code=f"schedule = {cls}(stage, n_microbatches={m2}, loss_fn=loss_fn)"))
     if overlap and "1F1B" not in cls and b.virtual == 1 and "ZeroBubble" not in cls:
         fixes.append(Fix(
             title="Use Schedule1F1B to fit more micro-batches",
