@@ -6,7 +6,8 @@ Per repeat and job:
 
 1. ``doctor run -- torchrun --nproc-per-node 2 JOB ARGS``: the verdict, and the estimated
    speedup of the first fix of ``comm.exposed`` whose title holds the job's fix words (``-``
-   where doctor gives that fix no estimate, and ``missing`` where it does not give it);
+   where doctor gives that fix no estimate, and ``missing`` where it does not give it; a
+   pipeline's more micro-batches: the bound it gives instead, as doctor says it);
 2. the job bare with ``--ablate N`` and its switch: the job and the job switched, timed in one
    process in alternating blocks (sample_jobs/_timing.py), so that a loaded machine moves both
    sides; measured = the job's median step over the switched one's.
@@ -54,6 +55,9 @@ KINDS = {
                                      ("--steps", "40", "--accumulate", "4", "--ablate", "5")),
     "pipeline micro-batches": Kind("pipeline_stages", "more micro-batches", ("--steps", "60"),
                                    ("--steps", "80", "--ablate", "10")),
+    "pipeline, device-like": Kind("pipeline_stages", "more micro-batches",
+                                  ("--stage-compute", "sleep", "--steps", "60"),
+                                  ("--stage-compute", "sleep", "--steps", "80", "--ablate", "10")),
     "deepspeed zero-3 -> 2": Kind("deepspeed_zero", "stage 3 -> 2",
                                   ("--stage", "3", "--steps", "40"),
                                   ("--stage", "3", "--switch-stage", "2", "--steps", "80",
@@ -85,7 +89,13 @@ def estimate(run_dir: Path, words: str) -> tuple[str, float | str | None]:
     found = {f["id"]: f for f in verdict["findings"]}
     fixes = found.get("comm.exposed", {}).get("fixes", [])
     fix = next((f for f in fixes if words.lower() in f["title"].lower()), None)
-    return verdict["bottleneck"], "missing" if fix is None else fix.get("estimated_speedup")
+    if fix is None:
+        return verdict["bottleneck"], "missing"
+    bound = found["comm.exposed"]["evidence"].get("pipeline_bubble", {}).get(
+        "more_microbatches_at_most") if "micro-batches" in words else None
+    if fix.get("estimated_speedup") is None and bound:
+        return verdict["bottleneck"], float(bound)  # a bound, not an estimate (the fix says)
+    return verdict["bottleneck"], fix.get("estimated_speedup")
 
 
 def main() -> None:
