@@ -114,7 +114,7 @@ def main() -> None:
                 print(f"  {name}: left out ({kind.needs} is not installed)")
                 continue
             for r in range(args.repeat):
-                run_dir = Path(tmp) / f"{kind.job}-{r}"
+                run_dir = Path(tmp) / f"{name.replace(' ', '_')}-{r}"
                 torchrun(kind.job, *kind.args, under=run_dir)
                 verdict, est = estimate(run_dir, kind.fix)
                 measured = ablation(torchrun(kind.job, *kind.ablate))

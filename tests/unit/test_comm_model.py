@@ -235,7 +235,7 @@ def test_a_job_accumulating_micro_batches_that_each_all_reduce_gets_its_own_no_s
     assert each is not None
     assert each_micro_batch_reduces(each, 4.0, ddp_buckets(buckets=2)) == 4
     w = no_sync_what_if(each, micro_batches=4)
-    assert w.exposed_s == pytest.approx(each.exposed_s / 4) and w.value == 4
+    assert w.exposed_s == pytest.approx(each.comm_s / 4) and w.value == 4  # one, whole
     assert "of the job's 4 micro-batches" in w.setting
     # the same 4 micro-batches in no_sync() but the last: 2 all-reduces a step, nothing to save
     quiet = rank_comm(0, 2, comm_window(0.2, 0.1, 0.1), comm_calls([10 * MB] * 2, [0.05] * 2),
