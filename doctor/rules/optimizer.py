@@ -5,8 +5,9 @@ fused (or foreach) setting as the fix and an ``apply`` that ``doctor try`` can m
 
 The collectives a step of the optimizer issues (a sharded optimizer's parameter broadcasts, a
 gradient norm's all-reduce: the profiler window's calls of phase ``optimizer``) are its time but
-not its update's: a fused kernel takes none of them off, so their exposed time is left out of the
-optimizer's share (said in the evidence); communication's findings have them.
+not its update's: a fused kernel takes none of them off, so their exposed share of the window's
+steps is left out of the optimizer's share (said in the evidence); communication's findings have
+them.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ FUSED_CUTS, FOREACH_CUTS = 0.6, 0.3
 def unfused(ev: Evidence) -> list[Finding]:
     ledger, optimizers = ev.ledger, ev.optimizers
     assert ledger is not None and optimizers is not None  # guaranteed by needs
-    steps = max(len(ledger), 1)
-    wall = float(ledger["wall_s"].sum()) / steps
-    collectives = collectives_in_step_s(ev)
-    share = max(float(ledger["optimizer_s"].sum()) / steps - collectives, 0.0) / wall \
+    wall = float(ledger["wall_s"].sum())
+    collectives = collectives_in_step_share(ev)
+    share = max(float(ledger["optimizer_s"].sum()) / wall - collectives, 0.0) \
         if wall > 0 else 0.0
     rows = optimizers[optimizers["optimizer"].isin(FUSABLE) & ~optimizers["fused"].eq(True)]
     if share < OPTIMIZER_SHARE or rows.empty:
@@ -68,17 +68,25 @@ def unfused(ev: Evidence) -> list[Finding]:
               + f": {name} over {tensors} tensors, {how}",
         evidence={"optimizer": name, "optimizer_share": share, "tensors": tensors,
                   "device": device, "foreach": row["foreach"], "fused": row["fused"],
-                  **({"collectives_in_step_s": collectives} if collectives > 0 else {})},
+                  **({"collectives_in_step_share": collectives} if collectives > 0 else {})},
         fixes=tuple(fixes), estimated_speedup=fixes[0].estimated_speedup)]
 
 
-def collectives_in_step_s(ev: Evidence) -> float:
-    """The exposed seconds of the collectives issued inside the optimizer's step, a window step
-    (the ranks' mean; 0 without a window's collectives)."""
-    per_rank = [float(c.calls.loc[c.calls["phase"] == "optimizer", "exposed_s"].sum()) / c.steps
-                for c in (ev.comms or {}).values()
-                if c.steps > 0 and {"phase", "exposed_s"} <= set(c.calls.columns)]
-    return sum(per_rank) / len(per_rank) if per_rank else 0.0
+def collectives_in_step_share(ev: Evidence) -> float:
+    """The exposed time of the collectives issued inside the optimizer's step, as a share of
+    the profiler window's steps (the ranks' mean; 0 without a window's collectives): a share,
+    since the window's steps and calls run slower than the ledger's."""
+    window = ev.window
+    if window is None or window.empty or "dur_s" not in window:
+        return 0.0
+    shares = []
+    for rank, c in (ev.comms or {}).items():
+        mine = window[window["rank"] == rank] if "rank" in window else window
+        step = float(mine["dur_s"].mean()) if len(mine) else 0.0
+        if c.steps > 0 and step > 0 and {"phase", "exposed_s"} <= set(c.calls.columns):
+            inside = float(c.calls.loc[c.calls["phase"] == "optimizer", "exposed_s"].sum())
+            shares.append(min(inside / c.steps / step, 1.0))
+    return sum(shares) / len(shares) if shares else 0.0
 
 
 def _speedup(share: float, cuts: float) -> float:
