@@ -7,11 +7,12 @@ An apply record names settings by section, e.g.::
     {"torch": {"num_threads": 1}}   {"torch": {"allow_tf32": true, "cudnn_benchmark": true}}
     {"ddp": {"bucket_cap_mb": 50, "gradient_as_bucket_view": true}}
     {"optimizer": {"fused": true}}  {"optimizer": {"foreach": true}}
+    {"zero": {"parameters_as_bucket_view": true}}   (torch's ZeroRedundancyOptimizer)
     {"torch": {"compile": "off"}}   (torch.compile returns the model or function unchanged)
     {"pin_memory": true}            (short for {"dataloader": {"pin_memory": true}})
 
-The bootstrap applies ``dataloader``, ``ddp`` and ``optimizer`` (to every torch.optim class
-that takes the setting) as keyword arguments at construction, ``torch``
+The bootstrap applies ``dataloader``, ``ddp``, ``optimizer`` (to every torch.optim class
+that takes the setting) and ``zero`` as keyword arguments at construction, ``torch``
 right after ``import torch``, and ``doctor try`` sets ``env`` for the job. This module is the
 vocabulary only: it checks, normalises, parses ``--set KEY=VALUE`` and describes; it imports
 neither torch nor the analysis.
@@ -91,6 +92,9 @@ SETTINGS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "fused": _flag,
         "foreach": _flag,
     },
+    "zero": {
+        "parameters_as_bucket_view": _flag,
+    },
     "torch": {
         "num_threads": _int_at_least(1),
         "num_interop_threads": _int_at_least(1),
@@ -109,7 +113,7 @@ REFUSED = {
 }
 #: What the job is told each setting is, for the lines said on stderr.
 WHERE = {"dataloader": "DataLoader", "ddp": "DistributedDataParallel", "optimizer": "optimizer",
-         "torch": "torch"}
+         "zero": "ZeroRedundancyOptimizer", "torch": "torch"}
 
 
 def normalize(apply: Mapping[str, Any]) -> Apply:

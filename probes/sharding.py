@@ -77,7 +77,8 @@ class ShardingProbe(OnImportProbe):
             optimizer = kwargs.get("optimizer_class", args[1] if len(args) > 1 else None)
             record["settings"] = ", ".join([
                 f"{getattr(optimizer, '__name__', optimizer)} state sharded",
-                *(f"{k}={bool(kwargs.get(k, False))}" for k in ZERO_SETTINGS)])
+                *(f"{k}={bool(getattr(_this, k, kwargs.get(k, False)))}"  # as built
+                  for k in ZERO_SETTINGS)])
 
         return self._counted(orig, self.zero, note, "reading ZeroRedundancyOptimizer")
 

@@ -1,8 +1,9 @@
 """Inside a job run by ``doctor try``: apply the settings being tried (doctor.tuning), in every
 process, without touching the job's code.
 
-- ``dataloader`` and ``ddp`` settings override the keyword arguments of every DataLoader and
-  DistributedDataParallel the job builds (in its script or in a library), at construction;
+- ``dataloader``, ``ddp`` and ``zero`` settings override the keyword arguments of every
+  DataLoader, DistributedDataParallel and ZeroRedundancyOptimizer the job builds (in its script
+  or in a library), at construction;
 - ``torch`` settings are set right after ``import torch``, before user code goes on; a later
   call of the job's own (``torch.set_num_threads(4)``) keeps the tried value in the training
   process, and torch's own calls in DataLoader workers pass through; ``compile=off`` makes
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..tuning import WHERE, Apply, normalize
+from .after_import import AfterImport, when_imported
 from .eager import eager_patches
 from .session import CLOSE, Session
 
@@ -61,6 +63,7 @@ class Overrides:
         self._said: set[str] = set()
         self._restore: list[tuple[Any, str, Any]] = []
         self._building: set[int] = set()  # objects an overridden __init__ is constructing
+        self._waiting: list[AfterImport] = []  # overrides waiting for the job's import
         session.on(CLOSE, self.save)
 
     # ----- what the job had, beside what is tried ----------------------------------------
@@ -95,7 +98,8 @@ class Overrides:
     # ----- applying -----------------------------------------------------------------------
     def start(self) -> None:
         for section, step in (("torch", self._torch), ("dataloader", self._dataloader),
-                              ("ddp", self._ddp), ("optimizer", self._optimizer)):
+                              ("ddp", self._ddp), ("optimizer", self._optimizer),
+                              ("zero", self._zero)):
             if section in self.apply:
                 try:
                     step(self.apply[section])
@@ -105,6 +109,9 @@ class Overrides:
             self.save()
 
     def stop(self) -> None:
+        for finder in self._waiting:
+            finder.remove()
+        self._waiting = []
         for owner, name, orig in reversed(self._restore):
             setattr(owner, name, orig)
         self._restore = []
@@ -197,6 +204,22 @@ class Overrides:
         from torch.nn.parallel import DistributedDataParallel
 
         self._override_init(DistributedDataParallel, "ddp", values)
+
+    def _zero(self, values: dict[str, Any]) -> None:
+        """Once the job imports torch.distributed.optim (never imported for it: 0.65 s a
+        process here)."""
+
+        def override() -> None:
+            try:
+                from torch.distributed.optim import ZeroRedundancyOptimizer
+
+                self._override_init(ZeroRedundancyOptimizer, "zero", values)
+            except Exception as err:  # the job runs on; the try says what was not applied
+                self.errors.append(f"zero: {type(err).__name__}: {err}")
+
+        finder = when_imported("torch.distributed.optim", override)
+        if finder is not None:
+            self._waiting.append(finder)
 
     def _optimizer(self, values: dict[str, Any]) -> None:
         """Every torch.optim class whose constructor takes the setting (fused, foreach)."""

@@ -201,6 +201,7 @@ def zero_fixes(ex: Exposed, share: float) -> list[Fix]:
             title="Broadcast one bucket a rank (parameters_as_bucket_view=True)", why=why,
             code=("ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,"
                   "\n    parameters_as_bucket_view=True, lr=lr)"),
+            apply={"zero": {"parameters_as_bucket_view": True}},
             estimated_speedup=None if bucket is None else
             estimate_of(share, ex, exposed * (1.0 - bucket[0]))))
     out.append(Fix(

@@ -206,6 +206,20 @@ def test_ddp_bucket_size_under_torchrun(tmp_path: Path) -> None:
         assert meta["stopped_at_step"] == record["stop_at_step"]
 
 
+def test_a_sharded_optimizers_bucket_view_is_tried_from_its_fix(tmp_path: Path) -> None:
+    _, record = run_then_try(
+        tmp_path, ["torchrun", "--nproc-per-node", "2",
+                   str(SAMPLE_JOBS / "zero_optimizer.py"), "--steps", "30"],
+        "--fix", "comm.exposed", "--steps", "10", "--repeat", "1",
+        env={"OMP_NUM_THREADS": "1"})
+    [c] = [c for c in record["candidates"] if "parameters_as_bucket_view" in c["label"]]
+    assert c["outcome"] != "failed", c
+    seen = c["applied"]["zero.parameters_as_bucket_view"]
+    assert seen["tried"] is True and "False" in map(str, seen["job"])
+    # 82 broadcasts a step become 2: the same updates, far fewer round trips
+    assert c["speedup"] is not None and c["speedup"] > 1.2
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no thread count to raise")
 def test_the_thread_count_fix_of_a_compute_bound_job(tmp_path: Path) -> None:
     run_dir, record = run_then_try(

@@ -116,6 +116,25 @@ def test_ddp_arguments_are_overridden(session: Session, tmp_path: Path) -> None:
                     "gradient_as_bucket_view False -> True)"]
 
 
+def test_a_sharded_optimizer_is_built_with_its_bucket_view(session: Session,
+                                                           tmp_path: Path) -> None:
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    o, said = started(session, {"zero": {"parameters_as_bucket_view": True}})
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        zero = ZeroRedundancyOptimizer(torch.nn.Linear(2, 2).parameters(),
+                                       optimizer_class=torch.optim.SGD, lr=0.1)
+        assert zero.parameters_as_bucket_view
+    finally:
+        dist.destroy_process_group()
+        o.stop()
+    assert said == ["doctor try: ZeroRedundancyOptimizer(parameters_as_bucket_view False -> "
+                    "True)"]
+
+
 def test_a_setting_this_torch_lacks_is_noted_and_the_job_goes_on(session: Session) -> None:
     o, _ = started(session, {"dataloader": {"no_such_argument": 1, "num_workers": 1}})
     try:
