@@ -3,6 +3,7 @@ construction, torch settings kept against the job's own later calls, each change
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,39 +99,41 @@ def test_thread_count_is_kept_against_the_jobs_own_call(session: Session) -> Non
     assert any("kept at 1" in s for s in said)
 
 
-def test_ddp_arguments_are_overridden(session: Session, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def one_rank_group(tmp_path: Path, overrides: Overrides) -> Iterator[None]:
+    """A gloo process group of this process alone, the overrides stopped after it."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    o, said = started(session, {"ddp": {"bucket_cap_mb": 5, "gradient_as_bucket_view": True}})
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
                             world_size=1)
     try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        overrides.stop()
+
+
+def test_ddp_arguments_are_overridden(session: Session, tmp_path: Path) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    o, said = started(session, {"ddp": {"bucket_cap_mb": 5, "gradient_as_bucket_view": True}})
+    with one_rank_group(tmp_path, o):
         model = DistributedDataParallel(torch.nn.Linear(2, 2))
         assert model.bucket_bytes_cap == 5 * 2**20
         assert model.gradient_as_bucket_view
-    finally:
-        dist.destroy_process_group()
-        o.stop()
     assert said == ["doctor try: DistributedDataParallel(bucket_cap_mb None -> 5, "
                     "gradient_as_bucket_view False -> True)"]
 
 
 def test_a_sharded_optimizer_is_built_with_its_bucket_view(session: Session,
                                                            tmp_path: Path) -> None:
-    import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     o, said = started(session, {"zero": {"parameters_as_bucket_view": True}})
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
-                            world_size=1)
-    try:
+    with one_rank_group(tmp_path, o):
         zero = ZeroRedundancyOptimizer(torch.nn.Linear(2, 2).parameters(),
                                        optimizer_class=torch.optim.SGD, lr=0.1)
         assert zero.parameters_as_bucket_view
-    finally:
-        dist.destroy_process_group()
-        o.stop()
     assert said == ["doctor try: ZeroRedundancyOptimizer(parameters_as_bucket_view False -> "
                     "True)"]
 
