@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from doctor.rules.comm_kinds import ROLE_SHARE
 from tests import chrome_trace
 from tests.support import SAMPLE_JOBS, doctor_cmd
 
@@ -261,4 +262,7 @@ def test_a_sharded_optimizers_broadcasts_are_counted_to_it(tmp_path: Path) -> No
     assert comm["evidence"]["exposed_by_role"]["zero"] > 0.5
     text = json.dumps(comm["fixes"])
     assert "parameters_as_bucket_view=True" in text and "overlap_with_ddp=True" in text
-    assert "bucket_cap" not in text and "no_sync" not in text  # DDP's share is small
+    # DDP's own fixes only where its all-reduce is a tenth of the exposed time or more (on a
+    # loaded machine it can be), never for the broadcasts
+    ddp_fix = any(w in text for w in ("bucket_cap", "no_sync", "compress_hook"))
+    assert ddp_fix == (comm["evidence"]["exposed_by_role"].get("gradients", 0.0) >= ROLE_SHARE)
