@@ -144,6 +144,9 @@ class Session:
         self._reset()
 
     def _reset(self) -> None:
+        # one folder and one ring each, whichever thread records first (a job training in
+        # threads made two folders for one process); a fresh lock in a forked child
+        self._making = threading.RLock()
         self._writer: ProcessWriter | None = None
         self._rings: dict[str, RingWriter] = {}
         self._meta: dict[str, Any] = {}
@@ -167,20 +170,26 @@ class Session:
         """The process folder's writer; ``OSError`` when the folder cannot be made (a full or
         read-only disk): the callers below record nothing then, and never raise to the job."""
         if self._writer is None:
-            from ..store.redact import redact_argv  # here, not at start-up: the first record
-
-            writer = ProcessWriter(self.run_dir, self.rank, self.role, self.pid)
-            writer.create()
-            self._writer = writer
-            self._meta = {
-                "pid": self.pid, "ppid": os.getppid(), "rank": self.rank, "role": self.role,
-                "argv": redact_argv(sys.argv), "local_rank": env_int("LOCAL_RANK"),
-                "world_size": env_int("WORLD_SIZE"), "host": os.uname().nodename,
-                "started_ns": self.clock(), "cores": usable_cores(), "probes": self.probe_status,
-                **torch_facts(), **self._meta,
-            }
-            self._save_meta()
+            with self._making:
+                if self._writer is None:
+                    self._make_writer()
+        assert self._writer is not None
         return self._writer
+
+    def _make_writer(self) -> None:
+        from ..store.redact import redact_argv  # here, not at start-up: the first record
+
+        writer = ProcessWriter(self.run_dir, self.rank, self.role, self.pid)
+        writer.create()
+        self._writer = writer
+        self._meta = {
+            "pid": self.pid, "ppid": os.getppid(), "rank": self.rank, "role": self.role,
+            "argv": redact_argv(sys.argv), "local_rank": env_int("LOCAL_RANK"),
+            "world_size": env_int("WORLD_SIZE"), "host": os.uname().nodename,
+            "started_ns": self.clock(), "cores": usable_cores(), "probes": self.probe_status,
+            **torch_facts(), **self._meta,
+        }
+        self._save_meta()
 
     @property
     def directory(self) -> Path:
@@ -191,15 +200,20 @@ class Session:
         """The ring ``name``, made on first use. One that cannot be made or grown (a full
         disk) records nothing more, and its probe's status says so: never an error in the job."""
         ring = self._rings.get(name)
-        if ring is None:
-            stop = functools.partial(self._stopped, RING_PROBES.get(name, name), f"{name}.ring")
-            try:
-                ring = self.writer.ring(name, fmt, names, RING_CAPACITY, on_stop=stop)
-            except OSError as err:
-                ring = RingWriter.unavailable(fmt, names, err)
-                stop(err)
-            self._rings[name] = ring
-        return ring
+        if ring is not None:
+            return ring
+        with self._making:
+            ring = self._rings.get(name)
+            if ring is None:
+                stop = functools.partial(self._stopped, RING_PROBES.get(name, name),
+                                         f"{name}.ring")
+                try:
+                    ring = self.writer.ring(name, fmt, names, RING_CAPACITY, on_stop=stop)
+                except OSError as err:
+                    ring = RingWriter.unavailable(fmt, names, err)
+                    stop(err)
+                self._rings[name] = ring
+            return ring
 
     def update_meta(self, **values: Any) -> None:
         self._meta.update(values)

@@ -95,3 +95,32 @@ def test_closed_sessions_record_nothing(tmp_path: Path) -> None:
     s.record_interval("loader_wait", 1, 2)
     s.record_optimizer_end(0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_two_threads_recording_first_at_once_make_one_folder_and_one_ring(
+        tmp_path: Path, monkeypatch) -> None:
+    """A job training in two threads: each thread's first record makes the process folder
+    (and its first ring) on first use; both at once made two folders for one process."""
+    import threading
+
+    from doctor.store.process import ProcessWriter
+
+    both = threading.Barrier(2, timeout=0.1)  # met only where both threads create at once
+    create = ProcessWriter.create
+
+    def slow_create(self: ProcessWriter) -> None:
+        try:
+            both.wait()
+        except threading.BrokenBarrierError:
+            pass
+        create(self)
+
+    monkeypatch.setattr(ProcessWriter, "create", slow_create)
+    s = Session(tmp_path, rank=0, clock=FakeClock())
+    threads = [threading.Thread(target=s.record_interval, args=("backward", 0, 1))
+               for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    s.close()
+    assert [p.name for p in (tmp_path / "rank-0").iterdir()] == [f"main-{os.getpid()}"]
+    assert s.ring("backward", "", ()).written == 2  # one ring, both intervals in it
