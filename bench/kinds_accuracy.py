@@ -24,14 +24,14 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from comm_accuracy import torchrun  # a sample job under torchrun, bare or under doctor run
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Kind:
     args: tuple[str, ...]  # the job as doctor runs it
     ablate: tuple[str, ...]  # the job and its switch, in one process
     needs: str = ""  # a package the job imports
+    bound: str = ""  # the evidence key of the bound doctor gives where it gives no estimate
 
 
 KINDS = {
@@ -54,26 +55,17 @@ KINDS = {
                                      ("--steps", "30", "--accumulate", "4"),
                                      ("--steps", "40", "--accumulate", "4", "--ablate", "5")),
     "pipeline micro-batches": Kind("pipeline_stages", "more micro-batches", ("--steps", "60"),
-                                   ("--steps", "80", "--ablate", "10")),
+                                   ("--steps", "80", "--ablate", "10"),
+                                   bound="more_microbatches_at_most"),
     "pipeline, device-like": Kind("pipeline_stages", "more micro-batches",
                                   ("--stage-compute", "sleep", "--steps", "60"),
-                                  ("--stage-compute", "sleep", "--steps", "80", "--ablate", "10")),
+                                  ("--stage-compute", "sleep", "--steps", "80", "--ablate", "10"),
+                                  bound="more_microbatches_at_most"),
     "deepspeed zero-3 -> 2": Kind("deepspeed_zero", "stage 3 -> 2",
                                   ("--stage", "3", "--steps", "40"),
                                   ("--stage", "3", "--switch-stage", "2", "--steps", "80",
                                    "--ablate", "10"), needs="deepspeed"),
 }
-
-
-def torchrun(job: str, *args: str, under: Path | None = None) -> str:
-    cmd = ["torchrun", "--nproc-per-node", "2", str(ROOT / "sample_jobs" / f"{job}.py"), *args]
-    if under is not None:
-        cmd = [sys.executable, "-m", "doctor.cli", "run", "--out", str(under), "--", *cmd]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    return done.stdout
 
 
 def ablation(out: str) -> float:
@@ -84,18 +76,29 @@ def ablation(out: str) -> float:
     raise SystemExit("the job printed no ablation line")
 
 
-def estimate(run_dir: Path, words: str) -> tuple[str, float | str | None]:
+def estimate(run_dir: Path, kind: Kind) -> tuple[str, float | str | None]:
     verdict = json.loads((run_dir / "verdict.json").read_text())
     found = {f["id"]: f for f in verdict["findings"]}
     fixes = found.get("comm.exposed", {}).get("fixes", [])
-    fix = next((f for f in fixes if words.lower() in f["title"].lower()), None)
+    fix = next((f for f in fixes if kind.fix.lower() in f["title"].lower()), None)
     if fix is None:
         return verdict["bottleneck"], "missing"
-    bound = found["comm.exposed"]["evidence"].get("pipeline_bubble", {}).get(
-        "more_microbatches_at_most") if "micro-batches" in words else None
-    if fix.get("estimated_speedup") is None and bound:
-        return verdict["bottleneck"], float(bound)  # a bound, not an estimate (the fix says)
+    if fix.get("estimated_speedup") is None and kind.bound:
+        bound = _find(found["comm.exposed"]["evidence"], kind.bound)
+        if bound:
+            return verdict["bottleneck"], float(bound)  # a bound, not an estimate (the fix says)
     return verdict["bottleneck"], fix.get("estimated_speedup")
+
+
+def _find(evidence: Any, key: str) -> Any:
+    """The value of ``key`` anywhere in the (nested) evidence; None where it is not."""
+    if isinstance(evidence, dict):
+        if key in evidence:
+            return evidence[key]
+        for value in evidence.values():
+            if (found := _find(value, key)) is not None:
+                return found
+    return None
 
 
 def main() -> None:
@@ -116,8 +119,8 @@ def main() -> None:
             for r in range(args.repeat):
                 run_dir = Path(tmp) / f"{name.replace(' ', '_')}-{r}"
                 torchrun(kind.job, *kind.args, under=run_dir)
-                verdict, est = estimate(run_dir, kind.fix)
-                measured = ablation(torchrun(kind.job, *kind.ablate))
+                verdict, est = estimate(run_dir, kind)
+                measured = ablation(torchrun(kind.job, *kind.ablate).stdout)
                 rows.append({"kind": name, "verdict": verdict, "estimate": est,
                              "measured": measured})
                 print(f"  {name} {r + 1}: {verdict}, est {est}, measured {measured:.2f}x",
