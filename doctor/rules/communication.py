@@ -33,20 +33,26 @@ from doctor.rules.shard_fixes import sharded_fixes
 from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 
-NO_SYNC = Fix(
-    title="Accumulate gradients locally with no_sync()",
-    why="with gradient accumulation, only the last micro-batch needs an all-reduce",
-    code=(
+
+def no_sync_code(every: str = "accumulation_steps") -> str:
+    """A loop that all-reduces once every ``every`` micro-batches."""
+    return (
         "import contextlib\n"
         "for i, (inputs, targets) in enumerate(loader):\n"
-        "    last = (i + 1) % accumulation_steps == 0\n"
+        f"    last = (i + 1) % {every} == 0\n"
         "    ctx = contextlib.nullcontext() if last else model.no_sync()\n"
         "    with ctx:\n"
         "        loss_fn(model(inputs), targets).backward()\n"
         "    if last:\n"
         "        optimizer.step()\n"
         "        optimizer.zero_grad()"
-    ),
+    )
+
+
+NO_SYNC = Fix(
+    title="Accumulate gradients locally with no_sync()",
+    why="with gradient accumulation, only the last micro-batch needs an all-reduce",
+    code=no_sync_code(),
 )
 COMPRESS = Fix(
     title="Compress gradients before the all-reduce",
@@ -105,8 +111,8 @@ def model_fixes(ev: Evidence, ddp_devices: str, share: float) -> tuple[Fix, ...]
         w = model.best(name)
         if (value := estimate(w)) is not None and w is not None:
             why = fix.why + (f" ({w.note})" if w.note else "")
-            code = fix.code if w.value is None or name != "no_sync" else \
-                fix.code.replace("accumulation_steps", f"{w.value:g}")  # the job's own M
+            code = no_sync_code(f"{w.value:g}") if name == "no_sync" and w.value is not None \
+                else fix.code  # the job's own micro-batches a step
             fixes.append(replace(fix, why=why, code=code, estimated_speedup=value))
     # none the model can size (the critical rank's exposed time was all waiting): the fixes
     # as they are, without estimates
