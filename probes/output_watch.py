@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..record.late_reads import capturing
 from .param_names import unwrapped
 
 MAX_MODULES = 4096  # modules hooked
@@ -50,7 +51,8 @@ class OutputWatch:
                 try:
                     t = output[0] if isinstance(output, tuple | list) and output else output
                     if type(t) is tensor and t.is_floating_point() and not t.is_nested \
-                            and t.layout == strided and t.numel():
+                            and t.layout == strided and t.numel() \
+                            and not (t.is_cuda and capturing(torch)):  # no kernel in its graph
                         seen.append((i, aminmax(t.detach())))
                 except Exception as err:  # never into the job's forward: said at the update
                     failed.append(err)
@@ -58,6 +60,7 @@ class OutputWatch:
             return ended
 
         strided = self._torch.strided
+        torch = self._torch
         for path, module in model.named_modules():
             if len(self.handles) >= MAX_MODULES:
                 break

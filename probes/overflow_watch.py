@@ -33,7 +33,7 @@ import sys
 import weakref
 from typing import Any
 
-from ..record.late_reads import LateReads
+from ..record.late_reads import LateReads, capturing
 from ..record.session import Session
 from .output_watch import OutputWatch
 from .param_names import parameter_names
@@ -204,6 +204,8 @@ class OverflowWatch:
             pairs, grads = by_device.setdefault(g.device, ([], []))
             pairs.append((position, i))
             grads.append(g.detach())
+        if any(d.type == "cuda" for d in by_device) and capturing(torch):
+            return  # a step captured into a CUDA graph: no kernel of the watch joins it
         for pairs, grads in by_device.values():
             norms = torch._foreach_norm(grads, float("inf"))
             finite = torch.isfinite(torch.stack([n.float() for n in norms]))

@@ -6,8 +6,11 @@ On a CPU the value is read at once (``item()``: a fraction of a microsecond, not
 for). On a GPU it is copied, non-blocking, into a pinned host buffer behind a CUDA event, and
 read at a later call once that event has passed (``query()`` never waits): a step late, as the
 GPU gets there. At most SLOTS copies are in flight; a value whose slot is not free is not read
-(counted in ``dropped``), and a copy is never made while the stream is being captured into a
-CUDA graph. torch is imported by the caller; nothing here raises: a failure turns the reader off.
+(counted in ``dropped``). While the stream is being captured into a CUDA graph nothing is copied
+(the value is dropped) and no event is asked: ``cudaEventQuery`` during a capture invalidates the
+job's graph (seen on an H100: the job's ``torch.cuda.graph`` failed at its optimizer step with
+cudaErrorStreamCaptureInvalidated); what is in flight is read after the capture. torch is
+imported by the caller; nothing here raises: a failure turns the reader off.
 
 Measured on an H200 (gVisor, torch 2.11): a put on the GPU costs about 10 us of host time
 (the event's record 5, the copy's launch 3.5, the detach 1, the rest under a microsecond); with
@@ -47,6 +50,9 @@ class LateReads:
             return []
         try:
             if tensor.is_cuda:
+                if capturing(self._torch):
+                    self.dropped += 1
+                    return []
                 ready = self.ready() if self._pending else []
                 self._copy(tensor, tag)
                 return ready
@@ -59,9 +65,12 @@ class LateReads:
             return []
 
     def ready(self) -> list[tuple[Any, Any]]:
-        """The values whose copies have landed, in the order put; none waits."""
-        out = []
+        """The values whose copies have landed, in the order put; none waits (none is asked
+        while the stream is captured)."""
+        out: list[tuple[Any, Any]] = []
         try:
+            if self._pending and capturing(self._torch):
+                return out
             while self._pending and self._pending[0][2].query():
                 tag, buf, event = self._pending.popleft()
                 out.append((tag, _value(buf)))
@@ -72,7 +81,7 @@ class LateReads:
 
     def _copy(self, tensor: Any, tag: Any) -> None:
         cuda = self._torch.cuda
-        if len(self._pending) >= SLOTS or cuda.is_current_stream_capturing():
+        if len(self._pending) >= SLOTS:
             self.dropped += 1
             return
         free = self._free.get((tensor.dtype, tensor.shape))
@@ -84,6 +93,13 @@ class LateReads:
         buf.copy_(tensor.detach(), non_blocking=True)
         event.record()
         self._pending.append((tag, buf, event))
+
+
+def capturing(torch: Any) -> bool:
+    """Whether this thread's current CUDA stream is being captured into a CUDA graph (then no
+    CUDA call but the job's own may run: a query or a synchronisation invalidates the capture,
+    and a kernel launched would join the job's graph). Raises where torch has no CUDA."""
+    return bool(torch.cuda.is_current_stream_capturing())
 
 
 def _value(tensor: Any) -> Any:

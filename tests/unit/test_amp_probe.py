@@ -85,13 +85,18 @@ def test_the_probe_puts_autocast_back(tmp_path: Path) -> None:
 
 
 class FakeEvent:
-    def __init__(self) -> None:
+    def __init__(self, torch: FakeTorch) -> None:
         self.done = False
+        self.torch = torch
 
     def record(self) -> None:
+        assert not self.torch.capturing, "an event recorded into the job's CUDA graph"
         self.done = False
 
     def query(self) -> bool:
+        if self.torch.capturing:  # as CUDA does: the job's capture is invalidated
+            self.torch.invalidated = True
+            raise RuntimeError("operation not permitted when stream is capturing")
         return self.done
 
 
@@ -130,6 +135,7 @@ class FakeTorch:
     def __init__(self) -> None:
         self.events: list[FakeEvent] = []
         self.capturing = False
+        self.invalidated = False
         self.cuda = self
 
     def empty(self, shape: Any, dtype: Any, pin_memory: bool) -> FakeBuffer:
@@ -137,7 +143,7 @@ class FakeTorch:
         return FakeBuffer(shape, dtype)
 
     def Event(self) -> FakeEvent:
-        self.events.append(FakeEvent())
+        self.events.append(FakeEvent(self))
         return self.events[-1]
 
     def is_current_stream_capturing(self) -> bool:
@@ -175,10 +181,22 @@ def test_on_a_gpu_running_ahead_drops_values_rather_than_wait() -> None:
     for i in range(SLOTS + 3):
         assert reads.put(FakeTensor(float(i)), i) == []
     assert reads.dropped == 3 and len(fake.events) == SLOTS
+
+
+def test_while_a_cuda_graph_is_captured_no_event_is_asked_or_recorded() -> None:
+    """A query during the capture invalidates the job's graph (seen on an H100: the job's
+    torch.cuda.graph failed at its optimizer step): what is in flight is read after it."""
+    fake = FakeTorch()
+    reads = LateReads(fake)
+    assert reads.put(FakeTensor(1.0), "warm-up") == []  # in flight as the capture begins
     fake.capturing = True
     fake.land()
-    assert reads.put(FakeTensor(9.0), 9) == [(i, float(i)) for i in range(SLOTS)]
-    assert reads.dropped == 4  # never copied while a CUDA graph is captured
+    assert reads.put(FakeTensor(2.0), "captured") == [] and reads.ready() == []
+    assert not fake.invalidated and not reads.off and reads.dropped == 1
+    fake.capturing = False
+    assert reads.put(FakeTensor(3.0), "replayed") == [("warm-up", 1.0)]
+    fake.land()
+    assert reads.ready() == [("replayed", 3.0)]
 
 
 def test_a_failing_read_turns_the_reader_off_and_never_raises() -> None:
