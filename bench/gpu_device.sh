@@ -10,13 +10,16 @@
 #   pip install --no-deps --target .whl/tree .     # the fallback where the build fails there
 #
 # Then, on the device: bash bench/gpu_device.sh [JOB...]   (the jobs as bench/gpu_check.sh takes
-# them, default all; SECONDS_PER_JOB, default 10; BUDGET_S, the seconds the GPU check may take in
-# all, default 360)
+# them, default all; SECONDS_PER_JOB, default 8; BUDGET_S, the seconds all of it may take, default
+# 440: the GPU check gets all but the last 80 s, which the CPU job, the drift and the mixed
+# precision jobs take). Seen on an H100 (2026-12-05): all four jobs' sixteen runs at 8 s each took
+# about 300 s (about 11 s a run beside the job's own), the memory jobs about 20 s each, the rest
+# 65 s; the machine's start and the install about 90 s more, out of a session's 900.
 set -u
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}"
 WORK=/tmp/gpu-check
-BUDGET_S="${BUDGET_S:-360}"
+BUDGET_S="${BUDGET_S:-440}"
 mkdir -p "$WORK"
 export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"
 # one pip for all (a second --target --upgrade would replace the first one's bin/)
@@ -48,7 +51,7 @@ PY
 py-spy --version 2>&1 | tee -a "$WORK/versions.txt"
 start=$SECONDS
 cd "$REPO" || exit 3
-OUT="$WORK" PYTHON=python3 SECONDS_PER_JOB="${SECONDS_PER_JOB:-10}" timeout -k 10 "$BUDGET_S" \
+OUT="$WORK" PYTHON=python3 SECONDS_PER_JOB="${SECONDS_PER_JOB:-8}" timeout -k 10 "$((BUDGET_S - 80))" \
     bash bench/gpu_check.sh "$@" >"$WORK/summary.txt" 2>&1
 echo "gpu_check: exit $? after $((SECONDS - start)) s"
 # A CPU job beside an idle GPU: gpu.unused should name it
@@ -79,6 +82,25 @@ for p in v.get("periods", []):
 PY
     tail -c 600 "$WORK/drift-cuda.log"
 fi
+# Mixed precision on the GPU: a GradScaler's skipped iterations and the overflow watch, whose
+# flags are read late behind CUDA events (met only a fake CUDA before): the finding should name
+# the layer the job prints as overflow_layer, for a gradient and for a forward output
+for how in grad output; do
+    [ $((SECONDS - start)) -lt $((BUDGET_S - 20)) ] || break
+    timeout -k 5 60 doctor run --out "$WORK/amp-$how" -- python3 sample_jobs/amp_skips.py \
+        --device cuda --steps 300 --layers 3 --overflow-at 1 --overflow "$how" \
+        >"$WORK/amp-$how.log" 2>&1
+    echo "amp-$how: exit $?"
+    grep -o '"overflow_layer": "[a-z0-9]*"' "$WORK/amp-$how.log"
+    python3 - "$WORK/amp-$how" <<'PY'
+import json, sys
+v = json.load(open(sys.argv[1] + "/verdict.json"))
+print("steps", {k: v.get("steps", {}).get(k) for k in ("count", "skipped", "micro_batches")})
+for f in v["findings"]:
+    if f["id"].startswith(("steps.skipped", "precision", "loss")):
+        print(f["id"], "|", f["title"])
+PY
+done
 cat "$WORK/summary.txt"
 tar czf - -C /tmp gpu-check | split -b 15M - "$OUT/gpu.tgz."
 ls -la "$OUT"

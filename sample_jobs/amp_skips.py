@@ -1,4 +1,4 @@
-"""A CPU job under autocast and a GradScaler whose gradients overflow every few iterations: the
+"""A job under autocast and a GradScaler whose gradients overflow every few iterations: the
 scaler skips those iterations' optimizer step, and their forward and backward are wasted.
 
 Every ``--skip-every``-th iteration, a gradient in the backward pass is multiplied by inf
@@ -8,11 +8,11 @@ itself, standing in for a forward pass that overflows), so the scaler finds inf/
 and a ``head``; the gradient of block ``--overflow-at``'s output overflows, so ``fcN`` is the
 layer whose gradients turn inf first (printed as ``overflow_layer``); ``--overflow output``: that
 block's input is scaled up so that its fp16 output overflows in the forward pass. The forward
-runs under ``torch.autocast("cpu", dtype=...)`` (``--autocast fp16``, the default, ``bf16``
-or ``off``); ``--accumulate N`` runs N micro-batches (backward() calls) per iteration. The job
-counts its iterations, the ones it skipped (the scale drops at each one), their share of the
-loop's time, and its non-finite losses, and prints them, with its last loss and a checksum of
-its weights (the same with and without doctor).
+runs under ``torch.autocast(device, dtype=...)`` (``--device cpu``, the default, or ``cuda``;
+``--autocast fp16``, the default, ``bf16`` or ``off``); ``--accumulate N`` runs N micro-batches
+(backward() calls) per iteration. The job counts its iterations, the ones it skipped (the scale
+drops at each one), their share of the loop's time, and its non-finite losses, and prints them,
+with its last loss and a checksum of its weights (the same with and without doctor).
 
 Switches: ``--skip-every 0`` removes the overflow (no iteration is skipped); ``--autocast off``
 removes autocast's casts.
@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1, help="hidden blocks (Linear, ReLU)")
     ap.add_argument("--overflow-at", type=int, default=0,
                     help="the block whose output's gradient overflows (from 0)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model trains (cuda: autocast and the scaler on the GPU)")
     args = ap.parse_args()
     torch.manual_seed(0)
     blocks: list[tuple[str, nn.Module]] = []
@@ -56,10 +58,12 @@ def main() -> None:
         blocks += [(f"fc{n}", nn.Linear(256 if n == 0 else args.width, args.width)),
                    (f"relu{n}", nn.ReLU())]
     model = nn.Sequential(OrderedDict([*blocks, ("head", nn.Linear(args.width, 10))]))
+    model.to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     # growth_interval: long enough that the scale never grows back within the run
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=10**6)
+    scaler = torch.amp.GradScaler(args.device, init_scale=2.0**8, growth_interval=10**6)
     x, y = torch.randn(128, 256), torch.randint(0, 10, (128,))
+    x, y = x.to(args.device), y.to(args.device)
     timer = StepTimer()
     skipped = nonfinite = 0
     skipped_s = loop_s = 0.0
@@ -68,7 +72,7 @@ def main() -> None:
         overflow = bool(args.skip_every) and i % args.skip_every == args.skip_every - 1
         opt.zero_grad(set_to_none=True)
         for _ in range(args.accumulate):
-            with torch.autocast("cpu", dtype=DTYPES.get(args.autocast, torch.float32),
+            with torch.autocast(args.device, dtype=DTYPES.get(args.autocast, torch.float32),
                                 enabled=args.autocast != "off"):
                 hidden = x
                 for n in range(args.layers):
