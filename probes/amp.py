@@ -126,10 +126,11 @@ class AmpWatch:
                                              LOSS_NAN if value != value else LOSS_INF)
 
     def stop(self) -> None:
-        """What is still in flight, where it has landed."""
-        for (b0, b1), value in self._losses.ready():
+        """What is still in flight, once it has landed (waited for briefly: doctor.record.
+        late_reads.FINAL_WAIT_S)."""
+        for (b0, b1), value in self._losses.final():
             if not math.isfinite(value):
                 self.session.record_interval("nonfinite", b0, b1,
                                              LOSS_NAN if value != value else LOSS_INF)
-        for (who, t), value in self._scales.ready():
+        for (who, t), value in self._scales.final():
             self._scale_read(who, t, value)

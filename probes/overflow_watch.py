@@ -114,11 +114,13 @@ class OverflowWatch:
             self._arm(every=True)
 
     def stop(self) -> None:
-        """The hooks removed; the reads that have landed taken; never armed again."""
+        """The hooks removed; the reads in flight taken once landed (waited for briefly);
+        never armed again."""
         if self.armed:
             self._disarm()
         try:
-            self._read()
+            if self._reads.pending:
+                self._take(self._reads.final())
         except Exception as err:
             self._fail(err)
         self.off = True

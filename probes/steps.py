@@ -20,7 +20,7 @@ from typing import Any
 
 from ..record.patches import Patches
 from ..record.process_facts import framework_facts
-from ..record.session import STEP_BACKWARD, Session
+from ..record.session import CLOSE, STEP_BACKWARD, Session
 from ..verdict import ProbeStatus
 from .amp import AmpWatch
 from .eval_mode import watch_modes
@@ -81,6 +81,9 @@ class StepsProbe:
         amp = self._amp = AmpWatch(session, torch)
         overflow = self._overflow = OverflowWatch(session, torch)
         amp.scale_fell = overflow.scale_fell
+        # the values still in flight are read as the Session closes, while its rings take them
+        # (the probes stop after it: a GPU job's last loss read there was lost)
+        session.on(CLOSE, self._final_reads)
 
         def backward_ended(t0: int, args: tuple[Any, ...]) -> None:
             t1 = session.clock()
@@ -157,6 +160,10 @@ class StepsProbe:
             h.remove()
         self._handles = []
         self._patches.restore()
+        self._final_reads()
+
+    def _final_reads(self) -> None:
+        """The mixed-precision watches' last reads (each once)."""
         if self._overflow is not None:
             self._overflow.stop()
         if self._amp is not None:

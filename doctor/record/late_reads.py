@@ -21,10 +21,12 @@ flight were dropped, none waited for.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
 SLOTS = 4  # copies in flight on a GPU: a step late, or a few where the host runs ahead
+FINAL_WAIT_S = 0.1  # at the end, how long the copies still in flight are waited for, at most
 
 
 class LateReads:
@@ -77,6 +79,16 @@ class LateReads:
                 self._free.setdefault((buf.dtype, buf.shape), []).append((buf, event))
         except Exception:
             self.off = True
+        return out
+
+    def final(self, wait_s: float = FINAL_WAIT_S) -> list[tuple[Any, Any]]:
+        """At the end: the values in flight, waited for up to ``wait_s`` (asked every
+        millisecond, never blocking on the GPU: a hung one costs ``wait_s``)."""
+        out = self.ready()
+        deadline = time.monotonic() + wait_s
+        while self._pending and not self.off and time.monotonic() < deadline:
+            time.sleep(0.001)
+            out += self.ready()
         return out
 
     def _copy(self, tensor: Any, tag: Any) -> None:

@@ -6,6 +6,7 @@ read in order once each event has passed, none waited for, none past its slots."
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,9 @@ class FakeTensor:
     def detach(self) -> FakeTensor:
         return self
 
+    def numel(self) -> int:
+        return len(self.value) if isinstance(self.value, list) else 1
+
 
 class FakeTorch:
     """torch as the late reader uses it on a GPU: events whose copies land when a test says."""
@@ -231,3 +235,34 @@ def test_an_autocast_inside_a_compiled_function_breaks_no_graph(tmp_path: Path) 
     finally:
         probe.stop()
         s.close()
+
+
+def test_at_the_end_copies_in_flight_are_waited_for_briefly_never_for_ever() -> None:
+    fake = FakeTorch()
+    reads = LateReads(fake)
+    reads.put(FakeTensor(1.0), "last")
+    assert reads.final(wait_s=0.01) == [] and reads.pending  # a GPU that never gets there
+    timer = threading.Timer(0.01, fake.land)
+    timer.start()
+    assert reads.final(wait_s=5.0) == [("last", 1.0)] and not reads.pending
+    timer.join()
+
+
+def test_a_loss_in_flight_at_the_end_is_recorded_before_the_session_closes(tmp_path: Path) -> None:
+    """doctor's exit closes the Session, then stops the probes: a GPU job's last loss, read as
+    the Session closes, reaches its ring (on an H100, the last of 100 inf losses was lost)."""
+    s = Session(tmp_path, clock=Ticking(), window_start=10**9)
+    probe = StepsProbe(s)
+    probe.start()
+    fake = FakeTorch()
+    probe._amp._losses = LateReads(fake)
+    probe._amp.backward_ended(FakeTensor(float("inf")), 5, 6)
+    fake.land()
+    s.close()  # as doctor.bootstrap does at exit
+    probe.stop()
+    write_record(tmp_path)
+    run = load_run(tmp_path)
+    [process] = {(int(n), int(r), int(p)) for n, r, p in
+                 run.intervals[["node", "rank", "pid"]].itertuples(index=False)}
+    _b0, _b1, bad = run.intervals_of(process, "nonfinite")
+    assert list(bad) == [LOSS_INF]
