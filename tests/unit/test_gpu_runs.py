@@ -1,4 +1,4 @@
-"""doctor's analysis of run directories recorded on a real GPU (an NVIDIA H200, torch
+"""doctor's analysis of run directories recorded on a real GPU (an NVIDIA H200 and an H100, torch
 2.11.0+cu130; tests/data/gpu_runs/README.md): each sample job's verdict is the one its docstring
 calls for, and the GPU's own figures (NVML, GPM, CUDA memory) reach the verdict. These need no
 GPU: they read the recordings, so CI on CPUs keeps checking the GPU side of the analysis.
@@ -22,7 +22,15 @@ from tests.support import ROOT
 
 GPU_RUNS = ROOT / "tests" / "data" / "gpu_runs"
 RUNS = ("pageable_copy", "conv_layout", "launch_bound", "launch_bound-nowindow",
-        "launch_bound-fixed", "memory-memory_creep")
+        "launch_bound-fixed", "memory-memory_creep", "amp-grad", "amp-output")
+H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+#: The GPU each run was recorded on (the rest on the H200), and each GPU's memory in GiB: NVML's
+#: total, and what torch's allocator may take.
+RECORDED_ON = {"amp-grad": H100, "amp-output": H100}
+GIB = {H200: (140.4, 139.8), H100: (79.65, 79.18)}
+#: What amp_skips.py --device cuda printed: its skipped iterations' share of its loop and its
+#: losses that were not finite (300 iterations, every third skipped).
+AMP_JOB = {"amp-grad": (0.26948, 0), "amp-output": (0.28204, 100)}
 
 #: The jobs' own median step in seconds, as recorded and with ``--fixed``, that they printed in
 #: the same session (README.md there): no estimate of the fix should promise more than it gave.
@@ -95,9 +103,11 @@ def test_the_recordings_are_complete() -> None:
 
 
 @pytest.mark.parametrize("name", RUNS)
-def test_every_run_is_a_gpu_job_on_the_h200(verdict_of: Callable[[str], Verdict],
-                                            name: str) -> None:
+def test_every_run_is_a_gpu_job_on_its_gpu(verdict_of: Callable[[str], Verdict],
+                                           name: str) -> None:
     verdict = verdict_of(name)
+    gpu_name = RECORDED_ON.get(name, H200)
+    nvml_gib, torch_gib = GIB[gpu_name]
     check_verdict(verdict)
     assert verdict["job"]["device"] == "cuda"
     assert verdict["job"]["torch_version"] == "2.11.0+cu130"
@@ -113,12 +123,12 @@ def test_every_run_is_a_gpu_job_on_the_h200(verdict_of: Callable[[str], Verdict]
 
     # NVML's figures over the run, GPU 0 for rank 0
     [gpu] = verdict["gpus"]
-    assert gpu["name"] == "NVIDIA H200" and gpu["index"] == 0 and gpu["ranks"] == [0]
+    assert gpu["name"] == gpu_name and gpu["index"] == 0 and gpu["ranks"] == [0]
     assert gpu["samples"] >= 1
     assert 0.0 < gpu["util"] <= 1.0
     for key in GPM_KEYS:
         assert key in gpu and 0.0 <= gpu[key] <= 1.0, (key, gpu.get(key))
-    assert gpu["memory_total_bytes"] == pytest.approx(140.4 * 2**30, rel=0.01)
+    assert gpu["memory_total_bytes"] == pytest.approx(nvml_gib * 2**30, rel=0.01)
     assert 0 < gpu["memory_used_max_bytes"] < gpu["memory_total_bytes"]
     assert gpu["other_processes"] == 0
 
@@ -126,7 +136,7 @@ def test_every_run_is_a_gpu_job_on_the_h200(verdict_of: Callable[[str], Verdict]
     [rank] = verdict["memory"]["ranks"]
     assert rank["rank"] == 0 and rank["device"] == "cuda"
     assert 0 < rank["peak_bytes"] <= rank["capacity_bytes"]
-    assert rank["capacity_bytes"] == pytest.approx(139.8 * 2**30, rel=0.01)
+    assert rank["capacity_bytes"] == pytest.approx(torch_gib * 2**30, rel=0.01)
     assert rank["allocator"]["allocated_peak_bytes"] > 0
     assert rank["allocator"]["num_ooms"] == 0
 
@@ -241,3 +251,24 @@ def test_launch_bound_with_the_window_names_the_launches(
     assert 1.5 < launch["estimated_speedup"] <= measured_speedup("launch_bound")
     assert verdict["steps"]["median_s"] == pytest.approx(MEASURED["launch_bound"][0], rel=0.1)
     assert not any("drift" in i for i in ids(verdict)), ids(verdict)
+
+
+@pytest.mark.parametrize("name", ["amp-grad", "amp-output"])
+def test_skipped_iterations_and_where_they_overflow_on_the_gpu(
+        verdict_of: Callable[[str], Verdict], name: str) -> None:
+    """amp_skips.py --device cuda --layers 3 --overflow-at 1: autocast and a GradScaler on the
+    GPU, every third iteration overflowing in fc1 (its output's gradient, or its output in the
+    forward pass); the losses and the watch's flags read late behind CUDA events."""
+    verdict = verdict_of(name)
+    share, nonfinite = AMP_JOB[name]
+    skipped = finding(verdict, "steps.skipped")["evidence"]
+    assert (skipped["skipped"], skipped["iterations"]) == (100, 300)
+    assert skipped["wasted_share"] == pytest.approx(share, rel=0.25)
+    if name == "amp-grad":
+        assert skipped["overflow_layer"] == "fc1 (Linear)" and skipped["nonfinite_losses"] == 0
+    else:  # recorded before 97cd0ad: the last loss, read as doctor closed, was lost
+        assert skipped["overflow_forward_layer"] == "fc1 (Linear)"
+        assert nonfinite - 1 <= skipped["nonfinite_losses"] <= nonfinite
+    assert skipped["overflow_read"] == 3
+    # the job reads its loss (.item()) every iteration: the host waits for the GPU
+    assert "gpu.host_sync" in ids(verdict)
