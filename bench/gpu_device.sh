@@ -10,11 +10,13 @@
 #   pip install --no-deps --target .whl/tree .     # the fallback where the build fails there
 #
 # Then, on the device: bash bench/gpu_device.sh [JOB...]   (the jobs as bench/gpu_check.sh takes
-# them, default all; SECONDS_PER_JOB, default 8; BUDGET_S, the seconds all of it may take, default
-# 440: the GPU check gets all but the last 80 s, which the CPU job, the drift and the mixed
-# precision jobs take). Seen on an H100 (2026-12-05): all four jobs' sixteen runs at 8 s each took
-# about 300 s (about 11 s a run beside the job's own), the memory jobs about 20 s each, the rest
-# 65 s; the machine's start and the install about 90 s more, out of a session's 900.
+# them, default all). Settings: SECONDS_PER_JOB, default 8; BUDGET_S, the seconds all of it may
+# take, default 440 (the GPU check gets all but the last 80 s, which the CPU job, the drift and
+# the mixed precision jobs take); OVERHEAD_PAIRS=N adds bench/overhead.py's alternating pairs on
+# OVERHEAD_JOBS (default gpu_pageable_copy) with OVERHEAD_WINDOW (default off), OVERHEAD_S at most.
+# Seen on an H100 (2026-12-05): all four jobs' sixteen runs at 8 s each took about 300 s (about
+# 11 s a run beside the job's own), the memory jobs about 20 s each, the rest 65 s; the machine's
+# start and the install about 90 s more, out of a session's 900.
 set -u
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}"
@@ -102,5 +104,13 @@ for f in v["findings"]:
 PY
 done
 cat "$WORK/summary.txt"
+# doctor's cost on the GPU jobs, bare and under doctor in alternating pairs (OVERHEAD_PAIRS, off
+# by default): the single runs above are no measure of it (on the H100 the same bare job's median
+# moved 1.24x from one run to the next: gpu_launch_bound 15.4 and 19.2 ms)
+if [ "${OVERHEAD_PAIRS:-0}" -gt 0 ]; then
+    timeout -k 10 "${OVERHEAD_S:-300}" python3 bench/overhead.py --jobs "${OVERHEAD_JOBS:-gpu_pageable_copy}" \
+        --pairs "$OVERHEAD_PAIRS" --steps 400 --window "${OVERHEAD_WINDOW:-off}" --no-micro \
+        --job-args "--seconds 60" 2>&1 | tee "$WORK/overhead.txt"
+fi
 tar czf - -C /tmp gpu-check | split -b 15M - "$OUT/gpu.tgz."
 ls -la "$OUT"
