@@ -8,11 +8,13 @@ An apply record names settings by section, e.g.::
     {"ddp": {"bucket_cap_mb": 50, "gradient_as_bucket_view": true}}
     {"optimizer": {"fused": true}}  {"optimizer": {"foreach": true}}
     {"zero": {"parameters_as_bucket_view": true}}   (torch's ZeroRedundancyOptimizer)
+    {"fsdp": {"reshard_after_forward": false}}     (every FSDP2 fully_shard call)
     {"torch": {"compile": "off"}}   (torch.compile returns the model or function unchanged)
     {"pin_memory": true}            (short for {"dataloader": {"pin_memory": true}})
 
 The bootstrap applies ``dataloader``, ``ddp``, ``optimizer`` (to every torch.optim class
-that takes the setting) and ``zero`` as keyword arguments at construction, ``torch``
+that takes the setting), ``zero`` and ``fsdp`` as keyword arguments at construction (or at each
+``fully_shard`` call), ``torch``
 right after ``import torch``, and ``doctor try`` sets ``env`` for the job. This module is the
 vocabulary only: it checks, normalises, parses ``--set KEY=VALUE`` and describes; it imports
 neither torch nor the analysis.
@@ -95,6 +97,9 @@ SETTINGS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "zero": {
         "parameters_as_bucket_view": _flag,
     },
+    "fsdp": {
+        "reshard_after_forward": _flag,
+    },
     "torch": {
         "num_threads": _int_at_least(1),
         "num_interop_threads": _int_at_least(1),
@@ -113,7 +118,7 @@ REFUSED = {
 }
 #: What the job is told each setting is, for the lines said on stderr.
 WHERE = {"dataloader": "DataLoader", "ddp": "DistributedDataParallel", "optimizer": "optimizer",
-         "zero": "ZeroRedundancyOptimizer", "torch": "torch"}
+         "zero": "ZeroRedundancyOptimizer", "fsdp": "fully_shard", "torch": "torch"}
 
 
 def normalize(apply: Mapping[str, Any]) -> Apply:

@@ -24,15 +24,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..record.overrides import FULLY_SHARD_AT
 from ..record.session import Session
 from .deepspeed_config import engine_config
 from .on_import import OnImportProbe
 
-#: The modules that export FSDP2's fully_shard, by torch release.
-FULLY_SHARD_AT = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
-                  "torch.distributed.fsdp._fully_shard._fully_shard",
-                  "torch.distributed._composable.fsdp",
-                  "torch.distributed._composable.fsdp.fully_shard")
 MAX_UNITS_KEPT = 64  # units whose bytes are kept one by one (the count is always whole)
 ZERO_API = "ZeroRedundancyOptimizer"
 ZERO_SETTINGS = ("parameters_as_bucket_view", "overlap_with_ddp")

@@ -3,7 +3,8 @@ process, without touching the job's code.
 
 - ``dataloader``, ``ddp`` and ``zero`` settings override the keyword arguments of every
   DataLoader, DistributedDataParallel and ZeroRedundancyOptimizer the job builds (in its script
-  or in a library), at construction;
+  or in a library), at construction; ``fsdp`` those of every FSDP2 ``fully_shard`` call (the
+  function wrapped where torch exports it, once the job imports torch.distributed.fsdp);
 - ``torch`` settings are set right after ``import torch``, before user code goes on; a later
   call of the job's own (``torch.set_num_threads(4)``) keeps the tried value in the training
   process, and torch's own calls in DataLoader workers pass through; ``compile=off`` makes
@@ -32,6 +33,12 @@ from ..tuning import WHERE, Apply, normalize
 from .after_import import AfterImport, when_imported
 from .eager import eager_patches
 from .session import CLOSE, Session
+
+#: The modules that export FSDP2's fully_shard, by torch release (probes/sharding.py's too).
+FULLY_SHARD_AT = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
+                  "torch.distributed.fsdp._fully_shard._fully_shard",
+                  "torch.distributed._composable.fsdp",
+                  "torch.distributed._composable.fsdp.fully_shard")
 
 ENV_APPLY = "DOCTOR_TRY_APPLY"  # the apply record, JSON
 MAX_SEEN = 20  # job values kept per setting
@@ -99,7 +106,7 @@ class Overrides:
     def start(self) -> None:
         for section, step in (("torch", self._torch), ("dataloader", self._dataloader),
                               ("ddp", self._ddp), ("optimizer", self._optimizer),
-                              ("zero", self._zero)):
+                              ("zero", self._zero), ("fsdp", self._fsdp)):
             if section in self.apply:
                 try:
                     step(self.apply[section])
@@ -220,6 +227,52 @@ class Overrides:
         finder = when_imported("torch.distributed.optim", override)
         if finder is not None:
             self._waiting.append(finder)
+
+    def _fsdp(self, values: dict[str, Any]) -> None:
+        """Every FSDP2 ``fully_shard`` call, once the job imports torch.distributed.fsdp (the
+        function replaced in each module that exports it, before the job's own import binds
+        it; the sharding probe's wrapper then wraps this one)."""
+
+        def override() -> None:
+            try:
+                fsdp = sys.modules["torch.distributed.fsdp"]
+                orig = getattr(fsdp, "fully_shard", None)
+                if not callable(orig):
+                    self.errors.append("fsdp: this torch has no FSDP2 fully_shard")
+                    return
+                wrapped = self._fully_shard(orig, values)
+                for name in FULLY_SHARD_AT:
+                    module = sys.modules.get(name)
+                    if module is not None and getattr(module, "fully_shard", None) is orig:
+                        self._patch(module, "fully_shard", wrapped)
+            except Exception as err:  # the job runs on; the try says what was not applied
+                self.errors.append(f"fsdp: {type(err).__name__}: {err}")
+
+        finder = when_imported("torch.distributed.fsdp", override)
+        if finder is not None:
+            self._waiting.append(finder)
+
+    def _fully_shard(self, orig: Callable[..., Any], values: dict[str, Any]) -> Callable[..., Any]:
+        params = inspect.signature(orig).parameters
+        known = {k: v for k, v in values.items() if k in params}
+        for key in set(values) - set(known):
+            self.errors.append(f"fully_shard of this torch has no {key}")
+        overrides = self
+
+        @functools.wraps(orig)
+        def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
+            changes = []
+            for key, value in known.items():
+                job = kwargs.get(key, params[key].default)
+                kwargs[key] = value
+                overrides.note(f"fsdp.{key}", job, value)
+                if job != value:
+                    changes.append(f"{key} {job} -> {value}")
+            overrides.tell(f"fully_shard({', '.join(changes) or 'nothing to change'})")
+            overrides.save()
+            return orig(module, *args, **kwargs)
+
+        return fully_shard
 
     def _optimizer(self, values: dict[str, Any]) -> None:
         """Every torch.optim class whose constructor takes the setting (fused, foreach)."""

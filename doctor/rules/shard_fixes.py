@@ -155,4 +155,6 @@ def reshard_fix(ex: Exposed, back: PhaseCost, fsdp1: bool, share: float) -> Fix:
     return Fix(title=(f"Backward all-gathers exposed {back.exposed_s * 1e3:.1f} ms a step: keep "
                       "the last units gathered after forward (reshard_after_forward=False)"),
                why=why, code=code, estimated_speedup=estimate_of(share, ex, back.exposed_s),
-               frees_bytes=None)
+               frees_bytes=None,
+               # every unit, as the estimate assumes; FSDP1's strategy is a class's enum: no apply
+               apply=None if fsdp1 else {"fsdp": {"reshard_after_forward": False}})

@@ -220,6 +220,21 @@ def test_a_sharded_optimizers_bucket_view_is_tried_from_its_fix(tmp_path: Path) 
     assert c["speedup"] is not None and c["speedup"] > 1.2
 
 
+def test_fsdp2_reshard_after_forward_is_tried_from_its_fix(tmp_path: Path) -> None:
+    """FSDP2's fully_shard is a function the job imports: every call is made with the tried
+    reshard_after_forward, and the backward all-gathers it saves make the step faster."""
+    _, record = run_then_try(
+        tmp_path, ["torchrun", "--nproc-per-node", "2",
+                   str(SAMPLE_JOBS / "fsdp_sharded.py"), "--steps", "20"],
+        "--fix", "comm.exposed", "--steps", "6", "--repeat", "1",
+        env={"OMP_NUM_THREADS": "1"})
+    [c] = [c for c in record["candidates"] if "reshard_after_forward" in c["label"]]
+    assert c["outcome"] != "failed", c
+    seen = c["applied"]["fsdp.reshard_after_forward"]
+    assert seen["tried"] is False and "True" in map(str, seen["job"])  # the job's own value
+    assert c["speedup"] is not None and c["speedup"] > 1.1
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no thread count to raise")
 def test_the_thread_count_fix_of_a_compute_bound_job(tmp_path: Path) -> None:
     run_dir, record = run_then_try(

@@ -198,3 +198,30 @@ def test_compile_on_changes_nothing(session: Session) -> None:
         assert "torch.compile" not in o.seen and not said
     finally:
         o.stop()
+
+
+def test_every_fully_shard_call_is_made_with_the_tried_reshard(session: Session,
+                                                                tmp_path: Path) -> None:
+    """FSDP2's fully_shard is a function: the one the job imports after the start is the
+    wrapped one, in every module that exports it; the stop puts torch's back."""
+    import torch.distributed.fsdp as fsdp_module
+
+    orig = fsdp_module.fully_shard
+    o, said = started(session, {"fsdp": {"reshard_after_forward": False}})
+    with one_rank_group(tmp_path, o):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        assert fully_shard is not orig
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        mesh = init_device_mesh("cpu", (1,))
+        fully_shard(model[0], mesh=mesh)
+        fully_shard(model, mesh=mesh, reshard_after_forward=True)
+        for unit in (model[0], model):
+            group = unit._get_fsdp_state()._fsdp_param_group  # type: ignore[operator]
+            assert group.post_forward_mesh_info is None  # kept gathered after forward
+    assert fsdp_module.fully_shard is orig
+    assert said == ["doctor try: fully_shard(reshard_after_forward None -> False)",
+                    "doctor try: fully_shard(reshard_after_forward True -> False)"]
+    assert o.seen["fsdp.reshard_after_forward"] == {"tried": False, "job": [None, True],
+                                                    "applied": 2}

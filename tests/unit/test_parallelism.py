@@ -92,6 +92,8 @@ def test_a_sharded_job_gets_fsdp_fixes_never_ddp_buckets() -> None:
     # the backward gathers are a third of the exposed collectives
     assert reshard.estimated_speedup == pytest.approx(1 / (1 - 0.8 / 3), rel=0.01)
     assert "MiB more a rank" in reshard.why
+    # a setting of every fully_shard call, as the estimate assumes: doctor try measures it
+    assert reshard.apply == {"fsdp": {"reshard_after_forward": False}}
 
 
 def test_synchronised_statistics_get_their_fixes_and_ddp_keeps_its_own() -> None:
