@@ -217,16 +217,11 @@ class Overrides:
         process here)."""
 
         def override() -> None:
-            try:
-                from torch.distributed.optim import ZeroRedundancyOptimizer
+            from torch.distributed.optim import ZeroRedundancyOptimizer
 
-                self._override_init(ZeroRedundancyOptimizer, "zero", values)
-            except Exception as err:  # the job runs on; the try says what was not applied
-                self.errors.append(f"zero: {type(err).__name__}: {err}")
+            self._override_init(ZeroRedundancyOptimizer, "zero", values)
 
-        finder = when_imported("torch.distributed.optim", override)
-        if finder is not None:
-            self._waiting.append(finder)
+        self._after_import("torch.distributed.optim", "zero", override)
 
     def _fsdp(self, values: dict[str, Any]) -> None:
         """Every FSDP2 ``fully_shard`` call, once the job imports torch.distributed.fsdp (the
@@ -234,21 +229,29 @@ class Overrides:
         it; the sharding probe's wrapper then wraps this one)."""
 
         def override() -> None:
-            try:
-                fsdp = sys.modules["torch.distributed.fsdp"]
-                orig = getattr(fsdp, "fully_shard", None)
-                if not callable(orig):
-                    self.errors.append("fsdp: this torch has no FSDP2 fully_shard")
-                    return
-                wrapped = self._fully_shard(orig, values)
-                for name in FULLY_SHARD_AT:
-                    module = sys.modules.get(name)
-                    if module is not None and getattr(module, "fully_shard", None) is orig:
-                        self._patch(module, "fully_shard", wrapped)
-            except Exception as err:  # the job runs on; the try says what was not applied
-                self.errors.append(f"fsdp: {type(err).__name__}: {err}")
+            orig = getattr(sys.modules["torch.distributed.fsdp"], "fully_shard", None)
+            if not callable(orig):
+                self.errors.append("fsdp: this torch has no FSDP2 fully_shard")
+                return
+            wrapped = self._fully_shard(orig, values)
+            for name in FULLY_SHARD_AT:
+                module = sys.modules.get(name)
+                if module is not None and getattr(module, "fully_shard", None) is orig:
+                    self._patch(module, "fully_shard", wrapped)
 
-        finder = when_imported("torch.distributed.fsdp", override)
+        self._after_import("torch.distributed.fsdp", "fsdp", override)
+
+    def _after_import(self, module: str, section: str, override: Callable[[], None]) -> None:
+        """``override`` once the job imports ``module`` (now, where it has); a failure is the
+        try's to say, never the job's."""
+
+        def guarded() -> None:
+            try:
+                override()
+            except Exception as err:  # the job runs on; the try says what was not applied
+                self.errors.append(f"{section}: {type(err).__name__}: {err}")
+
+        finder = when_imported(module, guarded)
         if finder is not None:
             self._waiting.append(finder)
 
