@@ -9,6 +9,7 @@ An apply record names settings by section, e.g.::
     {"optimizer": {"fused": true}}  {"optimizer": {"foreach": true}}
     {"zero": {"parameters_as_bucket_view": true}}   (torch's ZeroRedundancyOptimizer)
     {"fsdp": {"reshard_after_forward": false}}     (every FSDP2 fully_shard call)
+    {"deepspeed": {"zero_optimization.stage": 2}}  (the config given to deepspeed.initialize)
     {"torch": {"compile": "off"}}   (torch.compile returns the model or function unchanged)
     {"pin_memory": true}            (short for {"dataloader": {"pin_memory": true}})
 
@@ -100,6 +101,19 @@ SETTINGS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "fsdp": {
         "reshard_after_forward": _flag,
     },
+    # keys of DeepSpeed's config, by their path in it (gradient_accumulation_steps is not one:
+    # it changes the work of a step)
+    "deepspeed": {
+        "zero_optimization.stage": _int_at_least(0),
+        "zero_optimization.stage3_param_persistence_threshold": _int_at_least(0),
+        "zero_optimization.stage3_max_live_parameters": _int_at_least(0),
+        "zero_optimization.stage3_max_reuse_distance": _int_at_least(0),
+        "zero_optimization.stage3_prefetch_bucket_size": _int_at_least(1),
+        "zero_optimization.reduce_bucket_size": _int_at_least(1),
+        "zero_optimization.allgather_bucket_size": _int_at_least(1),
+        "zero_optimization.overlap_comm": _flag,
+        "communication_data_type": _one_of("fp32", "fp16", "bf16"),
+    },
     "torch": {
         "num_threads": _int_at_least(1),
         "num_interop_threads": _int_at_least(1),
@@ -118,7 +132,8 @@ REFUSED = {
 }
 #: What the job is told each setting is, for the lines said on stderr.
 WHERE = {"dataloader": "DataLoader", "ddp": "DistributedDataParallel", "optimizer": "optimizer",
-         "zero": "ZeroRedundancyOptimizer", "fsdp": "fully_shard", "torch": "torch"}
+         "zero": "ZeroRedundancyOptimizer", "fsdp": "fully_shard",
+         "deepspeed": "deepspeed.initialize", "torch": "torch"}
 
 
 def normalize(apply: Mapping[str, Any]) -> Apply:

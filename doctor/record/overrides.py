@@ -5,6 +5,8 @@ process, without touching the job's code.
   DataLoader, DistributedDataParallel and ZeroRedundancyOptimizer the job builds (in its script
   or in a library), at construction; ``fsdp`` those of every FSDP2 ``fully_shard`` call (the
   function wrapped where torch exports it, once the job imports torch.distributed.fsdp);
+- ``deepspeed`` settings are keys of the config the job gives ``deepspeed.initialize``
+  (doctor.record.deepspeed_override);
 - ``torch`` settings are set right after ``import torch``, before user code goes on; a later
   call of the job's own (``torch.set_num_threads(4)``) keeps the tried value in the training
   process, and torch's own calls in DataLoader workers pass through; ``compile=off`` makes
@@ -86,6 +88,17 @@ class Overrides:
         if entry is not None:
             entry["asked"] = job_value
 
+    def changed(self, section: str, where: str, settings: list[tuple[str, Any, Any]]) -> None:
+        """Each (key, the job's value, the tried one) of ``section`` noted, the changes said
+        once as ``where(...)``, the meta saved."""
+        changes = []
+        for key, job, value in settings:
+            self.note(f"{section}.{key}", job, value)
+            if job != value:
+                changes.append(f"{key} {job} -> {value}")
+        self.tell(f"{where}({', '.join(changes) or 'nothing to change'})")
+        self.save()
+
     def tell(self, text: str) -> None:
         if text in self._said:
             return
@@ -106,7 +119,8 @@ class Overrides:
     def start(self) -> None:
         for section, step in (("torch", self._torch), ("dataloader", self._dataloader),
                               ("ddp", self._ddp), ("optimizer", self._optimizer),
-                              ("zero", self._zero), ("fsdp", self._fsdp)):
+                              ("zero", self._zero), ("fsdp", self._fsdp),
+                              ("deepspeed", self._deepspeed)):
             if section in self.apply:
                 try:
                     step(self.apply[section])
@@ -241,6 +255,19 @@ class Overrides:
 
         self._after_import("torch.distributed.fsdp", "fsdp", override)
 
+    def _deepspeed(self, values: dict[str, Any]) -> None:
+        """The config given to ``deepspeed.initialize``, once the job imports deepspeed
+        (doctor.record.deepspeed_override)."""
+
+        def override() -> None:
+            from .deepspeed_override import wrapped_initialize
+
+            deepspeed = sys.modules["deepspeed"]
+            self._patch(deepspeed, "initialize",
+                        wrapped_initialize(self, deepspeed.initialize, values))
+
+        self._after_import("deepspeed", "deepspeed", override)
+
     def _after_import(self, module: str, section: str, override: Callable[[], None]) -> None:
         """``override`` once the job imports ``module`` (now, where it has); a failure is the
         try's to say, never the job's."""
@@ -264,15 +291,11 @@ class Overrides:
 
         @functools.wraps(orig)
         def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
-            changes = []
+            settings = []
             for key, value in known.items():
-                job = kwargs.get(key, params[key].default)
+                settings.append((key, kwargs.get(key, params[key].default), value))
                 kwargs[key] = value
-                overrides.note(f"fsdp.{key}", job, value)
-                if job != value:
-                    changes.append(f"{key} {job} -> {value}")
-            overrides.tell(f"fully_shard({', '.join(changes) or 'nothing to change'})")
-            overrides.save()
+            overrides.changed("fsdp", "fully_shard", settings)
             return orig(module, *args, **kwargs)
 
         return fully_shard

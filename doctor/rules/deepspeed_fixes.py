@@ -1,6 +1,8 @@
 """DeepSpeed ZeRO's fixes for its exposed collectives: its own config keys (the code is the
-ds_config fragment), fitted to the engine's settings as the sharding probe read them
-(doctor.probes.deepspeed_config), and never offered where the job has the setting already.
+ds_config fragment, the apply the keys by their path, set by ``doctor try`` in the config the job
+gives deepspeed.initialize: doctor.record.deepspeed_override), fitted to the engine's settings
+as the sharding probe read them (doctor.probes.deepspeed_config), and never offered where the
+job has the setting already.
 Never DDP's fixes (DeepSpeed's reductions are its own), FSDP's code nor a BatchNorm fix (ZeRO-3's
 small parameter gathers are no batch statistics).
 
@@ -23,7 +25,8 @@ exposed time.
   large ones, in the coalesced gathers before forward. No estimate: their calls do go (on
   sample_jobs/deepspeed_zero.py the 8 small gathers and 11 ms of the 40 ms of exposed
   collectives a step), but the step did not get faster (0.95-1.06x, three ablations): ZeRO-3's
-  fetching and releasing of those parameters, host work the model does not count, takes it back;
+  fetching and releasing of those parameters, host work the model does not count, takes it back
+  (yet ``doctor try``, which sets it in the job's config, measured 1.19x: try it);
 - stage 3's all-gathers before backward (parameters released after forward:
   ``stage3_max_live_parameters`` / ``stage3_max_reuse_distance`` below the model's): the
   parameters kept live from forward to backward, those gathers gone;
@@ -67,6 +70,14 @@ def ds_config(fragment: Mapping[str, Any], zero: bool = True) -> str:
     body = json.dumps({"zero_optimization": dict(fragment)} if zero else dict(fragment),
                       indent=4)
     return "ds_config = " + body.replace("{\n", "{\n    ...,\n", 1)
+
+
+def ds_setting(fragment: Mapping[str, Any], zero: bool = True) -> dict[str, Any]:
+    """A fix's code (the ds_config fragment) and its apply for ``doctor try``: each key by its
+    path in the config (doctor.tuning's ``deepspeed`` section)."""
+    prefix = "zero_optimization." if zero else ""
+    return {"code": ds_config(fragment, zero),
+            "apply": {"deepspeed": {prefix + k: v for k, v in fragment.items()}}}
 
 
 class ZeroModel:
@@ -171,7 +182,7 @@ def _stage_down(ex: Exposed, calls: pd.DataFrame, config: Mapping[str, Any],
                "estimate is a floor: stage 3's hooks (fetching, releasing, partitioning the "
                "parameters) go too")
         return [Fix(title="ZeRO stage 3 -> 2 where the parameters fit whole on each rank",
-                    why=why, code=ds_config({"stage": 2}),
+                    why=why, **ds_setting({"stage": 2}),
                     estimated_speedup=_estimate(model, share, gathers, before, after))]
     before = model.seconds(gathers) if model is not None else 0.0
     why = (f"{len(gathers) / ex.steps:g} all-gathers a step of the updated parameters after "
@@ -180,7 +191,7 @@ def _stage_down(ex: Exposed, calls: pd.DataFrame, config: Mapping[str, Any],
            f"({ex.world - 1}/{ex.world} more optimizer state a rank, about "
            f"{2 * more / MIB:.1f} MiB for Adam's two moments here) and gathers nothing")
     return [Fix(title=f"ZeRO stage {stage} -> 0 where the optimizer state fits whole on each "
-                      "rank", why=why, code=ds_config({"stage": 0}),
+                      "rank", why=why, **ds_setting({"stage": 0}),
                 estimated_speedup=_estimate(model, share, gathers, before))]
 
 
@@ -206,7 +217,7 @@ def _persistence(ex: Exposed, calls: pd.DataFrame, config: Mapping[str, Any],
            "(host work that can take back what the calls save: no estimate, try it)")
     return [Fix(title="Gather the small parameters with the large ones "
                       "(stage3_param_persistence_threshold: 0)",
-                why=why, code=ds_config({"stage3_param_persistence_threshold": 0}))]
+                why=why, **ds_setting({"stage3_param_persistence_threshold": 0}))]
 
 
 def _live_parameters(ex: Exposed, calls: pd.DataFrame, config: Mapping[str, Any],
@@ -230,7 +241,7 @@ def _live_parameters(ex: Exposed, calls: pd.DataFrame, config: Mapping[str, Any]
            "parameters' memory held in between, those gathers are gone")
     return [Fix(title="Keep the gathered parameters live from forward to backward "
                       "(stage3_max_live_parameters, stage3_max_reuse_distance)",
-                why=why, code=ds_config({"stage3_max_live_parameters": value,
+                why=why, **ds_setting({"stage3_max_live_parameters": value,
                                          "stage3_max_reuse_distance": value}),
                 estimated_speedup=_estimate(model, share, back, before))]
 
@@ -263,7 +274,7 @@ def _buckets(ex: Exposed, calls: pd.DataFrame, config: Mapping[str, Any],
             why=(f"{per_step:g} {what} a step of {float(mine['bytes'].median()) / 1024:.1f} KiB "
                  f"(median), {exposed * 1e3:.1f} ms exposed, each a round trip: {key}={bucket} "
                  f"elements holds less than a step's {nbytes / MIB:.2f} MiB"),
-            code=ds_config({key: value}),
+            **ds_setting({key: value}),
             estimated_speedup=_estimate(model, share, mine, before, after)))
     return out
 
@@ -286,7 +297,7 @@ def _bf16(ex: Exposed, calls: pd.DataFrame, config: Mapping[str, Any],
              f"{float(mine['bytes'].sum()) / ex.steps / MIB:.2f} MiB in fp32, "
              f"{exposed * 1e3:.1f} ms exposed: bf16 halves the bytes on the wire (the sum "
              "loses precision beyond bf16's 8 bits of mantissa; check the loss curve)"),
-        code=ds_config({"communication_data_type": "bf16"}, zero=False),
+        **ds_setting({"communication_data_type": "bf16"}, zero=False),
         estimated_speedup=_estimate(model, share, mine, before, after))]
 
 
@@ -302,7 +313,7 @@ def _overlap(ex: Exposed, calls: pd.DataFrame, config: Mapping[str, Any],
             why=(f"gradient reductions {exposed * 1e3:.1f} ms exposed a step, overlap_comm "
                  "off: DeepSpeed reduces each bucket on a stream of its own while backward "
                  "goes on, for a second bucket's memory"),
-            code=ds_config({"overlap_comm": True})))
+            **ds_setting({"overlap_comm": True})))
     gathers = calls[(calls["kind"] == "allgather") & calls["bytes"].notna()]
     bucket = config.get("stage3_prefetch_bucket_size")
     gathered = float(gathers["bytes"].sum()) / ex.steps if len(gathers) else 0.0
@@ -314,7 +325,7 @@ def _overlap(ex: Exposed, calls: pd.DataFrame, config: Mapping[str, Any],
             why=(f"parameter all-gathers {exposed * 1e3:.1f} ms exposed a step; the prefetch "
                  f"bucket ({bucket} elements) holds less than a step's "
                  f"{gathered / MIB:.1f} MiB gathered, so the next layers' gathers start late"),
-            code=ds_config({"stage3_prefetch_bucket_size": value})))
+            **ds_setting({"stage3_prefetch_bucket_size": value})))
     return out
 
 

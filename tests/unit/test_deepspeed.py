@@ -107,6 +107,7 @@ def test_zero3_gets_deepspeeds_config_keys_never_ddp_fsdp_or_batchnorm() -> None
     assert f.evidence["exposed_by_role"] == {SHARDED: 1.0}
     down = fix(f, "ZeRO stage 3 -> 2")
     assert '"zero_optimization": {\n        "stage": 2' in down.code
+    assert down.apply == {"deepspeed": {"zero_optimization.stage": 2}}  # doctor try's
     assert "3.0 MiB more a rank" in down.why  # half the parameters' 6.3 MB
     kept = fix(f, "stage3_param_persistence_threshold: 0")
     assert "8 small all-gathers a step" in kept.why
@@ -116,6 +117,7 @@ def test_zero3_gets_deepspeeds_config_keys_never_ddp_fsdp_or_batchnorm() -> None
     assert down.estimated_speedup == pytest.approx(1 / (1 - 0.8 * 8 / 29), rel=0.05)
     assert kept.estimated_speedup is None  # the fetch and release it adds are not modelled
     bf16 = fix(f, "communication_data_type: bf16")
+    assert bf16.apply == {"deepspeed": {"communication_data_type": "bf16"}}
     # the reduce-scatter's 10 ms less its 1 ms latency, halved
     assert bf16.estimated_speedup == pytest.approx(1 / (1 - 0.8 * 4.5 / 29), rel=0.05)
     assert not any("overlap_comm" in x.title for x in f.fixes)  # on by default at stage 3

@@ -4,6 +4,7 @@ construction, torch settings kept against the job's own later calls, each change
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -225,3 +226,50 @@ def test_every_fully_shard_call_is_made_with_the_tried_reshard(session: Session,
                     "doctor try: fully_shard(reshard_after_forward True -> False)"]
     assert o.seen["fsdp.reshard_after_forward"] == {"tried": False, "job": [None, True],
                                                     "applied": 2}
+
+
+def test_deepspeeds_config_is_tried_on_a_copy_of_the_jobs(session: Session, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keys set by their path in the config deepspeed.initialize is given (a dict or a
+    JSON file's path); the job's own dict is left as it was; a config given elsewhere is not
+    changed, and said so."""
+    import sys
+    import types
+
+    given: list[dict] = []
+
+    def initialize(args: object = None, model: object = None, config: object = None,
+                   config_params: object = None) -> str:
+        given.append({"config": config, "config_params": config_params})
+        return "engine"
+
+    fake = types.ModuleType("deepspeed")
+    fake.initialize = initialize  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    o, said = started(session, {"deepspeed": {"zero_optimization.stage": 2,
+                                              "communication_data_type": "bf16"}})
+    job = {"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": True}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(job))
+    try:
+        assert fake.initialize(model="m", config=job) == "engine"  # type: ignore[attr-defined]
+        fake.initialize(None, "m", config_params=str(path))  # type: ignore[attr-defined]
+        fake.initialize(model="m")  # type: ignore[attr-defined]
+        odd = {"zero_optimization": 3}  # not a section: the job's config goes as it is
+        fake.initialize(model="m", config=odd)  # type: ignore[attr-defined]
+    finally:
+        o.stop()
+    tried = {"train_batch_size": 8, "communication_data_type": "bf16",
+             "zero_optimization": {"stage": 2, "overlap_comm": True}}
+    assert given[0] == {"config": tried, "config_params": None}
+    assert given[1] == {"config": None, "config_params": tried}
+    assert given[2] == {"config": None, "config_params": None}
+    assert given[3] == {"config": {"zero_optimization": 3}, "config_params": None}
+    assert job["zero_optimization"]["stage"] == 3  # the job's own dict
+    assert fake.initialize is initialize  # type: ignore[attr-defined]
+    assert said[0] == ("doctor try: deepspeed.initialize(zero_optimization.stage 3 -> 2, "
+                       "communication_data_type None -> bf16)")
+    assert o.seen["deepspeed.zero_optimization.stage"]["job"] == [3, 3]
+    assert o.errors == ["deepspeed: the job's config is not passed to "
+                        "deepspeed.initialize(config=...): not applied",
+                        "deepspeed: ValueError: the config's zero_optimization is not a section"]
