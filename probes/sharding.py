@@ -10,8 +10,11 @@ call shards, those not yet sharded by an inner call; FSDP1: ``sharding_strategy`
 same way (its optimizer class, ``parameters_as_bucket_view``, ``overlap_with_ddp``). Once it
 imports ``deepspeed.runtime.engine``, ``DeepSpeedEngine.__init__`` is wrapped: each engine built
 is counted, and the first one's ZeRO stage and communication settings are read from it after its
-construction (doctor.probes.deepspeed_config). Nothing runs per step; the totals go to
-meta.json (``sharding``) when the profiler window ends and at exit.
+construction (doctor.probes.deepspeed_config). Once it imports
+``torch.distributed.tensor.parallel``, ``parallelize_module`` is wrapped: the modules each call
+parallelises (``units``), their styles (``ColwiseParallel 6, RowwiseParallel 6``) and the
+tensor-parallel mesh's size. Nothing runs per step; the totals go to meta.json (``sharding``)
+when the profiler window ends and at exit.
 
 Runs inside the job at construction time only; a failure records nothing and never stops the
 job (the wrapped call's own result and errors pass through untouched).
@@ -33,6 +36,8 @@ MAX_UNITS_KEPT = 64  # units whose bytes are kept one by one (the count is alway
 ZERO_API = "ZeroRedundancyOptimizer"
 ZERO_SETTINGS = ("parameters_as_bucket_view", "overlap_with_ddp")
 DEEPSPEED_MODULE = "deepspeed.runtime.engine"
+TP_MODULES = ("torch.distributed.tensor.parallel", "torch.distributed.tensor.parallel.api")
+TP_API = "parallelize_module"
 DEEPSPEED_API = "DeepSpeedEngine"
 FSDP1_SETTINGS = ("sharding_strategy", "forward_prefetch", "backward_prefetch",
                   "limit_all_gathers")
@@ -49,10 +54,57 @@ class ShardingProbe(OnImportProbe):
         self.fsdp1: dict[str, Any] = {"units": 0}
         self.zero: dict[str, Any] = {"units": 0}
         self.deepspeed: dict[str, Any] = {"units": 0}
+        self.tensor: dict[str, Any] = {"units": 0, "mesh_size": None, "styles": {}}
 
     def imports(self) -> dict[str, Callable[[], None]]:
         return {**super().imports(), "torch.distributed.optim": self.wrap_zero,
-                DEEPSPEED_MODULE: self.wrap_deepspeed}
+                DEEPSPEED_MODULE: self.wrap_deepspeed, TP_MODULES[0]: self.wrap_tensor}
+
+    def wrap_tensor(self) -> None:
+        """``parallelize_module`` wherever torch exports it (a function: replaced before the
+        job's own import binds it)."""
+        try:
+            orig = getattr(sys.modules[TP_MODULES[0]], TP_API, None)
+            if not callable(orig):
+                return
+            wrapped = self._parallelize(orig)
+            for name in TP_MODULES:
+                module = sys.modules.get(name)
+                if module is not None and getattr(module, TP_API, None) is orig:
+                    self._wraps.patches.put(module, TP_API, wrapped)
+        except Exception as err:  # evidence, never a reason to fail the job
+            self.session.swallowed(self.name, "wrapping parallelize_module", err)
+
+    def _parallelize(self, orig: Any) -> Any:
+        depth = [0]  # a plan's entries are parallelised by calls of its own: counted once
+
+        @functools.wraps(orig)
+        def parallelize_module(module: Any, *args: Any, **kwargs: Any) -> Any:
+            depth[0] += 1
+            try:
+                out = orig(module, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                try:
+                    self._note_tensor(args, kwargs)
+                except Exception as err:
+                    self.session.swallowed(self.name, "reading parallelize_module's plan", err)
+            return out
+
+        return parallelize_module
+
+    def _note_tensor(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        mesh = kwargs.get("device_mesh", args[0] if args else None)
+        plan = kwargs.get("parallelize_plan", args[1] if len(args) > 1 else None)
+        styles = list(plan.values()) if isinstance(plan, dict) else [plan] if plan else []
+        t = self.tensor
+        t["units"] += len(styles)
+        for style in styles:
+            name = type(style).__name__
+            t["styles"][name] = t["styles"].get(name, 0) + 1
+        if mesh is not None and t["mesh_size"] is None:
+            t["mesh_size"] = int(mesh.size())
 
     def wrap_deepspeed(self) -> None:
         self.wrap_init(DEEPSPEED_MODULE, DEEPSPEED_API, self._deepspeed_init)
@@ -176,6 +228,10 @@ class ShardingProbe(OnImportProbe):
             out[ZERO_API] = dict(self.zero)
         if self.deepspeed["units"]:
             out[DEEPSPEED_API] = dict(self.deepspeed)
+        if self.tensor["units"]:
+            styles = self.tensor["styles"]
+            out[TP_API] = {"units": self.tensor["units"], "mesh_size": self.tensor["mesh_size"],
+                           "settings": ", ".join(f"{k} {v}" for k, v in sorted(styles.items()))}
         if out:
             try:
                 self.session.update_meta(sharding=out)

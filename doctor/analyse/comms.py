@@ -42,6 +42,7 @@ from doctor.analyse.parallelism import (
     parallelism,
     role_costs,
     roles,
+    tensor_parallel_seen,
 )
 from doctor.analyse.steps import RankSteps
 from doctor.store.rundata import RunData, RunRecord
@@ -204,7 +205,8 @@ def comms_evidence(run: RunData, ranks: Mapping[int, RankSteps], window: pd.Data
     calls["rank"] = [mains[(int(n), int(p))] for n, p in
                      zip(calls["node"], calls["pid"], strict=True)]
     calls = classify(calls, waiting_times(calls))
-    calls["role"] = roles(calls, deepspeed=deepspeed_config(run.sharding) is not None)
+    calls["role"] = roles(calls, deepspeed=deepspeed_config(run.sharding) is not None,
+                          tensor_parallel=tensor_parallel_seen(run.sharding))
     nodes = {m.node for m in ranks.values()}
     hosts = {run.record.nodes[n] for n in nodes if n < len(run.record.nodes)}
     one_host = len(hosts) == 1 and None not in hosts  # nodes side by side (a test, loopback)

@@ -19,6 +19,13 @@ was issued in, and the sharding library whose hook issued it) gets a role:
   ZeroRedundancyOptimizer: each rank steps its share of the parameters and broadcasts them),
   recognised by their pattern: broadcasts issued in the optimizer's step, and the broadcasts of
   the same sizes elsewhere in the window (a step the window cut);
+- ``tensor``: tensor parallel layers' collectives of activations (DTensor's ColwiseParallel /
+  RowwiseParallel: an all-reduce of each row-parallel layer's output in forward and of each
+  column-parallel layer's input gradient in backward; all-gathers and reduce-scatters with
+  sequence parallelism): the functional collectives (``_c10d_functional::``, not c10d's own
+  calls) that no FSDP hook issued, where the job called ``parallelize_module`` (the sharding
+  probe saw it) or, with no probe, where some of them run in forward (a compiled graph's
+  gradient all-reduces, functional too, run in backward alone);
 - ``gradients``: the all-reduces left (DDP's buckets, or a hand-written gradient all-reduce);
 - ``other``: the rest (broadcasts, all-to-all, barriers).
 
@@ -36,8 +43,8 @@ import numpy as np
 import pandas as pd
 
 SHARDED, STATS, PIPELINE, GRADIENTS, OTHER = "sharded", "stats", "pipeline", "gradients", "other"
-ZERO = "zero"
-ROLES = (SHARDED, STATS, PIPELINE, ZERO, GRADIENTS, OTHER)
+ZERO, TENSOR = "zero", "tensor"
+ROLES = (SHARDED, STATS, PIPELINE, ZERO, TENSOR, GRADIENTS, OTHER)
 #: Below this a forward collective carries statistics, not parameters (a BatchNorm layer's
 #: mean and variance over a few thousand channels, gathered from every rank).
 STATS_BYTES = 64 * 1024
@@ -45,6 +52,10 @@ STATS_BYTES = 64 * 1024
 ZERO_API = "ZeroRedundancyOptimizer"
 #: The sharding probe's name of DeepSpeed's engine (doctor.probes.sharding).
 DEEPSPEED_API = "DeepSpeedEngine"
+#: The sharding probe's name of DTensor's tensor parallel API (doctor.probes.sharding).
+TP_API = "parallelize_module"
+#: The kinds of collective a tensor parallel layer issues.
+TP_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall")
 #: Forward collectives of statistics a step (per rank) that make the pattern.
 MIN_STATS_CALLS = 2
 #: The DeepSpeed settings the job section names (doctor.probes.deepspeed_config), by stage.
@@ -69,9 +80,17 @@ def deepspeed_config(probe: pd.DataFrame | None) -> dict[str, Any] | None:
     return dict(configs[0]) if configs else {}
 
 
-def roles(calls: pd.DataFrame, deepspeed: bool = False) -> pd.Series:
+def tensor_parallel_seen(probe: pd.DataFrame | None) -> bool:
+    """Whether the job called ``parallelize_module`` (the sharding probe's rows)."""
+    return probe is not None and not probe.empty and "api" in probe and \
+        bool((probe["api"] == TP_API).any())
+
+
+def roles(calls: pd.DataFrame, deepspeed: bool = False, tensor_parallel: bool = False
+          ) -> pd.Series:
     """The role of each collective (see the module docstring), index of ``calls``;
-    ``deepspeed``: the job built a DeepSpeed engine."""
+    ``deepspeed``: the job built a DeepSpeed engine; ``tensor_parallel``: it called
+    ``parallelize_module``."""
     if calls.empty:
         return pd.Series(dtype=object, index=calls.index)
     kind = calls["kind"].astype(str)
@@ -91,6 +110,13 @@ def roles(calls: pd.DataFrame, deepspeed: bool = False) -> pd.Series:
     out[kind == "allreduce"] = GRADIENTS
     out[kind == "sendrecv"] = PIPELINE
     out[owned | (shard_kinds & nbytes.notna() & ~small)] = SHARDED
+    functional = calls["functional"].fillna(False).astype(bool) if "functional" in calls \
+        else pd.Series(False, index=calls.index)
+    tensor = functional & ~owned & kind.isin(TP_KINDS)
+    if not tensor_parallel and not (tensor & (phase == "forward")).any():
+        tensor[:] = False  # in backward alone: a compiled graph's gradient all-reduces
+    out[tensor] = TENSOR
+    owned = owned | tensor  # neither statistics nor gradients
     stepped = (kind == "broadcast") & (phase == "optimizer")
     if stepped.any():
         out[(kind == "broadcast") & (stepped | nbytes.isin(set(nbytes[stepped].tolist())))] = ZERO
@@ -163,6 +189,9 @@ class Parallelism:
     microbatches: int = 0  # the schedule's micro-batches a step (0: not known)
     zero_calls: float = 0.0  # a sharded optimizer's parameter broadcasts a step
     zero: str = ""  # the sharded optimizer's class and settings, as the job built it (probe)
+    tensor_calls: float = 0.0  # tensor parallel layers' collectives a step
+    tensor: str = ""  # the tensor parallel styles the job applied (probe): "ColwiseParallel 6"
+    tensor_size: int = 0  # the tensor parallel mesh's size (probe; 0: not known)
     deepspeed: tuple[tuple[str, Any], ...] = ()  # a DeepSpeed engine's config (probe), sorted
 
     @property
@@ -172,12 +201,14 @@ class Parallelism:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """Each kind found: ``sharded``, ``ddp``, ``stats``, ``pipeline``."""
+        """Each kind found: ``sharded``, ``ddp``, ``stats``, ``pipeline``, ``zero``,
+        ``tensor``."""
         return tuple(k for k, found in (("sharded", bool(self.sharded)), ("ddp", self.ddp),
                                         ("stats", self.stats_calls > 0),
                                         ("pipeline", self.pipeline_calls > 0
                                          or bool(self.schedule)),
-                                        ("zero", self.zero_calls > 0 or bool(self.zero)))
+                                        ("zero", self.zero_calls > 0 or bool(self.zero)),
+                                        ("tensor", self.tensor_calls > 0 or bool(self.tensor)))
                      if found)
 
     def describe(self) -> str:
@@ -208,6 +239,14 @@ class Parallelism:
             if self.zero_calls > 0:
                 words += f"; {self.zero_calls:g} parameter broadcasts a step"
             parts.append(words)
+        if self.tensor or self.tensor_calls > 0:
+            words = "tensor parallel" + (f" in groups of {self.tensor_size}" if self.tensor_size
+                                         and self.tensor_size != self.world else over)
+            if self.tensor:
+                words += f" ({self.tensor})"
+            if self.tensor_calls > 0:
+                words += f"; {self.tensor_calls:g} collectives of activations a step"
+            parts.append(words)
         if self.schedule:
             parts.append(f"pipeline: {self.stages or '?'} stages, {schedule_name(self.schedule)}, "
                          f"{self.microbatches or '?'} micro-batches")
@@ -237,6 +276,13 @@ def parallelism(calls: pd.DataFrame, steps: Mapping[int, int], world: int | None
     engine = deepspeed_config(probe)
     if engine is not None:
         return _deepspeed(found, engine)
+    if probe is not None and not probe.empty:
+        tensor = probe[probe["api"] == TP_API]
+        probe = probe[probe["api"] != TP_API]
+        if len(tensor):
+            row = tensor.sort_values("units").iloc[-1]
+            found = replace(found, tensor=str(row["settings"]) if isinstance(row["settings"], str)
+                            else TP_API, tensor_size=int(row["mesh_size"] or 0))
     if probe is not None and not probe.empty:
         zero = probe[probe["api"] == ZERO_API]
         probe = probe[probe["api"] != ZERO_API]
@@ -281,7 +327,8 @@ def _from_collectives(calls: pd.DataFrame, steps: Mapping[int, int], world: int 
         world, ddp_seen or bool((role == GRADIENTS).any()), owner,
         # whether units are gathered again before backward: said of FSDP's own units only
         int(units[units != ""].nunique()), reshard if owner in ("FSDP2", "FSDP") else None,
-        per_step(role == STATS), per_step(role == PIPELINE), zero_calls=per_step(role == ZERO))
+        per_step(role == STATS), per_step(role == PIPELINE), zero_calls=per_step(role == ZERO),
+        tensor_calls=per_step(role == TENSOR))
 
 
 def _deepspeed(found: Parallelism, config: Mapping[str, Any]) -> Parallelism:

@@ -26,6 +26,7 @@ from doctor.analyse.parallelism import (
     PIPELINE,
     SHARDED,
     STATS,
+    TENSOR,
     ZERO,
 )
 from doctor.rules.window import speedup
@@ -37,6 +38,7 @@ WORDS = {SHARDED: "all-gathers and reduce-scatters of the sharded parameters",
          STATS: "small collectives of batch statistics (synchronised BatchNorm)",
          PIPELINE: "pipeline sends and receives", GRADIENTS: "gradient all-reduces",
          ZERO: "parameter broadcasts of a sharded optimizer (ZeRO-1)",
+         TENSOR: "tensor parallel layers' collectives of activations",
          OTHER: "other collectives"}
 
 

@@ -15,7 +15,7 @@ from doctor.analyse.comm_model import WhatIf
 from doctor.analyse.comms import critical
 from doctor.analyse.evidence import Evidence
 from doctor.analyse.kind_scaling import DDP, PIPELINE_KIND
-from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS, ZERO
+from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS, TENSOR, ZERO
 from doctor.analyse.shard_phases import critical_phases
 from doctor.rules.base import rule
 from doctor.rules.comm_kinds import (
@@ -30,6 +30,7 @@ from doctor.rules.comm_kinds import (
 from doctor.rules.comm_pipeline import bubble_evidence, pipeline_fixes
 from doctor.rules.deepspeed_fixes import deepspeed_fixes
 from doctor.rules.shard_fixes import sharded_fixes
+from doctor.rules.tensor_fixes import tensor_fixes
 from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 
@@ -207,6 +208,13 @@ def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
         fixes += pipeline_fixes(bubble)
     if ex.share(ZERO) >= ROLE_SHARE:
         fixes += zero_fixes(ex, share)
+    if ex.share(TENSOR) >= ROLE_SHARE:
+        memory = ev.memory_use.ranks if ev.memory_use is not None else {}
+        params = [m.parts.get("parameters") for m in memory.values()]
+        links = [c.link for c in (ev.comms or {}).values() if c.link is not None]
+        fixes += tensor_fixes(ex, ev.parallelism, share, step,
+                              max((p for p in params if p), default=None),
+                              links[0].gb_per_s * 1e9 if links else None)
     if ex.share(OTHER) >= ROLE_SHARE:
         fixes += all_to_all_fixes(ex)
     return sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)), roles

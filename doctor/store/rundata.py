@@ -108,7 +108,7 @@ OPS_COLUMNS = columns(f"{WHO} op kind dtype:object calls:int64 self_s device_s:f
 COLLECTIVE_COLUMNS = columns(f"{WHO} kind:object start_us end_us seconds bytes:float64 "
                              "group:int64 exposed_s alg_bytes_s bus_bytes_s:float64 "
                              "on_gpu:bool phase owner unit:object prefetched:bool "
-                             "hook_s compute_before_s compute_after_s:float64")
+                             "hook_s compute_before_s compute_after_s:float64 functional:bool")
 #: Each DistributedDataParallel of a process: its settings and buckets (doctor.probes.ddp).
 DDP_COLUMNS = columns(f"{WHO} bucket_cap_bytes buckets:int64 bucket_bytes last_bucket_bytes "
                       "parameter_bytes:float64 dtypes backend:object world_size:int64 "

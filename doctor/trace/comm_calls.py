@@ -9,7 +9,9 @@ import pandas as pd
 from doctor.trace.collectives import COLLECTIVES, OTHER, SENDRECV, bandwidths
 from doctor.trace.comm_context import (
     BACKWARD_OP,
+    FUNCTIONAL_OP,
     backend_pairs,
+    inside,
     named,
     outside_comm,
     phases,
@@ -22,9 +24,11 @@ from doctor.trace.intervals import overlap_per_span, union
 from doctor.trace.kinds import K_COMM, SHARDING_OP
 from doctor.trace.ops import last_of, look_up
 
+#: Functional collectives' ops that issue none: the wait for one, its autograd wrapper.
+FUNCTIONAL_NOT_ISSUING = ("::wait_tensor", "::_wrap_tensor_autograd")
 CALL_COLUMNS = ("kind", "start_us", "end_us", "seconds", "bytes", "group", "exposed_s",
                 "alg_bytes_s", "bus_bytes_s", "on_gpu", "phase", "owner", "unit", "prefetched",
-                "hook_s", "compute_before_s", "compute_after_s")
+                "hook_s", "compute_before_s", "compute_after_s", "functional")
 
 
 def collective_calls(t: Timeline) -> pd.DataFrame:
@@ -37,7 +41,9 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     between it and the
     collectives of its kind before and after it in the same phase (``compute_before_s``,
     ``compute_after_s``: what it could run beside, issued one unit earlier or, issued ahead
-    already, not blocking its thread).
+    already, not blocking its thread), and whether a functional collective issued it
+    (``functional``: ``_c10d_functional::all_reduce`` around it, as DTensor's tensor parallel
+    layers and compiled graphs issue them; c10d's own calls, DDP's and FSDP's, are not).
 
     On a GPU trace the collectives are the NCCL kernels (the host ops only enqueue them), their
     message from their own arguments or else from the host op that launched them, issued when
@@ -71,6 +77,8 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
     owners, unit_names, ahead, hook_s = units(at, where(t.comm_ops, sharding), t.names)
     phase = phases(at, union(t.host_ops.start[backward], t.host_ops.end[backward]),
                    union(opt.start, opt.end))
+    functional = named(t.host_ops, t.names, lambda n: n.startswith(FUNCTIONAL_OP)
+                       and not n.endswith(FUNCTIONAL_NOT_ISSUING))
     return pd.DataFrame({
         "kind": [COLLECTIVES[int(x)] for x in kind], "start_us": c.start, "end_us": c.end,
         "seconds": seconds, "bytes": sizes, "group": group,
@@ -79,6 +87,8 @@ def collective_calls(t: Timeline) -> pd.DataFrame:
         "phase": phase, "owner": owners, "unit": unit_names, "prefetched": ahead,
         "hook_s": hook_s,
         **compute_beside(kind, phase, c.start, c.end, compute),
+        "functional": inside(union(t.host_ops.start[functional], t.host_ops.end[functional]),
+                             at),
     })
 
 

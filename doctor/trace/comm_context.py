@@ -40,6 +40,9 @@ BACKEND_WORK = ("gloo:", "mpi:", "ucc:")
 WAIT_US = 50.0
 #: Host ops of backward (the autograd engine's own, around each node it runs).
 BACKWARD_OP = "autograd::engine::evaluate_function"
+#: The ops of functional collectives (torch.distributed._functional_collectives: DTensor's tensor
+#: parallel layers, compiled graphs), around the c10d call each issues.
+FUNCTIONAL_OP = ("_c10d_functional::", "c10d_functional::")
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 #: How far back among the sharding ops that start before a call to look for one around it.
 NESTING = 64
@@ -73,7 +76,7 @@ def phases(at: np.ndarray, backward: Spans, optimizer: Spans) -> list[str]:
     (the engine's final callbacks, where DDP and FSDP finish their reductions, included; to
     the node's end where no optimizer step follows); else forward."""
     regions = backward_regions(backward, optimizer)
-    in_opt, in_back = _inside(optimizer, at), _inside(regions, at)
+    in_opt, in_back = inside(optimizer, at), inside(regions, at)
     return [OPTIMIZER if o else BACKWARD if b else FORWARD
             for o, b in zip(in_opt.tolist(), in_back.tolist(), strict=True)]
 
@@ -95,7 +98,7 @@ def backward_regions(backward: Spans, optimizer: Spans) -> Spans:
     return union(np.array(starts), np.array(ends))
 
 
-def _inside(spans: Spans, at: np.ndarray) -> np.ndarray:
+def inside(spans: Spans, at: np.ndarray) -> np.ndarray:
     """Whether each time of ``at`` falls in one of ``spans`` (disjoint, sorted)."""
     s, e = spans
     if not s.size:

@@ -188,6 +188,26 @@ def test_synchronised_batch_statistics_are_counted_to_themselves(tmp_path: Path)
     assert any("plain BatchNorm" in f["title"] for f in comm["fixes"])
 
 
+def test_a_tensor_parallel_job_is_named_with_its_own_fixes(tmp_path: Path) -> None:
+    """DTensor's column- and row-parallel layers: small all-reduces of activations in forward
+    and backward, the statistics' pattern by size, are the tensor parallel layers' (once named
+    synchronised batch statistics, their waits counted as compute)."""
+    verdict, _ = torchrun(tmp_path, "tensor_parallel.py", "--steps", "30")
+    assert verdict["job"]["parallel_kinds"] == ["tensor"]
+    assert verdict["job"]["parallelism"].startswith(
+        "tensor parallel over 2 ranks (ColwiseParallel 8, RowwiseParallel 8)")
+    # the threads' waits for their collectives (wait_tensor) are communication
+    assert verdict["bottleneck"] == "communication"
+    comm = findings(verdict)["comm.exposed"]
+    assert comm["evidence"]["exposed_by_role"] == {"tensor": 1.0}
+    words = "\n".join(x["title"] + x["why"] + x["code"] for x in comm["fixes"])
+    for foreign in ("bucket_cap", "no_sync", "compress_hook", "BatchNorm", "fully_shard"):
+        assert foreign not in words
+    [data] = [x for x in comm["fixes"] if x["title"].startswith("Data parallel instead")]
+    # its --data-parallel switch measured 2.89x; the estimate is a floor (DTensor's dispatch)
+    assert 1.1 < data["estimated_speedup"] < 2.9
+
+
 def test_a_pipelines_bubble_is_measured_against_its_schedule(tmp_path: Path) -> None:
     # one micro-batch a step on 2 stages: each stage idles half the step in theory
     verdict, _ = torchrun(tmp_path, "pipeline_stages.py", "--steps", "25", "--microbatches", "1")

@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 
 from doctor.analyse.comms import comms_parallelism
-from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, ZERO
+from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, TENSOR, ZERO, roles
 from doctor.rules import communication, run_rules
+from doctor.rules.comm_kinds import exposed_by_role
+from doctor.rules.tensor_fixes import tensor_fixes
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import build_timeline
 from doctor.trace.steps import step_frame_from_timeline
@@ -232,3 +234,55 @@ def test_a_sharded_optimizers_bucket_is_estimated_from_its_broadcasts_latency() 
     alone = next(x for x in comm_finding(calls(same)).fixes
                  if "parameters_as_bucket_view" in x.title)
     assert alone.estimated_speedup is None
+
+
+#: Tensor parallel MLP blocks: a row-parallel layer's 32 KiB output all-reduced in forward (6),
+#: a column-parallel layer's input gradient in backward (5: the first layer's input needs none).
+TP = [("allreduce", "forward", 32768, 1e-3)] * 6 + [("allreduce", "backward", 32768, 1e-3)] * 5
+
+
+def test_tensor_parallel_collectives_are_neither_statistics_nor_gradients() -> None:
+    # unmarked, small all-reduces in forward and of the same sizes in backward are the
+    # statistics' pattern (what doctor said of a tensor parallel job before it knew them)
+    assert set(calls(TP)["role"]) == {STATS}
+    tp = calls(TP, functional=True)  # issued by DTensor's functional collectives
+    assert set(tp["role"]) == {TENSOR}
+    par = comms_parallelism(rank_comms(tp), 2, ddp_seen=False)
+    assert par.kinds == ("tensor",) and not par.ddp
+    assert par.describe() == "tensor parallel over 2 ranks; 11 collectives of activations a step"
+    # a compiled graph's gradient all-reduces are functional too, in backward alone: DDP's,
+    # unless the job called parallelize_module
+    compiled = calls([("allreduce", "backward", 8e6, 4e-3)] * 3, functional=True)
+    assert set(compiled["role"]) == {GRADIENTS}
+    assert set(roles(compiled, tensor_parallel=True)) == {TENSOR}
+
+
+def test_tensor_parallel_gets_its_own_fixes_never_ddp_or_batchnorm() -> None:
+    f = comm_finding(calls(TP, functional=True))
+    text = codes(f)
+    for foreign in ("bucket_cap", "no_sync", "compress_hook", "BatchNorm", "GroupNorm",
+                    "fully_shard"):
+        assert foreign not in text
+    assert f.evidence["exposed_by_role"] == {TENSOR: 1.0}
+    assert any(x.title == "Parallelise whole blocks, not each layer" for x in f.fixes)
+    # with no parameter bytes measured, DDP's all-reduce cannot be sized: no data parallel fix
+    assert not any(x.title.startswith("Data parallel instead") for x in f.fixes)
+    ex = exposed_by_role(rank_comms(calls(TP, functional=True)))
+    assert ex is not None
+    [data] = [x for x in tensor_fixes(ex, None, 0.8, 0.1, 64 * 1024)
+              if x.title.startswith("Data parallel instead")]
+    # 80 % of a 0.1 s step exposed: each rank computes every layer whole on half the batch
+    # (the same 20 %) and all-reduces the whole model's 128 KiB of gradients, 2 (g-1)/g of it,
+    # at the 32.8 MB/s these collectives reached (4 % of the step)
+    assert data.estimated_speedup == pytest.approx(1 / (0.2 + 131072 / 32768e3 / 0.1),
+                                                   rel=0.01)
+    # 10 MiB of parameters: their gradients' all-reduce alone outlasts the step
+    assert not any(x.title.startswith("Data parallel")
+                   for x in tensor_fixes(ex, None, 0.8, 0.1, 10 * 2**20))
+    assert not any("asynchronous tensor parallel" in x.title for x in f.fixes)  # a CPU's gloo
+    # where compute is most of the step, computing it whole on each rank would be slower
+    window = steps(device="cpu", gpu_busy_s=0.0, comm_s=0.02, comm_exposed_s=0.02)
+    [light] = run_rules(evidence(window=window, comms=rank_comms(calls(TP, functional=True)),
+                                 cores=8, ranks_here=2),
+                        [communication.exposed_communication]).findings
+    assert not any(x.title.startswith("Data parallel instead") for x in light.fixes)

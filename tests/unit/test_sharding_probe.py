@@ -162,3 +162,43 @@ def test_an_engine_that_fails_to_build_fails_as_it_would_and_is_not_counted(
     Bare()
     assert probe.deepspeed == {"units": 1, "config": {}}
     session.close()
+
+
+def test_parallelize_module_is_noted_once_per_plan_entry(tmp_path: Path) -> None:
+    """A plan's entries are parallelised by calls of parallelize_module itself (through the
+    module's global, wrapped too): each counted once, with its style and the mesh's size."""
+    session = Session(tmp_path, clock=FakeClock(), window_start=10**9)
+    probe = ShardingProbe(session)
+
+    class ColwiseParallel:
+        pass
+
+    class RowwiseParallel:
+        pass
+
+    class Mesh:
+        def size(self) -> int:
+            return 2
+
+    def parallelize_module(module: Any, device_mesh: Any = None,
+                           parallelize_plan: Any = None) -> Any:
+        if isinstance(parallelize_plan, dict):
+            for style in parallelize_plan.values():
+                wrapped(module, device_mesh, style)  # torch's own recursion, through the global
+        return module
+
+    wrapped = probe._parallelize(parallelize_module)
+    model = nn.Linear(2, 2)
+    plan = {"0": ColwiseParallel(), "2": RowwiseParallel(), "3": ColwiseParallel()}
+    assert wrapped(model, Mesh(), plan) is model
+    session.record_optimizer_start()
+    session.record_optimizer_end(0)
+    probe.record()
+    directory = session.directory
+    session.close()
+    [row] = sharding_rows({"node": 0, "rank": 0, "pid": 1}, read_meta(directory))
+    assert (row["api"], row["units"], row["mesh_size"]) == ("parallelize_module", 3, 2)
+    assert row["settings"] == "ColwiseParallel 2, RowwiseParallel 1"
+    par = parallelism(pd.DataFrame(), {}, 2, False, pd.DataFrame([row]))
+    assert par.describe() == "tensor parallel over 2 ranks (ColwiseParallel 2, RowwiseParallel 1)"
+    assert par.kinds == ("tensor",) and par.sharded == ""

@@ -1,0 +1,116 @@
+"""Tensor parallelism's fixes for its exposed collectives (the ``tensor`` role of
+doctor.analyse.parallelism: a row-parallel layer's all-reduce of its output in forward, a
+column-parallel layer's of its input gradient in backward, every layer, every step). Never DDP's
+bucket or no_sync fixes, nor a BatchNorm fix: these collectives carry activations.
+
+- data parallel instead, where the model and its optimizer state fit one device, for the same
+  global batch: each of the g ranks computes every layer whole on 1/g of the batch, the same
+  work a rank does now (every layer's 1/g on the whole batch); the activations' collectives are
+  gone, DDP's all-reduce of the whole model's gradients comes (g times this rank's parameter
+  bytes, where the memory probe measured them: a call's latency, the tensor-parallel calls'
+  median time, per 25 MiB bucket, and 2(g-1)/g of the bytes over the link between the ranks
+  where it is known, else at the bus bandwidth the tensor-parallel calls reached, which their
+  small messages hold down; none of it hidden behind backward), the other collectives stay.
+  Offered only where that makes the step faster. A floor where the tensor-parallel layers' own
+  host work (DTensor's dispatch, counted as compute: on sample_jobs/tensor_parallel.py estimated
+  1.67x where its --data-parallel switch measured 2.89x) goes too; smaller matrix products on
+  1/g of the batch can run less efficiently, which it does not count either;
+- on a GPU, asynchronous tensor parallelism (torch.compile's micro-pipelined TP: each matrix
+  product split so that its all-gather or reduce-scatter runs beside the other parts; needs
+  sequence parallel styles and symmetric memory): no estimate (how much the products hide is
+  not measured);
+- where the calls are latency-bound (small messages, a round trip each): parallelise whole
+  blocks, a column-parallel first layer and a row-parallel last one, and keep the small layers
+  between them local, so that one all-reduce a block is left in each direction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from doctor.analyse.parallelism import STATS_BYTES, TENSOR, Parallelism
+from doctor.rules.comm_kinds import Exposed
+from doctor.rules.window import speedup
+from doctor.verdict import Fix
+
+KIB = 1024
+DDP_BUCKET = 25 * 2**20  # DDP's default bucket_cap_mb
+
+
+def ddp_reduce_s(calls: pd.DataFrame, degree: int, param_bytes: float | None,
+                 link_bytes_s: float | None) -> float | None:
+    """DDP's all-reduce of the whole model's gradients (``degree`` times a rank's shards), in
+    seconds a step: a latency (the tensor-parallel calls' median time) per bucket, and the bytes
+    over the link (else at the bus bandwidth those calls reached). None: not sized."""
+    if not param_bytes or degree < 2:
+        return None
+    whole = param_bytes * degree
+    bus = link_bytes_s or (float(calls["bus_bytes_s"].median())
+                           if "bus_bytes_s" in calls and calls["bus_bytes_s"].notna().any()
+                           else 0.0)
+    if not bus > 0:
+        return None
+    latency = float(calls["seconds"].median()) if link_bytes_s else 0.0
+    return math.ceil(whole / DDP_BUCKET) * latency + 2 * (degree - 1) / degree * whole / bus
+
+
+def tensor_fixes(ex: Exposed, par: Parallelism | None, share: float, step_s: float,
+                 param_bytes: float | None, link_bytes_s: float | None = None) -> list[Fix]:
+    """The fixes for the critical rank's tensor-parallel collectives ``ex``; ``share``: the
+    exposed communication's share of the step of ``step_s``; ``param_bytes``: a rank's
+    parameters (its shards; None: not measured); ``link_bytes_s``: the link between the ranks
+    (None: not known)."""
+    calls = ex.of(TENSOR)
+    if calls.empty:
+        return []
+    degree = (par.tensor_size if par is not None and par.tensor_size else 0) or ex.world
+    per_step = len(calls) / ex.steps
+    exposed = float(calls["exposed_s"].sum()) / ex.steps
+    size = float(calls["bytes"].median()) if calls["bytes"].notna().any() else float("nan")
+    said = (f"{per_step:g} collectives of activations a step"
+            + (f" ({size / KIB:.0f} KiB median)" if size == size else "")
+            + f", {exposed * 1e3:.1f} ms exposed")
+    out = []
+    tp_share = share * ex.share(TENSOR)
+    compute = 1.0 - share
+    reduce = ddp_reduce_s(calls, degree, param_bytes, link_bytes_s)
+    reduce = reduce / step_s if reduce is not None and step_s > 0 else None
+    data_parallel = compute + share - tp_share + (reduce or 0.0)  # a step of 1 now
+    if degree > 1 and reduce is not None and speedup(1.0, 1.0 - data_parallel) >= 1.02:
+        out.append(Fix(
+            title="Data parallel instead of tensor parallel where the model fits one device",
+            why=(f"{said}: tensor parallelism all-reduces activations at every layer, every "
+                 f"step; data parallelism over the same {degree} ranks, for the same global "
+                 f"batch, computes each layer whole on 1/{degree} of the batch (the same work "
+                 f"a rank does now, {compute:.0%} of the step) and all-reduces the gradients "
+                 f"once a step ({reduce or 0:.0%} of the step now, none of it hidden); the "
+                 "model, its gradients and optimizer state must fit one device"),
+            code=("# no parallelize_module: each rank holds the whole model and 1/world of the "
+                  "batch\nmodel = DistributedDataParallel(model)\n"
+                  "loader = DataLoader(data, batch_size=batch // world,\n"
+                  "                    sampler=DistributedSampler(data))"),
+            estimated_speedup=speedup(1.0, 1.0 - data_parallel)))
+    if bool(calls["on_gpu"].any()) if "on_gpu" in calls else False:
+        out.append(Fix(
+            title="Overlap the collectives with the matrix products (asynchronous tensor "
+                  "parallel)",
+            why=(f"{said}: with sequence parallel styles and torch.compile's micro-pipelined "
+                 "tensor parallelism, each matrix product is split so that its all-gather or "
+                 "reduce-scatter runs beside the other parts (no estimate: how much the products "
+                 "hide is not measured)"),
+            code=("from torch.distributed._symmetric_memory import enable_symm_mem_for_group\n"
+                  "torch._inductor.config._micro_pipeline_tp = True\n"
+                  "enable_symm_mem_for_group(tp_mesh.get_group().group_name)\n"
+                  "model = torch.compile(model)")))
+    if size == size and size < STATS_BYTES and per_step >= 4:
+        out.append(Fix(
+            title="Parallelise whole blocks, not each layer",
+            why=(f"{said}: messages this small are latency-bound, a round trip each; a "
+                 "column-parallel first layer and a row-parallel last layer per block, with the "
+                 "layers between them local to each rank's shard, leave one all-reduce a block "
+                 "in each direction"),
+            code=('plan = {"mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}  '
+                  "# a block's first and last\nparallelize_module(block, tp_mesh, plan)")))
+    return out
