@@ -30,7 +30,7 @@ from doctor.rules.comm_kinds import (
 from doctor.rules.comm_pipeline import bubble_evidence, pipeline_fixes
 from doctor.rules.deepspeed_fixes import deepspeed_fixes
 from doctor.rules.shard_fixes import sharded_fixes
-from doctor.rules.tensor_fixes import tensor_fixes
+from doctor.rules.tensor_fixes import dtensor_host_s, tensor_fixes
 from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 
@@ -212,9 +212,12 @@ def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
         memory = ev.memory_use.ranks if ev.memory_use is not None else {}
         params = [m.parts.get("parameters") for m in memory.values()]
         links = [c.link for c in (ev.comms or {}).values() if c.link is not None]
+        ranks = ex.of(TENSOR)["rank"] if "rank" in ex.calls else pd.Series(dtype=int)
+        ops = (ev.ops or {}).get(int(ranks.iloc[0])) if len(ranks) else None
         fixes += tensor_fixes(ex, ev.parallelism, share, step,
                               max((p for p in params if p), default=None),
-                              links[0].gb_per_s * 1e9 if links else None)
+                              links[0].gb_per_s * 1e9 if links else None,
+                              dtensor_host_s(ops.table, ex.steps) if ops is not None else 0.0)
     if ex.share(OTHER) >= ROLE_SHARE:
         fixes += all_to_all_fixes(ex)
     return sorted(fixes, key=lambda f: -(f.estimated_speedup or 0.0)), roles

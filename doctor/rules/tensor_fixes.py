@@ -11,10 +11,11 @@ bucket or no_sync fixes, nor a BatchNorm fix: these collectives carry activation
   median time, per 25 MiB bucket, and 2(g-1)/g of the bytes over the link between the ranks
   where it is known, else at the bus bandwidth the tensor-parallel calls reached, which their
   small messages hold down; none of it hidden behind backward), the other collectives stay.
-  Offered only where that makes the step faster. A floor where the tensor-parallel layers' own
-  host work (DTensor's dispatch, counted as compute: on sample_jobs/tensor_parallel.py estimated
-  1.67x where its --data-parallel switch measured 2.89x) goes too; smaller matrix products on
-  1/g of the batch can run less efficiently, which it does not count either;
+  DTensor's own host work goes too (its ops in the window: ``PythonSubclass``, the sharding
+  propagation in Python beside each op, ``Redistribute``, the conversions to and from DTensor,
+  the functional collectives' issuing; their self time a step, counted as compute in the
+  step). Offered only where that makes the step faster; smaller matrix products on 1/g of the
+  batch can run less efficiently, which it does not count;
 - on a GPU, asynchronous tensor parallelism (torch.compile's micro-pipelined TP: each matrix
   product split so that its all-gather or reduce-scatter runs beside the other parts; needs
   sequence parallel styles and symmetric memory): no estimate (how much the products hide is
@@ -56,12 +57,32 @@ def ddp_reduce_s(calls: pd.DataFrame, degree: int, param_bytes: float | None,
     return math.ceil(whole / DDP_BUCKET) * latency + 2 * (degree - 1) / degree * whole / bus
 
 
+#: DTensor's own host ops in a trace (a tensor subclass's dispatch, its redistributions, the
+#: conversions, the functional collectives' issuing; a functional collective's wait is
+#: communication's): what data parallelism does not do.
+DTENSOR_OPS = ("PythonSubclass", "Redistribute", "NestedRedistribute", "_FromTorchTensor",
+               "_ToTorchTensor", "_FromTorchTensorBackward", "_ToTorchTensorBackward")
+FUNCTIONAL_ISSUE = ("_c10d_functional::", "c10d_functional::")
+
+
+def dtensor_host_s(ops: pd.DataFrame, steps: int) -> float:
+    """DTensor's own host time a step (DTENSOR_OPS and the functional collectives' issuing, their
+    self time) in a rank's op table (``op``, ``self_s``) over ``steps`` window steps."""
+    if ops.empty or "op" not in ops or "self_s" not in ops or steps <= 0:
+        return 0.0
+    name = ops["op"].astype(str)
+    mine = name.isin(DTENSOR_OPS) | (name.str.startswith(FUNCTIONAL_ISSUE)
+                                     & ~name.str.endswith("::wait_tensor"))
+    return float(ops.loc[mine, "self_s"].sum()) / steps
+
+
 def tensor_fixes(ex: Exposed, par: Parallelism | None, share: float, step_s: float,
-                 param_bytes: float | None, link_bytes_s: float | None = None) -> list[Fix]:
+                 param_bytes: float | None, link_bytes_s: float | None = None,
+                 dtensor_s: float = 0.0) -> list[Fix]:
     """The fixes for the critical rank's tensor-parallel collectives ``ex``; ``share``: the
     exposed communication's share of the step of ``step_s``; ``param_bytes``: a rank's
     parameters (its shards; None: not measured); ``link_bytes_s``: the link between the ranks
-    (None: not known)."""
+    (None: not known); ``dtensor_s``: DTensor's own host time a step (dtensor_host_s)."""
     calls = ex.of(TENSOR)
     if calls.empty:
         return []
@@ -77,16 +98,20 @@ def tensor_fixes(ex: Exposed, par: Parallelism | None, share: float, step_s: flo
     compute = 1.0 - share
     reduce = ddp_reduce_s(calls, degree, param_bytes, link_bytes_s)
     reduce = reduce / step_s if reduce is not None and step_s > 0 else None
-    data_parallel = compute + share - tp_share + (reduce or 0.0)  # a step of 1 now
+    dispatch = min(dtensor_s / step_s, compute) if step_s > 0 else 0.0
+    data_parallel = compute - dispatch + share - tp_share + (reduce or 0.0)  # a step of 1 now
     if degree > 1 and reduce is not None and speedup(1.0, 1.0 - data_parallel) >= 1.02:
         out.append(Fix(
             title="Data parallel instead of tensor parallel where the model fits one device",
             why=(f"{said}: tensor parallelism all-reduces activations at every layer, every "
                  f"step; data parallelism over the same {degree} ranks, for the same global "
                  f"batch, computes each layer whole on 1/{degree} of the batch (the same work "
-                 f"a rank does now, {compute:.0%} of the step) and all-reduces the gradients "
-                 f"once a step ({reduce or 0:.0%} of the step now, none of it hidden); the "
-                 "model, its gradients and optimizer state must fit one device"),
+                 f"a rank does now, {compute:.0%} of the step"
+                 + (f", less DTensor's own host work, {dispatch:.0%}" if dispatch >= 0.01
+                    else "")
+                 + f") and all-reduces the gradients once a step ({reduce or 0:.0%} of the step "
+                   "now, none of it hidden); the model, its gradients and optimizer state must "
+                   "fit one device"),
             code=("# no parallelize_module: each rank holds the whole model and 1/world of the "
                   "batch\nmodel = DistributedDataParallel(model)\n"
                   "loader = DataLoader(data, batch_size=batch // world,\n"

@@ -204,8 +204,8 @@ def test_a_tensor_parallel_job_is_named_with_its_own_fixes(tmp_path: Path) -> No
     for foreign in ("bucket_cap", "no_sync", "compress_hook", "BatchNorm", "fully_shard"):
         assert foreign not in words
     [data] = [x for x in comm["fixes"] if x["title"].startswith("Data parallel instead")]
-    # its --data-parallel switch measured 2.89x; the estimate is a floor (DTensor's dispatch)
-    assert 1.1 < data["estimated_speedup"] < 2.9
+    # its --data-parallel switch measured 2.9-3.8x (bench/kinds_accuracy.py)
+    assert data["estimated_speedup"] > 1.5 and "less DTensor's own host work" in data["why"]
 
 
 def test_a_pipelines_bubble_is_measured_against_its_schedule(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from doctor.analyse.comms import comms_parallelism
 from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, TENSOR, ZERO, roles
 from doctor.rules import communication, run_rules
 from doctor.rules.comm_kinds import exposed_by_role
-from doctor.rules.tensor_fixes import tensor_fixes
+from doctor.rules.tensor_fixes import dtensor_host_s, tensor_fixes
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import build_timeline
 from doctor.trace.steps import step_frame_from_timeline
@@ -286,3 +286,20 @@ def test_tensor_parallel_gets_its_own_fixes_never_ddp_or_batchnorm() -> None:
                                  cores=8, ranks_here=2),
                         [communication.exposed_communication]).findings
     assert not any(x.title.startswith("Data parallel instead") for x in light.fixes)
+
+
+def test_dtensors_own_host_work_is_what_data_parallel_also_saves() -> None:
+    ops = pd.DataFrame({"op": ["PythonSubclass", "aten::mm", "_c10d_functional::all_reduce",
+                               "_c10d_functional::wait_tensor", "Redistribute"],
+                        "self_s": [0.05, 0.04, 0.01, 0.08, 0.02]})
+    # the dispatch, the issuing and the redistribution; not the model's matmul nor the wait
+    assert dtensor_host_s(ops, 2) == pytest.approx(0.04)
+    ex = exposed_by_role(rank_comms(calls(TP, functional=True)))
+    assert ex is not None
+    [plain, less] = [next(x for x in tensor_fixes(ex, None, 0.5, 0.1, 64 * 1024, None, d)
+                          if x.title.startswith("Data parallel instead")) for d in (0.0, 0.02)]
+    # half the step exposed, half compute of which a fifth of the step is DTensor's own
+    reduce = 131072 / 32768e3 / 0.1
+    assert plain.estimated_speedup == pytest.approx(1 / (0.5 + reduce), rel=0.01)
+    assert less.estimated_speedup == pytest.approx(1 / (0.3 + reduce), rel=0.01)
+    assert "less DTensor's own host work, 20%" in less.why

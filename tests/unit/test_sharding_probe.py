@@ -191,12 +191,7 @@ def test_parallelize_module_is_noted_once_per_plan_entry(tmp_path: Path) -> None
     model = nn.Linear(2, 2)
     plan = {"0": ColwiseParallel(), "2": RowwiseParallel(), "3": ColwiseParallel()}
     assert wrapped(model, Mesh(), plan) is model
-    session.record_optimizer_start()
-    session.record_optimizer_end(0)
-    probe.record()
-    directory = session.directory
-    session.close()
-    [row] = sharding_rows({"node": 0, "rank": 0, "pid": 1}, read_meta(directory))
+    row = recorded(session, probe)
     assert (row["api"], row["units"], row["mesh_size"]) == ("parallelize_module", 3, 2)
     assert row["settings"] == "ColwiseParallel 2, RowwiseParallel 1"
     par = parallelism(pd.DataFrame(), {}, 2, False, pd.DataFrame([row]))
