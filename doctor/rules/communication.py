@@ -17,6 +17,7 @@ from doctor.analyse.evidence import Evidence
 from doctor.analyse.kind_scaling import DDP, PIPELINE_KIND
 from doctor.analyse.parallelism import GRADIENTS, OTHER, PIPELINE, SHARDED, STATS, TENSOR, ZERO
 from doctor.analyse.shard_phases import critical_phases
+from doctor.analyse.tensor_parallel import dtensor_host_s
 from doctor.rules.base import rule
 from doctor.rules.comm_kinds import (
     ROLE_SHARE,
@@ -30,7 +31,7 @@ from doctor.rules.comm_kinds import (
 from doctor.rules.comm_pipeline import bubble_evidence, pipeline_fixes
 from doctor.rules.deepspeed_fixes import deepspeed_fixes
 from doctor.rules.shard_fixes import sharded_fixes
-from doctor.rules.tensor_fixes import dtensor_host_s, tensor_fixes
+from doctor.rules.tensor_fixes import tensor_fixes
 from doctor.rules.window import means, speedup, window_finding, window_steps
 from doctor.verdict import Finding, Fix
 

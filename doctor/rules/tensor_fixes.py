@@ -57,25 +57,6 @@ def ddp_reduce_s(calls: pd.DataFrame, degree: int, param_bytes: float | None,
     return math.ceil(whole / DDP_BUCKET) * latency + 2 * (degree - 1) / degree * whole / bus
 
 
-#: DTensor's own host ops in a trace (a tensor subclass's dispatch, its redistributions, the
-#: conversions, the functional collectives' issuing; a functional collective's wait is
-#: communication's): what data parallelism does not do.
-DTENSOR_OPS = ("PythonSubclass", "Redistribute", "NestedRedistribute", "_FromTorchTensor",
-               "_ToTorchTensor", "_FromTorchTensorBackward", "_ToTorchTensorBackward")
-FUNCTIONAL_ISSUE = ("_c10d_functional::", "c10d_functional::")
-
-
-def dtensor_host_s(ops: pd.DataFrame, steps: int) -> float:
-    """DTensor's own host time a step (DTENSOR_OPS and the functional collectives' issuing, their
-    self time) in a rank's op table (``op``, ``self_s``) over ``steps`` window steps."""
-    if ops.empty or "op" not in ops or "self_s" not in ops or steps <= 0:
-        return 0.0
-    name = ops["op"].astype(str)
-    mine = name.isin(DTENSOR_OPS) | (name.str.startswith(FUNCTIONAL_ISSUE)
-                                     & ~name.str.endswith("::wait_tensor"))
-    return float(ops.loc[mine, "self_s"].sum()) / steps
-
-
 def tensor_fixes(ex: Exposed, par: Parallelism | None, share: float, step_s: float,
                  param_bytes: float | None, link_bytes_s: float | None = None,
                  dtensor_s: float = 0.0) -> list[Fix]:

@@ -11,9 +11,10 @@ import pytest
 
 from doctor.analyse.comms import comms_parallelism
 from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, TENSOR, ZERO, roles
+from doctor.analyse.tensor_parallel import dtensor_host_s
 from doctor.rules import communication, run_rules
 from doctor.rules.comm_kinds import exposed_by_role
-from doctor.rules.tensor_fixes import dtensor_host_s, tensor_fixes
+from doctor.rules.tensor_fixes import tensor_fixes
 from doctor.trace.comm_calls import collective_calls
 from doctor.trace.events import build_timeline
 from doctor.trace.steps import step_frame_from_timeline
