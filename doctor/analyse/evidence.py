@@ -181,7 +181,7 @@ def build_evidence(run: RunData, stages: Stages) -> Evidence:
         shard_phases=shard_phases(stages.comms) or None,
         bubble=bubble,
         scaling=job_scaling(stages.parallelism, stages.comms, stages.models, bubble,
-                            inter_node_link(run.record), stages.job.ranks_here),
+                            inter_node_link(run.record), stages.job.ranks_here, stages.ops),
         data_source=data_source(run.fd_scans, run.mounts, span),
     )
 

@@ -1,5 +1,7 @@
 """The step at more ranks for the same global batch, for each kind of parallelism: DDP's (its
-all-reduce model, doctor.analyse.comm_model.scaling), a sharded job's and a pipeline's.
+all-reduce model, doctor.analyse.comm_model.scaling), a sharded job's, a pipeline's and a tensor
+parallel job's (the sharded model with its own collectives and DTensor's host work kept whole:
+doctor.analyse.tensor_parallel).
 
 Sharded data parallel (FSDP, FSDP2, ZeRO-3), from N = n ranks measured to N' ranks:
 
@@ -38,17 +40,19 @@ import pandas as pd
 from doctor.analyse.bubble import Bubble, bubble_theory
 from doctor.analyse.comm_model import SCALES, LinkFit, ScalePoint, fit_link
 from doctor.analyse.comms import CommModel, RankComms, critical
-from doctor.analyse.parallelism import PIPELINE, SHARDED, Parallelism
+from doctor.analyse.ops import RankOps
+from doctor.analyse.parallelism import PIPELINE, SHARDED, TENSOR, Parallelism
+from doctor.analyse.tensor_parallel import dtensor_host_s
 from doctor.trace.collectives import COLLECTIVES, bus_factor
 
-DDP, SHARDED_KIND, PIPELINE_KIND = "ddp", "sharded", "pipeline"
+DDP, SHARDED_KIND, PIPELINE_KIND, TENSOR_KIND = "ddp", "sharded", "pipeline", "tensor"
 
 
 @dataclass(frozen=True)
 class KindScaling:
     """The step at more ranks for the same global batch, the model of the job's own kind."""
 
-    kind: str  # "ddp", "sharded", "pipeline"
+    kind: str  # "ddp", "sharded", "pipeline", "tensor"
     points: tuple[ScalePoint, ...]  # the measured world first
     note: str  # what the model keeps and changes, in words
 
@@ -69,6 +73,7 @@ class ShardedComm:
     calls: pd.DataFrame  # kind, bytes: one step's collectives (all of the window's, weighted)
     per_step: float  # 1 / the window's steps: each call's weight in a step
     link: LinkFit
+    fixed_s: float = 0.0  # a step's work that more ranks do not divide (DTensor's host work)
 
     def modelled(self, world: int, beta: float | None = None, hops: float = 1.0) -> float:
         """A step's sharded collectives over ``world`` ranks by the alpha-beta model."""
@@ -79,12 +84,15 @@ class ShardedComm:
         return float(each.sum()) * self.per_step
 
 
-def sharded_comm(c: RankComms, world: int) -> ShardedComm | None:
-    """The model of one rank's sharded collectives (None: none of known size, or no steps)."""
+def sharded_comm(c: RankComms, world: int, role: str = SHARDED, fixed_s: float = 0.0
+                 ) -> ShardedComm | None:
+    """The model of one rank's collectives of ``role`` (a sharded job's; a tensor parallel
+    job's, with ``fixed_s`` of its step that more ranks do not divide); None: none of known
+    size, or no steps."""
     calls = c.calls
     if calls.empty or "role" not in calls or c.steps <= 0 or c.window_s <= 0 or world < 2:
         return None
-    mine = calls["role"] == SHARDED
+    mine = calls["role"] == role
     link = fit_link(calls, world, of=mine)
     sized = calls[mine & calls["bytes"].notna()]
     if link is None or sized.empty:
@@ -92,7 +100,8 @@ def sharded_comm(c: RankComms, world: int) -> ShardedComm | None:
     return ShardedComm(world, c.window_s / c.steps,
                        float(calls.loc[mine, "seconds"].sum()) / c.steps,
                        float(calls.loc[mine, "exposed_s"].sum()) / c.steps,
-                       sized[["kind", "bytes"]].reset_index(drop=True), 1.0 / c.steps, link)
+                       sized[["kind", "bytes"]].reset_index(drop=True), 1.0 / c.steps, link,
+                       fixed_s)
 
 
 def sharded_scaling(m: ShardedComm, ranks: tuple[int, ...] = SCALES, *,
@@ -112,7 +121,9 @@ def sharded_scaling(m: ShardedComm, ranks: tuple[int, ...] = SCALES, *,
         beta = link.beta_bytes_s if across and link is not None else None
         comm = scale * m.modelled(n, beta, hops=(n - 1) / max(m.world - 1, 1))
         exposed = max(exposed_part * comm, comm - hidden * ratio)
-        out.append(ScalePoint(n, (m.step_s - m.exposed_s) * ratio + exposed, exposed, across))
+        divided = max(m.step_s - m.exposed_s - m.fixed_s, 0.0) * ratio
+        out.append(ScalePoint(n, divided + min(m.fixed_s, m.step_s - m.exposed_s) + exposed,
+                              exposed, across))
     return out
 
 
@@ -159,17 +170,35 @@ SHARDED_NOTE = ("the same global batch over more ranks: compute divides by N'/N;
                 "all-gather and reduce-scatter still move its whole parameters, (N'-1)/N' of "
                 "them over each rank's link; the exposed share of that communication kept as "
                 "measured")
+TENSOR_NOTE = ("the same global batch over more tensor-parallel ranks: each layer's shard, and "
+               "the compute outside DTensor's host work, divides by g'/g; DTensor's host work "
+               "stays; each all-reduce still moves the same activations, 2(g'-1)/g' of them "
+               "over each rank's link; the exposed share of that communication kept as "
+               "measured")
 DDP_NOTE = ("the same global batch over more ranks: compute divides by N'/N; the gradient "
             "all-reduce's bus share grows to 2(N'-1)/N'")
 
 
 def job_scaling(par: Parallelism | None, comms: Mapping[int, RankComms] | None,
                 models: Mapping[int, CommModel] | None, bubble: Bubble | None,
-                link: LinkFit | None, ranks_per_node: int | None) -> KindScaling | None:
+                link: LinkFit | None, ranks_per_node: int | None,
+                ops: Mapping[int, RankOps] | None = None) -> KindScaling | None:
     """The scaling of the job's own kind: a sharded job's (its critical rank: the most exposed
-    sharded communication), a pipeline's, else DDP's (its all-reduce model); DDP's is never
-    given for a job whose collectives are not gradient all-reduces."""
+    sharded communication), a pipeline's, a tensor parallel job's (its ranks' op tables ``ops``
+    give DTensor's host work), else DDP's (its all-reduce model); DDP's is never given for a
+    job whose collectives are not gradient all-reduces."""
     kinds = par.kinds if par is not None else ()
+    if TENSOR_KIND in kinds and SHARDED_KIND not in kinds and comms:
+        size = par.tensor_size if par is not None and par.tensor_size else 0
+        world = size or (par.world if par is not None and par.world else len(comms))
+        fitted = [m for r, c in comms.items() if (m := sharded_comm(
+            c, world, TENSOR, dtensor_host_s(ops[r].table, c.steps) if ops and r in ops
+            else 0.0)) is not None]
+        if fitted:
+            worst = max(fitted, key=lambda m: m.exposed_s)
+            points = sharded_scaling(worst, link=link, ranks_per_node=ranks_per_node)
+            return KindScaling(TENSOR_KIND, tuple(points), TENSOR_NOTE)
+        return None
     if SHARDED_KIND in kinds and comms:
         world = par.world if par is not None and par.world else len(comms)
         fitted = [m for c in comms.values() if (m := sharded_comm(c, world)) is not None]

@@ -15,6 +15,7 @@ from doctor.analyse.kind_scaling import (
     sharded_comm,
     sharded_scaling,
 )
+from doctor.analyse.ops import RankOps
 from doctor.analyse.parallelism import Parallelism
 from doctor.rules import communication
 from doctor.rules.base import run_rules
@@ -59,6 +60,28 @@ def test_sharded_link_fit_and_scaling_follow_the_formulas() -> None:
         assert p.exposed_s == pytest.approx(exposed, rel=1e-6)
         assert p.step_s == pytest.approx((m.step_s - m.exposed_s) * 2 / n + exposed, rel=1e-6)
     assert points[2].exposed_share > points[1].exposed_share > points[0].exposed_share
+
+
+def test_tensor_parallel_scaling_keeps_dtensors_host_work_whole() -> None:
+    """A tensor parallel job's collectives move the same bytes at any degree, as a sharded
+    job's do; the compute divides, DTensor's host work (its dispatch beside each op) does not."""
+    rank = sharded_rank(role="tensor")
+    ops = RankOps(0, pd.DataFrame({"op": ["PythonSubclass", "aten::mm"],
+                                   "self_s": [0.004 * rank.steps, 0.01 * rank.steps]}),
+                  None, None, None, rank.window_s)
+    par = Parallelism(2, False, "", 0, None, 0.0, 0.0, tensor_calls=6.0, tensor_size=2)
+    scale = job_scaling(par, {0: rank}, None, None, None, None, {0: ops})
+    assert scale is not None and scale.kind == "tensor"
+    m = sharded_comm(rank, 2, "tensor")
+    assert m is not None
+    at_4 = scale.points[1]
+    assert at_4.ranks == 4
+    # the exposed part as the sharded model gives it; the compute less 4 ms halves
+    plain = sharded_scaling(m, (4,))[1]
+    assert at_4.exposed_s == pytest.approx(plain.exposed_s)
+    assert at_4.step_s == pytest.approx((m.step_s - m.exposed_s - 0.004) / 2 + 0.004
+                                        + plain.exposed_s)
+    assert at_4.step_s == pytest.approx(plain.step_s + 0.002)
 
 
 def test_sharded_scaling_takes_the_link_between_nodes_past_one_node() -> None:
