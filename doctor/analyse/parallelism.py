@@ -24,8 +24,9 @@ was issued in, and the sharding library whose hook issued it) gets a role:
   column-parallel layer's input gradient in backward; all-gathers and reduce-scatters with
   sequence parallelism): the functional collectives (``_c10d_functional::``, not c10d's own
   calls) that no FSDP hook issued, where the job called ``parallelize_module`` (the sharding
-  probe saw it) or, with no probe, where some of them run in forward (a compiled graph's
-  gradient all-reduces, functional too, run in backward alone);
+  probe saw it), never where the probe saw only other sharding (a compiled FSDP2's gathers are
+  functional too), and with no probe where some are all-reduces in forward (a compiled graph's
+  gradient all-reduces run in backward alone, FSDP's gathers are no all-reduces);
 - ``gradients``: the all-reduces left (DDP's buckets, or a hand-written gradient all-reduce);
 - ``other``: the rest (broadcasts, all-to-all, barriers).
 
@@ -80,17 +81,20 @@ def deepspeed_config(probe: pd.DataFrame | None) -> dict[str, Any] | None:
     return dict(configs[0]) if configs else {}
 
 
-def tensor_parallel_seen(probe: pd.DataFrame | None) -> bool:
-    """Whether the job called ``parallelize_module`` (the sharding probe's rows)."""
-    return probe is not None and not probe.empty and "api" in probe and \
-        bool((probe["api"] == TP_API).any())
+def tensor_parallel_seen(probe: pd.DataFrame | None) -> bool | None:
+    """Whether the job called ``parallelize_module`` (the sharding probe's rows): True; False
+    where the probe saw other sharding only; None where it saw none."""
+    if probe is None or probe.empty or "api" not in probe:
+        return None
+    return bool((probe["api"] == TP_API).any())
 
 
-def roles(calls: pd.DataFrame, deepspeed: bool = False, tensor_parallel: bool = False
+def roles(calls: pd.DataFrame, deepspeed: bool = False, tensor_parallel: bool | None = None
           ) -> pd.Series:
     """The role of each collective (see the module docstring), index of ``calls``;
     ``deepspeed``: the job built a DeepSpeed engine; ``tensor_parallel``: it called
-    ``parallelize_module``."""
+    ``parallelize_module`` (True), the probe saw other sharding only (False), or no probe
+    said (None)."""
     if calls.empty:
         return pd.Series(dtype=object, index=calls.index)
     kind = calls["kind"].astype(str)
@@ -113,8 +117,9 @@ def roles(calls: pd.DataFrame, deepspeed: bool = False, tensor_parallel: bool = 
     functional = calls["functional"].fillna(False).astype(bool) if "functional" in calls \
         else pd.Series(False, index=calls.index)
     tensor = functional & ~owned & kind.isin(TP_KINDS)
-    if not tensor_parallel and not (tensor & (phase == "forward")).any():
-        tensor[:] = False  # in backward alone: a compiled graph's gradient all-reduces
+    if tensor_parallel is False or (tensor_parallel is None and not (
+            tensor & (phase == "forward") & (kind == "allreduce")).any()):
+        tensor[:] = False  # another library's, compiled (FSDP's gathers, DDP's all-reduces)
     out[tensor] = TENSOR
     owned = owned | tensor  # neither statistics nor gradients
     stepped = (kind == "broadcast") & (phase == "optimizer")

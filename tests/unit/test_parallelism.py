@@ -256,6 +256,12 @@ def test_tensor_parallel_collectives_are_neither_statistics_nor_gradients() -> N
     compiled = calls([("allreduce", "backward", 8e6, 4e-3)] * 3, functional=True)
     assert set(compiled["role"]) == {GRADIENTS}
     assert set(roles(compiled, tensor_parallel=True)) == {TENSOR}
+    # a compiled FSDP2's gathers and scatters: functional, in forward, no all-reduce
+    fsdp = calls([("allgather", "forward", 4e6, 1e-3), ("reducescatter", "backward", 4e6, 1e-3)],
+                 functional=True)
+    assert set(fsdp["role"]) == {SHARDED}
+    # where the probe saw FSDP and no parallelize_module, none is tensor parallel's
+    assert TENSOR not in set(roles(calls(TP, functional=True), tensor_parallel=False))
 
 
 def test_tensor_parallel_gets_its_own_fixes_never_ddp_or_batchnorm() -> None:
