@@ -8,6 +8,7 @@ chrome_trace, trace_files, reference_collector, browser), never from another tes
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -502,3 +503,19 @@ def write_module(folder: Path, name: str = "m", text: str = "X = 1\n") -> Path:
     source = folder / f"{name}.py"
     source.write_text(text)
     return source
+
+
+def run_then_try(tmp_path: Path, command: list[str], *try_args: str,
+                 env: dict[str, str] | None = None) -> tuple[Path, dict[str, Any]]:
+    """``doctor run`` of ``command`` into TMP/run (unless a test ran it there already), then
+    ``doctor try`` of it with ``try_args``: the run directory and the try's record."""
+    run_dir = tmp_path / "run"
+    if not run_dir.exists():
+        ran = doctor_cmd("run", "--out", str(run_dir), "--", *command, cwd=tmp_path,
+                         timeout=240, env=env)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+    tried = doctor_cmd("try", str(run_dir), "--yes", *try_args, cwd=tmp_path, timeout=400,
+                       env=env)
+    assert tried.returncode == 0, tried.stderr[-3000:] + tried.stdout[-2000:]
+    [record_path] = sorted(run_dir.glob("tries/*/try.json"))[-1:]
+    return run_dir, dict(json.loads(record_path.read_text()))

@@ -15,23 +15,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import SAMPLE_JOBS, doctor_cmd, skip_if_the_cores_were_taken
+from tests.support import SAMPLE_JOBS, doctor_cmd, run_then_try, skip_if_the_cores_were_taken
 
 pytestmark = pytest.mark.e2e
-
-
-def run_then_try(tmp_path: Path, command: list[str], *try_args: str,
-                 env: dict[str, str] | None = None) -> tuple[Path, dict[str, Any]]:
-    run_dir = tmp_path / "run"
-    if not run_dir.exists():
-        ran = doctor_cmd("run", "--out", str(run_dir), "--", *command, cwd=tmp_path,
-                         timeout=240, env=env)
-        assert ran.returncode == 0, ran.stderr[-3000:]
-    tried = doctor_cmd("try", str(run_dir), "--yes", *try_args, cwd=tmp_path, timeout=400,
-                       env=env)
-    assert tried.returncode == 0, tried.stderr[-3000:] + tried.stdout[-2000:]
-    [record_path] = sorted(run_dir.glob("tries/*/try.json"))[-1:]
-    return run_dir, dict(json.loads(record_path.read_text()))
 
 
 def settings_seen(attempt: Path) -> dict[str, Any]:
