@@ -519,3 +519,11 @@ def run_then_try(tmp_path: Path, command: list[str], *try_args: str,
     assert tried.returncode == 0, tried.stderr[-3000:] + tried.stdout[-2000:]
     [record_path] = sorted(run_dir.glob("tries/*/try.json"))[-1:]
     return run_dir, dict(json.loads(record_path.read_text()))
+
+
+def settings_seen(attempt: Path) -> dict[str, Any]:
+    """What the job printed it runs with (its own view, not doctor's record)."""
+    for line in (attempt / "stdout.txt").read_text().splitlines():
+        if line.startswith('{"settings"'):
+            return dict(json.loads(line)["settings"])
+    raise AssertionError(f"the job printed no settings in {attempt}")

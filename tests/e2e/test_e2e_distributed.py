@@ -15,7 +15,7 @@ import pytest
 
 from doctor.rules.comm_kinds import ROLE_SHARE
 from tests import chrome_trace
-from tests.support import SAMPLE_JOBS, doctor_cmd
+from tests.support import SAMPLE_JOBS, doctor_cmd, run_then_try, settings_seen
 
 pytestmark = [
     pytest.mark.e2e,
@@ -60,6 +60,20 @@ def test_allreduce_bound_ddp_job(tmp_path: Path) -> None:
     assert "What the communication model predicts" in html
     events = chrome_trace.check_run_timeline(out)  # each rank's steps once, on its own track
     assert len({e["pid"] for e in events if e["ph"] == "X" and e["cat"] == "step"}) == 2
+    # doctor try, from this run: the bucket cap reaches every rank, each stops at the same step
+    run_dir, record = run_then_try(tmp_path, [], "--set", "bucket_cap_mb=1", "--steps", "10",
+                                   "--repeat", "1", env={"OMP_NUM_THREADS": "1"})
+    [c] = record["candidates"]
+    assert c["outcome"] != "failed", c
+    assert c["speedup"] is not None
+    try_dir = run_dir / record["dir"].split(str(run_dir) + "/")[-1]
+    assert settings_seen(try_dir / c["attempts"][0])["bucket_cap_mb"] == pytest.approx(1.0)
+    base = try_dir / record["baseline"]["rounds"][0]["dir"]
+    assert settings_seen(base)["bucket_cap_mb"] == pytest.approx(25.0)
+    for rank in (0, 1):  # every rank stopped at the same step
+        meta = json.loads(next((try_dir / c["attempts"][0]).glob(
+            f"rank-{rank}/main-*/meta.json")).read_text())
+        assert meta["stopped_at_step"] == record["stop_at_step"]
 
 
 def test_many_tiny_buckets_are_latency_bound_and_the_model_picks_a_larger_cap(tmp_path: Path
@@ -168,6 +182,14 @@ def test_an_fsdp2_job_is_named_and_gets_fsdp_fixes(tmp_path: Path) -> None:
     assert any(f["title"].startswith(("Forward all-gathers exposed", "Backward all-gathers "
                                       "exposed")) for f in comm["fixes"])
     assert "Sharded collectives by phase and unit" in (out / "report.html").read_text()
+    # doctor try, from this run: every fully_shard call made with the tried reshard_after_forward
+    _, record = run_then_try(tmp_path, [], "--fix", "comm.exposed", "--steps", "6", "--repeat",
+                             "1", env={"OMP_NUM_THREADS": "1"})
+    [c] = [c for c in record["candidates"] if "reshard_after_forward" in c["label"]]
+    assert c["outcome"] != "failed", c
+    seen = c["applied"]["fsdp.reshard_after_forward"]
+    assert seen["tried"] is False and "True" in map(str, seen["job"])  # the job's own value
+    assert c["speedup"] is not None and c["speedup"] > 1.1  # the backward gathers gone
 
 
 def test_an_fsdp2_job_that_prefetches_is_seen_to(tmp_path: Path) -> None:
@@ -286,3 +308,12 @@ def test_a_sharded_optimizers_broadcasts_are_counted_to_it(tmp_path: Path) -> No
     # loaded machine it can be), never for the broadcasts
     ddp_fix = any(w in text for w in ("bucket_cap", "no_sync", "compress_hook"))
     assert ddp_fix == (comm["evidence"]["exposed_by_role"].get("gradients", 0.0) >= ROLE_SHARE)
+    # doctor try, from this run: the optimizer built with its bucket view
+    _, record = run_then_try(tmp_path, [], "--fix", "comm.exposed", "--steps", "10", "--repeat",
+                             "1", env={"OMP_NUM_THREADS": "1"})
+    [c] = [c for c in record["candidates"] if "parameters_as_bucket_view" in c["label"]]
+    assert c["outcome"] != "failed", c
+    seen = c["applied"]["zero.parameters_as_bucket_view"]
+    assert seen["tried"] is True and "False" in map(str, seen["job"])
+    # 82 broadcasts a step become 2: the same updates, far fewer round trips
+    assert c["speedup"] is not None and c["speedup"] > 1.2

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,15 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import SAMPLE_JOBS, doctor_cmd, run_then_try, skip_if_the_cores_were_taken
+from tests.support import (
+    SAMPLE_JOBS,
+    doctor_cmd,
+    run_then_try,
+    settings_seen,
+    skip_if_the_cores_were_taken,
+)
 
 pytestmark = pytest.mark.e2e
-
-
-def settings_seen(attempt: Path) -> dict[str, Any]:
-    """What the job printed it runs with (its own view, not doctor's record)."""
-    for line in (attempt / "stdout.txt").read_text().splitlines():
-        if line.startswith('{"settings"'):
-            return dict(json.loads(line)["settings"])
-    raise AssertionError(f"the job printed no settings in {attempt}")
 
 
 def candidate(record: dict[str, Any], label: str) -> dict[str, Any]:
@@ -170,55 +167,6 @@ def test_a_fix_that_breaks_the_job_says_so_and_keeps_its_stderr(tmp_path: Path) 
     assert "cannot run in worker processes" in c["stderr_tail"]
     assert len(c["attempts"]) == 1  # a failed setting is not run again in later rounds
     assert len(record["baseline"]["rounds"]) == 2
-
-
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
-def test_ddp_bucket_size_under_torchrun(tmp_path: Path) -> None:
-    run_dir, record = run_then_try(
-        tmp_path, ["torchrun", "--nproc-per-node", "2",
-                   str(SAMPLE_JOBS / "ddp_allreduce_bound.py"), "--steps", "25"],
-        "--set", "bucket_cap_mb=1", "--steps", "10", "--repeat", "1",
-        env={"OMP_NUM_THREADS": "1"})
-    [c] = record["candidates"]
-    assert c["outcome"] != "failed", c
-    assert c["speedup"] is not None
-    try_dir = run_dir / record["dir"].split(str(run_dir) + "/")[-1]
-    assert settings_seen(try_dir / c["attempts"][0])["bucket_cap_mb"] == pytest.approx(1.0)
-    base = try_dir / record["baseline"]["rounds"][0]["dir"]
-    assert settings_seen(base)["bucket_cap_mb"] == pytest.approx(25.0)
-    for rank in (0, 1):  # every rank stopped at the same step
-        meta = json.loads(next((try_dir / c["attempts"][0]).glob(
-            f"rank-{rank}/main-*/meta.json")).read_text())
-        assert meta["stopped_at_step"] == record["stop_at_step"]
-
-
-def test_a_sharded_optimizers_bucket_view_is_tried_from_its_fix(tmp_path: Path) -> None:
-    _, record = run_then_try(
-        tmp_path, ["torchrun", "--nproc-per-node", "2",
-                   str(SAMPLE_JOBS / "zero_optimizer.py"), "--steps", "30"],
-        "--fix", "comm.exposed", "--steps", "10", "--repeat", "1",
-        env={"OMP_NUM_THREADS": "1"})
-    [c] = [c for c in record["candidates"] if "parameters_as_bucket_view" in c["label"]]
-    assert c["outcome"] != "failed", c
-    seen = c["applied"]["zero.parameters_as_bucket_view"]
-    assert seen["tried"] is True and "False" in map(str, seen["job"])
-    # 82 broadcasts a step become 2: the same updates, far fewer round trips
-    assert c["speedup"] is not None and c["speedup"] > 1.2
-
-
-def test_fsdp2_reshard_after_forward_is_tried_from_its_fix(tmp_path: Path) -> None:
-    """FSDP2's fully_shard is a function the job imports: every call is made with the tried
-    reshard_after_forward, and the backward all-gathers it saves make the step faster."""
-    _, record = run_then_try(
-        tmp_path, ["torchrun", "--nproc-per-node", "2",
-                   str(SAMPLE_JOBS / "fsdp_sharded.py"), "--steps", "20"],
-        "--fix", "comm.exposed", "--steps", "6", "--repeat", "1",
-        env={"OMP_NUM_THREADS": "1"})
-    [c] = [c for c in record["candidates"] if "reshard_after_forward" in c["label"]]
-    assert c["outcome"] != "failed", c
-    seen = c["applied"]["fsdp.reshard_after_forward"]
-    assert seen["tried"] is False and "True" in map(str, seen["job"])  # the job's own value
-    assert c["speedup"] is not None and c["speedup"] > 1.1
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no thread count to raise")
