@@ -210,13 +210,13 @@ def kind_fixes(ev: Evidence, ex: Exposed | None, ddp_devices: str, share: float,
     if ex.share(ZERO) >= ROLE_SHARE:
         fixes += zero_fixes(ex, share)
     if ex.share(TENSOR) >= ROLE_SHARE:
-        memory = ev.memory_use.ranks if ev.memory_use is not None else {}
-        params = [m.parts.get("parameters") for m in memory.values()]
         links = [c.link for c in (ev.comms or {}).values() if c.link is not None]
         ranks = ex.of(TENSOR)["rank"] if "rank" in ex.calls else pd.Series(dtype=int)
-        ops = (ev.ops or {}).get(int(ranks.iloc[0])) if len(ranks) else None
-        fixes += tensor_fixes(ex, ev.parallelism, share, step,
-                              max((p for p in params if p), default=None),
+        rank = int(ranks.iloc[0]) if len(ranks) else None
+        ops = (ev.ops or {}).get(rank) if rank is not None else None
+        memory = ev.memory_use.ranks.get(rank) if ev.memory_use is not None and \
+            rank is not None else None
+        fixes += tensor_fixes(ex, ev.parallelism, share, step, memory,
                               links[0].gb_per_s * 1e9 if links else None,
                               dtensor_host_s(ops.table, ex.steps) if ops is not None else 0.0)
     if ex.share(OTHER) >= ROLE_SHARE:

@@ -3,7 +3,9 @@ doctor.analyse.parallelism: a row-parallel layer's all-reduce of its output in f
 column-parallel layer's of its input gradient in backward, every layer, every step). Never DDP's
 bucket or no_sync fixes, nor a BatchNorm fix: these collectives carry activations.
 
-- data parallel instead, where the model and its optimizer state fit one device, for the same
+- data parallel instead, where the model and its optimizer state fit one device (the whole
+  model's parameters, gradients and optimizer state, g times this rank's shards, beside the rest
+  of its peak, where the memory probes measured them), for the same
   global batch: each of the g ranks computes every layer whole on 1/g of the batch, the same
   work a rank does now (every layer's 1/g on the whole batch); the activations' collectives are
   gone, DDP's all-reduce of the whole model's gradients comes (g times this rank's parameter
@@ -31,12 +33,14 @@ import math
 
 import pandas as pd
 
+from doctor.analyse.memory import RankMemory
 from doctor.analyse.parallelism import STATS_BYTES, TENSOR, Parallelism
 from doctor.rules.comm_kinds import Exposed
 from doctor.rules.window import speedup
 from doctor.verdict import Fix
 
 KIB = 1024
+MIB = 2**20
 DDP_BUCKET = 25 * 2**20  # DDP's default bucket_cap_mb
 
 
@@ -57,13 +61,31 @@ def ddp_reduce_s(calls: pd.DataFrame, degree: int, param_bytes: float | None,
     return math.ceil(whole / DDP_BUCKET) * latency + 2 * (degree - 1) / degree * whole / bus
 
 
+def whole_model_fits(memory: RankMemory | None, degree: int) -> tuple[bool, str]:
+    """Whether the whole model's parameters, gradients and optimizer state (``degree`` times
+    this rank's shards) fit beside the rest of its peak, and the words for it; where either is
+    not measured, it is the user's to check."""
+    static = memory.static_bytes if memory is not None else 0.0
+    if memory is None or not static:
+        return True, "the model, its gradients and optimizer state must fit one device"
+    whole = static * degree
+    words = (f"the model, its gradients and optimizer state take {whole / MIB:,.0f} MiB a rank "
+             f"instead of {static / MIB:,.0f}")
+    if memory.capacity_bytes and memory.peak_bytes:
+        need = memory.peak_bytes - static + whole
+        words += f", {need / MIB:,.0f} MiB at the peak of {memory.capacity_bytes / MIB:,.0f}"
+        return need <= memory.capacity_bytes, words
+    return True, words
+
+
 def tensor_fixes(ex: Exposed, par: Parallelism | None, share: float, step_s: float,
-                 param_bytes: float | None, link_bytes_s: float | None = None,
+                 memory: RankMemory | None, link_bytes_s: float | None = None,
                  dtensor_s: float = 0.0) -> list[Fix]:
     """The fixes for the critical rank's tensor-parallel collectives ``ex``; ``share``: the
-    exposed communication's share of the step of ``step_s``; ``param_bytes``: a rank's
-    parameters (its shards; None: not measured); ``link_bytes_s``: the link between the ranks
-    (None: not known); ``dtensor_s``: DTensor's own host time a step (dtensor_host_s)."""
+    exposed communication's share of the step of ``step_s``; ``memory``: a rank's memory (its
+    parameters' shards, with their gradients and optimizer state; None: not measured);
+    ``link_bytes_s``: the link between the ranks (None: not known); ``dtensor_s``: DTensor's
+    own host time a step (dtensor_host_s)."""
     calls = ex.of(TENSOR)
     if calls.empty:
         return []
@@ -77,11 +99,14 @@ def tensor_fixes(ex: Exposed, par: Parallelism | None, share: float, step_s: flo
     out = []
     tp_share = share * ex.share(TENSOR)
     compute = 1.0 - share
+    param_bytes = memory.parts.get("parameters") if memory is not None else None
+    fits, held = whole_model_fits(memory, degree)
     reduce = ddp_reduce_s(calls, degree, param_bytes, link_bytes_s)
     reduce = reduce / step_s if reduce is not None and step_s > 0 else None
     dispatch = min(dtensor_s / step_s, compute) if step_s > 0 else 0.0
     data_parallel = compute - dispatch + share - tp_share + (reduce or 0.0)  # a step of 1 now
-    if degree > 1 and reduce is not None and speedup(1.0, 1.0 - data_parallel) >= 1.02:
+    if degree > 1 and reduce is not None and fits and \
+            speedup(1.0, 1.0 - data_parallel) >= 1.02:
         out.append(Fix(
             title="Data parallel instead of tensor parallel where the model fits one device",
             why=(f"{said}: tensor parallelism all-reduces activations at every layer, every "
@@ -91,8 +116,7 @@ def tensor_fixes(ex: Exposed, par: Parallelism | None, share: float, step_s: flo
                  + (f", less DTensor's own host work, {dispatch:.0%}" if dispatch >= 0.01
                     else "")
                  + f") and all-reduces the gradients once a step ({reduce or 0:.0%} of the step "
-                   "now, none of it hidden); the model, its gradients and optimizer state must "
-                   "fit one device"),
+                   "now, none of it hidden); " + held),
             code=("# no parallelize_module: each rank holds the whole model and 1/world of the "
                   "batch\nmodel = DistributedDataParallel(model)\n"
                   "loader = DataLoader(data, batch_size=batch // world,\n"

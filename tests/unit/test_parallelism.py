@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from doctor.analyse.comms import comms_parallelism
+from doctor.analyse.memory import RankMemory
 from doctor.analyse.parallelism import GRADIENTS, PIPELINE, SHARDED, STATS, TENSOR, ZERO, roles
 from doctor.analyse.tensor_parallel import dtensor_host_s
 from doctor.rules import communication, run_rules
@@ -276,7 +277,7 @@ def test_tensor_parallel_gets_its_own_fixes_never_ddp_or_batchnorm() -> None:
     assert not any(x.title.startswith("Data parallel instead") for x in f.fixes)
     ex = exposed_by_role(rank_comms(calls(TP, functional=True)))
     assert ex is not None
-    [data] = [x for x in tensor_fixes(ex, None, 0.8, 0.1, 64 * 1024)
+    [data] = [x for x in tensor_fixes(ex, None, 0.8, 0.1, rank_memory(64 * 1024))
               if x.title.startswith("Data parallel instead")]
     # 80 % of a 0.1 s step exposed: each rank computes every layer whole on half the batch
     # (the same 20 %) and all-reduces the whole model's 128 KiB of gradients, 2 (g-1)/g of it,
@@ -285,7 +286,15 @@ def test_tensor_parallel_gets_its_own_fixes_never_ddp_or_batchnorm() -> None:
                                                    rel=0.01)
     # 10 MiB of parameters: their gradients' all-reduce alone outlasts the step
     assert not any(x.title.startswith("Data parallel")
-                   for x in tensor_fixes(ex, None, 0.8, 0.1, 10 * 2**20))
+                   for x in tensor_fixes(ex, None, 0.8, 0.1, rank_memory(10 * 2**20)))
+    # a whole model that would not fit beside the rest of the peak: not offered either
+    # (1 MiB of parameters a rank: 2 MiB whole; the rest of the peak beside them)
+    full = rank_memory(2**20, peak=3.5 * 2**20, capacity=4 * 2**20)
+    assert not any(x.title.startswith("Data parallel") for x in tensor_fixes(ex, None, 0.8, 0.1,
+                                                                              full))
+    fits = rank_memory(2**20, peak=2.25 * 2**20, capacity=4 * 2**20)
+    [ok] = [x for x in tensor_fixes(ex, None, 0.8, 0.1, fits) if x.title.startswith("Data")]
+    assert "take 2 MiB a rank instead of 1, 3 MiB at the peak of 4" in ok.why
     assert not any("asynchronous tensor parallel" in x.title for x in f.fixes)  # a CPU's gloo
     # where compute is most of the step, computing it whole on each rank would be slower
     window = steps(device="cpu", gpu_busy_s=0.0, comm_s=0.02, comm_exposed_s=0.02)
@@ -303,10 +312,18 @@ def test_dtensors_own_host_work_is_what_data_parallel_also_saves() -> None:
     assert dtensor_host_s(ops, 2) == pytest.approx(0.04)
     ex = exposed_by_role(rank_comms(calls(TP, functional=True)))
     assert ex is not None
-    [plain, less] = [next(x for x in tensor_fixes(ex, None, 0.5, 0.1, 64 * 1024, None, d)
+    [plain, less] = [next(x for x in tensor_fixes(ex, None, 0.5, 0.1, rank_memory(64 * 1024),
+                                                  None, d)
                           if x.title.startswith("Data parallel instead")) for d in (0.0, 0.02)]
     # half the step exposed, half compute of which a fifth of the step is DTensor's own
     reduce = 131072 / 32768e3 / 0.1
     assert plain.estimated_speedup == pytest.approx(1 / (0.5 + reduce), rel=0.01)
     assert less.estimated_speedup == pytest.approx(1 / (0.3 + reduce), rel=0.01)
     assert "less DTensor's own host work, 20%" in less.why
+
+
+def rank_memory(params: float, peak: float | None = None, capacity: float | None = None
+                ) -> RankMemory:
+    """A rank's memory with ``params`` of parameters (and nothing else static)."""
+    return RankMemory(0, 0, "cpu", {"parameters": params}, peak_bytes=peak,
+                      capacity_bytes=capacity)
