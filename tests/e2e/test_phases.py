@@ -35,10 +35,16 @@ def run(tmp_path: Path, name: str, *extra: str) -> tuple[dict[str, Any], dict[st
     return job, json.loads((out / "verdict.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The verdict of the job with no evaluation, checkpoint or logging: the training verdict
+    the phases' runs are held to (one run for the module's tests)."""
+    return run(tmp_path_factory.mktemp("plain"), "plain", "--no-eval", "--no-ckpt")[1]
+
+
 def test_evaluation_and_checkpoints_are_phases_and_the_training_verdict_stays(
-        tmp_path: Path) -> None:
+        tmp_path: Path, plain: dict[str, Any]) -> None:
     job, verdict = run(tmp_path, "phases")
-    _bare, plain = run(tmp_path, "plain", "--no-eval", "--no-ckpt")
     assert verdict["bottleneck"] == plain["bottleneck"] == "compute"
     for category in ("compute", "other", "preprocess"):
         assert abs(verdict["shares"][category] - plain["shares"][category]) <= SHARE_TOLERANCE, \
@@ -54,12 +60,11 @@ def test_evaluation_and_checkpoints_are_phases_and_the_training_verdict_stays(
 
 
 def test_logging_is_a_phase_near_the_job_s_own_timing_and_the_training_verdict_stays(
-        tmp_path: Path) -> None:
+        tmp_path: Path, plain: dict[str, Any]) -> None:
     """The loss logged every 10 steps through a handler that blocks 40 ms: the logging phase's
     calls and share of the steps near what the job timed around its own calls, its steps out of
     the training shares (the verdict as without it), and the fixes for it."""
     job, verdict = run(tmp_path, "logged", "--no-eval", "--no-ckpt", "--log-every", "10")
-    _bare, plain = run(tmp_path, "quiet", "--no-eval", "--no-ckpt")
     assert verdict["bottleneck"] == plain["bottleneck"] == "compute"
     # looser than the other phases': the logged job's "other" varies more than it should
     # (0.14-0.17 in three runs, 0.33 once in CI, against about 0.1 without logging: open)
