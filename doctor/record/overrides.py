@@ -28,7 +28,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..tuning import WHERE, Apply, normalize
@@ -284,9 +284,7 @@ class Overrides:
 
     def _fully_shard(self, orig: Callable[..., Any], values: dict[str, Any]) -> Callable[..., Any]:
         params = inspect.signature(orig).parameters
-        known = {k: v for k, v in values.items() if k in params}
-        for key in set(values) - set(known):
-            self.errors.append(f"fully_shard of this torch has no {key}")
+        known = self._known(params, values, "fsdp")
         overrides = self
 
         @functools.wraps(orig)
@@ -318,15 +316,22 @@ class Overrides:
             if known:
                 self._override_init(cls, "optimizer", known, adjust)
 
+    def _known(self, params: Mapping[str, Any], values: dict[str, Any], section: str
+               ) -> dict[str, Any]:
+        """The settings of ``values`` that a signature of ``params`` takes; each other is noted
+        as one this torch lacks."""
+        known = {k: v for k, v in values.items() if k in params}
+        for key in set(values) - set(known):
+            self.errors.append(f"{WHERE[section]} of this torch has no {key}")
+        return known
+
     def _override_init(self, cls: type, section: str, values: dict[str, Any],
                        adjust: Callable[[dict[str, Any], dict[str, Any]], list[str]]
                        | None = None) -> None:
         orig = cls.__init__  # type: ignore[misc]
         signature = inspect.signature(orig)
         params = signature.parameters
-        known = {k: v for k, v in values.items() if k in params}
-        for key in set(values) - set(known):
-            self.errors.append(f"{WHERE[section]} of this torch has no {key}")
+        known = self._known(params, values, section)
         overrides = self
 
         @functools.wraps(orig)
