@@ -121,11 +121,11 @@ def roles(calls: pd.DataFrame, deepspeed: bool = False, tensor_parallel: bool | 
             tensor & (phase == "forward") & (kind == "allreduce")).any()):
         tensor[:] = False  # another library's, compiled (FSDP's gathers, DDP's all-reduces)
     out[tensor] = TENSOR
-    owned = owned | tensor  # neither statistics nor gradients
+    claimed = owned | tensor  # an FSDP hook's or tensor parallel's: never statistics
     stepped = (kind == "broadcast") & (phase == "optimizer")
     if stepped.any():
         out[(kind == "broadcast") & (stepped | nbytes.isin(set(nbytes[stepped].tolist())))] = ZERO
-    forward = ~owned & small & (phase == "forward") & kind.isin(("allgather", "allreduce"))
+    forward = ~claimed & small & (phase == "forward") & kind.isin(("allgather", "allreduce"))
     if _per_rank_steps(calls, forward) >= MIN_STATS_CALLS:
         # each one's gradient: of the statistics (an all-reduce's), or of every rank's
         # gathered (an all-gather's output: the group times what one rank gave)
@@ -133,7 +133,7 @@ def roles(calls: pd.DataFrame, deepspeed: bool = False, tensor_parallel: bool | 
             else []
         sizes = set(nbytes[forward].tolist())
         sizes |= {s * g for s in sizes for g in groups}
-        back = ~owned & small & (phase == "backward") & (kind == "allreduce") & \
+        back = ~claimed & small & (phase == "backward") & (kind == "allreduce") & \
             nbytes.isin(sizes)
         out[forward | back] = STATS
     return out
