@@ -15,10 +15,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Hashable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -51,6 +52,8 @@ SAMPLE_JOBS = ROOT / "sample_jobs"
 DATA_TRACES = ROOT / "tests" / "data" / "traces"
 #: The real GPU traces beside the checkout (../shared/traces): not committed; tests skip without.
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+K = TypeVar("K", bound=Hashable)
 
 
 # -- clocks -------------------------------------------------------------------------------------
@@ -88,6 +91,26 @@ def doctor_cmd(*args: str, cwd: Path | None = None, timeout: float = 180,
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "doctor.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def run_together(commands: Mapping[K, list[str]], timeout: float = 240,
+                 env: Mapping[K, dict[str, str]] | None = None
+                 ) -> dict[K, subprocess.CompletedProcess[str]]:
+    """Every command started at once (each with ``env[key]`` added to this one's environment),
+    then each waited for (killed after ``timeout`` s from its wait): for jobs that mostly wait
+    or import torch, side by side."""
+    started = {key: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, **(env or {}).get(key, {})})
+               for key, cmd in commands.items()}
+    done = {}
+    for key, proc in started.items():
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        done[key] = subprocess.CompletedProcess(commands[key], proc.returncode, out, err)
+    return done
 
 
 def run_sample_job(out: Path, script: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:

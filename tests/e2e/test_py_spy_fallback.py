@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from doctor.probes.py_spy import (
     RECORD_HINT,
 )
 from doctor.probes.stacks import PySpyRecorder
-from tests.support import PY_SPY_SUSPEND_ERROR, doctor_cmd
+from tests.support import PY_SPY_SUSPEND_ERROR, run_together
 
 #: A py-spy that reads processes (``dump``) but may not pause them (``record``): the job's
 #: processes (``RECORD_FAILS=job``: all but doctor's throwaway, which prints 'ready') or all.
@@ -84,21 +85,39 @@ def _fake_py_spy(folder: Path, dump_ok: bool = True) -> Path:
     return spy
 
 
+FAILS = ("all", "job")
+
+
+@pytest.fixture(scope="module")
+def refused_runs(tmp_path_factory: pytest.TempPathFactory
+                 ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """``doctor run`` of the job with each fake py-spy, the two at once (the job waits on its
+    reads for about 10 s, longer than the stack span: most of it is sleep)."""
+    commands, env, outs = {}, {}, {}
+    for fails in FAILS:
+        folder = tmp_path_factory.mktemp(f"refused-{fails}")
+        bin_dir = folder / "bin"
+        bin_dir.mkdir()
+        _fake_py_spy(bin_dir)
+        job = folder / "job.py"
+        job.write_text(JOB)
+        outs[fails] = folder / "run"
+        commands[fails] = [sys.executable, "-m", "doctor.cli", "run", "--out",
+                           str(outs[fails]), "--", sys.executable, str(job)]
+        env[fails] = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                      "RECORD_FAILS": fails, "OMP_NUM_THREADS": "1"}
+    done = run_together(commands, env=env)
+    return {fails: (done[fails], outs[fails]) for fails in FAILS}
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("fails", ["all", "job"])
+@pytest.mark.parametrize("fails", FAILS)
 def test_a_py_spy_refused_at_record_leaves_the_stacks_to_the_in_process_sampler(
-        tmp_path: Path, fails: str) -> None:
+        refused_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+        fails: str) -> None:
     """``all``: record refused on doctor's throwaway too (caught before the window);
     ``job``: refused only on the job's processes, after the window opened."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _fake_py_spy(bin_dir)
-    job = tmp_path / "job.py"
-    job.write_text(JOB)
-    out = tmp_path / "run"
-    result = doctor_cmd("run", "--out", str(out), "--", sys.executable, str(job), timeout=240,
-                        env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                             "RECORD_FAILS": fails, "OMP_NUM_THREADS": "1"})
+    result, out = refused_runs[fails]
     assert result.returncode == 0, result.stderr[-3000:]
     stacks = json.loads((out / "run.json").read_text())["probes"]["stacks"]
     assert stacks["reason"].startswith("in-process sampler (py-spy record was refused")

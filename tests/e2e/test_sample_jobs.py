@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import SAMPLE_JOBS
+from tests.support import SAMPLE_JOBS, run_together
 
 sys.path.insert(0, str(SAMPLE_JOBS))
 
@@ -41,44 +41,35 @@ Finished = dict[tuple[str, bool | str], tuple[subprocess.CompletedProcess[str], 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
     """Every case, started together (each is mostly torch's import time) and waited for."""
-    started: dict[tuple[str, bool | str], tuple[list[str], Path, subprocess.Popen[str]]] = {}
+    commands: dict[tuple[str, bool | str], list[str]] = {}
+    data: dict[tuple[str, bool | str], Path] = {}
     for job, small in ABLATED.items():
-        data = tmp_path_factory.mktemp(f"{job}-ablated")
-        cmd = [sys.executable, str(SAMPLE_JOBS / f"{job}.py"), "--steps", "16", "--ablate", "8",
-               *(["--data", str(data)] if job in JOBS else []), *small]
-        started[job, "ablated"] = (cmd, data, subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        data[job, "ablated"] = tmp_path_factory.mktemp(f"{job}-ablated")
+        commands[job, "ablated"] = [
+            sys.executable, str(SAMPLE_JOBS / f"{job}.py"), "--steps", "16", "--ablate", "8",
+            *(["--data", str(data[job, "ablated"])] if job in JOBS else []), *small]
     for job in SWITCHED_AFTER:
-        cmd = [sys.executable, str(SAMPLE_JOBS / f"{job}.py"), "--steps", "16",
-               "--switch-after", "10", *ABLATED[job]]
-        started[job, "switch-after"] = (cmd, tmp_path_factory.mktemp(job), subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for job, switch in CASES:
-        flag, small = JOBS[job]
-        data = tmp_path_factory.mktemp(f"{job}-{switch}")
-        cmd = [sys.executable, str(SAMPLE_JOBS / f"{job}.py"), "--steps", "3",
-               "--data", str(data), *small, *([flag] if switch else [])]
-        started[job, switch] = (cmd, data, subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    done = {}
-    for key, (cmd, data, proc) in started.items():
-        try:
-            out, err = proc.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        done[key] = (subprocess.CompletedProcess(cmd, proc.returncode, out, err), data)
-    return done
+        data[job, "switch-after"] = tmp_path_factory.mktemp(job)
+        commands[job, "switch-after"] = [sys.executable, str(SAMPLE_JOBS / f"{job}.py"),
+                                         "--steps", "16", "--switch-after", "10", *ABLATED[job]]
+    for job, (flag, small) in JOBS.items():  # the bottleneck side: the ablated run's first
+        data[job, True] = tmp_path_factory.mktemp(f"{job}-switched")  # blocks (a process less)
+        commands[job, True] = [sys.executable, str(SAMPLE_JOBS / f"{job}.py"), "--steps", "3",
+                               "--data", str(data[job, True]), *small, flag]
+    done = run_together(commands, timeout=180)
+    return {key: (done[key], data[key]) for key in commands}
 
 
 @pytest.mark.parametrize(("job", "switch"), CASES,
                          ids=[f"{j}-{'switched' if s else 'bottleneck'}" for j, s in CASES])
 def test_sample_job_runs_and_reports(finished: Finished, job: str, switch: bool) -> None:
-    proc, data = finished[job, switch]
+    """Switched: its flag, alone, for 3 steps; the bottleneck: the ablated run, whose first
+    block is the job without its switch (the same code as without ``--ablate``)."""
+    proc, data = finished[job, switch or "ablated"]
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["job"] == job
-    assert report["steps"] == 3
+    assert report["steps"] == (3 if switch else 10)
     assert report["median_step_s"] > 0
     assert report["workers"] == 0
     assert any(data.iterdir()), "the job generates its data into --data"
