@@ -9,13 +9,14 @@ An apply record names settings by section, e.g.::
     {"optimizer": {"fused": true}}  {"optimizer": {"foreach": true}}
     {"zero": {"parameters_as_bucket_view": true}}   (torch's ZeroRedundancyOptimizer)
     {"fsdp": {"reshard_after_forward": false}}     (every FSDP2 fully_shard call)
+    {"fsdp1": {"sharding_strategy": "SHARD_GRAD_OP"}}  (every FullyShardedDataParallel)
     {"deepspeed": {"zero_optimization.stage": 2}}  (the config given to deepspeed.initialize)
     {"torch": {"compile": "off"}}   (torch.compile returns the model or function unchanged)
     {"pin_memory": true}            (short for {"dataloader": {"pin_memory": true}})
 
 The bootstrap applies ``dataloader``, ``ddp``, ``optimizer`` (to every torch.optim class
-that takes the setting), ``zero`` and ``fsdp`` as keyword arguments at construction (or at each
-``fully_shard`` call), ``torch``
+that takes the setting), ``zero``, ``fsdp1`` (FSDP1's enums by their names) and ``fsdp`` as
+keyword arguments at construction (or at each ``fully_shard`` call), ``torch``
 right after ``import torch``, and ``doctor try`` sets ``env`` for the job. This module is the
 vocabulary only: it checks, normalises, parses ``--set KEY=VALUE`` and describes; it imports
 neither torch nor the analysis.
@@ -101,6 +102,14 @@ SETTINGS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "fsdp": {
         "reshard_after_forward": _flag,
     },
+    # FSDP1's FullyShardedDataParallel; its enums by their members' names
+    "fsdp1": {
+        "sharding_strategy": _one_of("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                     "_HYBRID_SHARD_ZERO2"),
+        "forward_prefetch": _flag,
+        "backward_prefetch": _one_of("BACKWARD_PRE", "BACKWARD_POST"),
+        "limit_all_gathers": _flag,
+    },
     # keys of DeepSpeed's config, by their path in it (gradient_accumulation_steps is not one:
     # it changes the work of a step)
     "deepspeed": {
@@ -133,6 +142,7 @@ REFUSED = {
 #: What the job is told each setting is, for the lines said on stderr.
 WHERE = {"dataloader": "DataLoader", "ddp": "DistributedDataParallel", "optimizer": "optimizer",
          "zero": "ZeroRedundancyOptimizer", "fsdp": "fully_shard",
+         "fsdp1": "FullyShardedDataParallel",
          "deepspeed": "deepspeed.initialize", "torch": "torch"}
 
 

@@ -14,7 +14,9 @@ the gathered parameters; ``--prefetch`` has each unit gather the next one ahead,
 without blocking the thread that issued it (FSDP2's asynchronous unshard: on the CPU a
 synchronous all-gather holds the training thread, prefetched or not). ``--ablate N`` times both
 sides in one process, in alternating blocks of N steps (with ``--no-shard``, ``--no-reshard``
-or ``--prefetch`` naming the switched side).
+or ``--prefetch`` naming the switched side). ``--fsdp1`` builds the same units with FSDP1's
+``FullyShardedDataParallel`` (auto-wrapped; ``--no-reshard``: its ``SHARD_GRAD_OP`` strategy;
+``--prefetch`` is FSDP2's).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def main() -> None:
                     help="reshard_after_forward=False: no all-gather before backward")
     ap.add_argument("--prefetch", action="store_true",
                     help="prefetch the next unit's all-gather, asynchronously")
+    ap.add_argument("--fsdp1", action="store_true",
+                    help="FSDP1's FullyShardedDataParallel, each layer a unit (auto-wrapped); "
+                         "with --no-reshard its SHARD_GRAD_OP strategy")
     ap.add_argument("--ablate", type=int, default=0,
                     help="alternate blocks of N steps without and with the switch")
     args = ap.parse_args()
@@ -63,11 +68,20 @@ def main() -> None:
 def build(args: argparse.Namespace, no_shard: bool, no_reshard: bool,
           prefetch: bool = False) -> nn.Module:
     """The model: each layer an FSDP2 unit (``reshard_after_forward`` unless ``no_reshard``),
-    or, with ``no_shard``, a plain local module; ``prefetch``: each unit gathers the next one
-    ahead, in forward and in backward, asynchronously."""
+    or FSDP1's (``--fsdp1``), or, with ``no_shard``, a plain local module; ``prefetch``: each
+    unit gathers the next one ahead, in forward and in backward, asynchronously."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU())
                             for _ in range(args.layers)])
+    if not no_shard and args.fsdp1:
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        return FullyShardedDataParallel(
+            model, auto_wrap_policy=ModuleWrapPolicy({nn.Sequential}),
+            device_id=torch.device("cpu"),
+            sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if no_reshard
+            else ShardingStrategy.FULL_SHARD)
     if not no_shard:
         from torch.distributed.fsdp import fully_shard
 

@@ -3,8 +3,10 @@ process, without touching the job's code.
 
 - ``dataloader``, ``ddp`` and ``zero`` settings override the keyword arguments of every
   DataLoader, DistributedDataParallel and ZeroRedundancyOptimizer the job builds (in its script
-  or in a library), at construction; ``fsdp`` those of every FSDP2 ``fully_shard`` call (the
-  function wrapped where torch exports it, once the job imports torch.distributed.fsdp);
+  or in a library), at construction, and ``fsdp1`` those of every FSDP1
+  FullyShardedDataParallel (its enums given by name); ``fsdp`` those of every FSDP2
+  ``fully_shard`` call (the function wrapped where torch exports it, once the job imports
+  torch.distributed.fsdp);
 - ``deepspeed`` settings are keys of the config the job gives ``deepspeed.initialize``
   (doctor.record.deepspeed_override);
 - ``torch`` settings are set right after ``import torch``, before user code goes on; a later
@@ -120,6 +122,7 @@ class Overrides:
         for section, step in (("torch", self._torch), ("dataloader", self._dataloader),
                               ("ddp", self._ddp), ("optimizer", self._optimizer),
                               ("zero", self._zero), ("fsdp", self._fsdp),
+                              ("fsdp1", self._fsdp1),
                               ("deepspeed", self._deepspeed)):
             if section in self.apply:
                 try:
@@ -255,6 +258,22 @@ class Overrides:
 
         self._after_import("torch.distributed.fsdp", "fsdp", override)
 
+    def _fsdp1(self, values: dict[str, Any]) -> None:
+        """Every FSDP1 FullyShardedDataParallel (auto-wrapped units included), once the job
+        imports torch.distributed.fsdp; ``sharding_strategy`` and ``backward_prefetch`` named
+        by their enum's members."""
+
+        def override() -> None:
+            from torch.distributed import fsdp
+
+            enums = {"sharding_strategy": fsdp.ShardingStrategy,
+                     "backward_prefetch": fsdp.BackwardPrefetch}
+            typed = {k: enums[k][v] if k in enums else v for k, v in values.items()}
+            self._override_init(fsdp.FullyShardedDataParallel, "fsdp1", typed,
+                                shown=lambda v: getattr(v, "name", v))
+
+        self._after_import("torch.distributed.fsdp", "fsdp1", override)
+
     def _deepspeed(self, values: dict[str, Any]) -> None:
         """The config given to ``deepspeed.initialize``, once the job imports deepspeed
         (doctor.record.deepspeed_override)."""
@@ -327,7 +346,9 @@ class Overrides:
 
     def _override_init(self, cls: type, section: str, values: dict[str, Any],
                        adjust: Callable[[dict[str, Any], dict[str, Any]], list[str]]
-                       | None = None) -> None:
+                       | None = None, shown: Callable[[Any], Any] = lambda v: v) -> None:
+        """``values`` given to every ``cls`` built; ``shown``: a value as it is noted and said
+        (an enum by its name, as the apply record names it)."""
         orig = cls.__init__  # type: ignore[misc]
         signature = inspect.signature(orig)
         params = signature.parameters
@@ -349,11 +370,14 @@ class Overrides:
             changes = []
             for key in known:
                 now = arguments.get(key, params[key].default)
-                overrides.note(f"{section}.{key}", job[key], now, applied=now == known[key])
+                overrides.note(f"{section}.{key}", shown(job[key]), shown(now),
+                               applied=now == known[key])
                 if job[key] != now:
-                    changes.append(f"{key} {job[key]} -> {now}")
-            overrides.tell(f"{WHERE[section]}({', '.join(changes) or 'nothing to change'})"
-                           + "".join(f"; {n}" for n in notes))
+                    changes.append(f"{key} {shown(job[key])} -> {shown(now)}")
+            if not overrides._building:  # not one built by another's __init__ (FSDP1's
+                # auto-wrapped units are given the root's, tried, settings): said by the root
+                overrides.tell(f"{WHERE[section]}({', '.join(changes) or 'nothing to change'})"
+                               + "".join(f"; {n}" for n in notes))
             overrides.save()
             overrides._building.add(id(this))
             try:

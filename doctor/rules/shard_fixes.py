@@ -62,7 +62,8 @@ def sharded_fixes(ex: Exposed, par: Parallelism | None, share: float, overlap_co
                                 estimate_of(share, ex, hidden)))
     back = phases.of(BACKWARD_GATHERS)
     if back is not None:
-        out.append(reshard_fix(ex, back, fsdp1, share))
+        hybrid = fsdp1 and par is not None and "HYBRID_SHARD" in par.settings
+        out.append(reshard_fix(ex, back, fsdp1, share, hybrid))
     gathers = ex.of(SHARDED, "allgather")
     if len(gathers):
         calls = len(gathers) / ex.steps
@@ -124,15 +125,20 @@ def prefetch_fix(phase: PhaseCost, fsdp1: bool, on_gpu: bool, overlap_cores: flo
     words = "forward" if forward else "backward"
     api = (("forward_prefetch=True" if forward else "backward_prefetch=BACKWARD_PRE")
            if fsdp1 else f"set_modules_to_{words}_prefetch")
+    # FSDP1's are settings doctor try applies; FSDP2's name the modules to prefetch: code
+    apply = ({"fsdp1": {"forward_prefetch": True} if forward
+              else {"backward_prefetch": "BACKWARD_PRE"}} if fsdp1 else None)
     return Fix(title=(f"{phase.phase.capitalize()} exposed {phase.exposed_s * 1e3:.1f} ms a "
                       f"step: prefetch them ({api})"),
-               why=why, code=code, estimated_speedup=estimate)
+               why=why, code=code, estimated_speedup=estimate, apply=apply)
 
 
-def reshard_fix(ex: Exposed, back: PhaseCost, fsdp1: bool, share: float) -> Fix:
+def reshard_fix(ex: Exposed, back: PhaseCost, fsdp1: bool, share: float,
+                hybrid: bool = False) -> Fix:
     """reshard_after_forward=False: the backward all-gathers gone, for the memory of the
     gathered units held from forward to backward; the last unit's figures apart (its backward
-    follows its forward at once)."""
+    follows its forward at once). FSDP1's is a strategy of every unit: SHARD_GRAD_OP (ZeRO-2),
+    or its hybrid one where the job shards within a node."""
     calls = ex.of(SHARDED, "allgather", "backward")
     gathered = back.bytes * (ex.world - 1) / ex.world if back.bytes == back.bytes else 0.0
     first = calls.sort_values("start_us").groupby("unit", sort=False).head(1) \
@@ -149,12 +155,15 @@ def reshard_fix(ex: Exposed, back: PhaseCost, fsdp1: bool, share: float) -> Fix:
                 f"once: {last_saved * 1e3:.1f} ms for {last_bytes / MIB:.1f} MiB")
     code = ("fully_shard(model.layers[-1], reshard_after_forward=False)  # the last units\n"
             "fully_shard(model)  # the root: FSDP2 keeps it gathered after forward already")
+    strategy = "_HYBRID_SHARD_ZERO2" if hybrid else "SHARD_GRAD_OP"
     if fsdp1:
         code = ("FullyShardedDataParallel(model, ...,\n"
-                "    sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)  # ZeRO-2: no regather")
-    return Fix(title=(f"Backward all-gathers exposed {back.exposed_s * 1e3:.1f} ms a step: keep "
-                      "the last units gathered after forward (reshard_after_forward=False)"),
+                f"    sharding_strategy=ShardingStrategy.{strategy})  # ZeRO-2: no regather")
+    title = (f"shard only gradients and optimizer state ({strategy})" if fsdp1 else
+             "keep the last units gathered after forward (reshard_after_forward=False)")
+    return Fix(title=f"Backward all-gathers exposed {back.exposed_s * 1e3:.1f} ms a step: {title}",
                why=why, code=code, estimated_speedup=estimate_of(share, ex, back.exposed_s),
                frees_bytes=None,
-               # every unit, as the estimate assumes; FSDP1's strategy is a class's enum: no apply
-               apply=None if fsdp1 else {"fsdp": {"reshard_after_forward": False}})
+               # every unit, as the estimate assumes
+               apply=({"fsdp1": {"sharding_strategy": strategy}} if fsdp1
+                      else {"fsdp": {"reshard_after_forward": False}}))

@@ -228,6 +228,39 @@ def test_every_fully_shard_call_is_made_with_the_tried_reshard(session: Session,
                                                     "applied": 2}
 
 
+def test_every_fsdp1_unit_is_built_with_the_tried_strategy_and_prefetch(
+        session: Session, tmp_path: Path) -> None:
+    """FSDP1's FullyShardedDataParallel, the root and the units its auto-wrap policy builds:
+    each takes the tried settings, its enums given by name; noted and said by name."""
+    import warnings
+
+    from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    orig = FullyShardedDataParallel.__init__
+    o, said = started(session, {"fsdp1": {"sharding_strategy": "SHARD_GRAD_OP",
+                                          "forward_prefetch": True,
+                                          "backward_prefetch": "BACKWARD_POST"}})
+    with one_rank_group(tmp_path, o), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = FullyShardedDataParallel(
+            torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)),
+            auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+            device_id=torch.device("cpu"))
+        units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+        assert len(units) == 3
+        assert all(u.forward_prefetch for u in units)
+        assert all(u.backward_prefetch == BackwardPrefetch.BACKWARD_POST for u in units)
+    # one rank: FSDP itself turns the strategy it was given into NO_SHARD, and says which
+    assert any("instead of ShardingStrategy.SHARD_GRAD_OP" in str(w.message) for w in caught)
+    assert FullyShardedDataParallel.__init__ is orig
+    assert said == ["doctor try: FullyShardedDataParallel(sharding_strategy None -> "
+                    "SHARD_GRAD_OP, forward_prefetch False -> True, backward_prefetch "
+                    "BACKWARD_PRE -> BACKWARD_POST)"]
+    seen = o.seen["fsdp1.sharding_strategy"]
+    assert (seen["tried"], seen["job"][0], seen["applied"]) == ("SHARD_GRAD_OP", None, 3)
+
+
 def test_deepspeeds_config_is_tried_on_a_copy_of_the_jobs(session: Session, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The keys set by their path in the config deepspeed.initialize is given (a dict or a

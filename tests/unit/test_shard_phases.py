@@ -213,6 +213,31 @@ def test_fsdp1_already_prefetching_forward_is_not_told_to_and_fsdp2_is_not_read_
     assert any(x.title.startswith("Forward all-gathers exposed") for x in two.fixes)
 
 
+def test_fsdp1s_fixes_are_settings_doctor_try_applies_and_fsdp2s_reshard_too() -> None:
+    """FSDP1: prefetch and the strategy without a regather (its hybrid one where the job
+    shards within a node) are applies of FullyShardedDataParallel's settings; FSDP2's
+    prefetch names modules (code), its reshard is fully_shard's setting."""
+    def fsdp(api: str, settings: str) -> Parallelism:
+        return Parallelism(2, False, api, 3, True, 0.0, 0.0, settings=settings)
+
+    def applies(par: Parallelism) -> list[Any]:
+        f = finding(fsdp_step(), par=par)
+        return sorted((x.apply for x in f.fixes if "exposed" in x.title), key=json.dumps)
+
+    # forward prefetch, backward prefetch (the job turned FSDP1's default off), the strategy
+    one = applies(fsdp("FSDP", "sharding_strategy=ShardingStrategy.FULL_SHARD, "
+                               "backward_prefetch=None"))
+    assert one == [{"fsdp1": {"backward_prefetch": "BACKWARD_PRE"}},
+                   {"fsdp1": {"forward_prefetch": True}},
+                   {"fsdp1": {"sharding_strategy": "SHARD_GRAD_OP"}}]
+    hybrid = applies(fsdp("FSDP", "sharding_strategy=ShardingStrategy.HYBRID_SHARD, "
+                                  "backward_prefetch=BackwardPrefetch.BACKWARD_PRE"))
+    assert {"fsdp1": {"sharding_strategy": "_HYBRID_SHARD_ZERO2"}} in hybrid
+    assert {"fsdp1": {"backward_prefetch": "BACKWARD_PRE"}} not in hybrid  # set already
+    two = applies(fsdp("FSDP2", ""))
+    assert two == [None, None, {"fsdp": {"reshard_after_forward": False}}]
+
+
 def test_gathers_in_backward_alone_are_not_fsdps_shape_and_get_none_of_its_fixes() -> None:
     # sequence parallel: activations reduce-scattered in forward, all-gathered in backward
     frame = calls([("reducescatter", "forward", 4e6, 10e-3), ("allgather", "backward", 4e6,
