@@ -266,11 +266,16 @@ def address_space_capped() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def report(run_dir: Path, out: Path, capsys: pytest.CaptureFixture[str]
+def report(run_dir: Path, out: Path, capsys: pytest.CaptureFixture[str] | None
            ) -> tuple[int | str, str]:
     """``doctor report --format json -o OUT RUN_DIR`` in this process: (exit status, or the
-    exception that escaped as a traceback would; what it printed on stderr)."""
+    exception that escaped as a traceback would; what it printed on stderr: from ``capsys``,
+    or from sys.stderr, a StringIO, where it is None)."""
     argv = sys.argv
+    if capsys is None:
+        assert isinstance(sys.stderr, io.StringIO)
+        sys.stderr.seek(0)
+        sys.stderr.truncate()
     sys.argv = ["doctor", "report", "--format", "json", "-o", str(out), str(run_dir)]
     status: int | str = 0
     try:
@@ -281,20 +286,52 @@ def report(run_dir: Path, out: Path, capsys: pytest.CaptureFixture[str]
         status = f"{type(err).__name__}: {str(err)[:200]}"
     finally:
         sys.argv = argv
-    return status, capsys.readouterr().err
+    return status, (capsys.readouterr().err if capsys is not None else sys.stderr.getvalue())
 
 
 def test_every_single_file_mutation_reports_or_is_refused_in_one_line(
         recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The cases split between this process and a forked child (CPU alone: two cores take
+    half the time), each case as it would be in one process."""
     every = cases(recorded)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the odd cases; what failed back through the pipe, then gone at once
+        os.close(read)
+        code = 1
+        try:
+            with open(write, "w") as out, contextlib.redirect_stderr(io.StringIO()):
+                json.dump(try_cases(every, 1, recorded, tmp_path / "odd", None), out)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    failures = try_cases(every, 0, recorded, tmp_path / "even", capsys)
+    with open(read) as back:
+        theirs = back.read()
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and theirs, "the forked half did not finish"
+    failures += json.loads(theirs)
+    print(f"\n{len(every)} mutations of {len(files_of(recorded))} files tried, "
+          f"{len(failures)} failed")
+    assert not failures, f"{len(failures)} of {len(every)} mutations:\n" + "\n".join(failures)
+
+
+def try_cases(every: list[tuple[str, str, Mutation]], parity: int, recorded: Path,
+              folder: Path, capsys: pytest.CaptureFixture[str] | None) -> list[str]:
+    """Each case of ``every`` whose index has ``parity``, reported in this process: what
+    failed. ``capsys`` None: stderr is already redirected (the forked child)."""
     failures: list[str] = []
     rng = random.Random(SEED)
     with address_space_capped():
         for i, (rel, name, mutation) in enumerate(every):
-            case_dir = tmp_path / f"case{i}" / "run"
+            case_rng = random.Random(rng.random())  # each case its own: both halves the same
+            if i % 2 != parity:
+                continue
+            case_dir = folder / f"case{i}" / "run"
             shutil.copytree(recorded, case_dir, symlinks=True, copy_function=os.link)
-            mutate(case_dir, rel, name, mutation, rng)
-            out = tmp_path / f"case{i}" / "verdict.json"
+            mutate(case_dir, rel, name, mutation, case_rng)
+            out = folder / f"case{i}" / "verdict.json"
             watchdog = Watchdog(case_dir, HANG_S)
             try:
                 status, err = report(case_dir, out, capsys)
@@ -318,10 +355,8 @@ def test_every_single_file_mutation_reports_or_is_refused_in_one_line(
                     failures.append(f"{what}: exit 2 but not one line: {err[-300:]!r}")
             else:
                 failures.append(f"{what}: exit {status}: {err[-300:]!r}")
-            shutil.rmtree(tmp_path / f"case{i}", ignore_errors=True)
-    print(f"\n{len(every)} mutations of {len(files_of(recorded))} files tried, "
-          f"{len(failures)} failed")
-    assert not failures, f"{len(failures)} of {len(every)} mutations:\n" + "\n".join(failures)
+            shutil.rmtree(folder / f"case{i}", ignore_errors=True)
+    return failures
 
 
 def test_bytes_that_are_not_utf8_in_the_argv_or_out_still_give_a_report(tmp_path: Path) -> None:
