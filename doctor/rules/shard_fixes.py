@@ -76,7 +76,9 @@ def sharded_fixes(ex: Exposed, par: Parallelism | None, share: float, overlap_co
                  f"{trip * 1e3:.2f} ms a call)" + (f" over {units} units" if units else "")
                  + ": each collective pays its latency; a unit of several layers gathers "
                    "them in one call, for its larger unsharded size held at once"),
-            code=("for block in model.blocks:  # a transformer block, not each of its layers\n"
+            code=("FullyShardedDataParallel(model, ...,  # a transformer block, not each "
+                  "layer\n    auto_wrap_policy=ModuleWrapPolicy({Block}))" if fsdp1 else
+                  "for block in model.blocks:  # a transformer block, not each of its layers\n"
                   "    fully_shard(block)\nfully_shard(model)")))
     return out
 

@@ -192,6 +192,21 @@ def test_an_fsdp2_job_is_named_and_gets_fsdp_fixes(tmp_path: Path) -> None:
     assert c["speedup"] is not None and c["speedup"] > 1.1  # the backward gathers gone
 
 
+def test_an_fsdp1_job_is_named_with_its_settings_and_gets_fsdp1s_fixes(tmp_path: Path) -> None:
+    """FSDP1's FullyShardedDataParallel (auto-wrapped units): named with its settings; its
+    fixes are its own settings, for doctor try to apply (tests/unit/test_overrides.py applies
+    them to a real FSDP1; a try of this job measured SHARD_GRAD_OP 1.23x)."""
+    verdict, _ = torchrun(tmp_path, "fsdp_sharded.py", "--fsdp1", "--steps", "20")
+    assert verdict["job"]["parallelism"].startswith("FSDP over 2 ranks, reshard after forward")
+    assert "FULL_SHARD" in verdict["job"]["parallelism"]
+    comm = findings(verdict)["comm.exposed"]
+    text = json.dumps(comm["fixes"])
+    assert "bucket_cap" not in text and "no_sync" not in text and "fully_shard" not in text
+    applies = [f["apply"] for f in comm["fixes"] if f.get("apply")]
+    assert {"fsdp1": {"sharding_strategy": "SHARD_GRAD_OP"}} in applies
+    assert {"fsdp1": {"forward_prefetch": True}} in applies
+
+
 def test_an_fsdp2_job_that_prefetches_is_seen_to(tmp_path: Path) -> None:
     verdict, _ = torchrun(tmp_path, "fsdp_sharded.py", "--steps", "25", "--prefetch")
     for p in verdict["sharded_phases"]:

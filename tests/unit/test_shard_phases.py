@@ -234,6 +234,9 @@ def test_fsdp1s_fixes_are_settings_doctor_try_applies_and_fsdp2s_reshard_too() -
                                   "backward_prefetch=BackwardPrefetch.BACKWARD_PRE"))
     assert {"fsdp1": {"sharding_strategy": "_HYBRID_SHARD_ZERO2"}} in hybrid
     assert {"fsdp1": {"backward_prefetch": "BACKWARD_PRE"}} not in hybrid  # set already
+    wrap = next(x for x in finding(fsdp_step(), par=fsdp("FSDP", "")).fixes
+                if x.title == "Wrap fewer, larger units")
+    assert "ModuleWrapPolicy" in wrap.code and "fully_shard" not in wrap.code
     two = applies(fsdp("FSDP2", ""))
     assert two == [None, None, {"fsdp": {"reshard_after_forward": False}}]
 
