@@ -43,7 +43,8 @@ from doctor.analyse.split import (
 from doctor.analyse.stages import JobFacts, Stages
 from doctor.analyse.step_table import analysed
 from doctor.analyse.window_drift import WindowDrift
-from doctor.store.rundata import TRACE, RunData, of_processes
+from doctor.store.process_rows import of_processes
+from doctor.store.rundata import TRACE, RunData
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from doctor.probes import JOB, probes_of
 from doctor.probes.stack_plan import ENV_STACKS, RATE_HZ
 from doctor.record.guard import GUARD_HINT
 from doctor.record.window import STEPPED_ASIDE
-from doctor.store.rundata import TRACE, RunData, of_processes, process_labels
+from doctor.store.process_rows import of_processes, process_labels
+from doctor.store.rundata import TRACE, RunData
 from doctor.verdict import Fix, ProbeStatus
 
 NO_WINDOW_HINT = "run 15 steps or more, or set --window START,STEPS"

@@ -17,7 +17,8 @@ import pandas as pd
 
 from doctor.analyse.stages import JobFacts
 from doctor.analyse.steps import RankSteps
-from doctor.store.rundata import RunData, of_processes
+from doctor.store.process_rows import of_processes
+from doctor.store.rundata import RunData
 
 
 @dataclass(frozen=True)

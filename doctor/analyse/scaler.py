@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from doctor.store.process_rows import Process
 from doctor.store.records import scale_of_key
-from doctor.store.rundata import Process, RunData
+from doctor.store.rundata import RunData
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from doctor.analyse.frames import (
 )
 from doctor.analyse.steps import RankSteps, worker_pids
 from doctor.categories import INPUT_STAGES
-from doctor.store.rundata import Process, RunData
+from doctor.store.process_rows import Process
+from doctor.store.rundata import RunData
 from doctor.store.stacks import PRODUCER_THREAD, StackSamples
 
 OUTSIDE_MIN = 0.02  # below this share of the step, input outside a DataLoader is noise

@@ -60,7 +60,8 @@ from doctor.analyse.steps import (
 )
 from doctor.analyse.window import WindowSplit, window_frame, window_splits
 from doctor.analyse.window_drift import WindowDrift, fault_rates, window_drift
-from doctor.store.rundata import RunData, of_process, of_processes
+from doctor.store.process_rows import of_process, of_processes
+from doctor.store.rundata import RunData
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import pandas as pd
 
 from doctor.analyse.thread_time import modelled_pause
 from doctor.errors import UsageError
+from doctor.store.process_rows import Process
 from doctor.store.records import (
     EVENT_WINDOW_START,
     EVENT_WINDOW_STOP_BEGIN,
@@ -27,7 +28,7 @@ from doctor.store.records import (
     STEP_KIND_NAMES,
     STEP_MANUAL,
 )
-from doctor.store.rundata import Process, RunData
+from doctor.store.rundata import RunData
 
 NS = 1e-9
 WINDOW = "window"  # steps that are the profiler window's own

@@ -10,7 +10,7 @@ from doctor.analyse.distributed import rank_table
 from doctor.analyse.memory import KINDS as MEMORY_KINDS
 from doctor.analyse.memory import MemoryEvidence
 from doctor.analyse.split import OutsideShares, StageSplit, top_functions
-from doctor.store.rundata import process_labels
+from doctor.store.process_rows import process_labels
 
 
 def report_tables(ledger: pd.DataFrame, window: pd.DataFrame, loaders: pd.DataFrame,

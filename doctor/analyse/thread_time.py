@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from doctor.probes.stack_plan import PAUSE_PER_BUSY_THREAD_S, PAUSE_PER_IDLE_THREAD_S
-from doctor.store.rundata import Process, RunData
+from doctor.store.process_rows import Process
+from doctor.store.rundata import RunData
 
 #: Fewer intervals between the parent's ticks than this, with the thread mostly on a core, on
 #: either side of the sampling span: the pause is not measured but modelled.

@@ -29,7 +29,8 @@ from doctor.analyse.frames import MAIN_SCOPE, WORKER_SCOPE
 from doctor.analyse.split import StageSplit, loader_workers, stack_samples
 from doctor.analyse.steps import RankSteps, training_processes
 from doctor.categories import CATEGORIES, UNSPLIT_INPUT
-from doctor.store.rundata import Process, RunData, split_by
+from doctor.store.process_rows import Process, split_by
+from doctor.store.rundata import RunData
 from doctor.trace.window_events import STEP
 
 INTERVAL_CAP = 10_000  # ring intervals (and profiler events) kept per process: the newest

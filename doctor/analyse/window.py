@@ -18,7 +18,8 @@ import pandas as pd
 from doctor.analyse.steps import WINDOW, RankSteps
 from doctor.categories import NON_INPUT
 from doctor.errors import WindowUnavailable
-from doctor.store.rundata import RunData, of_processes
+from doctor.store.process_rows import of_processes
+from doctor.store.rundata import RunData
 from doctor.trace.shares import category_seconds
 
 
