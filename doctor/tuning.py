@@ -10,13 +10,14 @@ An apply record names settings by section, e.g.::
     {"zero": {"parameters_as_bucket_view": true}}   (torch's ZeroRedundancyOptimizer)
     {"fsdp": {"reshard_after_forward": false}}     (every FSDP2 fully_shard call)
     {"fsdp1": {"sharding_strategy": "SHARD_GRAD_OP"}}  (every FullyShardedDataParallel)
+    {"pipeline": {"n_microbatches": 8}}            (every torch.distributed.pipelining schedule)
     {"deepspeed": {"zero_optimization.stage": 2}}  (the config given to deepspeed.initialize)
     {"torch": {"compile": "off"}}   (torch.compile returns the model or function unchanged)
     {"pin_memory": true}            (short for {"dataloader": {"pin_memory": true}})
 
 The bootstrap applies ``dataloader``, ``ddp``, ``optimizer`` (to every torch.optim class
-that takes the setting), ``zero``, ``fsdp1`` (FSDP1's enums by their names) and ``fsdp`` as
-keyword arguments at construction (or at each ``fully_shard`` call), ``torch``
+that takes the setting), ``zero``, ``fsdp1`` (FSDP1's enums by their names), ``pipeline`` and
+``fsdp`` as keyword arguments at construction (or at each ``fully_shard`` call), ``torch``
 right after ``import torch``, and ``doctor try`` sets ``env`` for the job. This module is the
 vocabulary only: it checks, normalises, parses ``--set KEY=VALUE`` and describes; it imports
 neither torch nor the analysis.
@@ -78,6 +79,19 @@ def _one_of(*choices: str) -> Callable[[Any], str]:
     return check
 
 
+def _member(*names: str) -> Callable[[Any], str]:
+    """An enum's member by its name, as ``SHARD_GRAD_OP``, ``shard_grad_op`` or
+    ``ShardingStrategy.SHARD_GRAD_OP``."""
+    def check(value: Any) -> str:
+        text = str(value).rpartition(".")[2].strip()
+        found = [n for n in names if n.lower() == text.lower()]
+        if not found:
+            raise ValueError(f"takes one of {', '.join(names)}, not {value!r}")
+        return found[0]
+
+    return check
+
+
 #: section -> setting -> its check (which also converts text from the command line)
 SETTINGS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "dataloader": {
@@ -104,11 +118,16 @@ SETTINGS: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     # FSDP1's FullyShardedDataParallel; its enums by their members' names
     "fsdp1": {
-        "sharding_strategy": _one_of("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+        "sharding_strategy": _member("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
                                      "_HYBRID_SHARD_ZERO2"),
         "forward_prefetch": _flag,
-        "backward_prefetch": _one_of("BACKWARD_PRE", "BACKWARD_POST"),
+        "backward_prefetch": _member("BACKWARD_PRE", "BACKWARD_POST"),
         "limit_all_gathers": _flag,
+    },
+    # every torch.distributed.pipelining schedule (the batch the job gives its step is split
+    # into this many)
+    "pipeline": {
+        "n_microbatches": _int_at_least(1),
     },
     # keys of DeepSpeed's config, by their path in it (gradient_accumulation_steps is not one:
     # it changes the work of a step)
@@ -142,7 +161,7 @@ REFUSED = {
 #: What the job is told each setting is, for the lines said on stderr.
 WHERE = {"dataloader": "DataLoader", "ddp": "DistributedDataParallel", "optimizer": "optimizer",
          "zero": "ZeroRedundancyOptimizer", "fsdp": "fully_shard",
-         "fsdp1": "FullyShardedDataParallel",
+         "fsdp1": "FullyShardedDataParallel", "pipeline": "pipeline schedule",
          "deepspeed": "deepspeed.initialize", "torch": "torch"}
 
 

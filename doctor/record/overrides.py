@@ -6,7 +6,7 @@ process, without touching the job's code.
   or in a library), at construction, and ``fsdp1`` those of every FSDP1
   FullyShardedDataParallel (its enums given by name); ``fsdp`` those of every FSDP2
   ``fully_shard`` call (the function wrapped where torch exports it, once the job imports
-  torch.distributed.fsdp);
+  torch.distributed.fsdp); ``pipeline`` those of every torch.distributed.pipelining schedule;
 - ``deepspeed`` settings are keys of the config the job gives ``deepspeed.initialize``
   (doctor.record.deepspeed_override);
 - ``torch`` settings are set right after ``import torch``, before user code goes on; a later
@@ -122,7 +122,7 @@ class Overrides:
         for section, step in (("torch", self._torch), ("dataloader", self._dataloader),
                               ("ddp", self._ddp), ("optimizer", self._optimizer),
                               ("zero", self._zero), ("fsdp", self._fsdp),
-                              ("fsdp1", self._fsdp1),
+                              ("fsdp1", self._fsdp1), ("pipeline", self._pipeline),
                               ("deepspeed", self._deepspeed)):
             if section in self.apply:
                 try:
@@ -273,6 +273,24 @@ class Overrides:
                                 shown=lambda v: getattr(v, "name", v))
 
         self._after_import("torch.distributed.fsdp", "fsdp1", override)
+
+    def _pipeline(self, values: dict[str, Any]) -> None:
+        """Every torch.distributed.pipelining schedule, once the job imports it: each class
+        whose own constructor takes the setting (the one the job builds goes first; its
+        bases' constructors then pass the tried value on)."""
+
+        def override() -> None:
+            from torch.distributed.pipelining import schedules
+
+            base = schedules._PipelineSchedule
+            for cls in [c for c in vars(schedules).values() if isinstance(c, type)
+                        and issubclass(c, base) and "__init__" in vars(c)]:
+                params = inspect.signature(cls.__init__).parameters
+                known = {k: v for k, v in values.items() if k in params}
+                if known:
+                    self._override_init(cls, "pipeline", known)
+
+        self._after_import("torch.distributed.pipelining", "pipeline", override)
 
     def _deepspeed(self, values: dict[str, Any]) -> None:
         """The config given to ``deepspeed.initialize``, once the job imports deepspeed

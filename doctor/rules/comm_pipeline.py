@@ -6,8 +6,9 @@ Each estimate is the pipeline model's step after the change against the step mea
 (doctor.analyse.bubble.Bubble). More micro-batches get a bound, not an estimate: the model takes
 each stage's compute a step as measured, and smaller micro-batches compute no faster a row,
 often slower, which one run at one micro-batch size does not show; the bound is the speedup the
-bubble's shrinking would give at most. None of them is a setting ``doctor try`` can apply: the
-schedule, its micro-batches and the split into stages are the job's code."""
+bubble's shrinking would give at most, and the micro-batches are the one setting ``doctor try``
+applies (the schedule's ``n_microbatches``), so that a try measures what the bound cannot; the
+schedule's class and the split into stages are the job's code."""
 
 from __future__ import annotations
 
@@ -100,11 +101,12 @@ def pipeline_fixes(b: Bubble) -> list[Fix]:
                     "faster a row, often slower (each matrix product reads its weights, and "
                     "writes and accumulates their gradients, once a micro-batch; small products "
                     "use the machine less well), which one run does not show: time the step at "
-                    f"{m2}")
+                    f"{m2} (doctor try does)")
         fixes.append(Fix(
             title=f"Split each batch into more micro-batches ({m} -> {m2})",
             why=why + f"; the batch must split into {m2}",
-            code=f"schedule = {cls}(stage, n_microbatches={m2}, loss_fn=loss_fn)"))
+            code=f"schedule = {cls}(stage, n_microbatches={m2}, loss_fn=loss_fn)",
+            apply={"pipeline": {"n_microbatches": m2}}))
     if overlap and "1F1B" not in cls and b.virtual == 1 and "ZeroBubble" not in cls:
         fixes.append(Fix(
             title="Use Schedule1F1B to fit more micro-batches",

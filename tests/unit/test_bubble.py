@@ -64,7 +64,8 @@ def test_the_stage_that_computes_most_paces_the_pipeline() -> None:
     assert fixes[0].estimated_speedup == pytest.approx(step / b.balanced())
     text = "\n".join(f.title + f.why + f.code for f in fixes)
     assert "bucket_cap" not in text and "no_sync" not in text
-    assert all(f.apply is None for f in fixes)  # none is a setting doctor try can set
+    # the micro-batches alone are a setting doctor try sets; the schedule and stages are code
+    assert [f.apply for f in fixes if f.apply] == [{"pipeline": {"n_microbatches": 2 * m}}]
 
 
 def comms(rows: dict[int, list[tuple[float, float]]], steps: int = 1) -> dict[int, RankComms]:
@@ -158,6 +159,8 @@ def test_more_microbatches_get_a_bound_and_interleaving_an_estimate() -> None:
     bound = b.step_s() / b.more_microbatches(2)
     assert more.estimated_speedup is None
     assert f"at most {bound:.2f}x faster" in more.why and "A bound, not an estimate" in more.why
+    assert more.apply == {"pipeline": {"n_microbatches": 4}}  # doctor try times the step at 4
+    assert fixes["Interleave two stages a rank"].apply is None  # the job's code
     assert bubble_evidence(b)["more_microbatches_at_most"] == pytest.approx(bound)
     inter = fixes["Interleave two stages a rank"]
     assert inter.estimated_speedup == pytest.approx(b.step_s() / b.interleaved(2))

@@ -261,6 +261,29 @@ def test_every_fsdp1_unit_is_built_with_the_tried_strategy_and_prefetch(
     assert (seen["tried"], seen["job"][0], seen["applied"]) == ("SHARD_GRAD_OP", None, 3)
 
 
+def test_every_pipeline_schedule_splits_the_batch_into_the_tried_micro_batches(
+        session: Session, tmp_path: Path) -> None:
+    """GPipe (its base's constructor) and 1F1B (its own, then its base's): built with the
+    tried n_microbatches, said once each, and the step runs with them."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    orig = PipelineScheduleSingle.__init__
+    o, said = started(session, {"pipeline": {"n_microbatches": 4}})
+    with one_rank_group(tmp_path, o):
+        for cls in (ScheduleGPipe, Schedule1F1B):
+            module = torch.nn.Linear(2, 2)
+            stage = PipelineStage(module, 0, 1, torch.device("cpu"))
+            schedule = cls(stage, n_microbatches=2, loss_fn=torch.nn.functional.mse_loss)
+            assert schedule._n_microbatches == 4
+            losses: list[torch.Tensor] = []
+            schedule.step(torch.randn(8, 2), target=torch.randn(8, 2), losses=losses)
+            assert len(losses) == 4  # one a micro-batch
+    assert PipelineScheduleSingle.__init__ is orig
+    assert said == ["doctor try: pipeline schedule(n_microbatches 2 -> 4)"]
+    assert o.seen["pipeline.n_microbatches"] == {"tried": 4, "job": [2, 2], "applied": 2}
+
+
 def test_deepspeeds_config_is_tried_on_a_copy_of_the_jobs(session: Session, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The keys set by their path in the config deepspeed.initialize is given (a dict or a

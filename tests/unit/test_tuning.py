@@ -20,6 +20,7 @@ def test_normalize_converts_and_expands_the_short_form() -> None:
     {"dataloader": {"num_workers": -1}}, {"dataloader": {"shuffle": True}},
     {"torch": {"num_threads": 0}}, {"nonsense": {"x": 1}}, {"env": {"1BAD": "x"}},
     {"torch": {"sharing_strategy": "pickle"}}, {"dataloader": {"pin_memory": "maybe"}},
+    {"fsdp1": {"sharding_strategy": "ZERO3"}},
 ])
 def test_normalize_refuses_what_it_cannot_set(bad: dict) -> None:
     with pytest.raises(ValueError):
@@ -31,6 +32,9 @@ def test_parse_set_finds_the_section_and_sweeps_values() -> None:
     assert parse_set("ddp.bucket_cap_mb=12.5") == ("ddp", "bucket_cap_mb", [12.5])
     assert parse_set("num_threads=1") == ("torch", "num_threads", [1])
     assert parse_set("compile=off") == ("torch", "compile", ["off"])
+    # an enum's member: its name in any case, or as Python prints it
+    assert parse_set("sharding_strategy=shard_grad_op,ShardingStrategy.FULL_SHARD") == \
+        ("fsdp1", "sharding_strategy", ["SHARD_GRAD_OP", "FULL_SHARD"])
     assert parse_set("OMP_NUM_THREADS=2") == ("env", "OMP_NUM_THREADS", ["2"])
     # an environment value keeps its commas: it is not a sweep
     assert parse_set("env.PYTORCH_CUDA_ALLOC_CONF=a:1,b:2") == \
