@@ -140,7 +140,7 @@ class Overrides:
             setattr(owner, name, orig)
         self._restore = []
 
-    def _patch(self, owner: Any, name: str, new: Any) -> None:
+    def patch(self, owner: Any, name: str, new: Any) -> None:
         self._restore.append((owner, name, getattr(owner, name)))
         setattr(owner, name, new)
 
@@ -161,7 +161,7 @@ class Overrides:
             if key == "compile":
                 if value == "off":
                     for owner, name, new in eager_patches(torch, self._compile_asked):
-                        self._patch(owner, name, new)
+                        self.patch(owner, name, new)
                 continue
             if key in setters:
                 owner, name, getter = setters[key]
@@ -203,7 +203,7 @@ class Overrides:
                 self.tell(f"the job's {name}({asked}) kept at {value}")
             return None
 
-        self._patch(owner, name, kept)
+        self.patch(owner, name, kept)
 
     def _dataloader(self, values: dict[str, Any]) -> None:
         from torch.utils.data import DataLoader, IterableDataset
@@ -222,12 +222,12 @@ class Overrides:
                              "shards by get_worker_info()")
             return notes
 
-        self._override_init(DataLoader, "dataloader", values, adjust)
+        self.override_init(DataLoader, "dataloader", values, adjust)
 
     def _ddp(self, values: dict[str, Any]) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
-        self._override_init(DistributedDataParallel, "ddp", values)
+        self.override_init(DistributedDataParallel, "ddp", values)
 
     def _zero(self, values: dict[str, Any]) -> None:
         """Once the job imports torch.distributed.optim (never imported for it: 0.65 s a
@@ -236,7 +236,7 @@ class Overrides:
         def override() -> None:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            self._override_init(ZeroRedundancyOptimizer, "zero", values)
+            self.override_init(ZeroRedundancyOptimizer, "zero", values)
 
         self._after_import("torch.distributed.optim", "zero", override)
 
@@ -254,7 +254,7 @@ class Overrides:
             for name in FULLY_SHARD_AT:
                 module = sys.modules.get(name)
                 if module is not None and getattr(module, "fully_shard", None) is orig:
-                    self._patch(module, "fully_shard", wrapped)
+                    self.patch(module, "fully_shard", wrapped)
 
         self._after_import("torch.distributed.fsdp", "fsdp", override)
 
@@ -269,7 +269,7 @@ class Overrides:
             enums = {"sharding_strategy": fsdp.ShardingStrategy,
                      "backward_prefetch": fsdp.BackwardPrefetch}
             typed = {k: enums[k][v] if k in enums else v for k, v in values.items()}
-            self._override_init(fsdp.FullyShardedDataParallel, "fsdp1", typed,
+            self.override_init(fsdp.FullyShardedDataParallel, "fsdp1", typed,
                                 shown=lambda v: getattr(v, "name", v))
 
         self._after_import("torch.distributed.fsdp", "fsdp1", override)
@@ -288,7 +288,7 @@ class Overrides:
                 params = inspect.signature(cls.__init__).parameters
                 known = {k: v for k, v in values.items() if k in params}
                 if known:
-                    self._override_init(cls, "pipeline", known)
+                    self.override_init(cls, "pipeline", known)
 
         self._after_import("torch.distributed.pipelining", "pipeline", override)
 
@@ -300,7 +300,7 @@ class Overrides:
             from .deepspeed_override import wrapped_initialize
 
             deepspeed = sys.modules["deepspeed"]
-            self._patch(deepspeed, "initialize",
+            self.patch(deepspeed, "initialize",
                         wrapped_initialize(self, deepspeed.initialize, values))
 
         self._after_import("deepspeed", "deepspeed", override)
@@ -321,7 +321,7 @@ class Overrides:
 
     def _fully_shard(self, orig: Callable[..., Any], values: dict[str, Any]) -> Callable[..., Any]:
         params = inspect.signature(orig).parameters
-        known = self._known(params, values, "fsdp")
+        known = self.known_settings(params, values, "fsdp")
         overrides = self
 
         @functools.wraps(orig)
@@ -351,9 +351,9 @@ class Overrides:
             params = inspect.signature(cls.__init__).parameters
             known = {k: v for k, v in values.items() if k in params}
             if known:
-                self._override_init(cls, "optimizer", known, adjust)
+                self.override_init(cls, "optimizer", known, adjust)
 
-    def _known(self, params: Mapping[str, Any], values: dict[str, Any], section: str
+    def known_settings(self, params: Mapping[str, Any], values: dict[str, Any], section: str
                ) -> dict[str, Any]:
         """The settings of ``values`` that a signature of ``params`` takes; each other is noted
         as one this torch lacks."""
@@ -362,7 +362,7 @@ class Overrides:
             self.errors.append(f"{WHERE[section]} of this torch has no {key}")
         return known
 
-    def _override_init(self, cls: type, section: str, values: dict[str, Any],
+    def override_init(self, cls: type, section: str, values: dict[str, Any],
                        adjust: Callable[[dict[str, Any], dict[str, Any]], list[str]]
                        | None = None, shown: Callable[[Any], Any] = lambda v: v) -> None:
         """``values`` given to every ``cls`` built; ``shown``: a value as it is noted and said
@@ -370,7 +370,7 @@ class Overrides:
         orig = cls.__init__  # type: ignore[misc]
         signature = inspect.signature(orig)
         params = signature.parameters
-        known = self._known(params, values, section)
+        known = self.known_settings(params, values, section)
         overrides = self
 
         @functools.wraps(orig)
@@ -403,7 +403,7 @@ class Overrides:
             finally:
                 overrides._building.discard(id(this))
 
-        self._patch(cls, "__init__", __init__)
+        self.patch(cls, "__init__", __init__)
 
 
 def _speaks() -> bool:
