@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..record.overrides import FULLY_SHARD_AT
+from ..record.parallel_overrides import FULLY_SHARD_AT
 from ..record.session import Session
 from .deepspeed_config import engine_config
 from .on_import import OnImportProbe

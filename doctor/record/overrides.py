@@ -34,15 +34,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..tuning import WHERE, Apply, normalize
+from . import parallel_overrides
 from .after_import import AfterImport, when_imported
 from .eager import eager_patches
 from .session import CLOSE, Session
-
-#: The modules that export FSDP2's fully_shard, by torch release (probes/sharding.py's too).
-FULLY_SHARD_AT = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
-                  "torch.distributed.fsdp._fully_shard._fully_shard",
-                  "torch.distributed._composable.fsdp",
-                  "torch.distributed._composable.fsdp.fully_shard")
 
 ENV_APPLY = "DOCTOR_TRY_APPLY"  # the apply record, JSON
 MAX_SEEN = 20  # job values kept per setting
@@ -241,56 +236,16 @@ class Overrides:
         self._after_import("torch.distributed.optim", "zero", override)
 
     def _fsdp(self, values: dict[str, Any]) -> None:
-        """Every FSDP2 ``fully_shard`` call, once the job imports torch.distributed.fsdp (the
-        function replaced in each module that exports it, before the job's own import binds
-        it; the sharding probe's wrapper then wraps this one)."""
-
-        def override() -> None:
-            orig = getattr(sys.modules["torch.distributed.fsdp"], "fully_shard", None)
-            if not callable(orig):
-                self.errors.append("fsdp: this torch has no FSDP2 fully_shard")
-                return
-            wrapped = self._fully_shard(orig, values)
-            for name in FULLY_SHARD_AT:
-                module = sys.modules.get(name)
-                if module is not None and getattr(module, "fully_shard", None) is orig:
-                    self.patch(module, "fully_shard", wrapped)
-
-        self._after_import("torch.distributed.fsdp", "fsdp", override)
+        self._after_import("torch.distributed.fsdp", "fsdp",
+                           lambda: parallel_overrides.fully_shard_calls(self, values))
 
     def _fsdp1(self, values: dict[str, Any]) -> None:
-        """Every FSDP1 FullyShardedDataParallel (auto-wrapped units included), once the job
-        imports torch.distributed.fsdp; ``sharding_strategy`` and ``backward_prefetch`` named
-        by their enum's members."""
-
-        def override() -> None:
-            from torch.distributed import fsdp
-
-            enums = {"sharding_strategy": fsdp.ShardingStrategy,
-                     "backward_prefetch": fsdp.BackwardPrefetch}
-            typed = {k: enums[k][v] if k in enums else v for k, v in values.items()}
-            self.override_init(fsdp.FullyShardedDataParallel, "fsdp1", typed,
-                                shown=lambda v: getattr(v, "name", v))
-
-        self._after_import("torch.distributed.fsdp", "fsdp1", override)
+        self._after_import("torch.distributed.fsdp", "fsdp1",
+                           lambda: parallel_overrides.fsdp1_units(self, values))
 
     def _pipeline(self, values: dict[str, Any]) -> None:
-        """Every torch.distributed.pipelining schedule, once the job imports it: each class
-        whose own constructor takes the setting (the one the job builds goes first; its
-        bases' constructors then pass the tried value on)."""
-
-        def override() -> None:
-            from torch.distributed.pipelining import schedules
-
-            base = schedules._PipelineSchedule
-            for cls in [c for c in vars(schedules).values() if isinstance(c, type)
-                        and issubclass(c, base) and "__init__" in vars(c)]:
-                params = inspect.signature(cls.__init__).parameters
-                known = {k: v for k, v in values.items() if k in params}
-                if known:
-                    self.override_init(cls, "pipeline", known)
-
-        self._after_import("torch.distributed.pipelining", "pipeline", override)
+        self._after_import("torch.distributed.pipelining", "pipeline",
+                           lambda: parallel_overrides.pipeline_schedules(self, values))
 
     def _deepspeed(self, values: dict[str, Any]) -> None:
         """The config given to ``deepspeed.initialize``, once the job imports deepspeed
@@ -318,22 +273,6 @@ class Overrides:
         finder = when_imported(module, guarded)
         if finder is not None:
             self._waiting.append(finder)
-
-    def _fully_shard(self, orig: Callable[..., Any], values: dict[str, Any]) -> Callable[..., Any]:
-        params = inspect.signature(orig).parameters
-        known = self.known_settings(params, values, "fsdp")
-        overrides = self
-
-        @functools.wraps(orig)
-        def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
-            settings = []
-            for key, value in known.items():
-                settings.append((key, kwargs.get(key, params[key].default), value))
-                kwargs[key] = value
-            overrides.changed("fsdp", "fully_shard", settings)
-            return orig(module, *args, **kwargs)
-
-        return fully_shard
 
     def _optimizer(self, values: dict[str, Any]) -> None:
         """Every torch.optim class whose constructor takes the setting (fused, foreach)."""
