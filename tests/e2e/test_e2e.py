@@ -200,7 +200,7 @@ def test_host_contention_is_found(tmp_path: Path) -> None:
     hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
     try:
         verdict = run_job(tmp_path, sys.executable, str(SAMPLE_JOBS / "compute_bound.py"),
-                          "--steps", "60", "--threads", "4")
+                          "--steps", "30", "--threads", "4")
     finally:
         for hog in hogs:
             hog.kill()

@@ -27,7 +27,7 @@ stalls = {int(s) for s in sys.argv[1].split(",")}
 for step in range(1, int(sys.argv[2]) + 1):
     time.sleep(0.05)
     if step in stalls:
-        time.sleep(3.0)
+        time.sleep(1.5)
     model(torch.randn(8, 32)).sum().backward()
     opt.step(); opt.zero_grad()
 """
@@ -46,7 +46,7 @@ def test_long_steps_in_the_window_and_in_the_sampling_span_are_named_and_the_sec
     stalls = {f["evidence"]["step"]: f["evidence"] for f in verdict["findings"]
               if f["id"] == "steps.stall"}
     assert {s["where"] for s in stalls.values()} == {IN_WINDOW, ANALYSED}, stalls
-    assert all(s["seconds"] > 2.5 and 0 < s["share_of_run"] < 1 for s in stalls.values())
+    assert all(s["seconds"] > 1.3 and 0 < s["share_of_run"] < 1 for s in stalls.values())
     notes = [n for n in verdict["notes"] if " took " in n and "median step" in n]
     assert len(notes) == 2
     assert sum("left out of the shares" in n for n in notes) == 1  # the window's
