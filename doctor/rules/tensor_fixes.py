@@ -18,6 +18,9 @@ bucket or no_sync fixes, nor a BatchNorm fix: these collectives carry activation
   the functional collectives' issuing; their self time a step, counted as compute in the
   step). Offered only where that makes the step faster; smaller matrix products on 1/g of the
   batch can run less efficiently, which it does not count;
+- DTensor's own host work (the same ops), where it is 5 % of the step or more: compile the
+  tensor-parallel model, which traces through DTensor once (no estimate: what compilation
+  keeps, and costs at the first steps, is not measured);
 - on a GPU, asynchronous tensor parallelism (torch.compile's micro-pipelined TP: each matrix
   product split so that its all-gather or reduce-scatter runs beside the other parts; needs
   sequence parallel styles and symmetric memory): no estimate (how much the products hide is
@@ -42,6 +45,8 @@ from doctor.verdict import Fix
 KIB = 1024
 MIB = 2**20
 DDP_BUCKET = 25 * 2**20  # DDP's default bucket_cap_mb
+#: DTensor's own host work, as a share of the step, from which compiling it away is offered.
+DISPATCH_SHARE = 0.05
 
 
 def ddp_reduce_s(calls: pd.DataFrame, degree: int, param_bytes: float | None,
@@ -122,6 +127,18 @@ def tensor_fixes(ex: Exposed, par: Parallelism | None, share: float, step_s: flo
                   "loader = DataLoader(data, batch_size=batch // world,\n"
                   "                    sampler=DistributedSampler(data))"),
             estimated_speedup=speedup(1.0, 1.0 - data_parallel)))
+    if dispatch >= DISPATCH_SHARE:
+        out.append(Fix(
+            title=f"Compile the tensor-parallel model: DTensor's own host work is "
+                  f"{dispatch:.0%} of the step",
+            why=(f"DTensor's dispatch (the sharding propagation in Python beside each op), its "
+                 f"redistributions and conversions take {dtensor_s * 1e3:.1f} ms of host time "
+                 "a step, none of it the model's own work; torch.compile traces through "
+                 "DTensor once, so the compiled step runs the local ops and collectives without "
+                 "it (no estimate: what compilation keeps, and what it costs at the first "
+                 "steps, is not measured)"),
+            code=("parallelize_module(model, tp_mesh, plan)\n"
+                  "model = torch.compile(model)  # after parallelize_module")))
     if bool(calls["on_gpu"].any()) if "on_gpu" in calls else False:
         out.append(Fix(
             title="Overlap the collectives with the matrix products (asynchronous tensor "

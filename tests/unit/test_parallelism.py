@@ -320,6 +320,13 @@ def test_dtensors_own_host_work_is_what_data_parallel_also_saves() -> None:
     assert plain.estimated_speedup == pytest.approx(1 / (0.5 + reduce), rel=0.01)
     assert less.estimated_speedup == pytest.approx(1 / (0.3 + reduce), rel=0.01)
     assert "less DTensor's own host work, 20%" in less.why
+    # a fifth of the step in DTensor's own host work: compile it away (said, not estimated)
+    [compiled] = [x for x in tensor_fixes(ex, None, 0.5, 0.1, None, None, 0.02)
+                  if x.title.startswith("Compile the tensor-parallel model")]
+    assert "20% of the step" in compiled.title and compiled.estimated_speedup is None
+    assert "torch.compile(model)" in compiled.code and "20.0 ms" in compiled.why
+    assert not any(x.title.startswith("Compile the tensor-parallel")  # 2 %: not worth it
+                   for x in tensor_fixes(ex, None, 0.5, 0.1, None, None, 0.002))
 
 
 def rank_memory(params: float, peak: float | None = None, capacity: float | None = None
