@@ -9,7 +9,8 @@ Run it under torchrun: ``torchrun --nproc-per-node 2 sample_jobs/tensor_parallel
 Switch: ``--data-parallel`` trains the same model whole on each rank under DDP, each rank on
 1/world of the batch (the same global batch; the same work a rank); the activations'
 collectives are gone, DDP's gradient all-reduce comes. ``--ablate N`` times both in one
-process, in alternating blocks of N steps.
+process, in alternating blocks of N steps. ``--compile`` compiles the tensor-parallel model
+(torch.compile traces through DTensor: its host work a step is gone; the first steps compile).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="the global batch")
     ap.add_argument("--data-parallel", action="store_true",
                     help="DDP over the whole model, 1/world of the batch a rank")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the tensor-parallel model (DTensor traced through)")
     ap.add_argument("--ablate", type=int, default=0,
                     help="alternate blocks of N steps with and without --data-parallel")
     args = ap.parse_args()
@@ -63,7 +66,8 @@ def main() -> None:
         for b in range(args.blocks):
             plan[str(3 * b)] = ColwiseParallel()
             plan[str(3 * b + 2)] = RowwiseParallel()
-        return parallelize_module(model(), mesh, plan)
+        built = parallelize_module(model(), mesh, plan)
+        return torch.compile(built) if args.compile else built
 
     gen = torch.Generator().manual_seed(0)  # the same global batches on every rank
     whole = [(torch.randn(args.batch, args.width, generator=gen),
