@@ -17,11 +17,14 @@ import json
 import os
 import random
 import resource
+import select
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ WRONG = ([], ["x", 1], "text", None, {}, {"a": [1]}, -1, 1e308, True, "\udcff")
 #: What is not a file of the run's own: never read, and said (the report is partial).
 PLANTED = ("fifo", "dev_zero", "directory", "link_out", "link_out_fifo")
 NESTED = 15  # fields inside a JSON file's objects and lists given a wrong value (seeded)
+CHILD_S = 600.0  # the forked half's cases, all: past this it is stuck
 HANG_S = 20.0  # a case still reading after this has hung (its FIFO is then opened to end it)
 ADDRESS_SPACE_MARGIN = 3 << 30  # bytes the cases may map beyond what the process has
 
@@ -307,14 +311,31 @@ def test_every_single_file_mutation_reports_or_is_refused_in_one_line(
             os._exit(code)
     os.close(write)
     failures = try_cases(every, 0, recorded, tmp_path / "even", capsys)
-    with open(read) as back:
-        theirs = back.read()
+    theirs = read_within(read, CHILD_S)
+    if theirs is None:  # a child stuck (a lock held at the fork): ended, and said
+        os.kill(child, signal.SIGKILL)
     _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0 and theirs, "the forked half did not finish"
+    assert theirs is not None, f"the forked half did not finish in {CHILD_S:.0f} s"
+    assert os.waitstatus_to_exitcode(status) == 0 and theirs, "the forked half failed"
     failures += json.loads(theirs)
     print(f"\n{len(every)} mutations of {len(files_of(recorded))} files tried, "
           f"{len(failures)} failed")
     assert not failures, f"{len(failures)} of {len(every)} mutations:\n" + "\n".join(failures)
+
+
+def read_within(fd: int, seconds: float) -> str | None:
+    """All of ``fd`` to its end, or None where it has not ended within ``seconds``."""
+    chunks = []
+    deadline = time.monotonic() + seconds
+    with open(fd, "rb") as pipe:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([pipe], [], [], left)[0]:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks).decode()
+            chunks.append(chunk)
+    return None
 
 
 def try_cases(every: list[tuple[str, str, Mutation]], parity: int, recorded: Path,
