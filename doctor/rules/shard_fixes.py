@@ -6,6 +6,8 @@
   at most what one unit ahead can hide (the phase's ``hideable_s``: each exposed all-gather up to
   the compute before it), as far as a core is free for the communication threads; none where
   the phase's prefetch already worked, or where FSDP1's own setting for it is already on;
+  FSDP1's on a CPU without an estimate or an apply (its gathers are synchronous there: a
+  prefetched one still holds the thread; a try of the sample measured 0.79x);
 - keep the last units gathered after forward (``reshard_after_forward=False``): the backward
   all-gathers' exposed time, for the memory of the gathered units held to backward;
 - wrap fewer, larger units (no estimate: one unit size measured says nothing of the latency a
@@ -109,6 +111,12 @@ def prefetch_fix(phase: PhaseCost, fsdp1: bool, on_gpu: bool, overlap_cores: flo
             f"hide {phase.hideable_s * 1e3:.1f} ms a step")
     if overlap_cores <= 0:
         why += " (on this machine no core is free for the communication threads: none now)"
+    blocking = fsdp1 and not on_gpu  # FSDP1 has no asynchronous unshard
+    if blocking:
+        why += ("; but on the CPU FSDP1's all-gathers are synchronous (it has no asynchronous "
+                "unshard): a prefetched gather still holds the thread that issued it, so "
+                "prefetch pays on a GPU only (no estimate, and nothing for doctor try here)")
+        estimate = None
     if fsdp1:
         code = ("FullyShardedDataParallel(model, ..., forward_prefetch=True)" if forward else
                 "FullyShardedDataParallel(model, ...,\n"
@@ -127,9 +135,9 @@ def prefetch_fix(phase: PhaseCost, fsdp1: bool, on_gpu: bool, overlap_cores: flo
     words = "forward" if forward else "backward"
     api = (("forward_prefetch=True" if forward else "backward_prefetch=BACKWARD_PRE")
            if fsdp1 else f"set_modules_to_{words}_prefetch")
-    # FSDP1's are settings doctor try applies; FSDP2's name the modules to prefetch: code
+    # FSDP1's are settings doctor try applies (on a GPU); FSDP2's name the modules: code
     apply = ({"fsdp1": {"forward_prefetch": True} if forward
-              else {"backward_prefetch": "BACKWARD_PRE"}} if fsdp1 else None)
+              else {"backward_prefetch": "BACKWARD_PRE"}} if fsdp1 and not blocking else None)
     return Fix(title=(f"{phase.phase.capitalize()} exposed {phase.exposed_s * 1e3:.1f} ms a "
                       f"step: prefetch them ({api})"),
                why=why, code=code, estimated_speedup=estimate, apply=apply)

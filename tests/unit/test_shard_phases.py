@@ -163,9 +163,12 @@ def test_units_without_names_are_told_apart_by_their_order_in_each_step() -> Non
                                                               ("#2", 8e6, 2e-3)]
 
 
-def finding(events: list[dict[str, Any]], cores: int = 8, par: Parallelism | None = None
-            ) -> Finding:
+def finding(events: list[dict[str, Any]], cores: int = 8, par: Parallelism | None = None,
+            gpu: bool = False) -> Finding:
+    """``gpu``: the collectives' work taken as a GPU's (the same times)."""
     c = comms(events)
+    if gpu:
+        c = {r: replace(rc, calls=rc.calls.assign(on_gpu=True)) for r, rc in c.items()}
     window = steps(device="cpu", gpu_busy_s=0.0, comm_s=0.08, comm_exposed_s=0.08)
     [f] = run_rules(evidence(window=window, comms=c, shard_phases=shard_phases(c), cores=cores,
                              ranks_here=2, parallelism=par),
@@ -220,11 +223,12 @@ def test_fsdp1s_fixes_are_settings_doctor_try_applies_and_fsdp2s_reshard_too() -
     def fsdp(api: str, settings: str) -> Parallelism:
         return Parallelism(2, False, api, 3, True, 0.0, 0.0, settings=settings)
 
-    def applies(par: Parallelism) -> list[Any]:
-        f = finding(fsdp_step(), par=par)
+    def applies(par: Parallelism, gpu: bool = True) -> list[Any]:
+        f = finding(fsdp_step(), par=par, gpu=gpu)
         return sorted((x.apply for x in f.fixes if "exposed" in x.title), key=json.dumps)
 
-    # forward prefetch, backward prefetch (the job turned FSDP1's default off), the strategy
+    # on a GPU: forward prefetch, backward prefetch (the job turned FSDP1's default off), the
+    # strategy
     one = applies(fsdp("FSDP", "sharding_strategy=ShardingStrategy.FULL_SHARD, "
                                "backward_prefetch=None"))
     assert one == [{"fsdp1": {"backward_prefetch": "BACKWARD_PRE"}},
@@ -234,6 +238,14 @@ def test_fsdp1s_fixes_are_settings_doctor_try_applies_and_fsdp2s_reshard_too() -
                                   "backward_prefetch=BackwardPrefetch.BACKWARD_PRE"))
     assert {"fsdp1": {"sharding_strategy": "_HYBRID_SHARD_ZERO2"}} in hybrid
     assert {"fsdp1": {"backward_prefetch": "BACKWARD_PRE"}} not in hybrid  # set already
+    # on a CPU FSDP1's gathers are synchronous: its prefetch is said, neither estimated nor
+    # tried; the strategy still is
+    cpu = finding(fsdp_step(), par=fsdp("FSDP", "backward_prefetch=None"))
+    prefetch = [x for x in cpu.fixes if "prefetch them" in x.title]
+    assert prefetch and all(x.apply is None and x.estimated_speedup is None
+                            and "pays on a GPU only" in x.why for x in prefetch)
+    assert [x.apply for x in cpu.fixes if x.apply] == [
+        {"fsdp1": {"sharding_strategy": "SHARD_GRAD_OP"}}]
     wrap = next(x for x in finding(fsdp_step(), par=fsdp("FSDP", "")).fixes
                 if x.title == "Wrap fewer, larger units")
     assert "ModuleWrapPolicy" in wrap.code and "fully_shard" not in wrap.code
