@@ -30,7 +30,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..tuning import WHERE, Apply, normalize
@@ -256,7 +256,7 @@ class Overrides:
 
             deepspeed = sys.modules["deepspeed"]
             self.patch(deepspeed, "initialize",
-                        wrapped_initialize(self, deepspeed.initialize, values))
+                       wrapped_initialize(self, deepspeed.initialize, values))
 
         self._after_import("deepspeed", "deepspeed", override)
 
@@ -285,15 +285,23 @@ class Overrides:
             return []
 
         base = torch.optim.Optimizer
-        for cls in {c for c in vars(torch.optim).values()
-                    if isinstance(c, type) and issubclass(c, base) and c is not base}:
-            params = inspect.signature(cls.__init__).parameters
+        self.override_classes({c for c in vars(torch.optim).values()
+                               if isinstance(c, type) and issubclass(c, base) and c is not base},
+                              "optimizer", values, adjust)
+
+    def override_classes(self, classes: Iterable[type], section: str, values: dict[str, Any],
+                         adjust: Callable[[dict[str, Any], dict[str, Any]], list[str]]
+                         | None = None) -> None:
+        """override_init for each of a family of ``classes`` whose constructor takes any of
+        the settings, with those it takes (one that none takes is never met: said by the try)."""
+        for cls in classes:
+            params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
             known = {k: v for k, v in values.items() if k in params}
             if known:
-                self.override_init(cls, "optimizer", known, adjust)
+                self.override_init(cls, section, known, adjust)
 
     def known_settings(self, params: Mapping[str, Any], values: dict[str, Any], section: str
-               ) -> dict[str, Any]:
+                       ) -> dict[str, Any]:
         """The settings of ``values`` that a signature of ``params`` takes; each other is noted
         as one this torch lacks."""
         known = {k: v for k, v in values.items() if k in params}

@@ -68,9 +68,6 @@ def pipeline_schedules(overrides: Overrides, values: dict[str, Any]) -> None:
     from torch.distributed.pipelining import schedules
 
     base = schedules._PipelineSchedule
-    for cls in [c for c in vars(schedules).values() if isinstance(c, type)
-                and issubclass(c, base) and "__init__" in vars(c)]:
-        params = inspect.signature(cls.__init__).parameters
-        known = {k: v for k, v in values.items() if k in params}
-        if known:
-            overrides.override_init(cls, "pipeline", known)
+    overrides.override_classes([c for c in vars(schedules).values() if isinstance(c, type)
+                                and issubclass(c, base) and "__init__" in vars(c)],
+                               "pipeline", values)
